@@ -1,0 +1,54 @@
+"""Which tokens an eviction drops: H2O-style accumulated attention, with protected tokens.
+
+Pure functions over one request's token group (tokens of one storage format, in chronological
+order). Protected, never dropped: the first ``sink_tokens`` positions of the request (attention
+sinks, StreamingLLM) and the newest ``recent_window_tokens`` positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def tokens_to_drop(num_tokens: int, tokens_per_page: int, pages_to_free: int) -> int:
+    """Fewest tokens to drop from a compacted group so it occupies ``pages_to_free`` fewer pages."""
+    pages_now = math.ceil(num_tokens / tokens_per_page)
+    target_pages = max(pages_now - pages_to_free, 0)
+    return max(num_tokens - target_pages * tokens_per_page, 0)
+
+
+def protected_mask(positions: torch.Tensor, logical_length: int, sink_tokens: int,
+                   recent_window_tokens: int) -> torch.Tensor:
+    """``[N]`` bool: tokens at sink positions or inside the recent window."""
+    return (positions < sink_tokens) | (positions >= logical_length - recent_window_tokens)
+
+
+def select_keep(positions: torch.Tensor, scores: torch.Tensor, num_to_drop: int, logical_length: int,
+                sink_tokens: int, recent_window_tokens: int) -> torch.Tensor | None:
+    """Choose the survivors of an eviction.
+
+    Args:
+        positions: ``[N]`` logical positions of the group's tokens.
+        scores: ``[N]`` accumulated attention mass (higher = more useful).
+        num_to_drop: tokens to drop.
+
+    Returns:
+        ``[N]`` bool keep-mask with exactly ``num_to_drop`` False entries, the lowest-scored
+        unprotected tokens (ties: the older token goes first); None when fewer than
+        ``num_to_drop`` tokens are unprotected.
+    """
+    protected = protected_mask(positions, logical_length, sink_tokens, recent_window_tokens)
+    num_candidates = int((~protected).sum())
+    if num_to_drop > num_candidates:
+        return None
+    keep = torch.ones_like(protected)
+    if num_to_drop == 0:
+        return keep
+    # Protected tokens rank last; among equal scores the older (smaller position) is dropped first.
+    ranked = torch.where(protected, torch.full_like(scores, math.inf), scores.float())
+    order = torch.argsort(positions, stable=True)
+    by_score = order[torch.argsort(ranked[order], stable=True)]
+    keep[by_score[:num_to_drop]] = False
+    return keep

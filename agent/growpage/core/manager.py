@@ -1,0 +1,530 @@
+"""The actuator: owns the pool, page bytes and summaries, and applies the policy's decisions.
+
+Engine-facing API, in step order (check/commit pairs, nano-vllm style):
+
+1. ``can_admit`` / ``admit``: grant ``base_pages`` (reserved, never over-committed), reuse
+   published prefix pages.
+2. ``ensure_slots(request, n)``: make room for this step's new tokens; crossing a page boundary runs
+   the growth contract. Returns :class:`SlotStatus` (``OK``, ``DEFER`` or ``PREEMPT``).
+3. ``plan_step``: assign slots and logical positions, build the :class:`StepLayout`.
+4. per layer ``attend``: store new K/V, gather pages, attend; observed layers feed the summaries.
+5. ``finish_step``: fold the step's observations into STS/LTS (device ops, no host sync).
+6. ``release``: on finish, abort or preemption every page goes back.
+
+Faults inside GrowPage's own logic (summaries, decisions, compression) are caught, counted in
+``stats.agent_errors_total[component]`` and fall back to plain paging, so a bug in GrowPage never
+takes the engine down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from growpage.config import GrowPageConfig, Mode
+from growpage.core import attention as attn
+from growpage.core.evict import select_keep, tokens_to_drop
+from growpage.core.kv_store import DTYPES, KVStore, PageFormat
+from growpage.core.policy import (Action, BoundaryState, Decision, Reason, capacity_boundary_pages,
+                                  decide, refill_growth_budget)
+from growpage.core.pool import PagePool
+from growpage.core.stats import DecisionEvent, PoolGauges, StatsRecorder, StatsSnapshot
+from growpage.core.summaries import SummaryBank, summarize_attention
+from growpage.errors import GrowPageError
+
+logger = logging.getLogger(__name__)
+
+
+class SlotStatus(str, enum.Enum):
+    OK = "ok"
+    DEFER = "defer"  # throttled with nothing to compress: skip this step, budget refills with time
+    PREEMPT = "preempt"  # nothing can be freed and the pool is empty: release and recompute later
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """Result of ``admit``: how many prompt tokens are already cached (shared prefix pages)."""
+
+    cached_tokens: int
+    pages_granted: int
+
+
+@dataclasses.dataclass
+class RequestKV:
+    """One request's page table and GrowPage state."""
+
+    request_id: str
+    namespace: str | None
+    mode: Mode
+    summary_row: int
+    base_pages: int
+    pages: list[int]  # pages holding tokens; a format's pages are in chronological order
+    reserved: list[int]  # granted, not yet written
+    logical_length: int = 0  # tokens seen so far (the next token's position)
+    growth_budget_pages: float = 0.0
+    last_refill_s: float = 0.0
+
+    @property
+    def pages_held(self) -> int:
+        return len(self.pages) + len(self.reserved)
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """One step of a batch: who, where the new tokens go, and what to observe."""
+
+    request_ids: list[str]
+    layout: attn.StepLayout
+    write_pages: torch.Tensor  # [N] long
+    write_slots: torch.Tensor  # [N] long
+    observed_rows: torch.Tensor  # [B] bool: rows whose attention feeds the summaries
+    summary_rows: torch.Tensor  # [B] long
+    bin_mass: torch.Tensor  # [B, bins] accumulated over observed layers
+    entropy: torch.Tensor  # [B]
+    layers_observed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _QuantizePlan:
+    pages: list[int]
+    fmt: PageFormat
+
+
+@dataclasses.dataclass(frozen=True)
+class _EvictPlan:
+    fmt: PageFormat
+    pages: list[int]
+    keep: torch.Tensor  # [N] bool over the group's tokens
+    num_candidates: int
+
+
+class GrowPageManager:
+    """GrowPage for one engine: a page pool of ``num_pages`` pages shared by all requests.
+
+    Args:
+        config: validated GrowPage config (block size, thresholds, deployment mode).
+        num_layers, num_kv_heads, head_dim: the model's KV geometry.
+        num_pages: physical pages in the pool.
+        device: where the pages and summaries live ("cpu", "cuda").
+        compute_dtype: dtype attention runs in (pages are stored at ``config.kv_dtype``).
+        max_requests: rows of the summary bank (running requests at most).
+        clock: seconds, monotonic; injected so tests control the growth throttle.
+    """
+
+    def __init__(self, config: GrowPageConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
+                 num_pages: int, device: torch.device | str = "cpu",
+                 compute_dtype: torch.dtype = torch.float32, max_requests: int = 256,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.compute_dtype = compute_dtype
+        self.pool = PagePool(num_pages)
+        self.store = KVStore(num_layers, num_pages, config.block_size, num_kv_heads, head_dim,
+                             DTYPES[config.kv_dtype], device)
+        self.summaries = SummaryBank(config, max_requests, device)
+        self.stats = StatsRecorder()
+        self.requests: dict[str, RequestKV] = {}
+        self._free_rows = list(range(max_requests - 1, -1, -1))
+        count = min(config.observed_layers, num_layers)
+        self.observed_layers = frozenset(round((i + 1) * num_layers / (count + 1)) % num_layers
+                                         for i in range(count))
+        self._quant_format = PageFormat.for_bits(config.quantization_bits)
+
+    # ---- admission ----------------------------------------------------------------------------
+    def pages_for_prompt(self, num_prompt_tokens: int) -> int:
+        """Pages a request is granted: ``base_pages``, or more if the prompt needs more."""
+        return max(self.config.base_pages, math.ceil((num_prompt_tokens + 1) / self.config.block_size))
+
+    def _prefix_hits(self, num_prompt_tokens: int, block_hashes: Sequence[int]) -> list[int]:
+        # Keep at least one prompt token uncached: the engine needs its logits.
+        limit = (num_prompt_tokens - 1) // self.config.block_size
+        hits = []
+        for block_hash in list(block_hashes)[:limit]:
+            page = self.pool.lookup(block_hash)
+            if page is None:
+                break
+            hits.append(page)
+        return hits
+
+    def can_admit(self, num_prompt_tokens: int, block_hashes: Sequence[int] = ()) -> bool:
+        if not self._free_rows:
+            return False
+        hits = self._prefix_hits(num_prompt_tokens, block_hashes)
+        return self.pool.can_reserve(self.pages_for_prompt(num_prompt_tokens) - len(hits))
+
+    def admit(self, request_id: str, num_prompt_tokens: int, *, namespace: str | None = None,
+              mode: Mode | str | None = None, block_hashes: Sequence[int] = ()) -> Admission:
+        """Grant pages to a new request. Call ``can_admit`` first (no over-commit)."""
+        if request_id in self.requests:
+            raise GrowPageError(f"request {request_id!r} is already admitted; request ids must be unique")
+        if not self.can_admit(num_prompt_tokens, block_hashes):
+            raise GrowPageError(f"cannot admit {request_id!r}: call can_admit() first")
+        hits = self._prefix_hits(num_prompt_tokens, block_hashes)
+        started = time.perf_counter()
+        reserved = self.pool.reserve(self.pages_for_prompt(num_prompt_tokens) - len(hits))
+        self.stats.record_grant(len(reserved), time.perf_counter() - started)
+        for page in hits:
+            self.pool.share(page)
+        row = self._free_rows.pop()
+        self.summaries.reset([row])
+        request = RequestKV(request_id=request_id, namespace=namespace,
+                            mode=self.config.mode_for(namespace, mode), summary_row=row,
+                            base_pages=self.config.base_pages, pages=list(hits), reserved=reserved,
+                            logical_length=len(hits) * self.config.block_size,
+                            last_refill_s=self.clock())
+        request.growth_budget_pages = refill_growth_budget(0.0, request.pages_held, math.inf,
+                                                           self.config.max_growth_rate)
+        self.requests[request_id] = request
+        return Admission(cached_tokens=request.logical_length, pages_granted=len(reserved))
+
+    def publish_prefix(self, request_id: str, block_hashes: Sequence[int]) -> int:
+        """Offer the request's full prompt pages to later requests; returns pages published."""
+        request = self.requests[request_id]
+        published = 0
+        for page, block_hash in zip(request.pages, block_hashes):
+            if self.store.format[page] is not PageFormat.FULL or self.store.fill[page] < self.config.block_size:
+                break
+            self.pool.publish(page, block_hash)
+            published += 1
+        return published
+
+    # ---- room for new tokens ------------------------------------------------------------------
+    def _head_page(self, request: RequestKV) -> int | None:
+        for page in reversed(request.pages):
+            if (self.store.format[page] is PageFormat.FULL and not self.pool.is_shared(page)
+                    and self.store.fill[page] < self.config.block_size):
+                return page
+        return None
+
+    def free_slots(self, request_id: str) -> int:
+        request = self.requests[request_id]
+        head = self._head_page(request)
+        head_room = self.config.block_size - self.store.fill[head] if head is not None else 0
+        return head_room + len(request.reserved) * self.config.block_size
+
+    def ensure_slots(self, request_id: str, num_tokens: int) -> SlotStatus:
+        """Make room for ``num_tokens`` new tokens, crossing page boundaries as needed."""
+        while self.free_slots(request_id) < num_tokens:
+            status = self._cross_boundary(self.requests[request_id])
+            if status is not SlotStatus.OK:
+                return status
+        return SlotStatus.OK
+
+    def _grant_one(self, request: RequestKV) -> None:
+        started = time.perf_counter()
+        request.reserved.extend(self.pool.reserve(1))
+        self.stats.record_grant(1, time.perf_counter() - started)
+
+    def _plain_paging(self, request: RequestKV) -> SlotStatus:
+        """vLLM's default: take a page if the pool has one, else preempt."""
+        if self.pool.can_reserve(1):
+            self._grant_one(request)
+            return SlotStatus.OK
+        self.stats.record_oom()
+        return SlotStatus.PREEMPT
+
+    def _cross_boundary(self, request: RequestKV) -> SlotStatus:
+        if request.mode is Mode.OFF:
+            return self._plain_paging(request)
+        started = time.perf_counter()
+        pages_before = request.pages_held
+        try:
+            decision, state, boundary, plans = self._decide(request)
+        except Exception:  # GrowPage must never take the engine down
+            self._fault("policy", "decision failed; falling back to plain paging")
+            return self._plain_paging(request)
+
+        bytes_in = bytes_out = 0
+        enforced = request.mode is Mode.ENFORCE
+        if enforced:
+            try:
+                status, bytes_in, bytes_out = self._apply(request, decision, plans)
+            except Exception:
+                self._fault("actuator", f"{decision.action.value} failed; falling back to plain paging")
+                status = self._plain_paging(request)
+        else:
+            status = self._plain_paging(request)
+        self.stats.record_decision(DecisionEvent(
+            request_id=request.request_id, namespace=request.namespace, kind=decision.action.value,
+            refusal=decision.refusal.value if decision.refusal else None, reason=decision.reason.value,
+            enforced=enforced, pages_before=pages_before, pages_after=request.pages_held,
+            sts_density=state.sts_density, lts_entropy=state.lts_entropy,
+            capacity_boundary_pages=boundary, bytes_in=bytes_in, bytes_out=bytes_out,
+            duration_s=time.perf_counter() - started, time_s=self.clock()))
+        return status
+
+    def _decide(self, request: RequestKV) -> tuple[Decision, BoundaryState, float, tuple]:
+        reading = self.summaries.read([request.summary_row])[0]
+        now = self.clock()
+        request.growth_budget_pages = refill_growth_budget(
+            request.growth_budget_pages, request.pages_held, now - request.last_refill_s,
+            self.config.max_growth_rate)
+        request.last_refill_s = now
+        quantize_plan = self._plan_quantize(request)
+        evict_plan = self._plan_evict(request)
+        state = BoundaryState(
+            pages_held=request.pages_held, base_pages=request.base_pages,
+            sts_density=reading.sts_density, lts_entropy=reading.lts_entropy,
+            pool_free_pages=self.pool.num_free, growth_budget_pages=request.growth_budget_pages,
+            can_quantize=quantize_plan is not None, can_evict=evict_plan is not None)
+        boundary = capacity_boundary_pages(request.base_pages, reading.lts_entropy,
+                                           self.config.growth_coefficient)
+        return decide(state, self.config), state, boundary, (quantize_plan, evict_plan)
+
+    def _apply(self, request: RequestKV, decision: Decision, plans: tuple) -> tuple[SlotStatus, int, int]:
+        quantize_plan, evict_plan = plans
+        if decision.action is Action.ALLOCATE:
+            self._grant_one(request)
+            request.growth_budget_pages -= 1.0
+            return SlotStatus.OK, 0, 0
+        if decision.action is Action.QUANTIZE:
+            return (SlotStatus.OK, *self._quantize(request, quantize_plan))
+        if decision.action is Action.EVICT:
+            return (SlotStatus.OK, *self._evict(request, evict_plan))
+        if decision.action is Action.DEFER:
+            return SlotStatus.DEFER, 0, 0
+        self.stats.record_oom()
+        return SlotStatus.PREEMPT, 0, 0
+
+    # ---- compression ----------------------------------------------------------------------------
+    def _private_pages(self, request: RequestKV, fmt: PageFormat) -> list[int]:
+        return [p for p in request.pages if self.store.format[p] is fmt and not self.pool.is_shared(p)]
+
+    def _plan_quantize(self, request: RequestKV) -> _QuantizePlan | None:
+        """The oldest full FP pages that hold no protected token, enough to free one page."""
+        per_target = self.store.tokens_per_page[self._quant_format]
+        group = per_target // self.config.block_size
+        candidates = [p for p in self._private_pages(request, PageFormat.FULL)
+                      if self.store.fill[p] == self.config.block_size]
+        if len(candidates) < group:
+            return None
+        index = torch.tensor(candidates, dtype=torch.long, device=self.store.device)
+        positions = self.store.positions[index, :self.config.block_size]
+        low = positions.min(dim=1).values.tolist()
+        high = positions.max(dim=1).values.tolist()
+        recent_start = request.logical_length - self.config.recent_window_tokens
+        eligible = [page for page, lo, hi in zip(candidates, low, high)
+                    if lo >= self.config.sink_tokens and hi < recent_start]
+        if len(eligible) < group:
+            return None
+        return _QuantizePlan(pages=eligible[:group], fmt=self._quant_format)
+
+    def _group_tokens(self, pages: list[int], fmt: PageFormat) -> tuple[torch.Tensor, torch.Tensor, int]:
+        per_page = self.store.tokens_per_page[fmt]
+        index = torch.tensor(pages, dtype=torch.long, device=self.store.device)
+        count = sum(self.store.fill[p] for p in pages)
+        positions = self.store.positions[index, :per_page].reshape(-1)[:count]
+        scores = self.store.scores[index, :per_page].reshape(-1)[:count]
+        return positions, scores, count
+
+    def _plan_evict(self, request: RequestKV) -> _EvictPlan | None:
+        """Drop the lowest-scored unprotected tokens of one format group to free pages.
+
+        Full-precision tokens go first (compaction is exact); quantized groups are compacted only
+        when the full-precision group cannot free a page (their survivors are re-quantized).
+        """
+        for fmt in (PageFormat.FULL, PageFormat.INT8, PageFormat.INT4):
+            pages = self._private_pages(request, fmt)
+            if not pages:
+                continue
+            positions, scores, count = self._group_tokens(pages, fmt)
+            per_page = self.store.tokens_per_page[fmt]
+            drop = tokens_to_drop(count, per_page, self.config.evict_min_pages)
+            if drop == 0 or math.ceil(count / per_page) < self.config.evict_min_pages:
+                continue
+            keep = select_keep(positions, scores, drop, request.logical_length,
+                               self.config.sink_tokens, self.config.recent_window_tokens)
+            if keep is None:
+                continue
+            recent_start = request.logical_length - self.config.recent_window_tokens
+            candidates = int(((positions >= self.config.sink_tokens) & (positions < recent_start)).sum())
+            return _EvictPlan(fmt=fmt, pages=pages, keep=keep, num_candidates=candidates)
+        return None
+
+    def _reclaim(self, request: RequestKV, emptied: list[int]) -> None:
+        """The first page a compression empties becomes the request's next page (that is the room
+        it compressed for); any others go back to the pool."""
+        for index, page in enumerate(emptied):
+            request.pages.remove(page)
+            self.store.clear(page)
+            if index == 0:
+                self.pool.mark_reserved(page)
+                request.reserved.append(page)
+            else:
+                self.pool.release(page)
+
+    def _quantize(self, request: RequestKV, plan: _QuantizePlan) -> tuple[int, int]:
+        bytes_in = sum(self.store.stored_bytes(p) for p in plan.pages)
+        values = self.store.read_all_layers(plan.pages, torch.float32)
+        positions, scores, _ = self._group_tokens(plan.pages, PageFormat.FULL)
+        emptied = self.store.write_group(plan.pages, plan.fmt, values, positions.clone(), scores.clone())
+        bytes_out = sum(self.store.stored_bytes(p) for p in plan.pages if p not in emptied)
+        self._reclaim(request, emptied)
+        self.stats.record_compression(bytes_in, bytes_out)
+        return bytes_in, bytes_out
+
+    def _evict(self, request: RequestKV, plan: _EvictPlan) -> tuple[int, int]:
+        values = self.store.read_all_layers(plan.pages, torch.float32)
+        positions, scores, _ = self._group_tokens(plan.pages, plan.fmt)
+        keep = plan.keep
+        emptied = self.store.write_group(plan.pages, plan.fmt, values[:, keep], positions[keep].clone(),
+                                         scores[keep].clone())
+        self._reclaim(request, emptied)
+        token_bytes = self.store.token_bytes(plan.fmt)
+        dropped = int((~keep).sum())
+        bytes_in = round(plan.num_candidates * token_bytes)
+        bytes_out = round((plan.num_candidates - dropped) * token_bytes)
+        self.stats.record_compression(bytes_in, bytes_out)
+        return bytes_in, bytes_out
+
+    # ---- the step -----------------------------------------------------------------------------
+    def plan_step(self, batch: Sequence[tuple[str, int]]) -> StepPlan:
+        """Assign slots for each request's new tokens and build the step's layout.
+
+        Args:
+            batch: ``(request_id, num_new_tokens)`` per row; ``ensure_slots`` must have said OK.
+        """
+        write_pages, write_slots, write_positions = [], [], []
+        query_positions = []
+        for request_id, num_tokens in batch:
+            request = self.requests[request_id]
+            positions = list(range(request.logical_length, request.logical_length + num_tokens))
+            for position in positions:
+                head = self._head_page(request)
+                if head is None:
+                    if not request.reserved:
+                        raise GrowPageError(f"request {request_id!r} has no free slot: call ensure_slots first")
+                    head = request.reserved.pop(0)
+                    self.pool.mark_used(head)
+                    request.pages.append(head)
+                slot = self.store.fill[head]
+                self.store.fill[head] = slot + 1
+                write_pages.append(head)
+                write_slots.append(slot)
+                write_positions.append(position)
+            request.logical_length += num_tokens
+            query_positions.append(positions)
+        self.store.assign_slots(write_pages, write_slots, write_positions)
+        layout = attn.build_layout(self.store, [self.requests[r].pages for r, _ in batch], query_positions)
+        device = self.store.device
+        requests = [self.requests[r] for r, _ in batch]
+        return StepPlan(
+            request_ids=[r for r, _ in batch], layout=layout,
+            write_pages=torch.tensor(write_pages, dtype=torch.long, device=device),
+            write_slots=torch.tensor(write_slots, dtype=torch.long, device=device),
+            observed_rows=torch.tensor([r.mode is not Mode.OFF for r in requests], device=device),
+            summary_rows=torch.tensor([r.summary_row for r in requests], dtype=torch.long, device=device),
+            bin_mass=torch.zeros(len(batch), self.config.sts_num_bins, device=device),
+            entropy=torch.zeros(len(batch), device=device))
+
+    def attend(self, layer: int, plan: StepPlan, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, scale: float) -> torch.Tensor:
+        """Store this step's K/V for ``layer`` and return attention over each request's pages.
+
+        Args:
+            query: ``[batch, max_queries, q_heads, head_dim]`` (padded rows are ignored).
+            key, value: ``[num_new_tokens, kv_heads, head_dim]``, in ``plan_step`` batch order.
+        """
+        self.store.write_tokens(layer, plan.write_pages, plan.write_slots, key, value)
+        keys, values = attn.gather_kv(self.store, layer, plan.layout, self.compute_dtype)
+        out = attn.paged_attention(query.to(self.compute_dtype), keys, values, plan.layout, scale)
+        if layer in self.observed_layers:
+            try:
+                self._observe(plan, query, keys, scale)
+            except Exception:
+                self._fault("observer", "observing attention failed; summaries skip this layer")
+        return out
+
+    def _observe(self, plan: StepPlan, query: torch.Tensor, keys: torch.Tensor, scale: float) -> None:
+        probs = attn.newest_query_probs(query, keys, plan.layout, scale)  # [B, Hq, K]
+        probs = probs * plan.observed_rows[:, None, None]
+        bin_mass, entropy = summarize_attention(probs, plan.layout.key_positions,
+                                                plan.layout.logical_lengths, self.config.sts_num_bins)
+        plan.bin_mass += bin_mass
+        plan.entropy += entropy
+        plan.layers_observed += 1
+        token_mass = probs.mean(dim=1).reshape(-1)
+        self.store.scores.view(-1).index_add_(0, plan.layout.key_slot_ids, token_mass)
+
+    def finish_step(self, plan: StepPlan) -> None:
+        """Fold the step's observations into the summaries (device ops only)."""
+        if plan.layers_observed == 0:
+            return
+        try:
+            rows = plan.summary_rows[plan.observed_rows]
+            if rows.numel() == 0:
+                return
+            scale = 1.0 / plan.layers_observed
+            self.summaries.observe(rows, plan.bin_mass[plan.observed_rows] * scale,
+                                   plan.entropy[plan.observed_rows] * scale)
+        except Exception:
+            self._fault("summaries", "summary update failed; skipping this step's observation")
+
+    # ---- release ------------------------------------------------------------------------------
+    def release(self, request_id: str, reason: str = "finished") -> None:
+        """Return every page of a request (finished, aborted or preempted). Idempotent."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        lts = None
+        if request.mode is not Mode.OFF:
+            try:
+                reading = self.summaries.read([request.summary_row])[0]
+                lts = reading.lts_entropy if reading.steps_observed else None
+            except Exception:
+                self._fault("summaries", "reading summaries at release failed")
+        for page in request.pages + request.reserved:
+            if self.pool.ref_count(page) == 1:
+                self.store.clear(page)
+            self.pool.release(page)
+        self._free_rows.append(request.summary_row)
+        self.stats.record_finish(reason, lts)
+
+    # ---- faults and stats ---------------------------------------------------------------------
+    def _fault(self, component: str, message: str) -> None:
+        """Count a caught fault; log its traceback the first time per component only, so a
+        persistent fault cannot flood the logs from the decode loop."""
+        first = self.stats.agent_errors_total[component] == 0
+        self.stats.record_error(component)
+        if first:
+            logger.exception("growpage %s: %s (further faults are counted in "
+                             "growpage_agent_errors_total, not logged)", component, message)
+        else:
+            logger.debug("growpage %s: %s", component, message, exc_info=True)
+
+    def gauges(self) -> PoolGauges:
+        """Current pool state (one device sync for the summary readings)."""
+        requests = list(self.requests.values())
+        distinct_pages = {p for r in requests for p in r.pages}
+        live_tokens = sum(self.store.fill[p] for p in distinct_pages)
+        used_slots = sum(self.store.capacity(p) for p in distinct_pages)
+        reserved_slots = sum(len(r.reserved) for r in requests) * self.config.block_size
+        full_token_bytes = self.store.token_bytes(PageFormat.FULL)
+        readings = self.summaries.read([r.summary_row for r in requests if r.mode is not Mode.OFF])
+        tracked = [r for r in requests if r.mode is not Mode.OFF]
+        lts_by_namespace: dict[str, list[float]] = {}
+        boundaries = []
+        for request, reading in zip(tracked, readings):
+            boundaries.append(capacity_boundary_pages(request.base_pages, reading.lts_entropy,
+                                                      self.config.growth_coefficient))
+            if reading.steps_observed:
+                lts_by_namespace.setdefault(request.namespace or "", []).append(reading.lts_entropy)
+        return PoolGauges(
+            num_pages=self.pool.num_pages, pages_free=self.pool.num_free,
+            pages_reserved=self.pool.num_reserved, pages_used=self.pool.num_used,
+            live_tokens=live_tokens, granted_token_slots=used_slots + reserved_slots,
+            used_token_slots=used_slots,
+            logical_bytes=round(sum(r.logical_length for r in requests) * full_token_bytes),
+            stored_bytes=sum(self.store.stored_bytes(p) for p in distinct_pages),
+            requests_running=len(requests), capacity_boundaries=tuple(boundaries),
+            lts_by_namespace={ns: tuple(v) for ns, v in lts_by_namespace.items()})
+
+    def make_stats(self) -> StatsSnapshot:
+        """Get-and-reset snapshot for the telemetry collector (its only consumer)."""
+        return self.stats.drain(self.gauges())

@@ -1,0 +1,147 @@
+"""The growth contract as a pure function: ``decide(state, config) -> Decision``.
+
+A request reaches a *page boundary* when it needs a token slot and holds no free slot. Below its
+capacity boundary (``base_pages * (1 + growth_coefficient * LTS)``) it simply grows; at the boundary
+the STS density and LTS entropy choose between compressing in place and growing:
+
+==========================  =================================================================
+density > density_threshold  quantize (all tokens kept), else evict
+density <= threshold, LTS >  allocate one page (pool and ``max_growth_rate`` permitting)
+density <= threshold, LTS <= evict lowest-scored tokens (sinks and recent window kept)
+==========================  =================================================================
+
+The seed leaves the third row open; we evict because low entropy means attention is concentrated
+on few tokens, which is exactly when dropping the unattended ones costs least.
+
+Fallbacks, so that every outcome is defined: an allocation refused (pool empty: ``denied``; budget
+spent: ``throttled``) falls back to compression in density order; a compression that cannot free a
+page falls back to the other one, then to allocation; when nothing can be freed and the pool is
+empty the request is preempted (recomputed later, as vLLM does); when only the throttle stands in
+the way the request defers one step (its budget refills with time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from growpage.config import GrowPageConfig
+
+
+class Action(str, enum.Enum):
+    """What the actuator does at a page boundary."""
+
+    ALLOCATE = "allocate"
+    QUANTIZE = "quantize"
+    EVICT = "evict"
+    DEFER = "defer"
+    PREEMPT = "preempt"
+
+
+class Refusal(str, enum.Enum):
+    """Why a wanted allocation was refused (counted as its own decision kind)."""
+
+    DENIED = "denied"  # the pool has no free page
+    THROTTLED = "throttled"  # the request's max_growth_rate budget is spent
+
+
+class Reason(str, enum.Enum):
+    """Which row of the contract produced the decision."""
+
+    WITHIN_BOUNDARY = "within_boundary"
+    DENSE_WORKING_SET = "dense_working_set"
+    BROAD_DEMAND = "broad_demand"
+    NARROW_DEMAND = "narrow_demand"
+    NOTHING_TO_COMPRESS = "nothing_to_compress"
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryState:
+    """Everything ``decide`` looks at, for one request at one page boundary.
+
+    Attributes:
+        pages_held: pages in the request's page table (shared prefix pages included).
+        base_pages: the request's admission grant.
+        sts_density: active STS bins / number of bins, in [0, 1].
+        lts_entropy: bias-corrected long-term attention entropy, nats.
+        pool_free_pages: free pages in the pool right now.
+        growth_budget_pages: pages the request may still add under ``max_growth_rate``.
+        can_quantize: quantizing the request's eligible pages would free at least one page.
+        can_evict: evicting unprotected tokens would free at least ``evict_min_pages`` pages.
+    """
+
+    pages_held: int
+    base_pages: int
+    sts_density: float
+    lts_entropy: float
+    pool_free_pages: int
+    growth_budget_pages: float
+    can_quantize: bool
+    can_evict: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The outcome of one boundary: an action, the contract row, and a refusal if one occurred."""
+
+    action: Action
+    reason: Reason
+    refusal: Refusal | None = None
+
+
+def capacity_boundary_pages(base_pages: int, lts_entropy: float, growth_coefficient: float) -> float:
+    """``base_pages * (1 + growth_coefficient * LTS)``: where a request stops growing freely."""
+    return base_pages * (1.0 + growth_coefficient * max(lts_entropy, 0.0))
+
+
+def refill_growth_budget(budget_pages: float, pages_held: int, elapsed_s: float,
+                         max_growth_rate: float) -> float:
+    """Token-bucket refill for ``max_growth_rate`` (a fraction of held pages per second).
+
+    The bucket holds at most one second of growth, and never less than one page, so a small
+    request can always grow by a page after ``1 / (rate * pages_held)`` seconds.
+    """
+    per_second = max_growth_rate * max(pages_held, 1)
+    capacity = max(per_second, 1.0)
+    return min(capacity, budget_pages + per_second * max(elapsed_s, 0.0))
+
+
+def decide(state: BoundaryState, config: GrowPageConfig) -> Decision:
+    """Apply the growth contract (see the module docstring) to one boundary."""
+    dense = state.sts_density > config.density_threshold
+    boundary = capacity_boundary_pages(state.base_pages, state.lts_entropy, config.growth_coefficient)
+    if state.pages_held < boundary:
+        wanted, reason = Action.ALLOCATE, Reason.WITHIN_BOUNDARY
+    elif dense:
+        wanted, reason = Action.QUANTIZE, Reason.DENSE_WORKING_SET
+    elif state.lts_entropy > config.lts_grow_threshold:
+        wanted, reason = Action.ALLOCATE, Reason.BROAD_DEMAND
+    else:
+        wanted, reason = Action.EVICT, Reason.NARROW_DEMAND
+
+    refusal: Refusal | None = None
+    if wanted is Action.ALLOCATE:
+        refusal = _allocation_refusal(state)
+        if refusal is None:
+            return Decision(Action.ALLOCATE, reason)
+
+    compress_order = (Action.QUANTIZE, Action.EVICT) if dense else (Action.EVICT, Action.QUANTIZE)
+    for action in compress_order:
+        if (state.can_quantize if action is Action.QUANTIZE else state.can_evict):
+            return Decision(action, reason, refusal)
+
+    if wanted is not Action.ALLOCATE:
+        refusal = _allocation_refusal(state)
+        if refusal is None:
+            return Decision(Action.ALLOCATE, Reason.NOTHING_TO_COMPRESS)
+    if refusal is Refusal.THROTTLED:
+        return Decision(Action.DEFER, reason, refusal)
+    return Decision(Action.PREEMPT, reason, refusal)
+
+
+def _allocation_refusal(state: BoundaryState) -> Refusal | None:
+    if state.pool_free_pages < 1:
+        return Refusal.DENIED
+    if state.growth_budget_pages < 1.0:
+        return Refusal.THROTTLED
+    return None

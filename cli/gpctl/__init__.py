@@ -1,0 +1,1 @@
+"""gpctl: the GrowPage command line for SREs; thin typer commands over ``growpage`` functions."""

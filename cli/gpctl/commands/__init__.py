@@ -1,0 +1,1 @@
+"""One module per ``gpctl`` command; ``gpctl.main`` registers each with one line."""

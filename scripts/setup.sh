@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Set up everything GrowPage needs on a fresh machine, idempotently: a virtual environment in
+# .venv with the CPU build of torch and the project (editable, with its dev + telemetry extras).
+# Re-running is cheap: the install is skipped while pyproject.toml is unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV=.venv
+STAMP="$VENV/.growpage-installed"
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "error: GrowPage needs Python >= 3.11; set PYTHON=/path/to/python3.11" >&2
+  exit 2
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+
+want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
+
+echo "setup: installing Python packages into $VENV (first run takes a few minutes)"
+# torch first and pinned: 2.13.0 is the CPU build this machine kind keeps on disk; letting a
+# resolver pick torch would pull a multi-GB CUDA build instead.
+# (This machine's pip config names local index folders that may not exist; hide that noise only.)
+pip_install() {
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2> >(grep -v 'is ignored' >&2)
+}
+pip_install 'torch==2.13.0'
+pip_install -e '.[dev,telemetry]'
+"$VENV/bin/python" -c 'import torch, growpage, gpctl, pytest, hypothesis'
+echo "$want" > "$STAMP"
+echo "setup: done"

@@ -1,0 +1,169 @@
+"""Tests for the gpctl entry point and ``gpctl kv-size``, as a user runs them."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from gpctl.errors import GrowPageGroup
+from gpctl.main import app
+from growpage import __version__
+from growpage.errors import GrowPageError
+
+SMOLLM2_ARGS = ["kv-size", "--model", "smollm2-135m"]
+SEED_ARGS = ["kv-size", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--tokens", "640"]
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    # Wide enough that no table cell wraps; a narrow-terminal test sets COLUMNS itself.
+    return CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+
+
+def _gpctl_script() -> Path:
+    script = Path(sys.executable).parent / "gpctl"
+    if not script.exists():
+        found = shutil.which("gpctl")
+        if found is None:
+            pytest.skip("gpctl console script is not installed")
+        script = Path(found)
+    return script
+
+
+def test_help_lists_kv_size(runner):
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "kv-size" in result.output
+
+
+def test_no_arguments_shows_help(runner):
+    result = runner.invoke(app, [])
+    assert "Usage" in result.output
+    assert "kv-size" in result.output
+
+
+def test_version(runner):
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"gpctl {__version__}"
+
+
+def test_kv_size_text_shows_the_right_seed_numbers_and_formula(runner):
+    result = runner.invoke(app, [*SEED_ARGS, "--batch", "8"])
+    assert result.exit_code == 0, result.output
+    for expected in ("512 KiB", "524,288", "320 MiB", "335,544,320", "2.5 GiB", "2,684,354,560"):
+        assert expected in result.stdout
+    assert "Pages per request" in result.stdout and " 40 " in result.stdout
+    assert "Pages per batch" in result.stdout and " 320 " in result.stdout
+    assert "32 layers x 32 KV heads x 128 head_dim x 2 (K and V) x 2 B (float16)" in result.stdout
+    assert "1.8 GB" in result.stdout  # the correction of the seed's figure
+
+
+def test_kv_size_text_fits_80_columns():
+    result = CliRunner(env={"COLUMNS": "80", "NO_COLOR": "1"}).invoke(
+        app, [*SMOLLM2_ARGS, "--tokens", "1000", "--dtype", "int8", "--batch", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert "scales amortized" in result.stdout
+
+
+def test_kv_size_json_is_stable_and_exact(runner):
+    result = runner.invoke(app, [*SEED_ARGS, "--batch", "8", "--output", "json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["bytes_per_token"] == 524_288
+    assert document["bytes_per_request"] == 335_544_320
+    assert document["bytes_per_batch"] == 2_684_354_560
+    assert document["pages_per_request"] == 40
+    assert document["pages_per_batch"] == 320
+    assert document["dtype"] == "float16"
+    assert document["model"] is None
+    assert "524,288 B per token" in document["formula"]
+    byte_counts = {key: value for key, value in document.items() if "bytes" in key}
+    assert len(byte_counts) == 8
+    assert all(isinstance(value, int) for value in byte_counts.values())
+
+
+def test_kv_size_model_preset_with_override(runner):
+    result = runner.invoke(app, [*SMOLLM2_ARGS, "--tokens", "1", "--output", "json"])
+    document = json.loads(result.stdout)
+    assert document["model"] == "smollm2-135m"
+    assert document["bytes_per_token"] == 23_040
+
+    overridden = runner.invoke(
+        app, [*SMOLLM2_ARGS, "--layers", "60", "--tokens", "1", "--output", "json"]
+    )
+    assert json.loads(overridden.stdout)["bytes_per_token"] == 2 * 23_040
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "fragment"),
+    [
+        (["--dtype", "fp8"], "unknown KV dtype 'fp8'"),
+        (["--batch", "0"], "batch must be a positive whole number"),
+        (["--block-size", "-16"], "block_size must be a positive whole number"),
+    ],
+)
+def test_kv_size_bad_input_is_one_error_line_and_exit_2(runner, extra_args, fragment):
+    result = runner.invoke(app, [*SEED_ARGS, *extra_args])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: ") and fragment in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_kv_size_missing_geometry_is_one_error_line(runner):
+    result = runner.invoke(app, ["kv-size", "--tokens", "640"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: missing model geometry: --layers, --kv-heads, --head-dim")
+
+
+def test_any_command_raising_growpage_error_exits_2_with_one_line():
+    # What a future command (e.g. a `bench` sub-app) gets without extra code.
+    demo = typer.Typer(cls=GrowPageGroup)
+    sub = typer.Typer()
+
+    @sub.command()
+    def run() -> None:
+        raise GrowPageError("endpoint unreachable\nset --url to the vLLM service")
+
+    @demo.callback()
+    def _root() -> None:
+        pass
+
+    demo.add_typer(sub, name="bench")
+    result = CliRunner().invoke(demo, ["bench", "run"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: endpoint unreachable set --url to the vLLM service\n"
+
+
+def test_console_script_version_and_bad_input_without_traceback():
+    script = _gpctl_script()
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "100"}
+
+    version = subprocess.run(
+        [script, "--version"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"gpctl {__version__}"
+
+    bad = subprocess.run(
+        [script, *SEED_ARGS, "--dtype", "fp8"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert bad.returncode == 2
+    assert bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "error: unknown KV dtype 'fp8'; use one of: float16, bfloat16, float32, int8, int4"
+    ]
+    assert "Traceback" not in bad.stderr

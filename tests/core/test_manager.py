@@ -1,0 +1,305 @@
+"""The actuator end to end: attention equals dense attention, compression frees pages, monitor
+mode touches nothing, and no page leaks under random workloads."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from growpage.config import Mode
+from growpage.core.kv_store import PageFormat
+from growpage.core.manager import SlotStatus
+from growpage.core.pool import PageState
+
+from conftest import LAYERS, Driver, dense_attention, make_manager
+
+
+def check_against_dense(driver, outputs, queries, request_id, positions_now):
+    manager = driver.manager
+    stored = driver.stored_positions(request_id)
+    n = outputs[request_id].shape[1]
+    end = manager.requests[request_id].logical_length
+    q_positions = list(range(end - n, end))
+    for layer in range(LAYERS):
+        expected = dense_attention(driver.kv[request_id], stored, queries[request_id][layer], q_positions, layer)
+        torch.testing.assert_close(outputs[request_id][layer], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_paged_attention_equals_dense_for_prefill_and_decode_in_a_mixed_batch():
+    driver = Driver(make_manager(mode="off"))
+    driver.admit("a", 7)
+    driver.admit("b", 3)
+    outputs, queries = driver.step([("a", 7), ("b", 3)])  # two prefills, ragged
+    check_against_dense(driver, outputs, queries, "a", None)
+    check_against_dense(driver, outputs, queries, "b", None)
+    for _ in range(12):  # decode steps crossing several page boundaries
+        outputs, queries = driver.step([("a", 1), ("b", 1)])
+        check_against_dense(driver, outputs, queries, "a", None)
+        check_against_dense(driver, outputs, queries, "b", None)
+    driver.admit("c", 5)  # prefill next to decodes
+    outputs, queries = driver.step([("a", 1), ("c", 5)])
+    check_against_dense(driver, outputs, queries, "c", None)
+
+
+def run_until(driver, request_id, predicate, max_steps=200):
+    for _ in range(max_steps):
+        outputs, queries = driver.step([(request_id, 1)])
+        if predicate():
+            return outputs, queries
+    raise AssertionError("condition never reached")
+
+
+def test_eviction_keeps_sinks_and_recent_window_frees_a_page_and_attention_stays_exact():
+    manager = make_manager(density_threshold=1.0, lts_grow_threshold=100.0, growth_coefficient=0.0)  # always evict
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    outputs, queries = run_until(driver, "a", lambda: manager.stats.decisions_total["evict"] > 0)
+    request = manager.requests["a"]
+    stored = driver.stored_positions("a")
+    length = request.logical_length
+    assert len(stored) < length  # tokens were dropped
+    assert {0, 1} <= set(stored)  # sinks kept
+    assert set(range(length - 4, length)) <= set(stored)  # recent window kept
+    assert request.pages_held <= manager.config.base_pages  # it compressed instead of growing
+    check_against_dense(driver, outputs, queries, "a", None)  # new tokens keep their true positions
+    for _ in range(10):  # and after several more evictions, attention is still exact
+        outputs, queries = driver.step([("a", 1)])
+    check_against_dense(driver, outputs, queries, "a", None)
+    assert manager.make_stats().decisions_total["evict"] >= 2
+
+
+def test_quantization_frees_pages_and_reports_exact_bytes():
+    manager = make_manager(density_threshold=0.0, kv_dtype="float16", quantization_bits=8)
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    run_until(driver, "a", lambda: manager.stats.decisions_total["quantize"] > 0)
+    snapshot = manager.make_stats()
+    store = manager.store
+    int8_pages = [p for p in manager.requests["a"].pages if store.format[p] is PageFormat.INT8]
+    assert int8_pages and all(store.fill[p] == 2 * manager.config.block_size for p in int8_pages)
+    # Two FP16 pages in, one INT8 page plus one float16 scale per (layer, K|V, head) out.
+    page_bytes = LAYERS * manager.config.block_size * 2 * 2 * 8 * 2
+    scale_bytes = LAYERS * 2 * 2 * 2
+    events = [e for e in snapshot.decision_events if e.kind == "quantize"]
+    assert (events[0].bytes_in, events[0].bytes_out) == (2 * page_bytes, page_bytes + scale_bytes)
+    assert snapshot.intra_page_compress_ratio == pytest.approx(
+        snapshot.window_compress_input_bytes / snapshot.window_compress_output_bytes)
+    assert 1.9 < events[0].bytes_in / events[0].bytes_out < 2.0  # INT8 never reaches 2.0x
+
+
+@pytest.mark.parametrize("bits, tolerance", [(8, 0.05), (4, 0.6)])
+def test_attention_over_quantized_pages_stays_close_to_dense(bits, tolerance):
+    manager = make_manager(density_threshold=0.0, quantization_bits=bits, base_pages=6)
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    outputs, queries = run_until(driver, "a", lambda: manager.stats.decisions_total["quantize"] > 0)
+    outputs, queries = driver.step([("a", 1)])
+    length = manager.requests["a"].logical_length
+    for layer in range(LAYERS):
+        expected = dense_attention(driver.kv["a"], driver.stored_positions("a"), queries["a"][layer],
+                                   [length - 1], layer)
+        assert (outputs["a"][layer] - expected).abs().max() < tolerance
+
+
+def test_monitor_mode_changes_no_kv_byte_and_matches_off():
+    results = {}
+    for mode in ("off", "monitor"):
+        manager = make_manager(mode=mode, density_threshold=0.0)  # would quantize if enforced
+        driver = Driver(manager, seed=7)
+        driver.admit("a", 5)
+        driver.step([("a", 5)])
+        outs = [driver.step([("a", 1)])[0]["a"] for _ in range(30)]
+        results[mode] = (manager.store.arena.clone(), torch.stack(outs), manager.make_stats())
+    off_arena, off_out, _ = results["off"]
+    mon_arena, mon_out, mon_stats = results["monitor"]
+    assert torch.equal(off_arena, mon_arena)
+    assert torch.equal(off_out, mon_out)  # bit-identical outputs
+    assert mon_stats.decisions_total["quantize"] > 0  # the decisions were computed and recorded
+    assert all(not e.enforced for e in mon_stats.decision_events)
+    assert mon_stats.compress_input_bytes_total == 0
+
+
+def test_shared_prefix_pages_are_reused_and_never_modified():
+    manager = make_manager(density_threshold=1.0, lts_grow_threshold=100.0, base_pages=4, growth_coefficient=0.0)
+    driver = Driver(manager)
+    hashes = [11, 22, 33]
+    driver.admit("a", 9, block_hashes=hashes)
+    driver.step([("a", 9)])
+    assert manager.publish_prefix("a", hashes) == 2  # two full pages of 4 tokens
+    shared = manager.requests["a"].pages[:2]
+    before = manager.store.arena[:, shared].clone()
+    admission = driver.admit("b", 9, block_hashes=hashes)
+    assert admission.cached_tokens == 8
+    assert manager.requests["b"].pages[:2] == shared
+    driver.kv["b"] = {p: driver.kv["a"][p] for p in range(8)}
+    driver.step([("b", 1)])
+    for _ in range(30):  # both decode through many evictions
+        driver.step([("a", 1), ("b", 1)])
+    assert manager.stats.decisions_total["evict"] > 0
+    assert torch.equal(manager.store.arena[:, shared], before)
+    assert all(manager.store.format[p] is PageFormat.FULL for p in shared)
+    manager.release("a")
+    assert manager.pool.state(shared[0]) is PageState.USED  # b still holds them
+    manager.release("b")
+    assert manager.pool.num_free == manager.pool.num_pages
+
+
+def test_fully_cached_prompt_still_computes_its_last_token():
+    manager = make_manager(base_pages=4)
+    driver = Driver(manager)
+    driver.admit("a", 8, block_hashes=[1, 2])
+    driver.step([("a", 8)])
+    manager.publish_prefix("a", [1, 2])
+    assert driver.admit("b", 8, block_hashes=[1, 2]).cached_tokens == 4
+
+
+def test_throttle_refuses_growth_until_time_passes(clock):
+    manager = make_manager(clock=clock, max_growth_rate=0.25, density_threshold=1.0,
+                           lts_grow_threshold=0.0, growth_coefficient=0.0)
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    for _ in range(13):
+        driver.step([("a", 1)])  # fills the 4 granted pages, then the first growth (bucket full)
+    assert manager.requests["a"].pages_held == 5
+    for _ in range(8):
+        driver.step([("a", 1)])  # budget spent: growth is throttled, eviction makes room instead
+    stats = manager.make_stats()
+    assert stats.decisions_total["throttled"] >= 1 and stats.decisions_total["evict"] >= 1
+    assert manager.requests["a"].pages_held == 5
+    clock.now += 1.0  # 0.25 * 5 pages = 1.25 pages per second
+    for _ in range(4):
+        driver.step([("a", 1)])
+    assert manager.requests["a"].pages_held == 6
+
+
+def test_pool_exhaustion_falls_back_to_eviction():
+    manager = make_manager(num_pages=5, lts_grow_threshold=0.0, density_threshold=1.0)
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    for _ in range(20):
+        driver.step([("a", 1)])  # wants to allocate (LTS > 0), pool of 1 page soon empty -> evict
+    stats = manager.make_stats()
+    assert stats.decisions_total["denied"] > 0 and stats.decisions_total["evict"] > 0
+    assert stats.oom_events_total == 0
+
+
+def test_preempts_when_nothing_can_be_freed_and_the_pool_is_empty():
+    # b shares a's 3 prompt pages (read-only) and owns one page whose 4 tokens are all in its
+    # recent window: nothing to quantize or evict, and a holds the rest of the pool.
+    manager = make_manager(num_pages=5, base_pages=4, density_threshold=1.0, lts_grow_threshold=0.0)
+    driver = Driver(manager)
+    hashes = [1, 2, 3]
+    driver.admit("a", 13, block_hashes=hashes)
+    driver.step([("a", 13)])
+    manager.publish_prefix("a", hashes)
+    assert driver.admit("b", 13, block_hashes=hashes).cached_tokens == 12
+    driver.kv["b"] = dict(driver.kv["a"])
+    assert manager.pool.num_free == 0
+    driver.step([("b", 1)])
+    for _ in range(3):
+        driver.step([("b", 1)])
+    assert manager.ensure_slots("b", 1) is SlotStatus.PREEMPT
+    stats = manager.make_stats()
+    assert stats.decisions_total["preempt"] == 1 and stats.oom_events_total == 1
+    manager.release("b", reason="preempted")
+    manager.release("a")
+    assert manager.pool.num_free == 5
+
+
+def test_off_mode_is_plain_paging():
+    manager = make_manager(mode="off", num_pages=5)
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    for _ in range(16):
+        driver.step([("a", 1)])
+    assert manager.requests["a"].pages_held == 5
+    assert manager.ensure_slots("a", 1) is SlotStatus.PREEMPT
+    stats = manager.make_stats()
+    assert sum(stats.decisions_total.values()) == 0 and stats.oom_events_total == 1
+
+
+def test_faults_inside_growpage_are_counted_and_fall_back(monkeypatch):
+    manager = make_manager(density_threshold=0.0, growth_coefficient=0.0)
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(manager, "_quantize", broken)
+    monkeypatch.setattr(manager, "_evict", broken)
+    monkeypatch.setattr(manager.summaries, "observe", broken)
+    for _ in range(20):
+        driver.step([("a", 1)])  # never raises
+    errors = manager.make_stats().agent_errors_total
+    assert errors["actuator"] >= 1 and errors["summaries"] >= 1
+    assert manager.requests["a"].pages_held > manager.config.base_pages  # fell back to growing
+
+
+def test_gauges_follow_the_contract_definitions():
+    manager = make_manager(mode="off", base_pages=4)
+    driver = Driver(manager)
+    driver.admit("a", 6)  # 4 pages reserved (16 slots), 6 tokens written over 2 pages
+    driver.step([("a", 6)])
+    gauges = manager.make_stats().gauges
+    assert (gauges.pages_used, gauges.pages_reserved) == (2, 2)
+    assert gauges.utilization == pytest.approx(6 / 16)
+    assert gauges.fragmentation == pytest.approx(1 - 6 / 8)
+    assert gauges.compression_ratio == pytest.approx(6 / 8)  # tail slack costs bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), mode=st.sampled_from(["off", "monitor", "enforce"]),
+       bits=st.sampled_from([8, 4]))
+def test_no_page_leaks_under_random_workloads(seed, mode, bits):
+    rng = random.Random(seed)
+    manager = make_manager(mode=mode, num_pages=24, base_pages=3, quantization_bits=bits,
+                           density_threshold=rng.random(), lts_grow_threshold=rng.random() * 3,
+                           recent_window_tokens=3, sink_tokens=1)
+    driver = Driver(manager, seed=seed)
+    running: list[str] = []
+    next_id = 0
+    for _ in range(40):
+        action = rng.random()
+        if action < 0.25:
+            prompt = rng.randint(1, 10)
+            hashes = [rng.randint(0, 3) for _ in range(3)]
+            if manager.can_admit(prompt, hashes):
+                rid = f"r{next_id}"
+                next_id += 1
+                admission = driver.admit(rid, prompt, block_hashes=hashes)
+                driver.kv[rid] = {}
+                driver.step([(rid, prompt - admission.cached_tokens)])
+                manager.publish_prefix(rid, hashes)
+                running.append(rid)
+        elif action < 0.35 and running:
+            manager.release(running.pop(rng.randrange(len(running))), reason="aborted")
+        elif running:
+            batch = []
+            for rid in running:
+                status = manager.ensure_slots(rid, 1)
+                if status is SlotStatus.PREEMPT:
+                    manager.release(rid, reason="preempted")
+                elif status is SlotStatus.OK:
+                    batch.append((rid, 1))
+            running = [rid for rid in running if rid in manager.requests]
+            if batch:
+                driver.step(batch)
+        manager.pool.check_invariants()
+        gauges = manager.gauges()
+        assert gauges.pages_free + gauges.pages_reserved + gauges.pages_used == 24
+        assert 0.0 <= gauges.utilization <= 1.0 and 0.0 <= gauges.fragmentation <= 1.0
+    for rid in running:
+        manager.release(rid)
+    manager.pool.check_invariants()
+    assert manager.pool.num_free == 24
+    assert not manager.requests
