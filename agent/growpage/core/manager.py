@@ -484,7 +484,7 @@ class GrowPageManager:
                 self.store.clear(page)
             self.pool.release(page)
         self._free_rows.append(request.summary_row)
-        self.stats.record_finish(reason, lts)
+        self.stats.record_finish(reason, lts, request.logical_length)
 
     # ---- faults and stats ---------------------------------------------------------------------
     def _fault(self, component: str, message: str) -> None:

@@ -87,6 +87,7 @@ class StatsSnapshot:
     # since the previous snapshot
     allocation_latencies_s: tuple[float, ...]
     lts_entropy_at_finish: tuple[float, ...]
+    request_tokens_at_finish: tuple[int, ...]
     sts_density_at_decision: tuple[float, ...]
     window_compress_input_bytes: int
     window_compress_output_bytes: int
@@ -118,6 +119,7 @@ class StatsRecorder:
     def _reset_window(self) -> None:
         self._latencies: list[float] = []
         self._lts_at_finish: list[float] = []
+        self._tokens_at_finish: list[int] = []
         self._density_at_decision: list[float] = []
         self._window_in = 0
         self._window_out = 0
@@ -154,8 +156,10 @@ class StatsRecorder:
     def record_error(self, component: str) -> None:
         self.agent_errors_total[component] += 1
 
-    def record_finish(self, reason: str, lts_entropy: float | None) -> None:
+    def record_finish(self, reason: str, lts_entropy: float | None, num_tokens: int) -> None:
         self.requests_finished_total[reason] += 1
+        if reason != "preempted":  # a preempted request comes back; count its length once
+            self._append(self._tokens_at_finish, num_tokens)
         if lts_entropy is not None:
             self._append(self._lts_at_finish, lts_entropy)
 
@@ -171,6 +175,7 @@ class StatsRecorder:
             requests_finished_total=dict(self.requests_finished_total),
             allocation_latencies_s=tuple(self._latencies),
             lts_entropy_at_finish=tuple(self._lts_at_finish),
+            request_tokens_at_finish=tuple(self._tokens_at_finish),
             sts_density_at_decision=tuple(self._density_at_decision),
             window_compress_input_bytes=self._window_in,
             window_compress_output_bytes=self._window_out,
