@@ -13,7 +13,7 @@ from growpage.core.kv_store import PageFormat
 from growpage.core.manager import SlotStatus
 from growpage.core.pool import PageState
 
-from conftest import LAYERS, Driver, dense_attention, make_manager
+from support.factories import LAYERS, Driver, dense_attention, make_manager
 
 
 def check_against_dense(driver, outputs, queries, request_id, positions_now):

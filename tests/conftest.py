@@ -1,0 +1,6 @@
+"""Makes ``tests/support`` importable as ``support`` from every test folder."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

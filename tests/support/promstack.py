@@ -1,0 +1,194 @@
+"""Real Prometheus and Alertmanager for tests: started on free loopback ports, stopped after.
+
+The Debian packages (``scripts/install-system-deps.sh``) provide ``prometheus``,
+``prometheus-alertmanager``, ``promtool`` and ``amtool``. Nothing here is mocked: tests talk to the
+real servers over HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROMETHEUS = "prometheus"
+ALERTMANAGER = "prometheus-alertmanager"
+
+
+def require(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise RuntimeError(f"{binary} is not installed; run scripts/install-system-deps.sh as root")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get_json(url: str, timeout_s: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (loopback only)
+        return json.loads(response.read())
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.2,
+               what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value (returned) or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+            last_error = exc
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}"
+                       + (f" (last error: {last_error})" if last_error else ""))
+
+
+def run_tool(*args: str, input_text: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run promtool/amtool; returns the completed process (stdout+stderr as text)."""
+    require(args[0])
+    result = subprocess.run(args, input=input_text, capture_output=True, text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+class _Server:
+    def __init__(self, process: subprocess.Popen, port: int, log_path: Path):
+        self.process, self.port, self.log_path = process, port, log_path
+        self.url = f"http://127.0.0.1:{port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        def ready():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited ({self.process.returncode}):\n{self.log()[-3000:]}")
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:  # noqa: S310
+                return response.status == 200
+        wait_until(ready, timeout_s, what=f"{self.url}/-/ready")
+
+
+class Prometheus(_Server):
+    """A running Prometheus with helpers for the HTTP API."""
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = str(at)
+        data = http_get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}")
+        if data.get("status") != "success":
+            raise AssertionError(f"query failed: {expr}: {data}")
+        return data["data"]["result"]
+
+    def query_value(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+    def targets_up(self) -> bool:
+        data = http_get_json(f"{self.url}/api/v1/targets")
+        active = data["data"]["activeTargets"]
+        return bool(active) and all(t["health"] == "up" for t in active)
+
+    def metadata(self, metric: str) -> list[dict]:
+        data = http_get_json(f"{self.url}/api/v1/metadata?{urllib.parse.urlencode({'metric': metric})}")
+        return data["data"].get(metric, [])
+
+    def alerts(self) -> list[dict]:
+        return http_get_json(f"{self.url}/api/v1/alerts")["data"]["alerts"]
+
+
+class Alertmanager(_Server):
+    def alerts(self) -> list[dict]:
+        return http_get_json(f"{self.url}/api/v2/alerts")
+
+
+@contextlib.contextmanager
+def run_prometheus(workdir: Path, scrape_configs: list[dict], rule_files: list[Path] = (),
+                   alertmanager_url: str | None = None, scrape_interval_s: float = 1.0,
+                   evaluation_interval_s: float = 1.0, extra_args: list[str] = (),
+                   storage_path: Path | None = None) -> Iterator[Prometheus]:
+    """Start Prometheus with ``scrape_configs`` (and rules, and an Alertmanager) until exit."""
+    require(PROMETHEUS)
+    workdir.mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": _duration(scrape_interval_s),
+                   "evaluation_interval": _duration(evaluation_interval_s)},
+        "scrape_configs": scrape_configs,
+    }
+    if rule_files:
+        config["rule_files"] = [str(p) for p in rule_files]
+    if alertmanager_url:
+        target = urllib.parse.urlparse(alertmanager_url).netloc
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
+    config_path = workdir / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    port = free_port()
+    log_path = workdir / "prometheus.log"
+    storage = storage_path or workdir / "data"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config_path}", f"--storage.tsdb.path={storage}",
+             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args],
+            stdout=log, stderr=subprocess.STDOUT)
+    server = Prometheus(process, port, log_path)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        _stop(process)
+
+
+@contextlib.contextmanager
+def run_alertmanager(workdir: Path, config: dict | str) -> Iterator[Alertmanager]:
+    """Start Alertmanager (no clustering) with ``config`` until exit."""
+    require(ALERTMANAGER)
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "alertmanager.yml"
+    config_path.write_text(config if isinstance(config, str) else yaml.safe_dump(config), encoding="utf-8")
+    port = free_port()
+    log_path = workdir / "alertmanager.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [ALERTMANAGER, f"--config.file={config_path}", f"--storage.path={workdir / 'am-data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+            stdout=log, stderr=subprocess.STDOUT)
+    server = Alertmanager(process, port, log_path)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        _stop(process)
+
+
+def _duration(seconds: float) -> str:
+    """Prometheus durations take no decimals: 1.0 -> "1s", 0.5 -> "500ms"."""
+    return f"{int(seconds)}s" if float(seconds).is_integer() else f"{round(seconds * 1000)}ms"
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
