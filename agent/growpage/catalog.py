@@ -55,7 +55,8 @@ class MetricSpec:
 
 DECISION_KINDS = ("allocate", "quantize", "evict", "denied", "throttled", "preempt")
 POOL_STATES = ("free", "reserved", "used")
-ERROR_COMPONENTS = ("policy", "actuator", "observer", "summaries", "collector", "tracing", "plugin")
+ERROR_COMPONENTS = ("policy", "actuator", "observer", "summaries", "listener", "collector", "tracing",
+                    "plugin")
 ALLOCATION_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25, 1.0)
 LTS_ENTROPY_BUCKETS_NATS = (0.5, 1.0, 1.5, 2.0, 2.1, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 STS_DENSITY_BUCKETS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.7, 0.75, 0.875, 1.0)

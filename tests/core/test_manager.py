@@ -303,3 +303,37 @@ def test_no_page_leaks_under_random_workloads(seed, mode, bits):
     manager.pool.check_invariants()
     assert manager.pool.num_free == 24
     assert not manager.requests
+
+
+def test_listeners_see_the_lifecycle_and_their_faults_are_contained():
+    manager = make_manager(density_threshold=1.0, lts_grow_threshold=100.0, growth_coefficient=0.0)
+    seen = []
+
+    class Recorder:
+        def on_admit(self, event):
+            seen.append(("admit", event.request_id, event.pages_granted))
+
+        def on_decision(self, event):
+            seen.append(("decision", event.kind))
+
+        def on_finish(self, event):
+            seen.append(("finish", event.reason, event.num_tokens))
+
+    class Broken:
+        def on_admit(self, event):
+            raise RuntimeError("listener bug")
+
+        on_decision = on_finish = on_admit
+
+    manager.stats.add_listener(Recorder())
+    manager.stats.add_listener(Broken())
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    for _ in range(14):
+        driver.step([("a", 1)])
+    manager.release("a")
+    assert seen[0] == ("admit", "a", 4)
+    assert ("decision", "evict") in seen
+    assert seen[-1] == ("finish", "finished", 18)
+    assert manager.make_stats().agent_errors_total["listener"] >= 3

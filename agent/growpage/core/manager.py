@@ -34,7 +34,8 @@ from growpage.core.kv_store import DTYPES, KVStore, PageFormat
 from growpage.core.policy import (Action, BoundaryState, Decision, Reason, capacity_boundary_pages,
                                   decide, refill_growth_budget)
 from growpage.core.pool import PagePool
-from growpage.core.stats import DecisionEvent, PoolGauges, StatsRecorder, StatsSnapshot
+from growpage.core.stats import (AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder,
+                                  StatsSnapshot)
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.errors import GrowPageError
 
@@ -168,7 +169,7 @@ class GrowPageManager:
         hits = self._prefix_hits(num_prompt_tokens, block_hashes)
         started = time.perf_counter()
         reserved = self.pool.reserve(self.pages_for_prompt(num_prompt_tokens) - len(hits))
-        self.stats.record_grant(len(reserved), time.perf_counter() - started)
+        grant_latency_s = time.perf_counter() - started
         for page in hits:
             self.pool.share(page)
         row = self._free_rows.pop()
@@ -181,6 +182,10 @@ class GrowPageManager:
         request.growth_budget_pages = refill_growth_budget(0.0, request.pages_held, math.inf,
                                                            self.config.max_growth_rate)
         self.requests[request_id] = request
+        self.stats.record_admit(AdmitEvent(
+            request_id=request_id, namespace=namespace, mode=request.mode.value,
+            prompt_tokens=num_prompt_tokens, cached_tokens=request.logical_length,
+            pages_granted=len(reserved), latency_s=grant_latency_s, time_s=self.clock()))
         return Admission(cached_tokens=request.logical_length, pages_granted=len(reserved))
 
     def publish_prefix(self, request_id: str, block_hashes: Sequence[int]) -> int:
@@ -484,7 +489,9 @@ class GrowPageManager:
                 self.store.clear(page)
             self.pool.release(page)
         self._free_rows.append(request.summary_row)
-        self.stats.record_finish(reason, lts, request.logical_length)
+        self.stats.record_finish(FinishEvent(request_id=request_id, reason=reason,
+                                             num_tokens=request.logical_length, lts_entropy=lts,
+                                             time_s=self.clock()))
 
     # ---- faults and stats ---------------------------------------------------------------------
     def _fault(self, component: str, message: str) -> None:

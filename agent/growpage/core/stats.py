@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
 
 DECISION_KINDS = ("allocate", "quantize", "evict", "denied", "throttled", "preempt")
 MAX_SAMPLES = 10_000
@@ -36,6 +40,42 @@ class DecisionEvent:
     bytes_out: int
     duration_s: float
     time_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmitEvent:
+    """A request was granted its pages."""
+
+    request_id: str
+    namespace: str | None
+    mode: str
+    prompt_tokens: int
+    cached_tokens: int
+    pages_granted: int
+    latency_s: float
+    time_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishEvent:
+    """A request released its pages (finished, aborted or preempted)."""
+
+    request_id: str
+    reason: str
+    num_tokens: int
+    lts_entropy: float | None
+    time_s: float
+
+
+class StatsListener(Protocol):
+    """Receives request lifecycle events as they happen (e.g. the tracer). Called from the engine
+    loop: keep it cheap, and do nothing when not recording. Exceptions are caught and counted."""
+
+    def on_admit(self, event: AdmitEvent) -> None: ...
+
+    def on_decision(self, event: DecisionEvent) -> None: ...
+
+    def on_finish(self, event: FinishEvent) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +154,22 @@ class StatsRecorder:
         self.oom_events_total = 0
         self.agent_errors_total: collections.Counter[str] = collections.Counter()
         self.requests_finished_total: collections.Counter[str] = collections.Counter()
+        self.listeners: list[StatsListener] = []
         self._reset_window()
+
+    def add_listener(self, listener: StatsListener) -> None:
+        self.listeners.append(listener)
+
+    def _notify(self, method: str, event) -> None:
+        for listener in self.listeners:
+            try:
+                getattr(listener, method)(event)
+            except Exception:  # a telemetry fault must never reach the engine
+                first = self.agent_errors_total["listener"] == 0
+                self.agent_errors_total["listener"] += 1
+                if first:
+                    logger.exception("growpage: stats listener %r failed (further faults are only counted)",
+                                     listener)
 
     def _reset_window(self) -> None:
         self._latencies: list[float] = []
@@ -132,6 +187,10 @@ class StatsRecorder:
         else:
             self._dropped += 1
 
+    def record_admit(self, event: AdmitEvent) -> None:
+        self.record_grant(event.pages_granted, event.latency_s)
+        self._notify("on_admit", event)
+
     def record_grant(self, num_pages: int, latency_s: float) -> None:
         self.pages_allocated_total += num_pages
         self._append(self._latencies, latency_s)
@@ -143,6 +202,7 @@ class StatsRecorder:
             self.decisions_total[event.kind] += 1
         self._append(self._density_at_decision, event.sts_density)
         self._append(self._events, event, MAX_EVENTS)
+        self._notify("on_decision", event)
 
     def record_compression(self, bytes_in: int, bytes_out: int) -> None:
         self.compress_input_bytes_total += bytes_in
@@ -156,12 +216,13 @@ class StatsRecorder:
     def record_error(self, component: str) -> None:
         self.agent_errors_total[component] += 1
 
-    def record_finish(self, reason: str, lts_entropy: float | None, num_tokens: int) -> None:
-        self.requests_finished_total[reason] += 1
-        if reason != "preempted":  # a preempted request comes back; count its length once
-            self._append(self._tokens_at_finish, num_tokens)
-        if lts_entropy is not None:
-            self._append(self._lts_at_finish, lts_entropy)
+    def record_finish(self, event: FinishEvent) -> None:
+        self.requests_finished_total[event.reason] += 1
+        if event.reason != "preempted":  # a preempted request comes back; count its length once
+            self._append(self._tokens_at_finish, event.num_tokens)
+        if event.lts_entropy is not None:
+            self._append(self._lts_at_finish, event.lts_entropy)
+        self._notify("on_finish", event)
 
     def drain(self, gauges: PoolGauges) -> StatsSnapshot:
         snapshot = StatsSnapshot(
