@@ -177,3 +177,128 @@ MIN_SUPPORTED_VLLM_VERSION = "0.32.0"
 
 # Runbook pages live in the repository under runbooks/<alert name>.md.
 RUNBOOK_BASE_URL = "https://github.com/growpage/growpage/blob/main/runbooks"
+
+
+# ---------------------------------------------------------------------------------------------
+# gpctl diagnose (added for issue 6). Thresholds the seed's checklist leaves implicit, the DCGM
+# exporter names diagnose reads next to the agent's, and one runbook page per diagnose check.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnoseThresholds:
+    """Numbers ``gpctl diagnose`` needs beyond :data:`CHECKLIST` (the seed gives none for these)."""
+
+    # "Free pages near 0": the lowest free share of the pool in the window at or under this.
+    pool_free_low_fraction: float = 0.02
+    # Prometheus: the agent's newest sample older than this means its scrape is failing.
+    scrape_stale_s: float = 120.0
+    # Endpoint: a /metrics/growpage response slower than this risks Prometheus scrape timeouts.
+    endpoint_slow_response_s: float = 2.0
+
+
+DIAGNOSE_THRESHOLDS = DiagnoseThresholds()
+
+# NVIDIA DCGM exporter series (framebuffer in MiB) and the label that names the GPU model.
+DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"
+DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
+DCGM_MODEL_NAME_LABEL = "modelName"
+
+# Runbook page (under RUNBOOK_BASE_URL) for each ``gpctl diagnose`` check id. Stable names owned by
+# diagnose; the lead reconciles them with the alert runbooks (runbooks/<AlertName>.md).
+CHECK_RUNBOOKS = {
+    "slo-utilization": "GrowPageKVUtilizationLow.md",
+    "slo-compress-ratio": "GrowPageCompressRatioLow.md",
+    "slo-allocation-latency": "GrowPageAllocationLatencySLO.md",
+    "over-granting": "GrowPageOverGranting.md",
+    "allocation-latency": "GrowPageAllocationLatencyHigh.md",
+    "oom-fragmentation": "GrowPageOOMFragmentation.md",
+    "rollout": "GrowPageRollout.md",
+    "agent-health": "GrowPageAgentHealth.md",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Telemetry (added for issue 4).
+# ---------------------------------------------------------------------------------------------
+
+# Trace names of the contract (METRICS.md "Spans"): request ids and page counts live on spans, never
+# on metric labels. Telemetry emits these; docs and diagnose may search for them.
+SPAN_REQUEST = "growpage.request"  # one per request, admission to release
+SPAN_COMPRESS = "growpage.compress"  # child, only when the request span is sampled
+SPAN_ALLOCATE = "growpage.allocate"  # child, only when the request span is sampled
+EVENT_DECISION = "growpage.decision"  # span event per page-boundary decision
+# The histogram whose buckets carry exemplars (trace_id, span_id) when tracing is on.
+EXEMPLAR_METRICS = (ALLOCATION_LATENCY.name,)
+
+# --- Alerting and autoscaling (read by growpage.monitoring: rules, dashboards, Alertmanager, deploy) ---
+# Like kubernetes-mixin's config.libsonnet: every duration and threshold an alert uses lives here.
+
+SEVERITY_PAGE = "critical"  # routed to the pager receiver
+SEVERITY_TICKET = "warning"  # routed to the ticket/chat receiver
+
+
+@dataclasses.dataclass(frozen=True)
+class AlertDurations:
+    """How long a condition must hold before its alert fires (Prometheus ``for:`` durations).
+
+    Long enough that one bursty window does not wake anyone; the checklist's "sustained" low
+    utilization is an hour, because over-granting wastes capacity but hurts no request right away.
+    """
+
+    utilization_below_slo: str = "30m"
+    utilization_sustained_low: str = "1h"
+    compress_ratio_below_slo: str = "30m"
+    allocation_latency_p99_high: str = "10m"
+    fragmentation_high: str = "15m"
+    oom_with_free_gpu_memory: str = "5m"
+    agent_down: str = "5m"
+    metrics_absent: str = "10m"
+    agent_errors: str = "15m"
+    growth_throttled: str = "30m"
+
+
+ALERT_FOR = AlertDurations()
+
+
+@dataclasses.dataclass(frozen=True)
+class BurnRateWindow:
+    """A long and a short window that must both burn the error budget ``factor`` times too fast.
+
+    The short window makes the alert reset soon after the burn stops (Google SRE workbook, ch. 5).
+    """
+
+    long_window: str
+    short_window: str
+    factor: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BurnRateAlert:
+    """One alert over several windows, ORed: the workbook's recommended multi-window form."""
+
+    speed: str  # "fast" pages, "slow" makes a ticket; part of the alert name
+    severity: str
+    for_duration: str
+    windows: tuple[BurnRateWindow, ...]
+
+
+ALLOCATION_LATENCY_BURN_RATE_ALERTS = (
+    # 2 % of a 30-day budget in 1 h, or 5 % in 6 h: someone should look now.
+    BurnRateAlert("fast", SEVERITY_PAGE, "2m",
+                  (BurnRateWindow("1h", "5m", 14.4), BurnRateWindow("6h", "30m", 6.0))),
+    # 10 % in 1 day, or 10 % in 3 days: a ticket for working hours.
+    BurnRateAlert("slow", SEVERITY_TICKET, "1h",
+                  (BurnRateWindow("1d", "2h", 3.0), BurnRateWindow("3d", "6h", 1.0))),
+)
+SLO_COMPLIANCE_WINDOW = "30d"  # the window an error budget is counted over (dashboards)
+
+# GPU framebuffer (DCGM_FB_USED / DCGM_FB_FREE above), for "OOM while the GPU is not full". With the
+# dcgm-exporter's own ServiceMonitor (honorLabels false, its default) the pod that uses a GPU is in
+# exported_namespace / exported_pod, because namespace / pod name the exporter's pod. Rules map
+# them back; with honorLabels true the labels are already namespace / pod and are kept.
+DCGM_EXPORTED_LABELS = {"namespace": "exported_namespace", "pod": "exported_pod"}
+
+# The seed's HPA: scale out above 1,200 granted pages per pod per second (prometheus-adapter
+# serves the counter's rate under the counter's own name, so the seed's HPA works verbatim).
+HPA_TARGET_ALLOCATIONS_PER_POD_PER_S = 1200

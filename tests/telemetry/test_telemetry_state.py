@@ -1,0 +1,77 @@
+"""The cumulative state behind the collector: bucket semantics, the windowed compress ratio, p95."""
+
+import math
+
+import pytest
+
+from growpage import catalog
+from growpage.telemetry.collector import SAMPLE_READERS, percentile
+from growpage.telemetry.state import (HISTOGRAM_SAMPLES, CumulativeHistogram, LinkedExemplar,
+                                      MetricState)
+
+from support.factories import make_manager
+
+
+def test_every_contract_metric_has_exactly_one_source():
+    sources = [*SAMPLE_READERS, *HISTOGRAM_SAMPLES, catalog.AGENT_ERRORS.name]
+    assert sorted(sources) == sorted(spec.name for spec in catalog.METRICS)
+    histograms = {spec.name for spec in catalog.METRICS if spec.type is catalog.MetricType.HISTOGRAM}
+    assert set(HISTOGRAM_SAMPLES) == histograms
+
+
+def test_histogram_uses_le_semantics_and_accumulates_across_windows():
+    histogram = CumulativeHistogram((0.005, 0.01, 0.015))
+    histogram.observe([0.005, 0.0051, 0.02])
+    histogram.observe([0.001, float("nan")])  # NaN is skipped, never poisons the sum
+    view = histogram.view()
+    assert view.upper_bounds == (0.005, 0.01, 0.015, math.inf)
+    assert view.cumulative_counts == (2, 3, 3, 4)
+    assert view.count == 4
+    assert view.sum == pytest.approx(0.005 + 0.0051 + 0.02 + 0.001)
+
+
+def test_exemplar_is_shown_only_once_the_window_holding_its_sample_is_folded():
+    histogram = CumulativeHistogram((0.005, 0.01))
+    exemplar = LinkedExemplar("a" * 32, "b" * 16, 0.007, 1.0)
+    histogram.add_exemplar(exemplar)
+    assert histogram.view().exemplars == (None, None, None)
+    histogram.observe([0.007])
+    assert histogram.view().exemplars == (None, exemplar, None)
+
+
+def snapshot_with_compressions(manager, bytes_in: int, bytes_out: int):
+    if bytes_in or bytes_out:
+        manager.stats.record_compression(bytes_in, bytes_out)
+    return manager.make_stats()
+
+
+def test_compress_ratio_is_per_scrape_window_keeps_its_last_value_and_is_absent_before_any():
+    manager = make_manager()
+    state = MetricState({})
+    state.fold(snapshot_with_compressions(manager, 0, 0))
+    assert state.take_compress_ratio() is None  # no compression yet: the series is absent
+    state.fold(snapshot_with_compressions(manager, 300, 100))
+    state.fold(snapshot_with_compressions(manager, 100, 100))  # two polls in one scrape window
+    assert state.take_compress_ratio() == pytest.approx(400 / 200)
+    state.fold(snapshot_with_compressions(manager, 0, 0))
+    assert state.take_compress_ratio() == pytest.approx(2.0)  # an idle window keeps the last value
+    state.fold(snapshot_with_compressions(manager, 50, 0))  # bytes in without bytes out: carried over
+    assert state.take_compress_ratio() == pytest.approx(2.0)
+    state.fold(snapshot_with_compressions(manager, 250, 100))
+    assert state.take_compress_ratio() == pytest.approx(300 / 100)
+
+
+def test_agent_errors_list_every_contract_component_and_add_telemetry_faults():
+    manager = make_manager()
+    manager.stats.record_error("policy")
+    state = MetricState({})
+    state.fold(manager.make_stats())
+    errors = state.agent_errors({"collector": 2})
+    assert set(catalog.ERROR_COMPONENTS) <= set(errors)
+    assert errors["policy"] == 1 and errors["collector"] == 2 and errors["tracing"] == 0
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ((), 0.0), ((7.0,), 7.0), ((1.0, 2.0), 1.95), (tuple(range(1, 101)), 95.05)])
+def test_percentile_interpolates_between_closest_ranks(values, expected):
+    assert percentile(values, 0.95) == pytest.approx(expected)
