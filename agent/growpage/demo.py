@@ -1,0 +1,196 @@
+"""The main job: GrowPage on the packaged model, side by side with full KV, in a few minutes.
+
+Two runs of the same mixed workload through the reference engine, one model in memory:
+1. full KV: GrowPage off, a pool large enough for everything (plain paging, the reference answers);
+2. GrowPage enforce: small per-request grants, so long step-by-step answers meet page boundaries
+   and GrowPage decides, live, whether to grow or compress each request.
+Then a summary: pages granted, compressions by kind, bytes saved, grant latency, throughput, and
+how closely GrowPage's greedy answers agree with the full-KV ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from growpage.config import GrowPageConfig
+from growpage.engine.engine import EngineConfig, LLMEngine
+from growpage.engine.request import Request
+from growpage.engine.sampling import SamplingParams
+
+REASONING_PROMPTS = (
+    "A farmer has 17 sheep. He buys 5 more, then sells 8. Each remaining sheep gives 3 kg of wool. "
+    "How much wool does he get? Think step by step and show every step.",
+    "Tom is twice as old as Ann. In 6 years their ages will add up to 48. How old is Ann now? "
+    "Solve it step by step.",
+    "A train leaves at 9:40 and travels 210 km at 70 km/h, then stops for 15 minutes, then travels "
+    "90 km at 60 km/h. When does it arrive? Explain each step.",
+    "List the first ten prime numbers, then add them up step by step, showing each partial sum.",
+    "A shop sells pens at 3 for $2. How much do 27 pens cost, and how many pens can you buy with "
+    "$15? Work through both questions step by step.",
+    "Explain step by step how to compute 23 * 47 by hand, then check the result another way.",
+)
+SUMMARY_PROMPTS = (
+    "Summarize in one sentence: The city council met on Tuesday and voted to extend library hours "
+    "on weekends, citing strong demand from students during exam season.",
+    "Summarize in one sentence: Researchers found that short daily walks improved sleep quality in "
+    "older adults more than occasional long hikes.",
+    "Summarize in one sentence: The company reported higher revenue this quarter, mainly from its "
+    "cloud services, while hardware sales stayed flat.",
+    "Summarize in one sentence: Heavy rain flooded several roads overnight; the morning commute "
+    "was delayed but no injuries were reported.",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSettings:
+    reasoning_max_tokens: int = 320
+    summary_max_tokens: int = 48
+    base_pages: int = 8  # 128 tokens: short answers fit, long ones meet boundaries
+    block_size: int = 16
+    kv_cache_mib: int = 64
+    max_num_seqs: int = 10
+
+    @classmethod
+    def quick(cls) -> DemoSettings:
+        return cls(reasoning_max_tokens=96, summary_max_tokens=24, base_pages=3, kv_cache_mib=24)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    label: str
+    requests: list[Request]
+    wall_s: float
+    stats: object  # StatsSnapshot
+
+
+def build_workload(engine: LLMEngine, settings: DemoSettings) -> list[tuple[list[int], SamplingParams, str]]:
+    """Long reasoning prompts interleaved with short summaries, chat-templated, greedy."""
+    items = []
+    for index in range(max(len(REASONING_PROMPTS), len(SUMMARY_PROMPTS))):
+        for prompts, max_tokens, kind in ((REASONING_PROMPTS, settings.reasoning_max_tokens, "reasoning"),
+                                          (SUMMARY_PROMPTS, settings.summary_max_tokens, "summary")):
+            if index < len(prompts):
+                ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompts[index]}],
+                                                           add_generation_prompt=True, tokenize=True)
+                if hasattr(ids, "input_ids"):
+                    ids = ids["input_ids"]
+                items.append((list(ids), SamplingParams(max_tokens=max_tokens, temperature=0.0), kind))
+    return items
+
+
+def run_workload(engine: LLMEngine, workload, label: str, console: Console | None) -> RunResult:
+    ids = [engine.add_request(prompt, params, namespace=kind) for prompt, params, kind in workload]
+    tracked = {rid: engine.requests[rid] for rid in ids}
+    started = time.monotonic()
+    decisions: dict[str, int] = {}
+
+    def render() -> Group:
+        gauges = engine.manager.gauges()
+        done = sum(r.is_finished for r in tracked.values())
+        tokens = sum(len(r.output_token_ids) for r in tracked.values())
+        elapsed = max(time.monotonic() - started, 1e-9)
+        table = Table(title=f"{label}: {done}/{len(tracked)} requests, {tokens} tokens, "
+                            f"{tokens / elapsed:.1f} tok/s", expand=False)
+        for column in ("pages free", "reserved", "used", "utilization", "allocate", "quantize", "evict",
+                       "denied/throttled", "preempt"):
+            table.add_column(column, justify="right")
+        table.add_row(str(gauges.pages_free), str(gauges.pages_reserved), str(gauges.pages_used),
+                      f"{gauges.utilization:.2f}", *(str(decisions.get(k, 0)) for k in ("allocate", "quantize", "evict")),
+                      f"{decisions.get('denied', 0)}/{decisions.get('throttled', 0)}", str(decisions.get("preempt", 0)))
+        return Group(table)
+
+    def step_all(live: Live | None) -> None:
+        last = 0.0
+        while engine.has_unfinished_requests():
+            engine.step()
+            decisions.update(engine.manager.stats.decisions_total)
+            if live is not None and time.monotonic() - last > 0.25:
+                live.update(render())
+                last = time.monotonic()
+        if live is not None:
+            live.update(render())
+
+    if console is not None:
+        with Live(render(), console=console, refresh_per_second=4, transient=False) as live:
+            step_all(live)
+    else:
+        step_all(None)
+    wall_s = time.monotonic() - started
+    return RunResult(label=label, requests=[tracked[rid] for rid in ids], wall_s=wall_s,
+                     stats=engine.manager.make_stats())
+
+
+def agreement(reference: list[Request], candidate: list[Request]) -> tuple[float, float, float]:
+    """(share of identical answers, mean tokens before first divergence, mean matched fraction)."""
+    identical, prefixes, fractions = 0, [], []
+    for ref, cand in zip(reference, candidate):
+        a, b = ref.output_token_ids, cand.output_token_ids
+        matched = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        identical += a == b
+        prefixes.append(matched)
+        fractions.append(matched / max(len(a), 1))
+    count = max(len(reference), 1)
+    return identical / count, statistics.fmean(prefixes or [0]), statistics.fmean(fractions or [0])
+
+
+def summarize(full: RunResult, growpage: RunResult, console: Console) -> dict:
+    same, prefix_tokens, matched = agreement(full.requests, growpage.requests)
+    stats = growpage.stats
+    latencies = sorted(stats.allocation_latencies_s) or [0.0]
+    p50 = latencies[len(latencies) // 2]
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    tokens = {r.label: sum(len(q.output_token_ids) for q in r.requests) for r in (full, growpage)}
+    saved = stats.compress_input_bytes_total - stats.compress_output_bytes_total
+    table = Table(title="GrowPage vs full KV, same workload, greedy")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("pages granted (admission + growth)", f"{stats.pages_allocated_total:,}"),
+        ("decisions: allocate / quantize / evict", " / ".join(str(stats.decisions_total[k]) for k in ("allocate", "quantize", "evict"))),
+        ("refused: denied / throttled; preempted", f"{stats.decisions_total['denied']} / {stats.decisions_total['throttled']}; {stats.decisions_total['preempt']}"),
+        ("bytes compressed in -> out", f"{stats.compress_input_bytes_total:,} -> {stats.compress_output_bytes_total:,}"),
+        ("KV bytes saved by compression", f"{saved / 2**20:.2f} MiB"),
+        ("grant latency p50 / p99", f"{p50 * 1e6:.1f} us / {p99 * 1e6:.1f} us"),
+        ("throughput full KV / GrowPage", f"{tokens[full.label] / full.wall_s:.1f} / {tokens[growpage.label] / growpage.wall_s:.1f} tok/s"),
+        ("answers identical to full KV", f"{same:.0%}"),
+        ("tokens before first divergence (mean)", f"{prefix_tokens:.1f}"),
+        ("share of each answer matched (mean)", f"{matched:.0%}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    return {"identical_share": same, "mean_prefix_tokens": prefix_tokens, "mean_matched_share": matched,
+            "pages_allocated_total": stats.pages_allocated_total, "decisions": stats.decisions_total,
+            "compress_input_bytes": stats.compress_input_bytes_total,
+            "compress_output_bytes": stats.compress_output_bytes_total,
+            "grant_latency_p50_s": p50, "grant_latency_p99_s": p99,
+            "tokens_per_s_full_kv": tokens[full.label] / full.wall_s,
+            "tokens_per_s_growpage": tokens[growpage.label] / growpage.wall_s}
+
+
+def run_demo(model_dir: str, settings: DemoSettings, console: Console | None = None, live: bool = True) -> dict:
+    console = console or Console()
+    from growpage.engine.llama import LlamaModel
+
+    console.print(f"[bold]GrowPage demo[/bold]: model {model_dir}")
+    model = LlamaModel.from_pretrained(model_dir)
+    full_config = GrowPageConfig(mode="off", block_size=settings.block_size, base_pages=settings.base_pages,
+                                 recent_window_tokens=32, sink_tokens=4)
+    grow_config = dataclasses.replace(full_config, mode="enforce")
+    full_engine = LLMEngine(EngineConfig(model_dir=model_dir, kv_cache_mib=settings.kv_cache_mib * 4,
+                                         max_num_seqs=settings.max_num_seqs), full_config, model=model)
+    workload = build_workload(full_engine, settings)
+    console.print(f"workload: {len(workload)} requests ({sum(k == 'reasoning' for *_, k in workload)} "
+                  f"step-by-step reasoning, {sum(k == 'summary' for *_, k in workload)} short summaries)")
+    full = run_workload(full_engine, workload, "full KV (GrowPage off)", console if live else None)
+    grow_engine = LLMEngine(EngineConfig(model_dir=model_dir, kv_cache_mib=settings.kv_cache_mib,
+                                         max_num_seqs=settings.max_num_seqs), grow_config, model=model,
+                            tokenizer=full_engine.tokenizer)
+    grown = run_workload(grow_engine, workload, "GrowPage enforce", console if live else None)
+    return summarize(full, grown, console)

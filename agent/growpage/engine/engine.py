@@ -1,0 +1,254 @@
+"""The reference engine: our Llama forward pass over GrowPage's paged KV, continuous batching.
+
+``LLMEngine`` is synchronous and single-threaded (the server drives it from one thread):
+``add_request`` → ``step`` (schedule, one forward over every scheduled chunk, sample, stop checks)
+→ ``RequestOutput`` deltas. Attention for every layer goes through ``GrowPageManager.attend``, so
+GrowPage observes, grows and compresses every request exactly as it would inside vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from growpage.config import GrowPageConfig
+from growpage.core.kv_store import KVStore, DTYPES
+from growpage.core.manager import GrowPageManager
+from growpage.engine.request import FinishReason, Request, RequestStatus
+from growpage.engine.sampling import InvalidRequest, SamplingParams, make_generator, sample
+from growpage.engine.scheduler import ScheduledChunk, Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings (GrowPage's own live in ``GrowPageConfig``).
+
+    Attributes:
+        model_dir: a prepared HF Llama-family folder (``gpctl model prepare``).
+        kv_cache_mib: memory for KV pages; the page count follows from the model geometry.
+        num_pages: overrides ``kv_cache_mib`` when set.
+        max_num_seqs: running requests at most.
+        max_num_batched_tokens: tokens per step at most (chunked prefill shares it).
+        enable_prefix_caching: share full prompt pages between requests.
+        dtype: compute dtype of the model ("float32" on CPU).
+        device: "cpu" or "cuda".
+        served_model_name: the model id clients use (defaults to the folder name).
+    """
+
+    model_dir: str
+    kv_cache_mib: int = 256
+    num_pages: int | None = None
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    device: str = "cpu"
+    served_model_name: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model_dir).name
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestOutput:
+    """What one step produced for one request (a delta; ``finished`` on the last one)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+class LLMEngine:
+    """A continuous-batching engine for one model on one device."""
+
+    def __init__(self, config: EngineConfig, growpage: GrowPageConfig, model=None, tokenizer=None):
+        from growpage.engine.llama import LlamaModel  # heavy imports only when an engine is built
+
+        self.config = config
+        self.growpage_config = growpage
+        self.model = model or LlamaModel.from_pretrained(config.model_dir, dtype=DTYPES[config.dtype],
+                                                         device=config.device)
+        self.tokenizer = tokenizer or _load_tokenizer(config.model_dir)
+        geometry = self.model.config
+        num_pages = config.num_pages or self._pages_for_memory(config.kv_cache_mib)
+        self.manager = GrowPageManager(
+            growpage, num_layers=geometry.num_layers, num_kv_heads=geometry.num_kv_heads,
+            head_dim=geometry.head_dim, num_pages=num_pages, device=config.device,
+            compute_dtype=DTYPES[config.dtype], max_requests=config.max_num_seqs + 1)
+        self.scheduler = Scheduler(self.manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   enable_prefix_caching=config.enable_prefix_caching)
+        self.eos_token_ids = set(geometry.eos_token_ids)
+        self.max_model_len = geometry.max_position_embeddings
+        self.scale = geometry.head_dim ** -0.5
+        self._ids = itertools.count()
+        self.requests: dict[str, Request] = {}
+        self.num_steps = 0
+
+    def _pages_for_memory(self, kv_cache_mib: int) -> int:
+        g = self.model.config
+        itemsize = torch.empty((), dtype=DTYPES[self.growpage_config.kv_dtype]).element_size()
+        page_bytes = g.num_layers * self.growpage_config.block_size * 2 * g.num_kv_heads * g.head_dim * itemsize
+        return max(1, kv_cache_mib * 2**20 // page_bytes)
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
+                    request_id: str | None = None, namespace: str | None = None,
+                    mode: str | None = None) -> str:
+        """Queue a request; raises :class:`InvalidRequest` (HTTP 400) when it can never run."""
+        if not prompt_token_ids:
+            raise InvalidRequest("the prompt is empty; send at least one token")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequest(f"the prompt is {len(prompt_token_ids)} tokens; this model's context is "
+                                 f"{self.max_model_len} tokens: shorten the prompt")
+        pages = self.manager.pages_for_prompt(len(prompt_token_ids))
+        if pages > self.manager.pool.num_pages:
+            raise InvalidRequest(f"the prompt needs {pages} KV pages but the pool has "
+                                 f"{self.manager.pool.num_pages}: shorten the prompt or lower base_pages")
+        if mode is not None and mode not in ("off", "monitor", "enforce"):
+            raise InvalidRequest(f"growpage mode must be off, monitor or enforce, got {mode!r}")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in flight")
+        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
+                          namespace=namespace, mode=mode, generator=make_generator(params))
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request (e.g. its client disconnected); its pages go back at once."""
+        request = self.scheduler.abort(request_id)
+        self.requests.pop(request_id, None)
+        return request is not None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward pass over every scheduled chunk, sample, check stops."""
+        schedule = self.scheduler.schedule()
+        outputs = [self._final_output(r) for r in schedule.evicted_unfittable]
+        for request in schedule.evicted_unfittable:
+            self.requests.pop(request.request_id, None)
+        if not schedule.chunks:
+            return outputs
+        self.num_steps += 1
+        logits = self._forward(schedule.chunks)
+        sampled_chunks = [c for c in schedule.chunks if c.completes_known_tokens]
+        for chunk in schedule.chunks:
+            chunk.request.num_computed_tokens += chunk.num_tokens
+            if chunk.request.first_scheduled_s is None:
+                chunk.request.first_scheduled_s = time.monotonic()
+            if (self.scheduler.enable_prefix_caching and chunk.request.num_preemptions == 0
+                    and chunk.start < len(chunk.request.prompt_token_ids) <= chunk.start + chunk.num_tokens):
+                prompt_hashes = chunk.request.block_hashes[:len(chunk.request.prompt_token_ids)
+                                                            // self.growpage_config.block_size]
+                self.manager.publish_prefix(chunk.request.request_id, prompt_hashes)
+        if sampled_chunks:
+            tokens = sample(logits, [c.request.params for c in sampled_chunks],
+                            [c.request.generator for c in sampled_chunks])
+            now = time.monotonic()
+            for chunk, token in zip(sampled_chunks, tokens):
+                outputs.append(self._append_token(chunk.request, token, now))
+        return outputs
+
+    def _forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        batch = [(c.request.request_id, c.num_tokens) for c in chunks]
+        plan = self.manager.plan_step(batch)
+        device = self.config.device
+        token_ids, positions, rows, cols, logits_rows = [], [], [], [], []
+        for row, chunk in enumerate(chunks):
+            ids = chunk.request.all_token_ids[chunk.start:chunk.start + chunk.num_tokens]
+            token_ids.extend(ids)
+            positions.extend(range(chunk.start, chunk.start + chunk.num_tokens))
+            rows.extend([row] * chunk.num_tokens)
+            cols.extend(range(chunk.num_tokens))
+            if chunk.completes_known_tokens:
+                logits_rows.append(len(token_ids) - 1)
+        row_index = torch.tensor(rows, device=device)
+        col_index = torch.tensor(cols, device=device)
+        max_queries = max(c.num_tokens for c in chunks)
+        g = self.model.config
+
+        def attend(layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            padded = query.new_zeros(len(chunks), max_queries, g.num_q_heads, g.head_dim)
+            padded[row_index, col_index] = query
+            out = self.manager.attend(layer, plan, padded, key, value, self.scale)
+            return out[row_index, col_index].to(query.dtype)
+
+        with torch.inference_mode():
+            logits = self.model(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
+                                attend, torch.tensor(logits_rows, dtype=torch.long, device=device))
+        self.manager.finish_step(plan)
+        return logits
+
+    def _append_token(self, request: Request, token: int, now: float) -> RequestOutput:
+        request.output_token_ids.append(token)
+        request.token_times_s.append(now)
+        if request.first_token_s is None:
+            request.first_token_s = now
+        previous_text = request.output_text
+        text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        reason = None
+        if token in self.eos_token_ids and not request.params.ignore_eos:
+            reason = FinishReason.STOP
+        for stop in request.params.stop:
+            # Search from just before the new text so a stop string split across tokens is found.
+            index = text.find(stop, max(0, len(previous_text) - len(stop)))
+            if index != -1:
+                text, reason = text[:index], FinishReason.STOP
+                break
+        if reason is None and (len(request.output_token_ids) >= request.params.max_tokens
+                               or request.num_tokens >= self.max_model_len):
+            reason = FinishReason.LENGTH
+        # Hold back a trailing replacement char: the next token may complete a UTF-8 sequence.
+        visible = text if reason is not None or not text.endswith("\ufffd") else text[:-1]
+        if len(visible) < len(previous_text):
+            visible = previous_text
+        request.output_text = visible
+        if reason is not None:
+            self.scheduler.finish(request, reason)
+            self.requests.pop(request.request_id, None)
+        return RequestOutput(request_id=request.request_id, new_token_ids=[token],
+                             new_text=visible[len(previous_text):], finished=reason is not None,
+                             finish_reason=reason.value if reason else None,
+                             num_prompt_tokens=len(request.prompt_token_ids),
+                             num_output_tokens=len(request.output_token_ids))
+
+    def _final_output(self, request: Request) -> RequestOutput:
+        return RequestOutput(request_id=request.request_id, new_token_ids=[], new_text="", finished=True,
+                             finish_reason=request.finish_reason.value if request.finish_reason else None,
+                             num_prompt_tokens=len(request.prompt_token_ids),
+                             num_output_tokens=len(request.output_token_ids))
+
+    # ---- convenience --------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 **kwargs) -> list[Request]:
+        """Run prompts to completion (offline use, tests, benchmarks); returns finished requests."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp, **kwargs) for p, sp in zip(prompts, params_list)]
+        tracked = {rid: self.requests[rid] for rid in ids}
+        while self.has_unfinished_requests():
+            self.step()
+        return [tracked[rid] for rid in ids]
+
+
+def _load_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
