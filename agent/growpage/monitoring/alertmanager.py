@@ -1,0 +1,105 @@
+"""Alertmanager routing for GrowPage alerts: critical pages, warning makes a ticket.
+
+The generated file is a complete, valid configuration, but it is meant to be merged: copy the
+``alertname=~"GrowPage.*"`` route, the two receivers and the inhibit rules into your own config,
+and point the webhook URLs (placeholders on the reserved ``.invalid`` domain) at your paging and
+ticketing bridges, or swap ``webhook_configs`` for ``pagerduty_configs`` / ``slack_configs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from growpage import catalog
+from growpage.monitoring.alert_rules import alert_names, burn_rate_alert_name
+from growpage.monitoring.rules_file import dump_yaml, generated_header
+
+PAGER_RECEIVER = "growpage-pager"
+TICKET_RECEIVER = "growpage-ticket"
+PLACEHOLDER_WEBHOOK_URLS = {
+    PAGER_RECEIVER: "http://growpage-pager.invalid/webhook",
+    TICKET_RECEIVER: "http://growpage-ticket.invalid/webhook",
+}
+RECEIVER_BY_SEVERITY = {catalog.SEVERITY_PAGE: PAGER_RECEIVER, catalog.SEVERITY_TICKET: TICKET_RECEIVER}
+GROUP_BY = ["alertname", "namespace", "pod"]
+GROWPAGE_ALERTS_MATCHER = 'alertname=~"GrowPage.*"'
+
+
+@dataclasses.dataclass(frozen=True)
+class InhibitPair:
+    """While ``source`` fires, ``target`` is silenced where the ``equal`` labels match."""
+
+    source: str
+    target: str
+    equal: tuple[str, ...] = ("namespace", "pod")
+
+
+INHIBIT_PAIRS = (
+    InhibitPair("GrowPageKVUtilizationCritical", "GrowPageKVUtilizationLow"),
+    InhibitPair(burn_rate_alert_name("fast"), burn_rate_alert_name("slow")),
+    InhibitPair("GrowPageAllocationLatencyHigh", burn_rate_alert_name("slow")),
+    InhibitPair("GrowPageOOMWithFreeGPUMemory", "GrowPageFragmentationHigh"),
+    # GrowPageMetricsAbsent has only a job label: a down target explains absent metrics.
+    InhibitPair("GrowPageAgentDown", "GrowPageMetricsAbsent", ("job",)),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteTiming:
+    """Alertmanager's batching delays (tests use seconds)."""
+
+    group_wait: str = "30s"
+    group_interval: str = "5m"
+    page_repeat_interval: str = "1h"  # a page nobody acknowledged comes back within the hour
+    ticket_repeat_interval: str = "12h"
+
+
+def _receiver(name: str, url: str) -> dict:
+    return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
+
+
+def alertmanager_config(webhook_urls: dict[str, str] | None = None,
+                        timing: RouteTiming = RouteTiming()) -> dict:
+    """The configuration as a dict.
+
+    Args:
+        webhook_urls: receiver name -> URL; defaults to the placeholders.
+        timing: group_wait / group_interval / repeat intervals.
+    """
+    known = set(alert_names())
+    for pair in INHIBIT_PAIRS:
+        missing = {pair.source, pair.target} - known
+        if missing:
+            raise ValueError(f"inhibit pair names unknown alerts: {sorted(missing)}")
+    urls = {**PLACEHOLDER_WEBHOOK_URLS, **(webhook_urls or {})}
+    severity_routes = [
+        {"matchers": [f'severity="{catalog.SEVERITY_PAGE}"'], "receiver": PAGER_RECEIVER,
+         "repeat_interval": timing.page_repeat_interval},
+        {"matchers": [f'severity="{catalog.SEVERITY_TICKET}"'], "receiver": TICKET_RECEIVER,
+         "repeat_interval": timing.ticket_repeat_interval},
+    ]
+    return {
+        "route": {
+            # Anything that is not GrowPage's falls through to the root (a ticket, here).
+            "receiver": TICKET_RECEIVER,
+            "group_by": GROUP_BY,
+            "group_wait": timing.group_wait,
+            "group_interval": timing.group_interval,
+            "repeat_interval": timing.ticket_repeat_interval,
+            "routes": [{"matchers": [GROWPAGE_ALERTS_MATCHER], "group_by": GROUP_BY,
+                        "receiver": TICKET_RECEIVER, "routes": severity_routes}],
+        },
+        "receivers": [_receiver(name, urls[name]) for name in (PAGER_RECEIVER, TICKET_RECEIVER)],
+        "inhibit_rules": [
+            {"source_matchers": [f'alertname="{pair.source}"'],
+             "target_matchers": [f'alertname="{pair.target}"'], "equal": list(pair.equal)}
+            for pair in INHIBIT_PAIRS
+        ],
+    }
+
+
+def alertmanager_yaml() -> str:
+    header = generated_header("alerts build") + (
+        "# Placeholder webhook URLs (.invalid): point them at your pager / ticket bridges when you\n"
+        "# merge this route, its receivers and inhibit rules into your Alertmanager config.\n")
+    return dump_yaml(alertmanager_config(), header)

@@ -1,0 +1,154 @@
+"""``GrowPage / Overview``: the three SLOs first, then capacity, latency, decisions and rollout."""
+
+from __future__ import annotations
+
+from growpage import catalog
+from growpage.monitoring import recording_rules as rec
+from growpage.monitoring.alert_rules import SLO_ERROR_BUDGET
+from growpage.monitoring.dashboards.common import (
+    RATE,
+    RATIO_UNIT,
+    SECONDS_UNIT,
+    TIMES_UNIT,
+    Cell,
+    dashboard,
+    heatmap,
+    metric,
+    stat,
+    steps,
+    table,
+    target,
+    targets,
+    timeseries,
+)
+from growpage.monitoring.promql import le_value
+
+UID = "growpage-overview"
+TITLE = "GrowPage / Overview"
+RANGE = "$__range"
+
+_LATENCY = catalog.ALLOCATION_LATENCY.name
+_FAST_BUCKET = metric(f"{_LATENCY}_bucket", f'le="{le_value(catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S)}"')
+_THRESHOLD_MS = f"{catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S * 1000:g} ms"
+_P99_LIMIT_S = catalog.CHECKLIST.allocation_latency_p99_critical_s
+
+
+def _share_fast(window: str) -> str:
+    return (f"sum(increase({_FAST_BUCKET}[{window}]))\n/\n"
+            f"sum(increase({metric(f'{_LATENCY}_count')}[{window}]))")
+
+
+def _quantile(quantile: float, by: str = "le") -> str:
+    return f"histogram_quantile({quantile}, sum by ({by}) (rate({metric(f'{_LATENCY}_bucket')}[{RATE}])))"
+
+
+def _compress_ratio(window: str) -> str:
+    return (f"sum(increase({metric(catalog.COMPRESS_INPUT_BYTES.name)}[{window}]))\n/\n"
+            f"sum(increase({metric(catalog.COMPRESS_OUTPUT_BYTES.name)}[{window}]))")
+
+
+def _slo_row() -> list[Cell]:
+    utilization, ratio = catalog.SLO_UTILIZATION.objective, catalog.SLO_COMPRESS_RATIO.objective
+    objective = catalog.SLO_ALLOCATION_LATENCY.objective
+    busy = f"{metric(catalog.UTILIZATION.name)}\nand on (namespace, pod, model)\n" \
+           f"{metric(catalog.REQUESTS_RUNNING.name)} > 0"
+    budget_left = f"1 - (\n  (1 - (\n{_share_fast(catalog.SLO_COMPLIANCE_WINDOW)}\n  )) / {SLO_ERROR_BUDGET:g}\n)"
+    return [
+        Cell(stat(f"KV page utilization (SLO >= {utilization:.0%})",
+                  catalog.SLO_UTILIZATION.description + " Mean over pods with running requests.",
+                  f"avg(\n{busy}\n)", RATIO_UNIT, steps("red", (utilization, "green"))), 5, 5),
+        Cell(stat(f"Compress ratio (SLO >= {ratio:.1f}x)",
+                  catalog.SLO_COMPRESS_RATIO.description + " Bytes in / bytes out over the selected range.",
+                  _compress_ratio(RANGE), TIMES_UNIT, steps("red", (ratio, "green")), 2), 5, 5),
+        Cell(stat(f"Grants under {_THRESHOLD_MS} (SLO >= {objective:.0%})",
+                  catalog.SLO_ALLOCATION_LATENCY.description + " Over the selected range.",
+                  _share_fast(RANGE), RATIO_UNIT, steps("red", (objective, "green")), 2), 5, 5),
+        Cell(stat(f"Latency error budget left ({catalog.SLO_COMPLIANCE_WINDOW})",
+                  f"Share of the {catalog.SLO_COMPLIANCE_WINDOW} error budget ({SLO_ERROR_BUDGET:.0%} of "
+                  f"grants may take {_THRESHOLD_MS} or more) not yet spent; below 0 the SLO is missed.",
+                  budget_left, RATIO_UNIT, steps("red", (0.0, "green")), 1), 5, 5),
+        Cell(stat("Allocation latency p99", f"SLO: p99 under {_THRESHOLD_MS}; the checklist pages above "
+                  f"{_P99_LIMIT_S * 1000:g} ms.", _quantile(0.99), SECONDS_UNIT,
+                  steps("green", (catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, "yellow"), (_P99_LIMIT_S, "red"))),
+             4, 5),
+    ]
+
+
+def _capacity_row() -> list[Cell]:
+    slo, low = catalog.SLO_UTILIZATION.objective, catalog.CHECKLIST.utilization_sustained_low
+    return [
+        Cell(timeseries("KV page utilization", catalog.UTILIZATION.help,
+                        targets((metric(catalog.UTILIZATION.name), "{{namespace}}/{{pod}}")), RATIO_UNIT,
+                        steps("red", (low, "yellow"), (slo, "green"))), 12),
+        Cell(timeseries("Page table fragmentation", catalog.FRAGMENTATION.help,
+                        targets((metric(catalog.FRAGMENTATION.name), "{{namespace}}/{{pod}}")), RATIO_UNIT,
+                        steps("green", (catalog.CHECKLIST.fragmentation_high, "red"))), 12),
+        Cell(timeseries("Pool pages by state", catalog.POOL_PAGES.help,
+                        targets((f"sum by (state) ({metric(catalog.POOL_PAGES.name)})", "{{state}}")),
+                        "short", stacked=True), 8),
+        Cell(timeseries("KV demand p95 (pages)", catalog.DEMAND_P95.help + " The seed's cluster-autoscaling signal.",
+                        targets((metric(catalog.DEMAND_P95.name), "{{namespace}}/{{pod}}")), "short"), 8),
+        Cell(timeseries("Pages granted per second", catalog.ALLOCATIONS.help + " The HPA scales on it.",
+                        targets((metric(rec.ALLOCATIONS_RATE), "{{namespace}}/{{pod}}")),
+                        "short"), 8),
+    ]
+
+
+def _latency_row() -> list[Cell]:
+    lines = steps("green", (catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, "yellow"), (_P99_LIMIT_S, "red"))
+    return [
+        Cell(timeseries("Page allocation latency p50 / p99", catalog.ALLOCATION_LATENCY.help,
+                        targets((_quantile(0.5), "p50"), (_quantile(0.99), "p99")), SECONDS_UNIT, lines), 12),
+        Cell(heatmap("Page allocation latency distribution", "Grants per latency bucket.", _LATENCY,
+                     SECONDS_UNIT), 12),
+    ]
+
+
+def _decisions_row() -> list[Cell]:
+    decisions = f"sum by (decision) (rate({metric(catalog.DECISIONS.name)}[{RATE}]))"
+    bytes_rate = "sum(rate({}[{}]))"
+    saved = (f"sum(increase({metric(catalog.COMPRESS_INPUT_BYTES.name)}[{RANGE}]))\n-\n"
+             f"sum(increase({metric(catalog.COMPRESS_OUTPUT_BYTES.name)}[{RANGE}]))")
+    return [
+        Cell(timeseries("Decisions by kind", catalog.DECISIONS.help, targets((decisions, "{{decision}}")),
+                        "ops", stacked=True, bars=True), 9),
+        Cell(timeseries("Compression ratios", "Bytes in / bytes out of compressions (the SLO), and the "
+                        "pool-wide logical / stored KV bytes.",
+                        targets((_compress_ratio(RATE), "compressions (bytes in / out)"),
+                                (f"avg({metric(catalog.COMPRESSION_RATIO.name)})", "pool (logical / stored)")),
+                        TIMES_UNIT, steps("red", (catalog.SLO_COMPRESS_RATIO.objective, "green"))), 6),
+        Cell(timeseries("Compression throughput", "Bytes read and written by compressions per second.",
+                        targets((bytes_rate.format(metric(catalog.COMPRESS_INPUT_BYTES.name), RATE), "in"),
+                                (bytes_rate.format(metric(catalog.COMPRESS_OUTPUT_BYTES.name), RATE), "out")),
+                        "Bps"), 5),
+        Cell(stat("KV bytes saved by compression", "Bytes in minus bytes out of compressions over the "
+                  "selected range: memory the pool got back.", saved, "bytes", steps("green")), 4),
+    ]
+
+
+def _rollout_row() -> list[Cell]:
+    entropy = catalog.CHECKLIST.rollout_entropy
+    modes = f"count by (namespace, mode) ({metric(catalog.BUILD_INFO.name)})"
+    organize = [{"id": "organize", "options": {"excludeByName": {"Time": True},
+                                               "renameByName": {"Value": "pods"}}}]
+    return [
+        Cell(heatmap("LTS entropy distribution", catalog.LTS_ENTROPY.help + " Phase 1 of the rollout: "
+                     "watch it per namespace before enforcing.", catalog.LTS_ENTROPY.name, "none"), 10),
+        Cell(timeseries(f"LTS entropy p50 by namespace (enforce above {entropy:g})",
+                        f"Phase 2 candidates: namespaces whose median request entropy exceeds {entropy:g} nats "
+                        f"(over {rec.LTS_ROLLOUT_WINDOW}). List them in enforce_namespaces.",
+                        [target(f'{rec.LTS_ENTROPY_P50}{{namespace=~"$namespace"}}', "{{namespace}}")],
+                        "none", steps("green", (entropy, "orange"))), 8),
+        Cell(table("Rollout mode per namespace", "Pods per GrowPage mode (off / monitor / enforce), from "
+                   f"{catalog.BUILD_INFO.name}.", modes, organize), 6),
+    ]
+
+
+def overview_dashboard() -> dict:
+    return dashboard(TITLE, UID, "GrowPage SLOs and KV cache behaviour per namespace, pod and model.", [
+        ("SLOs", _slo_row()),
+        ("Capacity", _capacity_row()),
+        ("Page allocation latency", _latency_row()),
+        ("Decisions and compression", _decisions_row()),
+        ("Rollout", _rollout_row()),
+    ])

@@ -1,0 +1,70 @@
+"""Small PromQL helpers shared by the rule, dashboard and test generators.
+
+Hand-written on purpose: we need only selectors, durations and metric names, and no maintained
+Python PromQL parser ships for Python 3.11 without a native toolchain. Prometheus itself checks
+every expression we generate (``promtool check rules`` and the panel-query tests).
+"""
+
+from __future__ import annotations
+
+import re
+
+_DURATION_UNITS_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+
+# Words that look like metric names but are PromQL syntax.
+_KEYWORDS = frozenset({
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
+    "unless", "atan2", "inf", "nan", "start", "end",
+})
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"' + r"|'(?:[^'\\]|\\.)*'" + r"|`[^`]*`")
+_IDENTIFIER = re.compile(r"(?<![\w:.$])([a-zA-Z_:][a-zA-Z0-9_:]*)(\s*\()?")
+
+
+def duration_seconds(duration: str) -> float:
+    """``"1h30m"`` -> 5400.0. Raises ValueError on anything that is not a Prometheus duration."""
+    parts = _DURATION_PART.findall(duration)
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise ValueError(f"not a Prometheus duration: {duration!r}")
+    return float(sum(int(number) * _DURATION_UNITS_S[unit] for number, unit in parts))
+
+
+def format_duration(seconds: float) -> str:
+    """The largest whole unit: 7200 -> ``"2h"``, 90 -> ``"90s"`` (Prometheus reads both)."""
+    for unit in ("d", "h", "m", "s"):
+        size = _DURATION_UNITS_S[unit]
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(round(seconds * 1000))}ms"
+
+
+def le_value(bound: float) -> str:
+    """A bucket bound as prometheus_client writes its ``le`` label (``0.015``, ``1.0``)."""
+    return repr(float(bound))
+
+
+def selector(metric: str, matchers: str = "", **equal: str) -> str:
+    """``metric{a="x", <matchers>}``: ``equal`` become ``=`` matchers, ``matchers`` is appended raw."""
+    parts = [f'{name}="{value}"' for name, value in equal.items()]
+    if matchers:
+        parts.append(matchers)
+    return f"{metric}{{{', '.join(parts)}}}" if parts else metric
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects (``foo``, ``foo{...}``, ``{__name__="foo"}``).
+
+    Function names, keywords, label names in groupings, numbers and durations are skipped.
+    """
+    names = set(re.findall(r'__name__\s*=\s*"([^"]+)"', expr))
+    text = _STRING.sub('""', expr)
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range and subquery durations, $__rate_interval
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = _GROUPING.sub(" ", text)
+    for match in _IDENTIFIER.finditer(text):
+        word, call = match.group(1), match.group(2)
+        if call or word.lower() in _KEYWORDS:
+            continue
+        names.add(word)
+    return names

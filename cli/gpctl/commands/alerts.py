@@ -1,0 +1,17 @@
+"""``gpctl alerts build``: regenerate rules, promtool tests, Alertmanager config, PrometheusRule."""
+
+from __future__ import annotations
+
+import typer
+
+from gpctl.commands.dashboards import CheckOption, RootOption, run_build
+
+app = typer.Typer(help="Prometheus rules and Alertmanager routing generated from growpage.catalog.",
+                  no_args_is_help=True)
+
+
+@app.command(name="build")
+def build_alerts(check: CheckOption = False, root: RootOption = None) -> None:
+    """Write alerts/growpage-rules.yaml, alerts/tests/*.test.yaml, alerts/alertmanager.yaml,
+    deploy/base/prometheusrule.yaml and the generated block of each runbook."""
+    run_build("alerts", check, root)

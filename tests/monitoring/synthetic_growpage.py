@@ -1,0 +1,130 @@
+"""Synthetic GrowPage series generated from the catalog, for Prometheus-backed tests.
+
+``openmetrics_history`` writes 30 minutes of every catalog metric (counters increasing, histograms
+consistent: cumulative buckets, +Inf == count) for two pods, plus ``up`` and DCGM's framebuffer
+series, for ``promtool tsdb create-blocks-from openmetrics``. ``exposition`` renders one scrape in
+the Prometheus text format, with chosen gauge values, for a loopback scrape target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+
+from growpage import catalog
+from growpage.catalog import MetricSpec, MetricType
+from growpage.monitoring.promql import le_value
+
+MODEL = "qwen2.5-7b"
+PODS = (("math-reasoning", "vllm-reasoning-5d8c7b9f4-x2k9q", "enforce"),
+        ("chat", "vllm-chat-6f9d8c7b5-p4m2z", "monitor"))
+GAUGE_VALUES = {
+    catalog.UTILIZATION.name: 0.55, catalog.INTRA_PAGE_COMPRESS_RATIO.name: 1.97,
+    catalog.DEMAND_P95.name: 300.0, catalog.COMPRESSION_RATIO.name: 1.6, catalog.FRAGMENTATION.name: 0.3,
+    catalog.REQUESTS_RUNNING.name: 3.0, catalog.BUILD_INFO.name: 1.0,
+}
+POOL_PAGES = {"free": 1000.0, "reserved": 500.0, "used": 2500.0}
+COUNTER_RATES_PER_S = {  # per label value where the metric has one label
+    catalog.COMPRESS_INPUT_BYTES.name: 2.0e6, catalog.COMPRESS_OUTPUT_BYTES.name: 1.0e6,
+    catalog.ALLOCATIONS.name: 50.0, catalog.OOM_EVENTS.name: 0.01, catalog.AGENT_ERRORS.name: 0.005,
+    catalog.DECISIONS.name: 2.0,
+}
+HISTOGRAM_OBSERVATIONS = {  # (observations per second, typical value): a log-normal-ish spread
+    catalog.ALLOCATION_LATENCY.name: (50.0, 0.004), catalog.LTS_ENTROPY.name: (2.0, 2.6),
+    catalog.STS_DENSITY.name: (5.0, 0.6), catalog.REQUEST_TOKENS.name: (2.0, 700.0),
+}
+
+
+def pod_labels(namespace: str, pod: str) -> dict[str, str]:
+    return {"job": catalog.SCRAPE_JOB, "instance": f"{pod}:8000", "namespace": namespace, "pod": pod,
+            catalog.MODEL_LABEL: MODEL}
+
+
+def _labels_text(labels: Mapping[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def _bucket_share(bound: float, typical: float) -> float:
+    """Cumulative share of observations <= bound (a smooth CDF centred on ``typical``)."""
+    return 1.0 / (1.0 + (typical / bound) ** 3) if bound > 0 else 0.0
+
+
+def _series(spec: MetricSpec, labels: dict[str, str], seconds: float, mode: str,
+            gauges: Mapping[str, float]) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) of one metric of one pod at ``seconds`` since the start."""
+    if spec.type is MetricType.INFO:
+        info = {"version": "0.1.0", "engine": "vllm", "engine_version": catalog.MIN_SUPPORTED_VLLM_VERSION,
+                "mode": mode, "block_size": "16", "base_pages": "128", "device": "cuda"}
+        yield spec.name, {**labels, **info}, 1.0
+    elif spec.type is MetricType.GAUGE and spec is catalog.POOL_PAGES:
+        for state, pages in POOL_PAGES.items():
+            yield spec.name, {**labels, "state": state}, pages
+    elif spec.type is MetricType.GAUGE:
+        yield spec.name, labels, gauges[spec.name]
+    elif spec.type is MetricType.COUNTER:
+        label, values = next(iter(spec.label_values.items()), (None, (None,)))
+        for value in values:
+            extra = {label: value} if label else {}
+            yield spec.name, {**labels, **extra}, round(COUNTER_RATES_PER_S[spec.name] * seconds, 3)
+    else:
+        per_s, typical = HISTOGRAM_OBSERVATIONS[spec.name]
+        count = math.floor(per_s * seconds)
+        for bound in spec.buckets:
+            yield f"{spec.name}_bucket", {**labels, "le": le_value(bound)}, \
+                math.floor(count * _bucket_share(bound, typical))
+        yield f"{spec.name}_bucket", {**labels, "le": "+Inf"}, count
+        yield f"{spec.name}_count", labels, count
+        yield f"{spec.name}_sum", labels, round(count * typical, 3)
+
+
+def _family(spec: MetricSpec) -> tuple[str, str]:
+    """OpenMetrics family name and type (counters drop _total; info is exposed as a gauge)."""
+    if spec.type is MetricType.COUNTER:
+        return spec.name.removesuffix("_total"), "counter"
+    return spec.name, "gauge" if spec.type is MetricType.INFO else spec.type.value
+
+
+def openmetrics_history(end_s: float, duration_s: int = 1800, step_s: int = 15) -> str:
+    """Every catalog metric for both pods, ``end_s - duration_s`` .. ``end_s`` every ``step_s``."""
+    times = [end_s - duration_s + i * step_s for i in range(duration_s // step_s + 1)]
+    lines: list[str] = []
+    for spec in catalog.METRICS:
+        family, kind = _family(spec)
+        lines += [f"# TYPE {family} {kind}", f"# HELP {family} {spec.help}"]
+        for namespace, pod, mode in PODS:
+            for t in times:
+                for name, labels, value in _series(spec, pod_labels(namespace, pod), t - times[0] + step_s,
+                                                   mode, GAUGE_VALUES):
+                    lines.append(f"{name}{_labels_text(labels)} {value} {t:.3f}")
+    lines += _external_history(times)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def _external_history(times: list[float]) -> list[str]:
+    """``up`` per pod and DCGM framebuffer series as the dcgm-exporter's ServiceMonitor scrapes them
+    (honorLabels false: the GPU's user in exported_namespace / exported_pod)."""
+    lines = ["# TYPE up gauge"]
+    for namespace, pod, _ in PODS:
+        lines += [f"up{_labels_text(pod_labels(namespace, pod))} 1 {t:.3f}" for t in times]
+    for metric, mib in ((catalog.DCGM_FB_USED, 40_000), (catalog.DCGM_FB_FREE, 41_000)):
+        lines.append(f"# TYPE {metric} gauge")
+        for gpu, (namespace, pod, _) in enumerate(PODS):
+            labels = {"job": "dcgm-exporter", "namespace": "gpu-operator", "pod": f"nvidia-dcgm-exporter-{gpu}",
+                      "gpu": str(gpu), catalog.DCGM_MODEL_NAME_LABEL: "NVIDIA H100 80GB HBM3",
+                      **{source: {"namespace": namespace, "pod": pod}[target]
+                         for target, source in catalog.DCGM_EXPORTED_LABELS.items()}}
+            lines += [f"{metric}{_labels_text(labels)} {mib} {t:.3f}" for t in times]
+    return lines
+
+
+def exposition(gauges: Mapping[str, float] | None = None, mode: str = "enforce", seconds: float = 600.0) -> str:
+    """One scrape of one agent in the Prometheus text format (namespace/pod come from the scrape)."""
+    values = {**GAUGE_VALUES, **(gauges or {})}
+    lines: list[str] = []
+    for spec in catalog.METRICS:
+        family, kind = _family(spec)
+        lines += [f"# HELP {family} {spec.help}", f"# TYPE {family} {kind}"]
+        for name, labels, value in _series(spec, {catalog.MODEL_LABEL: MODEL}, seconds, mode, values):
+            lines.append(f"{name}{_labels_text(labels)} {value}")
+    return "\n".join(lines) + "\n"

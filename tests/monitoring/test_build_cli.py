@@ -1,0 +1,56 @@
+"""`gpctl dashboards build` / `gpctl alerts build`: committed files are current; --check catches drift."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from monitoring_paths import REPO_ROOT
+from typer.testing import CliRunner
+
+from gpctl.main import app
+from growpage.monitoring.artefacts import ALERT_TESTS_DIR, find_repo_root
+
+runner = CliRunner()
+KINDS = ("dashboards", "alerts")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_committed_files_are_up_to_date(kind):
+    result = runner.invoke(app, [kind, "build", "--check", "--root", str(REPO_ROOT)])
+    assert result.exit_code == 0, result.output
+    assert "up to date" in result.output
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A copy of what the generators read and write."""
+    for folder in ("dashboards", "alerts", "runbooks", "deploy"):
+        shutil.copytree(REPO_ROOT / folder, tmp_path / folder)
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def test_check_names_stale_files_in_one_line_and_build_repairs_them(checkout):
+    (checkout / "dashboards" / "growpage-overview.json").write_text("{}\n")
+    (checkout / ALERT_TESTS_DIR / "GrowPageRetired.test.yaml").write_text("tests: []\n")
+    stale = runner.invoke(app, ["dashboards", "build", "--check", "--root", str(checkout)])
+    assert stale.exit_code == 1
+    assert stale.output.strip().count("\n") == 0 and "dashboards/growpage-overview.json" in stale.output
+    assert "GrowPageRetired" in runner.invoke(app, ["alerts", "build", "--check", "--root", str(checkout)]).output
+
+    for kind in KINDS:
+        assert runner.invoke(app, [kind, "build", "--root", str(checkout)]).exit_code == 0
+        assert runner.invoke(app, [kind, "build", "--check", "--root", str(checkout)]).exit_code == 0
+    assert not (checkout / ALERT_TESTS_DIR / "GrowPageRetired.test.yaml").exists()
+
+
+def test_a_missing_runbook_is_a_one_line_user_error(checkout):
+    (checkout / "runbooks" / "GrowPageAgentDown.md").unlink()
+    result = runner.invoke(app, ["alerts", "build", "--root", str(checkout)])
+    assert result.exit_code == 2
+    assert "runbooks/GrowPageAgentDown.md" in result.output
+
+
+def test_repo_root_is_found_from_a_subfolder():
+    assert find_repo_root(REPO_ROOT / "runbooks") == REPO_ROOT

@@ -1,0 +1,117 @@
+"""deploy/: the three rollout overlays build, validate offline and agree with the catalog."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+import yaml
+from kustomize_render import build, kustomize_command, render_in_python
+from monitoring_paths import DEPLOY_DIR
+from support.promstack import run_tool
+
+from growpage import catalog
+from growpage.config import Mode, load_config
+from growpage.monitoring.dashboards import dashboards
+from growpage.monitoring.rules_file import rule_groups
+
+KUBERNETES_VERSION = "1.30.0"  # schemas shipped with kubernetes-validate; strict: unknown fields fail
+BUILT_IN_KINDS = {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler"}
+OVERLAYS = {"phase1-monitor": Mode.MONITOR, "phase2-namespaces": Mode.ENFORCE,
+            "phase3-everywhere": Mode.ENFORCE}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: build(DEPLOY_DIR / "overlays" / name) for name in OVERLAYS}
+
+
+def _one(documents: list[dict], kind: str, name: str | None = None) -> dict:
+    [document] = [d for d in documents if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return document
+
+
+def _container(documents: list[dict]) -> dict:
+    [container] = _one(documents, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _normalized(documents: list[dict]) -> dict:
+    """Order-free view: kustomize and the Python render may order named list items differently."""
+    def norm(value):
+        if isinstance(value, dict):
+            return {k: norm(v) for k, v in value.items()}
+        if isinstance(value, list) and all(isinstance(i, dict) and "name" in i for i in value):
+            return {i["name"]: norm(i) for i in value}
+        return [norm(v) for v in value] if isinstance(value, list) else value
+    return {(d["kind"], d["metadata"]["name"]): norm(d) for d in documents}
+
+
+@pytest.mark.skipif(kustomize_command(DEPLOY_DIR) is None, reason="kustomize / kubectl not installed")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_python_render_matches_kustomize(rendered, overlay):
+    # `rendered` is kustomize's output here; the Python render is what runs where it is missing.
+    assert _normalized(render_in_python(DEPLOY_DIR / "overlays" / overlay)) == _normalized(rendered[overlay])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_built_in_kinds_validate_against_the_kubernetes_schema(rendered, overlay):
+    kinds = {d["kind"] for d in rendered[overlay]}
+    assert BUILT_IN_KINDS | {"ServiceMonitor", "PrometheusRule"} == kinds
+    for document in rendered[overlay]:
+        if document["kind"] in BUILT_IN_KINDS:
+            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_configures_its_rollout_phase(rendered, overlay):
+    container = _container(rendered[overlay])
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert env["VLLM_PLUGINS"] == "growpage"
+    [additional] = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--additional-config=")]
+    config = load_config(env=env, overrides=json.loads(additional)["growpage"])  # validates, as the plugin will
+    assert config.mode is OVERLAYS[overlay]
+    if overlay == "phase2-namespaces":
+        assert config.enforce_namespaces
+    if overlay == "phase3-everywhere":
+        assert config.enforce_namespaces == () and config.max_growth_rate == 0.3
+
+
+def test_scrape_objects_match_the_catalog(rendered):
+    documents = rendered["phase1-monitor"]
+    service, monitor = _one(documents, "Service"), _one(documents, "ServiceMonitor")
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == catalog.METRICS_PATH
+    assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == catalog.SCRAPE_JOB
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    [port] = service["spec"]["ports"]
+    assert (port["name"], port["port"]) == (endpoint["port"], 8000)
+    assert _container(documents)["ports"][0]["containerPort"] == 8000
+
+
+def test_hpa_and_adapter_serve_the_seed_metric(rendered):
+    documents = rendered["phase3-everywhere"]
+    [metric] = _one(documents, "HorizontalPodAutoscaler")["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == catalog.ALLOCATIONS.name
+    assert metric["pods"]["target"] == {"type": "AverageValue",
+                                        "averageValue": str(catalog.HPA_TARGET_ALLOCATIONS_PER_POD_PER_S)}
+    adapter = yaml.safe_load(_one(documents, "ConfigMap", "growpage-prometheus-adapter-rules")["data"]["config.yaml"])
+    [rule] = adapter["rules"]
+    assert rule["seriesQuery"].startswith(catalog.ALLOCATIONS.name + "{")
+    assert rule["name"]["as"] == catalog.ALLOCATIONS.name and "rate(<<.Series>>" in rule["metricsQuery"]
+
+
+def test_prometheus_rule_holds_the_generated_groups_and_passes_promtool(rendered, tmp_path):
+    spec = _one(rendered["phase1-monitor"], "PrometheusRule")["spec"]
+    assert spec["groups"] == rule_groups()
+    rules_file = tmp_path / "prometheusrule-groups.yaml"
+    rules_file.write_text(yaml.safe_dump({"groups": spec["groups"]}))
+    assert "SUCCESS" in run_tool("promtool", "check", "rules", str(rules_file)).stdout
+
+
+def test_dashboard_configmaps_carry_the_generated_dashboards(rendered):
+    configmaps = [d for d in rendered["phase1-monitor"]
+                  if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    loaded = {name: json.loads(text) for cm in configmaps for name, text in cm["data"].items()}
+    assert loaded == dashboards()
