@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from gpctl.commands import bench, kv_size
+from gpctl.commands import alerts, bench, dashboards, demo, diagnose, kv_size, model, serve
 from gpctl.errors import GrowPageGroup
 from growpage import __version__
 
@@ -44,7 +44,13 @@ def _root(
 
 
 app.command(name="kv-size")(kv_size.kv_size)
+app.command(name="serve")(serve.serve)
+app.command(name="demo")(demo.demo)
 app.add_typer(bench.app, name="bench")
+app.add_typer(model.app, name="model")
+app.command(name="diagnose")(diagnose.diagnose)
+app.add_typer(dashboards.app, name="dashboards")
+app.add_typer(alerts.app, name="alerts")
 
 
 def main() -> None:

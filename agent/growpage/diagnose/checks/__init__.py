@@ -1,0 +1,97 @@
+"""The troubleshooting checklist, in order, and how one check becomes one report row.
+
+Titles state the healthy condition, so "OK <title>" always reads true.
+
+Each check is a pure function of one :class:`~growpage.diagnose.observations.Scope`. It runs on the
+whole source and on each namespace (or pod) of the breakdown; a breakdown scope that is worse than
+the whole escalates the row (one over-granting namespace is a finding even when the fleet is fine),
+while a breakdown scope that is merely unknown (e.g. a namespace without traffic) does not.
+"""
+
+from __future__ import annotations
+
+from growpage import catalog
+from growpage.diagnose.checks.base import Check, Thresholds
+from growpage.diagnose.checks.health import agent_health
+from growpage.diagnose.checks.latency import allocation_latency
+from growpage.diagnose.checks.oom import oom_fragmentation
+from growpage.diagnose.checks.overgrant import over_granting
+from growpage.diagnose.checks.rollout import rollout
+from growpage.diagnose.checks.slo import allocation_latency_slo, compress_ratio, utilization
+from growpage.diagnose.findings import Finding, Report, ScopeFinding, Severity, Status, worst
+from growpage.diagnose.observations import Observations
+
+_LIMITS = catalog.CHECKLIST
+CHECKS: tuple[Check, ...] = (
+    Check("slo-utilization", f"SLO: KV page utilization >= {catalog.SLO_UTILIZATION.objective}", utilization),
+    Check("slo-compress-ratio", f"SLO: compress ratio >= {catalog.SLO_COMPRESS_RATIO.objective}x", compress_ratio),
+    Check("slo-allocation-latency",
+          f"SLO: {catalog.SLO_ALLOCATION_LATENCY.objective * 100:g} % of page grants <= "
+          f"{catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S * 1000:g} ms", allocation_latency_slo),
+    Check("over-granting",
+          f"Grants fit the traffic: utilization not < {_LIMITS.utilization_sustained_low} all window",
+          over_granting),
+    Check("allocation-latency",
+          f"Allocation latency p99 <= {_LIMITS.allocation_latency_p99_critical_s * 1000:g} ms (else: why)",
+          allocation_latency),
+    Check("oom-fragmentation", "No OOM or preemption while the GPU has room", oom_fragmentation),
+    Check("rollout", "Rollout: mode, phase-2 candidates, throttling", rollout),
+    Check("agent-health", "Agent healthy: no faults, build info, scraped", agent_health),
+)
+assert {check.id for check in CHECKS} == set(catalog.CHECK_RUNBOOKS), "every check needs a runbook page"
+
+_SEVERITY_RANK = {Severity.NONE: 0, Severity.INFO: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
+
+
+def runbook_url(check_id: str) -> str:
+    return f"{catalog.RUNBOOK_BASE_URL}/{catalog.CHECK_RUNBOOKS[check_id]}"
+
+
+def run_checks(observations: Observations, thresholds: Thresholds | None = None) -> Report:
+    """Evaluate :data:`CHECKS` over ``observations``: the report, its verdict and its exit code."""
+    thresholds = thresholds or Thresholds.from_catalog()
+    findings = tuple(_evaluate(check, observations, thresholds) for check in CHECKS)
+    notes = list(observations.notes)
+    if observations.window.kind == "lifetime":
+        notes.append("One snapshot: counters are totals since the agent started, not rates; pass two "
+                     "snapshots taken apart for rates.")
+    return Report(source={**observations.source, "window": observations.window.to_dict()},
+                  findings=findings, notes=tuple(notes))
+
+
+def _evaluate(check: Check, observations: Observations, thresholds: Thresholds) -> Finding:
+    overall = check.evaluate(observations.overall, observations.window, thresholds)
+    breakdown = {name: check.evaluate(scope, observations.window, thresholds)
+                 for name, scope in observations.breakdown.items()}
+    problems = {name: found for name, found in breakdown.items()
+                if found.status in (Status.WARNING, Status.CRITICAL)}
+    # OK scopes with advice (e.g. a phase-2 candidate namespace) contribute their steps too.
+    advised = {name: found for name, found in breakdown.items()
+               if found.status is Status.OK and found.resolved_severity is Severity.INFO}
+    status = worst([overall.status, *(found.status for found in problems.values())])
+    label = observations.breakdown_label
+    summary = overall.summary
+    if problems and overall.status is Status.OK:
+        summary = f"{label} {_worst_summary(problems)}; overall: {overall.summary}"
+    elif problems:
+        summary = f"{overall.summary} ({label}s affected: {', '.join(sorted(problems))})"
+    if advised:
+        summary += f"; advice for {label} {', '.join(sorted(advised))}"
+    remediation = list(overall.remediation)
+    for name, found in sorted({**problems, **advised}.items()):
+        for step in found.remediation:
+            if step not in overall.remediation:
+                remediation.append(f"{label} {name}: {step}")
+    severities = [overall.resolved_severity, *(found.resolved_severity for found in breakdown.values())]
+    severity = max(severities, key=_SEVERITY_RANK.__getitem__)
+    return Finding(id=check.id, title=check.title, status=status, severity=severity, summary=summary,
+                   evidence=overall.evidence, remediation=tuple(remediation),
+                   runbook_url=runbook_url(check.id), breakdown_label=observations.breakdown_label,
+                   breakdown=breakdown)
+
+
+def _worst_summary(problems: dict[str, ScopeFinding]) -> str:
+    """``name: summary`` of the worst scope (critical first, then by name), and how many others."""
+    name, found = min(problems.items(), key=lambda item: (item[1].status is not Status.CRITICAL, item[0]))
+    others = len(problems) - 1
+    return f"{name}: {found.summary}" + (f" (+{others} more)" if others else "")

@@ -1,0 +1,109 @@
+"""What every check shares: the thresholds it reads, and small helpers for evidence and units."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from growpage import catalog
+from growpage.diagnose.findings import ScopeFinding, Status
+from growpage.diagnose.observations import Scope, Window, round_number
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Every number a check compares against; :meth:`from_catalog` is the only production source."""
+
+    utilization_slo: float
+    compress_ratio_slo: float
+    latency_slo_threshold_s: float
+    latency_slo_objective: float
+    checklist: catalog.ChecklistThresholds
+    diagnose: catalog.DiagnoseThresholds
+    block_size_by_gpu: Mapping[str, int]
+    min_vllm_version: str
+
+    @classmethod
+    def from_catalog(cls) -> Thresholds:
+        return cls(
+            utilization_slo=catalog.SLO_UTILIZATION.objective,
+            compress_ratio_slo=catalog.SLO_COMPRESS_RATIO.objective,
+            latency_slo_threshold_s=catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S,
+            latency_slo_objective=catalog.SLO_ALLOCATION_LATENCY.objective,
+            checklist=catalog.CHECKLIST,
+            diagnose=catalog.DIAGNOSE_THRESHOLDS,
+            block_size_by_gpu=dict(catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU),
+            min_vllm_version=catalog.MIN_SUPPORTED_VLLM_VERSION,
+        )
+
+
+CheckFunction = Callable[[Scope, Window, Thresholds], ScopeFinding]
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One checklist item: a stable id (JSON, runbooks), a title, and a pure scope evaluator."""
+
+    id: str
+    title: str
+    evaluate: CheckFunction
+
+
+def evidence(metric: str, value: Any, threshold: Any, window: Window, **extra: Any) -> dict[str, Any]:
+    """The four keys every finding's evidence has, then check-specific extras (floats rounded)."""
+    document = {"metric": metric, "value": _clean(value), "threshold": _clean(threshold),
+                "window": window.describe()}
+    document.update({key: _clean(item) for key, item in extra.items()})
+    return document
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return round_number(value)
+    if isinstance(value, Mapping):
+        return {str(key): _clean(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(item) for item in value]
+    return value
+
+
+def unknown(metric: str, reason: str, window: Window, threshold: Any = None) -> ScopeFinding:
+    """A check that could not be evaluated; ``reason`` says what was missing and what to check."""
+    return ScopeFinding(Status.UNKNOWN, reason, evidence(metric, None, threshold, window, reason=reason))
+
+
+def is_idle(scope: Scope) -> bool:
+    """No page was granted and no request ran: ratios of nothing are not findings."""
+    return scope.page_allocations == 0 and not scope.requests_running_max
+
+
+def idle_reason(window: Window) -> str:
+    return (f"no traffic: no pages granted and no requests running ({window.describe()}); "
+            "diagnose while the deployment serves, or widen the window")
+
+
+def ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def pct(ratio: float | None) -> str:
+    """``0.6`` -> ``60 %``, ``0.0909`` -> ``9.1 %``."""
+    return "n/a" if ratio is None else f"{ratio * 100:.1f}".removesuffix(".0") + " %"
+
+
+def pct_floor(ratio: float | None) -> str:
+    """A share compared with a ">=" objective, rounded DOWN (0.98996 -> ``98.99 %``, never ``99 %``)."""
+    if ratio is None:
+        return "n/a"
+    return f"{math.floor(ratio * 10000) / 100:.2f}".rstrip("0").rstrip(".") + " %"
+
+
+def throttle_share(scope: Scope) -> float | None:
+    """throttled / (allocate + throttled): the share of growth attempts the rate limit refused."""
+    if not scope.decisions:
+        return None
+    throttled = scope.decisions.get("throttled", 0.0)
+    attempts = scope.decisions.get("allocate", 0.0) + throttled
+    return throttled / attempts if attempts > 0 else None

@@ -1,0 +1,46 @@
+"""Checklist step 6: the agent itself: caught faults, build info, and whether it is being read."""
+
+from __future__ import annotations
+
+from growpage import catalog
+from growpage.diagnose.checks.base import Thresholds, evidence
+from growpage.diagnose.findings import ScopeFinding, Status
+from growpage.diagnose.observations import Scope, Window
+
+
+def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
+    metric = catalog.AGENT_ERRORS.name
+    errors = {component: count for component, count in (scope.agent_errors or {}).items() if count > 0}
+    total = sum(errors.values())
+    build = [info.to_dict() for info in scope.build_infos]
+    proof = evidence(metric, total, 0, window, errors_by_component=errors, build_info=build,
+                     response_time_s=scope.response_time_s, sample_age_s=scope.sample_age_s,
+                     targets_total=scope.targets_total, targets_down=scope.targets_down)
+    problems, steps = [], []
+    if total > 0:
+        since = " since start" if window.kind == "lifetime" else ""
+        listing = ", ".join(f"{name} {count:,.0f}" for name, count in sorted(errors.items()))
+        problems.append(f"{total:,.0f} caught faults{since} ({listing})")
+        steps.append("Read the agent's log lines for those components: each fault fell back to vLLM's "
+                     "default behaviour (requests were served, GrowPage skipped them).")
+    if not scope.build_infos:
+        problems.append(f"{catalog.BUILD_INFO.name} missing")
+        steps.append("Upgrade the agent to metrics contract v1: without build info diagnose cannot read "
+                     "mode, block_size or base_pages.")
+    if scope.response_time_s is not None and scope.response_time_s > t.diagnose.endpoint_slow_response_s:
+        problems.append(f"{catalog.METRICS_PATH} took {scope.response_time_s:.1f}s")
+        steps.append("A slow metrics route risks Prometheus scrape timeouts: check the agent's CPU.")
+    if scope.targets_down:
+        problems.append(f"{scope.targets_down} of {scope.targets_total} scrape targets down")
+        steps.append("Prometheus cannot scrape those pods: check them and their Service/ServiceMonitor.")
+    if scope.sample_age_s is not None and scope.sample_age_s > t.diagnose.scrape_stale_s:
+        problems.append(f"newest sample {scope.sample_age_s:,.0f}s old")
+        steps.append(f"The agent stopped being scraped: check Prometheus' targets page (job {catalog.SCRAPE_JOB}).")
+    if problems:
+        return ScopeFinding(Status.WARNING, "; ".join(problems), proof, tuple(steps))
+    reading = ""
+    if scope.response_time_s is not None:
+        reading = f"; metrics answered in {scope.response_time_s * 1000:.0f} ms"
+    elif scope.sample_age_s is not None:
+        reading = f"; newest sample {scope.sample_age_s:,.0f}s old"
+    return ScopeFinding(Status.OK, f"no caught faults; build info present{reading}", proof)

@@ -1,0 +1,97 @@
+"""Checklist step 1: the three SLOs (utilization, compress ratio, allocation latency)."""
+
+from __future__ import annotations
+
+from growpage import catalog
+from growpage.diagnose.checks.base import Thresholds, evidence, idle_reason, is_idle, ms, pct, pct_floor, unknown
+from growpage.diagnose.findings import ScopeFinding, Status
+from growpage.diagnose.observations import Scope, Window
+
+# FP16 -> INT8 with one FP16 scale per head per 16-token page: 256 / 128.125 bytes (SEED-NOTES.md).
+INT8_RATIO_CEILING = 256 / 128.125
+
+
+def utilization(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
+    metric = catalog.UTILIZATION.name
+    if scope.utilization is None:
+        return unknown(metric, f"{metric} not found: is the agent older than metrics contract v1?", window,
+                       t.utilization_slo)
+    if is_idle(scope):
+        return unknown(metric, idle_reason(window), window, t.utilization_slo)
+    stats = scope.utilization
+    proof = evidence(metric, stats.mean, t.utilization_slo, window, statistic="mean of all samples",
+                     min=stats.min, max=stats.max, last=stats.last)
+    if stats.mean >= t.utilization_slo:
+        return ScopeFinding(Status.OK, f"mean utilization {stats.mean:.2f} meets the SLO (>= {t.utilization_slo})",
+                            proof)
+    return ScopeFinding(
+        Status.WARNING,
+        f"mean utilization {stats.mean:.2f} is below the SLO {t.utilization_slo}",
+        proof,
+        ("Grants hold unused token slots: see the over-granting check for a base_pages that fits the traffic.",
+         "Reserved pages count as granted: compare growpage_pool_pages{state=\"reserved\"} with "
+         "state=\"used\"."),
+    )
+
+
+def compress_ratio(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
+    metric = catalog.INTRA_PAGE_COMPRESS_RATIO.name
+    mode = scope.build_value("mode")
+    bytes_in, bytes_out = scope.compress_input_bytes, scope.compress_output_bytes
+    if bytes_out is not None and bytes_out > 0 and bytes_in is not None:
+        ratio, how = bytes_in / bytes_out, "input bytes / output bytes (counters)"
+        metric = f"{catalog.COMPRESS_INPUT_BYTES.name} / {catalog.COMPRESS_OUTPUT_BYTES.name}"
+    elif bytes_out is not None and bytes_out == 0:
+        ratio, how = None, "counters: no compression in the window"
+    elif scope.intra_page_compress_ratio is not None and scope.intra_page_compress_ratio.mean >= 1:
+        ratio, how = scope.intra_page_compress_ratio.mean, "gauge mean (byte counters not exported)"
+    elif scope.intra_page_compress_ratio is not None:
+        ratio, how = None, "gauge: no compression in the window"
+    else:
+        return unknown(metric, f"neither {catalog.COMPRESS_OUTPUT_BYTES.name} nor {metric} found", window,
+                       t.compress_ratio_slo)
+    proof = evidence(metric, ratio, t.compress_ratio_slo, window, method=how, mode=mode,
+                     input_bytes=bytes_in, output_bytes=bytes_out)
+    if ratio is None:
+        why = (f"mode {mode}: GrowPage does not compress" if mode in ("monitor", "off")
+               else "no page boundary needed one")
+        return ScopeFinding(Status.OK, f"no compressions in the window ({why}): nothing to measure", proof)
+    if ratio >= t.compress_ratio_slo:
+        return ScopeFinding(Status.OK, f"compress ratio {ratio:.2f}x meets the SLO (>= {t.compress_ratio_slo}x)",
+                            proof)
+    steps = ["Compress with INT4 (or let token eviction run): INT8 cannot reach 2.0x once its scales are "
+             f"stored (at most {INT8_RATIO_CEILING:.3f}x with 16-token pages)."]
+    if ratio < INT8_RATIO_CEILING - 0.2:
+        steps.append("A ratio this low means most compressions save little: check growpage_decisions_total "
+                     "{decision=\"quantize\"} vs {decision=\"evict\"} and the agent's logs.")
+    return ScopeFinding(Status.WARNING, f"compress ratio {ratio:.3f}x is below the SLO {t.compress_ratio_slo}x",
+                        proof, tuple(steps))
+
+
+def allocation_latency_slo(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
+    metric = catalog.ALLOCATION_LATENCY.name
+    histogram = scope.allocation_latency
+    if histogram is None:
+        return unknown(metric, f"{metric} not found", window, t.latency_slo_objective)
+    if histogram.count <= 0:
+        return unknown(metric, f"no page grants ({window.describe()}): diagnose while the deployment serves, "
+                       "or widen the window", window, t.latency_slo_objective)
+    within = histogram.fraction_at_or_below(t.latency_slo_threshold_s)
+    on_bound = any(abs(bound - t.latency_slo_threshold_s) < 1e-12 for bound, _ in histogram.buckets)
+    proof = evidence(
+        metric, within, t.latency_slo_objective, window, latency_threshold_s=t.latency_slo_threshold_s,
+        grants=histogram.count, grants_within_threshold=round(within * histogram.count, 1),
+        p99_s=histogram.quantile(0.99),
+        method=(f"bucket le={t.latency_slo_threshold_s:g} / all grants" if on_bound
+                else "interpolated between buckets"))
+    target = f"SLO {pct(t.latency_slo_objective)}"
+    if within >= t.latency_slo_objective:
+        return ScopeFinding(Status.OK, f"{pct_floor(within)} of {histogram.count:,.0f} grants took <= "
+                            f"{ms(t.latency_slo_threshold_s)} ({target})", proof)
+    return ScopeFinding(
+        Status.WARNING,
+        f"only {pct_floor(within)} of {histogram.count:,.0f} grants took <= {ms(t.latency_slo_threshold_s)} "
+        f"({target})",
+        proof,
+        ("See the allocation-latency check for the cause (block size, growth throttling, pool exhaustion).",),
+    )

@@ -1,0 +1,107 @@
+"""What the user asked for (one source and its options), parsed and validated, and running it."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.util
+import re
+from pathlib import Path
+
+from growpage.diagnose.checks import run_checks
+from growpage.diagnose.errors import DiagnoseError
+from growpage.diagnose.findings import Report
+from growpage.diagnose.sources import endpoint, prometheus, snapshot
+from growpage.diagnose.sources.result import SourceResult
+
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def parse_duration_s(text: str, option: str) -> float:
+    """``15s``, ``30m``, ``1h30m``, ``90`` (seconds) -> seconds; raises DiagnoseError otherwise."""
+    cleaned = text.strip().lower()
+    try:
+        seconds = float(cleaned)
+    except ValueError:
+        match = _DURATION_RE.match(cleaned)
+        if not cleaned or not match or not any(match.groups()):
+            raise DiagnoseError(f"{option} {text!r} is not a duration: use e.g. 15s, 30m, 1h30m or seconds") from None
+        hours, minutes, secs = (float(group or 0) for group in match.groups())
+        seconds = hours * 3600 + minutes * 60 + secs
+    if seconds <= 0:
+        raise DiagnoseError(f"{option} must be longer than 0s (got {text!r})")
+    return seconds
+
+
+def parse_time_s(text: str, option: str) -> float:
+    """Unix seconds, or ISO 8601 (``2024-05-01T10:00:00Z``; no zone means UTC) -> unix seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise DiagnoseError(f"{option} {text!r} is neither unix seconds nor ISO 8601 "
+                            "(e.g. 2024-05-01T10:00:00Z)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnoseRequest:
+    """Exactly one of ``endpoint``, ``prometheus``, ``snapshots``; the rest tune that source."""
+
+    endpoint: str | None = None
+    dcgm: str | None = None
+    duration_s: float = 15.0
+    prometheus: str | None = None
+    since_s: float = 1800.0
+    at_s: float | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    snapshots: tuple[Path, ...] = ()
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        chosen = [name for name, value in (("--endpoint", self.endpoint), ("--prometheus", self.prometheus),
+                                           ("--snapshot", self.snapshots)) if value]
+        if len(chosen) != 1:
+            given = f" (got {' and '.join(chosen)})" if chosen else ""
+            raise DiagnoseError(f"choose exactly one source: --endpoint URL, --prometheus URL or "
+                                f"--snapshot FILE...{given}")
+        if self.dcgm and not self.endpoint:
+            raise DiagnoseError("--dcgm goes with --endpoint (with --prometheus, DCGM series are queried; "
+                                "with --snapshot, pass the DCGM exposition as another snapshot file)")
+        if (self.namespace or self.pod or self.at_s is not None) and not self.prometheus:
+            raise DiagnoseError("--namespace, --pod and --at go with --prometheus")
+
+
+def require_modules(request: DiagnoseRequest) -> None:
+    """One clear line, not an ImportError, when an optional dependency diagnose needs is missing."""
+    needed = []
+    if request.endpoint or request.prometheus:
+        needed.append("httpx")  # HTTP with explicit timeouts
+    if not request.prometheus:
+        needed.append("prometheus_client")  # the exposition parsers
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise DiagnoseError(f"gpctl diagnose needs {' and '.join(missing)}: pip install "
+                            f"{' '.join(missing)} (or install growpage with its telemetry and dev extras)")
+
+
+def collect(request: DiagnoseRequest) -> SourceResult:
+    require_modules(request)
+    if request.endpoint:
+        return endpoint.observe(request.endpoint, request.dcgm, request.duration_s, request.timeout_s)
+    if request.prometheus:
+        return prometheus.observe(request.prometheus, request.since_s, request.at_s, request.namespace,
+                                  request.pod, request.timeout_s)
+    return snapshot.observe(request.snapshots)
+
+
+def diagnose(request: DiagnoseRequest) -> tuple[Report, SourceResult]:
+    """Collect from the requested source and run the checklist; raises DiagnoseError (exit 3)."""
+    result = collect(request)
+    return run_checks(result.observations), result

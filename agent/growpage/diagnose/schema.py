@@ -1,0 +1,105 @@
+"""The JSON Schema of ``gpctl diagnose --output json`` (schema_version 1), as documented.
+
+``docs/DIAGNOSE.md`` embeds this exact document and a test keeps the two equal. Additive changes
+(a new evidence key, a new check) keep schema_version 1; renaming or removing a field bumps it.
+"""
+
+from __future__ import annotations
+
+_STATUS = {"enum": ["ok", "warning", "critical", "unknown"]}
+_SEVERITY = {"enum": ["none", "info", "warning", "critical"]}
+_EVIDENCE = {
+    "type": "object",
+    "required": ["metric", "value", "threshold", "window"],
+    "properties": {
+        "metric": {"type": "string"},
+        "value": {"type": ["number", "null"]},
+        "threshold": {"type": ["number", "null"]},
+        "window": {"type": "string"},
+    },
+}
+
+REPORT_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "gpctl diagnose report",
+    "type": "object",
+    "required": ["schema_version", "status", "exit_code", "source", "counts", "notes", "checks"],
+    "properties": {
+        "schema_version": {"const": 1},
+        "status": _STATUS,
+        "exit_code": {"enum": [0, 1, 2, 3]},
+        "source": {
+            "type": "object",
+            "required": ["kind", "target", "window"],
+            "properties": {
+                "kind": {"enum": ["endpoint", "prometheus", "snapshot"]},
+                "target": {"type": "string"},
+                "window": {
+                    "type": "object",
+                    "required": ["kind", "start", "end", "duration_s", "num_samples", "description"],
+                    "properties": {
+                        "kind": {"enum": ["scrapes", "snapshots", "range", "lifetime"]},
+                        "start": {"type": "string"},
+                        "end": {"type": "string"},
+                        "duration_s": {"type": "number"},
+                        "num_samples": {"type": ["integer", "null"]},
+                        "description": {"type": "string"},
+                    },
+                },
+            },
+        },
+        "counts": {
+            "type": "object",
+            "required": ["ok", "warning", "critical", "unknown"],
+            "additionalProperties": {"type": "integer"},
+        },
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "checks": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "title", "status", "severity", "summary", "evidence", "remediation",
+                             "runbook_url", "breakdown"],
+                "properties": {
+                    "id": {"enum": ["slo-utilization", "slo-compress-ratio", "slo-allocation-latency",
+                                    "over-granting", "allocation-latency", "oom-fragmentation", "rollout",
+                                    "agent-health"]},
+                    "title": {"type": "string"},
+                    "status": _STATUS,
+                    "severity": _SEVERITY,
+                    "summary": {"type": "string"},
+                    "evidence": _EVIDENCE,
+                    "remediation": {"type": "array", "items": {"type": "string"}},
+                    "runbook_url": {"type": "string"},
+                    "breakdown": {
+                        "oneOf": [
+                            {"type": "null"},
+                            {
+                                "type": "object",
+                                "required": ["label", "scopes"],
+                                "properties": {
+                                    "label": {"enum": ["namespace", "pod"]},
+                                    "scopes": {
+                                        "type": "object",
+                                        "additionalProperties": {
+                                            "type": "object",
+                                            "required": ["status", "severity", "summary", "evidence",
+                                                         "remediation"],
+                                            "properties": {
+                                                "status": _STATUS,
+                                                "severity": _SEVERITY,
+                                                "summary": {"type": "string"},
+                                                "evidence": _EVIDENCE,
+                                                "remediation": {"type": "array", "items": {"type": "string"}},
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                        ],
+                    },
+                },
+            },
+        },
+    },
+}

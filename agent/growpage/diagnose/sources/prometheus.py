@@ -1,0 +1,246 @@
+"""Prometheus source: PromQL over ``[at - since, at]``, overall and per namespace (or per pod).
+
+"Sustained" means sustained: gauges come from ``avg/min/max/last_over_time`` over the whole window,
+counters from ``increase()``, histograms from ``increase()`` of each bucket (the checks compute
+fractions and quantiles from the buckets themselves, exactly as for scraped data). ``namespace``
+and ``pod`` are the labels the scrape attaches (kube-prometheus, ServiceMonitor); ``--namespace``
+and ``--pod`` filter on them, and the breakdown is by namespace, or by pod within ``--namespace``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from growpage import catalog
+from growpage.diagnose.errors import DiagnoseError
+from growpage.diagnose.observations import BuildInfo, GaugeStats, HistogramCounts, Observations, Scope, Window
+from growpage.diagnose.sources import http
+from growpage.diagnose.sources.result import SourceResult
+
+if TYPE_CHECKING:
+    import httpx
+
+OVERALL = "all"
+_BUILD_LABELS = ("version", "engine", "engine_version", "mode", "block_size", "base_pages", "device")
+_QUERY_THREADS = 8  # queries are independent; a handful in flight keeps a 60-query run well under 1 s
+_MIN_SUBQUERY_STEP_S = 15  # subqueries (ratios over time) sample at the common scrape interval or coarser
+
+
+class _Queries:
+    """Builds the PromQL of one diagnosis: selector, window and grouping are fixed per run."""
+
+    def __init__(self, matchers: Sequence[str], window_s: int, breakdown_label: str | None):
+        self.matchers = tuple(matchers)
+        self.range = f"[{window_s}s]"
+        self.subquery = f"[{window_s}s:{max(_MIN_SUBQUERY_STEP_S, window_s // 240)}s]"
+        self.breakdown_label = breakdown_label
+
+    def select(self, name: str, *extra: str) -> str:
+        matchers = (*self.matchers, *extra)
+        return name + ("{" + ",".join(matchers) + "}" if matchers else "")
+
+    def by(self, breakdown: bool, *labels: str) -> str:
+        grouping = ((self.breakdown_label,) if breakdown and self.breakdown_label else ()) + labels
+        return f"by ({', '.join(grouping)})"
+
+
+def _label_matcher(label: str, value: str) -> str:
+    return f"{label}={json.dumps(value)}"  # JSON string escaping is valid PromQL string escaping
+
+
+class _Client:
+    """Runs instant queries at one evaluation time; keeps every query and result for the bundle."""
+
+    def __init__(self, client: httpx.Client, base_url: str, at_s: float):
+        self.client, self.base_url, self.at_s = client, base_url, at_s
+        self.recorded: list[dict] = []
+        self.warnings: set[str] = set()
+
+    def vector(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        url = f"{self.base_url}/api/v1/query"
+        response = http.get(self.client, url, "Prometheus", params={"query": expr, "time": f"{self.at_s:.3f}"},
+                            accept="application/json")
+        document = _json_or_none(response.text)
+        if document is None or "status" not in document:
+            raise DiagnoseError(
+                f"{self.base_url} is not a Prometheus API (HTTP {response.status_code} from /api/v1/query, "
+                "not Prometheus JSON): pass the server's base URL, e.g. http://prometheus:9090")
+        if document["status"] != "success":
+            raise DiagnoseError(
+                f"Prometheus rejected a query ({document.get('errorType', 'error')}: "
+                f"{' '.join(str(document.get('error', '')).split())}); query: {expr}")
+        self.warnings.update(document.get("warnings") or ())
+        data = document.get("data") or {}
+        if data.get("resultType") != "vector":
+            raise DiagnoseError(f"Prometheus answered a {data.get('resultType')!r}, not a vector; query: {expr}")
+        result = [(dict(item["metric"]), float(item["value"][1])) for item in data.get("result", [])]
+        self.recorded.append({"query": expr, "time": self.at_s, "result": data.get("result", [])})
+        return result
+
+
+def observe(base_url: str, since_s: float, at_s: float | None = None, namespace: str | None = None,
+            pod: str | None = None, timeout_s: float = 10.0) -> SourceResult:
+    """Query Prometheus at ``at_s`` (default: now) over the ``since_s`` before it."""
+    base_url = http.check_url(base_url, "--prometheus").rstrip("/")
+    at_s = round(time.time() if at_s is None else at_s, 3)
+    window_s = max(1, int(round(since_s)))
+    matchers = [_label_matcher(label, value) for label, value in (("namespace", namespace), ("pod", pod)) if value]
+    breakdown_label = None if pod else ("pod" if namespace else "namespace")
+    queries = _Queries(matchers, window_s, breakdown_label)
+    with http.make_client(timeout_s) as client:
+        prom = _Client(client, base_url, at_s)
+        _require_growpage_series(prom, queries, namespace, pod)
+        scopes = _collect(prom, queries)
+    window = Window(at_s - window_s, at_s, "range")
+    overall = scopes.pop(OVERALL, None) or Scope(name=OVERALL)
+    breakdown = {name: scope for name, scope in scopes.items() if scope.has_growpage_data}
+    source = {"kind": "prometheus", "target": base_url, "since_s": window_s, "at": at_s,
+              "selector": "{" + ",".join(matchers) + "}"}
+    observations = Observations(source=source, window=window, overall=overall,
+                                breakdown_label=breakdown_label if breakdown else None, breakdown=breakdown,
+                                notes=tuple(f"Prometheus warning: {w}" for w in sorted(prom.warnings)))
+    raw = (("raw/prometheus-queries.json", json.dumps(prom.recorded, indent=1)),)
+    return SourceResult(observations=observations, raw_files=raw)
+
+
+def _require_growpage_series(prom: _Client, queries: _Queries, namespace: str | None, pod: str | None) -> None:
+    found = prom.vector(f'count(last_over_time({{__name__=~"growpage_.+"{_comma(queries.matchers)}}}{queries.range}))')
+    if found:
+        return
+    window = queries.range.strip("[]")
+    if queries.matchers:
+        anywhere = prom.vector(f'count by (namespace) (last_over_time(growpage_build_info{queries.range}))')
+        namespaces = sorted(labels.get("namespace", "") for labels, _ in anywhere if labels.get("namespace"))
+        hint = f" (GrowPage series exist in namespaces: {', '.join(namespaces[:5])})" if namespaces else ""
+        raise DiagnoseError(f"no growpage_* series for namespace={namespace!r} pod={pod!r} in the {window} "
+                            f"before the evaluation time{hint}: check --namespace/--pod and --since")
+    raise DiagnoseError(f"Prometheus has no growpage_* series in the {window} before the evaluation time: "
+                        f"is the agent scraped (job {catalog.SCRAPE_JOB}, path {catalog.METRICS_PATH})? "
+                        "Check --since/--at, and Prometheus' targets page")
+
+
+def _comma(matchers: Sequence[str]) -> str:
+    return "".join("," + matcher for matcher in matchers)
+
+
+def _collect(prom: _Client, q: _Queries) -> dict[str, Scope]:
+    """Run every query twice (overall, then by the breakdown label) and assemble one Scope per name."""
+    c = catalog
+    r, sub = q.range, q.subquery
+
+    def gauge(name: str) -> dict[str, str]:
+        s = q.select(name)
+        return {"mean": f"avg {{by}} (avg_over_time({s}{r}))", "min": f"min {{by}} (min_over_time({s}{r}))",
+                "max": f"max {{by}} (max_over_time({s}{r}))", "last": f"avg {{by}} (last_over_time({s}{r}))"}
+
+    def increase(name: str) -> str:
+        return f"sum {{by}} (increase({q.select(name)}{r}))"
+
+    pool, free = q.select(c.POOL_PAGES.name), q.select(c.POOL_PAGES.name, 'state="free"')
+    used, unused = q.select(c.DCGM_FB_USED), q.select(c.DCGM_FB_FREE)
+    info = f"last_over_time({q.select(c.BUILD_INFO.name)}{r})"
+    templates: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
+    for field, name in (("utilization", c.UTILIZATION.name), ("fragmentation", c.FRAGMENTATION.name),
+                        ("intra_page_compress_ratio", c.INTRA_PAGE_COMPRESS_RATIO.name)):
+        for stat, expr in gauge(name).items():
+            templates[(field, stat)] = (expr, ())
+    for field, name in (("compress_input_bytes", c.COMPRESS_INPUT_BYTES.name),
+                        ("compress_output_bytes", c.COMPRESS_OUTPUT_BYTES.name),
+                        ("page_allocations", c.ALLOCATIONS.name), ("oom_events", c.OOM_EVENTS.name)):
+        templates[(field,)] = (increase(name), ())
+    templates[("decisions",)] = (increase(c.DECISIONS.name), ("decision",))
+    templates[("agent_errors",)] = (increase(c.AGENT_ERRORS.name), ("component",))
+    for field, spec in (("allocation_latency", c.ALLOCATION_LATENCY), ("lts_entropy", c.LTS_ENTROPY),
+                        ("request_tokens", c.REQUEST_TOKENS)):
+        templates[(field, "buckets")] = (increase(f"{spec.name}_bucket"), ("le",))
+        templates[(field, "sum")] = (increase(f"{spec.name}_sum"), ())
+    templates[("pool_free_fraction_min",)] = (
+        f"min {{by}} (min_over_time((sum without (state) ({free}) / sum without (state) ({pool})){sub}))", ())
+    templates[("pool_pages_last",)] = (f"sum {{by}} (last_over_time({pool}{r}))", ("state",))
+    templates[("requests_running_max",)] = (f"max {{by}} (max_over_time({q.select(c.REQUESTS_RUNNING.name)}{r}))", ())
+    templates[("build_infos",)] = (f"max {{by}} ({info})", _BUILD_LABELS)
+    templates[("gpu_framebuffer_used_max",)] = (
+        f"max {{by}} (max_over_time(({used} / ({used} + {unused})){sub}))", ())
+    templates[("gpu_models",)] = (f"count {{by}} (last_over_time({used}{r}))", (c.DCGM_MODEL_NAME_LABEL,))
+    # Targets whose scrape exported GrowPage in the window, by job/instance: works with any job name.
+    up = q.select("up")
+    templates[("targets_total",)] = (f"count {{by}} ({up} and on (job, instance) {info})", ())
+    templates[("targets_down",)] = (f"count {{by}} (({up} == 0) and on (job, instance) {info})", ())
+    # Age of the newest sample: timestamp() of the raw samples, newest over the window.
+    templates[("sample_age_s",)] = (
+        f"time() - max {{by}} (max_over_time(timestamp({q.select(c.BUILD_INFO.name)}){sub}))", ())
+
+    jobs = [(key, breakdown, expr.replace("{by}", q.by(breakdown, *labels)), labels)
+            for key, (expr, labels) in templates.items()
+            for breakdown in ((False, True) if q.breakdown_label else (False,))]
+    with concurrent.futures.ThreadPoolExecutor(_QUERY_THREADS) as pool_executor:
+        results = list(pool_executor.map(lambda job: prom.vector(job[2]), jobs))
+    # values[scope][key] = list of (labels, value)
+    values: dict[str, dict[tuple[str, ...], list[tuple[dict[str, str], float]]]] = {}
+    for (key, breakdown, _, _), rows in zip(jobs, results):
+        for labels, value in rows:
+            scope = labels.pop(q.breakdown_label, "") if breakdown else OVERALL
+            if scope:
+                values.setdefault(scope, {}).setdefault(key, []).append((labels, value))
+    return {scope: _scope(scope, found) for scope, found in values.items()}
+
+
+def _scope(name: str, found: Mapping[tuple[str, ...], list[tuple[dict[str, str], float]]]) -> Scope:
+    def one(key: tuple[str, ...]) -> float | None:
+        rows = [value for _, value in found.get(key, ()) if value == value]  # drop NaN
+        return rows[0] if rows else None
+
+    def by_label(key: tuple[str, ...], label: str) -> dict[str, float] | None:
+        rows = found.get(key)
+        return {labels.get(label, ""): value for labels, value in rows} if rows else None
+
+    def gauge(field: str) -> GaugeStats | None:
+        stats = {stat: one((field, stat)) for stat in ("mean", "min", "max", "last")}
+        return GaugeStats(**stats) if None not in stats.values() else None
+
+    def histogram(field: str) -> HistogramCounts | None:
+        buckets = by_label((field, "buckets"), "le")
+        if not buckets:
+            return None
+        return HistogramCounts(buckets=tuple(sorted((float(le), count) for le, count in buckets.items() if le)),
+                               total_sum=one((field, "sum")))
+
+    targets_total, targets_down = one(("targets_total",)), one(("targets_down",))
+    return Scope(
+        name=name,
+        utilization=gauge("utilization"),
+        intra_page_compress_ratio=gauge("intra_page_compress_ratio"),
+        compress_input_bytes=one(("compress_input_bytes",)),
+        compress_output_bytes=one(("compress_output_bytes",)),
+        allocation_latency=histogram("allocation_latency"),
+        page_allocations=one(("page_allocations",)),
+        decisions=by_label(("decisions",), "decision"),
+        oom_events=one(("oom_events",)),
+        fragmentation=gauge("fragmentation"),
+        pool_free_fraction_min=one(("pool_free_fraction_min",)),
+        pool_pages_last=by_label(("pool_pages_last",), "state"),
+        lts_entropy=histogram("lts_entropy"),
+        request_tokens=histogram("request_tokens"),
+        requests_running_max=one(("requests_running_max",)),
+        agent_errors=by_label(("agent_errors",), "component"),
+        build_infos=tuple(sorted({BuildInfo.from_labels(labels) for labels, _ in found.get(("build_infos",), ())},
+                                 key=repr)),
+        gpu_framebuffer_used_max=one(("gpu_framebuffer_used_max",)),
+        gpu_models=tuple(sorted(m for m in (by_label(("gpu_models",), catalog.DCGM_MODEL_NAME_LABEL) or {}) if m)),
+        sample_age_s=one(("sample_age_s",)),
+        # A scope with GrowPage series but no matching `up` has no target information (None), not 0.
+        targets_total=int(targets_total) if targets_total is not None else None,
+        targets_down=int(targets_down or 0) if targets_total is not None else None,
+    )
+
+
+def _json_or_none(text: str) -> dict | None:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None

@@ -1,0 +1,47 @@
+"""``gpctl diagnose --endpoint``: two real scrapes of a loopback server whose counters move."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+
+import diagnose_scenarios as scenarios
+from gpctl.main import app
+
+
+def test_endpoint_scrapes_twice_and_computes_rates(runner, metrics_server):
+    server = metrics_server(scenarios.HEALTHY)
+    result = runner.invoke(app, ["diagnose", "--endpoint", server.url, "--dcgm", server.url,
+                                 "--duration", "1", "--output", "json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["status"] == "ok"
+    assert server.requests.count("/metrics/growpage") == 2 and server.requests.count("/metrics") == 2
+    window = document["source"]["window"]
+    assert window["kind"] == "scrapes" and window["num_samples"] == 2
+    assert 1.0 <= window["duration_s"] < 3.0
+    checks = {check["id"]: check for check in document["checks"]}
+    # 50 grants/s: the increase between the scrapes is a rate times the real time between them
+    grants = checks["slo-allocation-latency"]["evidence"]["grants"]
+    assert grants == pytest.approx(50 * window["duration_s"], rel=0.25)
+    assert checks["slo-compress-ratio"]["evidence"]["value"] == pytest.approx(2.6)
+    assert checks["allocation-latency"]["evidence"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert checks["agent-health"]["evidence"]["response_time_s"] < 2.0
+    assert document["source"]["target"] == f"{server.url}/metrics/growpage"  # default path added
+
+
+def test_endpoint_finds_a_critical_problem_and_bundles_it(runner, metrics_server, tmp_path):
+    server = metrics_server(scenarios.LATENCY)
+    bundle = tmp_path / "ticket.tar.gz"
+    result = runner.invoke(app, ["diagnose", "--endpoint", f"{server.url}/metrics/growpage", "--duration", "1",
+                                 "--bundle", str(bundle)])
+    assert result.exit_code == 2, result.output
+    assert result.stdout.startswith("VERDICT: CRITICAL (exit 2)")
+    with tarfile.open(bundle) as archive:
+        agent = archive.extractfile("raw/agent-1.prom").read().decode()
+    assert agent.startswith("# growpage-snapshot-time: ")
+    # The bundle replays offline with the same verdict.
+    replay = runner.invoke(app, ["diagnose", "--snapshot", str(bundle), "--output", "json"])
+    assert replay.exit_code == 2 and json.loads(replay.stdout)["status"] == "critical"

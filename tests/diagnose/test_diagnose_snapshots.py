@@ -1,0 +1,205 @@
+"""``gpctl diagnose --snapshot``: one fixture per checklist branch, exact statuses and evidence."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import jsonschema
+import pytest
+from rich.console import Console
+
+import diagnose_scenarios as scenarios
+from gpctl.main import app
+from growpage.diagnose.checks import run_checks
+from growpage.diagnose.render import render_text
+from growpage.diagnose.schema import REPORT_SCHEMA
+from growpage.diagnose.sources import snapshot
+
+CHECK_IDS = ["slo-utilization", "slo-compress-ratio", "slo-allocation-latency", "over-granting",
+             "allocation-latency", "oom-fragmentation", "rollout", "agent-health"]
+OK = dict.fromkeys(CHECK_IDS, "ok")
+
+# scenario -> (verdict, exit code, the checks that are not ok)
+BRANCHES = {
+    "healthy": (scenarios.HEALTHY, "ok", 0, {}),
+    "over-granting": (scenarios.OVER_GRANTING, "warning", 1,
+                      {"slo-utilization": "warning", "over-granting": "warning"}),
+    "latency": (scenarios.LATENCY, "critical", 2,
+                {"slo-allocation-latency": "warning", "allocation-latency": "critical", "rollout": "warning"}),
+    "oom-fragmentation": (scenarios.OOM_FRAGMENTATION, "critical", 2, {"oom-fragmentation": "critical"}),
+    "agent-errors": (scenarios.AGENT_ERRORS, "warning", 1, {"agent-health": "warning"}),
+    "compress-int8": (scenarios.COMPRESS_INT8, "warning", 1, {"slo-compress-ratio": "warning"}),
+    "phase-two-candidate": (scenarios.PHASE_TWO_CANDIDATE, "ok", 0, {}),
+    "mixed": (scenarios.MIXED, "critical", 2,
+              {"slo-utilization": "warning", "over-granting": "warning", "slo-allocation-latency": "warning",
+               "allocation-latency": "critical", "oom-fragmentation": "critical"}),
+    "partial": (scenarios.NO_LATENCY_HISTOGRAM, "unknown", 3,
+                {"slo-allocation-latency": "unknown", "allocation-latency": "unknown"}),
+    "idle": (scenarios.IDLE, "unknown", 3,
+             {"slo-utilization": "unknown", "over-granting": "unknown", "slo-allocation-latency": "unknown",
+              "allocation-latency": "unknown"}),
+}
+
+
+def run_json(runner, *args):
+    result = runner.invoke(app, ["diagnose", "--output", "json", *args])
+    assert "Traceback" not in result.output
+    return result, (json.loads(result.stdout) if result.exit_code != 3 or result.stdout.strip() else None)
+
+
+def checks_by_id(document):
+    return {check["id"]: check for check in document["checks"]}
+
+
+@pytest.mark.parametrize("branch", list(BRANCHES))
+def test_each_branch_gives_its_verdict_statuses_and_exit_code(runner, write_snapshots, branch):
+    scenario, verdict, exit_code, not_ok = BRANCHES[branch]
+    result, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenario)))
+    assert result.exit_code == exit_code, result.output
+    assert document["status"] == verdict and document["exit_code"] == exit_code
+    assert {check["id"]: check["status"] for check in document["checks"]} == {**OK, **not_ok}
+    jsonschema.validate(document, REPORT_SCHEMA)
+
+
+def test_json_is_stable_keys_and_order(runner, write_snapshots):
+    _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenarios.HEALTHY)))
+    assert list(document) == ["schema_version", "status", "exit_code", "source", "counts", "notes", "checks"]
+    assert [check["id"] for check in document["checks"]] == CHECK_IDS
+    for check in document["checks"]:
+        assert list(check) == ["id", "title", "status", "severity", "summary", "evidence", "remediation",
+                               "runbook_url", "breakdown"]
+        assert list(check["evidence"])[:4] == ["metric", "value", "threshold", "window"]
+        assert check["runbook_url"].startswith("https://github.com/growpage/growpage/blob/main/runbooks/")
+    assert document["source"]["window"] == {
+        "kind": "snapshots", "start": "2024-05-01T10:00:00Z", "end": "2024-05-01T10:01:00Z", "duration_s": 60.0,
+        "num_samples": 2, "description": "1m, 2 snapshots"}
+
+
+def test_over_granting_evidence_and_suggestion(runner, write_snapshots):
+    _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenarios.OVER_GRANTING)))
+    check = checks_by_id(document)["over-granting"]
+    evidence = check["evidence"]
+    assert (evidence["metric"], evidence["value"], evidence["threshold"]) == ("growpage_kv_page_utilization", 0.34, 0.4)
+    assert evidence["mean"] == pytest.approx(0.32)
+    assert (evidence["base_pages"], evidence["block_size"], evidence["grant_tokens"]) == (128, 16, 2048)
+    # 4 finished requests/s for 60 s; lengths p50 320, p90 853.3, p99 1843.2 (bucket interpolation)
+    assert evidence["requests_finished"] == pytest.approx(240)
+    assert evidence["request_tokens_p50"] == pytest.approx(320)
+    assert evidence["request_tokens_p90"] == pytest.approx(853.333333)
+    assert evidence["request_tokens_p99"] == pytest.approx(1843.2)
+    assert evidence["suggested_base_pages"] == 30  # floor(320 / (0.65 x 16))
+    assert evidence["suggested_base_pages_formula"] == "max(1, floor(p50_tokens / (utilization_slo x block_size)))"
+    assert check["remediation"][0].startswith("Set base_pages to 30 (now 128): floor(320 / (0.65 x 16)) = 30")
+
+
+def test_latency_evidence(runner, write_snapshots):
+    _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenarios.LATENCY)))
+    checks = checks_by_id(document)
+    slo = checks["slo-allocation-latency"]["evidence"]
+    assert slo["value"] == pytest.approx(0.85) and slo["threshold"] == 0.99
+    assert (slo["grants"], slo["grants_within_threshold"]) == (pytest.approx(3000), pytest.approx(2550))
+    assert slo["method"] == "bucket le=0.015 / all grants"
+    latency = checks["allocation-latency"]
+    assert latency["evidence"]["value"] == pytest.approx(0.075) and latency["evidence"]["threshold"] == 0.02
+    assert latency["evidence"]["gpu"] == "NVIDIA H100 80GB HBM3"  # from DCGM's modelName
+    assert latency["evidence"]["recommended_block_size"] == 32
+    assert latency["evidence"]["throttled_share"] == pytest.approx(0.6)
+    assert "block_size 16 on H100" in latency["summary"]
+    assert any("not a vLLM rule" in step for step in latency["remediation"])
+
+
+def test_oom_fragmentation_evidence_from_separate_dcgm_snapshots(runner, write_snapshots):
+    paths = write_snapshots(scenarios.OOM_FRAGMENTATION, separate_dcgm=True)
+    assert sorted(path.name for path in paths) == ["agent-1.prom", "agent-2.prom", "dcgm-1.prom", "dcgm-2.prom"]
+    _, document = run_json(runner, "--snapshot", *map(str, paths))
+    check = checks_by_id(document)["oom-fragmentation"]
+    evidence = check["evidence"]
+    assert evidence["value"] == pytest.approx(6) and evidence["preemptions"] == pytest.approx(12)
+    assert evidence["gpu_framebuffer_used_max"] == pytest.approx(50000 / 81920, abs=1e-6)
+    assert evidence["fragmentation_max"] == 0.62
+    text = " ".join(check["remediation"])
+    assert "vLLM >= 0.32.0" in text and "v0.6.3 GrowPage patch" in text and "No vLLM release contains" in text
+
+
+def test_agent_errors_by_component(runner, write_snapshots):
+    _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenarios.AGENT_ERRORS)))
+    evidence = checks_by_id(document)["agent-health"]["evidence"]
+    assert evidence["value"] == pytest.approx(3) and evidence["errors_by_component"] == {"policy": pytest.approx(3)}
+
+
+def test_partial_data_says_why_each_unknown(runner, write_snapshots):
+    _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenarios.NO_LATENCY_HISTOGRAM)))
+    check = checks_by_id(document)["allocation-latency"]
+    assert check["evidence"]["reason"] == "growpage_page_allocation_latency_seconds not found"
+
+
+def test_one_snapshot_uses_totals_since_start_and_says_so(runner, write_snapshots):
+    paths = write_snapshots(scenarios.OVER_GRANTING, count=1)
+    result, document = run_json(runner, "--snapshot", str(paths[0]))
+    assert result.exit_code == 1
+    assert document["source"]["window"]["kind"] == "lifetime"
+    assert any("totals since the agent started" in note for note in document["notes"])
+    assert "one snapshot" in checks_by_id(document)["over-granting"]["summary"]
+
+
+def test_snapshot_time_falls_back_to_the_file_mtime(runner, tmp_path):
+    paths = []
+    for index in range(2):
+        path = tmp_path / f"s{index}.prom"
+        path.write_text(scenarios.text_exposition(scenarios.samples(scenarios.LATENCY, index * 30.0, index)))
+        os.utime(path, (1_714_557_600 + index * 30, 1_714_557_600 + index * 30))
+        paths.append(path)
+    _, document = run_json(runner, "--snapshot", *map(str, paths))
+    assert document["source"]["window"]["duration_s"] == 30.0
+    assert checks_by_id(document)["slo-allocation-latency"]["evidence"]["grants"] == pytest.approx(1500)
+
+
+def test_snapshot_files_after_the_option_are_accepted_like_a_shell_glob(runner, write_snapshots):
+    first, second = write_snapshots(scenarios.HEALTHY, dcgm=False)
+    result = runner.invoke(app, ["diagnose", "--snapshot", str(first), str(second)])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("branch", list(BRANCHES))
+def test_text_report_leads_with_the_verdict_and_fits_80_columns(write_snapshots, branch):
+    scenario, verdict, exit_code, _ = BRANCHES[branch]
+    report = run_checks(snapshot.observe(write_snapshots(scenario)).observations)
+    console = Console(width=80, file=io.StringIO(), record=True, color_system=None)
+    render_text(report, console)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert lines[0].startswith(f"VERDICT: {verdict.upper()} (exit {exit_code})")
+    assert max(len(line) for line in lines) <= 80
+    for finding in report.findings:
+        assert f"[{finding.id}]" in text and finding.runbook_url.rsplit("/", 1)[-1] in text
+
+
+def test_cli_text_output_at_80_columns(runner, write_snapshots):
+    result = runner.invoke(app, ["diagnose", "--snapshot", *map(str, write_snapshots(scenarios.MIXED))])
+    assert result.exit_code == 2
+    assert result.stdout.startswith("VERDICT: CRITICAL (exit 2)")
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert "fix 1. Set base_pages to 30 (now 128)" in result.stdout
+
+
+def test_bundle_holds_raw_data_and_report_and_replays(runner, write_snapshots, tmp_path):
+    bundle = tmp_path / "incident.tar.gz"
+    first = runner.invoke(app, ["diagnose", "--output", "json", "--bundle", str(bundle),
+                                "--snapshot", *map(str, write_snapshots(scenarios.LATENCY, separate_dcgm=True))])
+    assert first.exit_code == 2
+    with tarfile.open(bundle) as archive:
+        names = archive.getnames()
+        report = json.loads(archive.extractfile("report.json").read())
+        text = archive.extractfile("report.txt").read().decode()
+        build = json.loads(archive.extractfile("build_info.json").read())
+    assert {"report.json", "report.txt", "build_info.json", "manifest.json"} <= set(names)
+    assert sum(name.startswith("raw/") and name.endswith(".prom") for name in names) == 4
+    assert report == json.loads(first.stdout)
+    assert text.startswith("VERDICT: CRITICAL (exit 2)")
+    assert build["overall"][0]["block_size"] == 16
+    replay = runner.invoke(app, ["diagnose", "--output", "json", "--snapshot", str(bundle)])
+    assert replay.exit_code == 2
+    assert [c["status"] for c in json.loads(replay.stdout)["checks"]] == [c["status"] for c in report["checks"]]

@@ -1,0 +1,258 @@
+"""Pure pieces of diagnose, without I/O: histogram math, parsing, the checks and the verdict."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from growpage import catalog
+from growpage.diagnose import DiagnoseError, parse_duration_s, parse_time_s
+from growpage.diagnose.checks import CHECKS, run_checks
+from growpage.diagnose.checks.base import Thresholds, pct_floor
+from growpage.diagnose.checks.latency import allocation_latency, recommended_block_size
+from growpage.diagnose.checks.oom import oom_fragmentation
+from growpage.diagnose.checks.overgrant import over_granting, suggest_base_pages
+from growpage.diagnose.checks.rollout import rollout
+from growpage.diagnose.checks.slo import allocation_latency_slo, compress_ratio, utilization
+from growpage.diagnose.exposition import parse_exposition, snapshot_time, with_snapshot_time
+from growpage.diagnose.findings import Severity, Status, worst
+from growpage.diagnose.observations import BuildInfo, GaugeStats, HistogramCounts, Observations, Scope, Window
+from growpage.diagnose.scrapes import counter_increase, histogram_increase
+
+T = Thresholds.from_catalog()
+WINDOW = Window(1000.0, 1060.0, "snapshots", num_samples=2)
+H100_BUILD = BuildInfo(mode="enforce", block_size=16, base_pages=128, device="NVIDIA H100 80GB HBM3")
+
+
+def gauge(value: float, high: float | None = None) -> GaugeStats:
+    return GaugeStats(mean=value, min=value, max=high if high is not None else value, last=value)
+
+
+def histogram(bounds_counts: dict[float, float]) -> HistogramCounts:
+    running, buckets = 0.0, []
+    for bound in sorted(bounds_counts):
+        running += bounds_counts[bound]
+        buckets.append((bound, running))
+    buckets.append((math.inf, running))
+    return HistogramCounts(tuple(buckets))
+
+
+# --- histogram math (histogram_quantile semantics) ---------------------------------------------
+
+def test_fraction_on_a_bucket_bound_is_exact():
+    latency = histogram({0.005: 90, 0.015: 9, 0.05: 1})
+    assert latency.fraction_at_or_below(0.015) == pytest.approx(0.99)
+
+
+def test_fraction_between_bounds_is_interpolated():
+    latency = histogram({0.01: 50, 0.02: 50})
+    assert latency.fraction_at_or_below(0.015) == pytest.approx(0.75)
+
+
+def test_quantile_interpolates_inside_the_bucket_and_caps_at_the_top_bound():
+    tokens = histogram({128: 10, 256: 30, 512: 40, 1024: 15, 2048: 5})
+    assert tokens.quantile(0.5) == pytest.approx(256 + 256 * (50 - 40) / 40)
+    overflow = HistogramCounts(((1.0, 0.0), (2.0, 1.0), (math.inf, 10.0)))
+    assert overflow.quantile(0.99) == 2.0  # beyond the last finite bucket: its bound, like Prometheus
+
+
+def test_empty_histogram_has_no_quantile_or_fraction():
+    empty = histogram({0.01: 0})
+    assert empty.quantile(0.99) is None and empty.fraction_at_or_below(0.015) is None
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "seconds"), [("15s", 15), ("30m", 1800), ("1h30m", 5400), ("90", 90),
+                                               ("1.5", 1.5), ("2m5s", 125)])
+def test_parse_duration(text, seconds):
+    assert parse_duration_s(text, "--since") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "10x", "0s", "-5"])
+def test_parse_duration_rejects_with_a_hint(text):
+    with pytest.raises(DiagnoseError, match="--since"):
+        parse_duration_s(text, "--since")
+
+
+def test_parse_time_accepts_unix_and_iso8601():
+    assert parse_time_s("1714557600", "--at") == 1714557600
+    assert parse_time_s("2024-05-01T10:00:00Z", "--at") == 1714557600
+    assert parse_time_s("2024-05-01T10:00:00", "--at") == 1714557600  # no zone: UTC
+    with pytest.raises(DiagnoseError, match="ISO 8601"):
+        parse_time_s("yesterday", "--at")
+
+
+def test_snapshot_time_line_round_trips_and_is_invisible_to_the_parser():
+    text = with_snapshot_time("growpage_requests_running 3\n", 1714557600.5)
+    assert text.startswith("# growpage-snapshot-time: 1714557600.500\n")
+    assert snapshot_time(text) == 1714557600.5
+    exposition = parse_exposition(text, "x.prom", 0.0)
+    assert [(s.name, s.value) for s in exposition.samples] == [("growpage_requests_running", 3.0)]
+
+
+def test_openmetrics_exposition_with_the_time_line_parses():
+    text = ("# growpage-snapshot-time: 10\n# TYPE growpage_oom_events counter\n"
+            "growpage_oom_events_total{model=\"m\"} 4.0\n# EOF\n")
+    exposition = parse_exposition(text, "x.om", 10.0, "application/openmetrics-text; version=1.0.0")
+    assert [(s.name, s.value) for s in exposition.samples] == [("growpage_oom_events_total", 4.0)]
+
+
+def test_counter_increase_handles_resets_and_late_series():
+    def exposition(time_s, body):
+        return parse_exposition(body, "x", time_s)
+    series = [exposition(0, 'growpage_oom_events_total{model="m"} 10\n'),
+              exposition(30, 'growpage_oom_events_total{model="m"} 15\n'
+                             'growpage_oom_events_total{model="n"} 2\n'),
+              exposition(60, 'growpage_oom_events_total{model="m"} 3\n'  # restart: 3 new events
+                             'growpage_oom_events_total{model="n"} 2\n')]
+    assert counter_increase(series, "growpage_oom_events_total", lambda labels: True) == 5 + 2 + 3
+
+
+def test_histogram_increase_sums_series_per_bucket():
+    body = ('growpage_request_tokens_bucket{{model="{m}",le="256.0"}} {a}\n'
+            'growpage_request_tokens_bucket{{model="{m}",le="+Inf"}} {b}\n')
+    first = parse_exposition(body.format(m="a", a=1, b=2) + body.format(m="b", a=0, b=0), "x", 0)
+    second = parse_exposition(body.format(m="a", a=4, b=8) + body.format(m="b", a=1, b=1), "x", 60)
+    counts = histogram_increase([first, second], "growpage_request_tokens", lambda labels: True)
+    assert counts.buckets == ((256.0, 4.0), (math.inf, 7.0))
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+def test_every_check_has_a_runbook_page_in_the_catalog():
+    assert [check.id for check in CHECKS] == list(catalog.CHECK_RUNBOOKS)
+
+
+def test_utilization_slo_uses_the_mean():
+    assert utilization(Scope("s", utilization=gauge(0.64, 0.9)), WINDOW, T).status is Status.WARNING
+    assert utilization(Scope("s", utilization=gauge(0.65)), WINDOW, T).status is Status.OK
+
+
+def test_idle_scope_is_unknown_not_over_granting():
+    idle = Scope("s", utilization=gauge(0.0), page_allocations=0.0, requests_running_max=0.0)
+    for check in (utilization, over_granting):
+        finding = check(idle, WINDOW, T)
+        assert finding.status is Status.UNKNOWN and "no traffic" in finding.summary
+
+
+def test_compress_ratio_prefers_byte_counters_and_flags_int8():
+    finding = compress_ratio(Scope("s", compress_input_bytes=1.97e6, compress_output_bytes=1e6,
+                                   intra_page_compress_ratio=gauge(9.0)), WINDOW, T)
+    assert finding.status is Status.WARNING
+    assert finding.evidence["value"] == pytest.approx(1.97)
+    assert any("INT4" in step for step in finding.remediation)
+
+
+def test_compress_ratio_falls_back_to_the_gauge_and_is_ok_without_compressions():
+    assert compress_ratio(Scope("s", intra_page_compress_ratio=gauge(2.4)), WINDOW, T).evidence["value"] == 2.4
+    monitor = Scope("s", compress_input_bytes=0.0, compress_output_bytes=0.0, build_infos=(BuildInfo(mode="monitor"),))
+    finding = compress_ratio(monitor, WINDOW, T)
+    assert finding.status is Status.OK and "mode monitor" in finding.summary
+
+
+def test_latency_slo_is_the_fraction_of_grants_at_or_under_15_ms():
+    finding = allocation_latency_slo(Scope("s", allocation_latency=histogram({0.01: 985, 0.015: 4, 0.05: 11})),
+                                     WINDOW, T)
+    assert finding.status is Status.WARNING
+    assert finding.evidence["value"] == pytest.approx(0.989)
+    assert "98.9 %" in finding.summary
+
+
+def test_pct_floor_never_rounds_a_miss_up_to_the_objective():
+    assert pct_floor(0.98996) == "98.99 %"
+    assert pct_floor(1.0) == "100 %"
+
+
+def test_over_granting_suggests_base_pages_with_the_stated_formula():
+    tokens = histogram({128: 10, 256: 30, 512: 40, 1024: 15, 2048: 5})  # p50 = 320 tokens
+    scope = Scope("s", utilization=gauge(0.3, 0.34), request_tokens=tokens,
+                  build_infos=(BuildInfo(mode="monitor", block_size=16, base_pages=128),))
+    finding = over_granting(scope, WINDOW, T)
+    assert finding.status is Status.WARNING
+    assert finding.evidence["suggested_base_pages"] == 30 == suggest_base_pages(320, 16, 0.65)
+    assert finding.evidence["request_tokens_p50"] == pytest.approx(320)
+    assert "floor(320 / (0.65 x 16)) = 30" in finding.remediation[0]
+
+
+def test_over_granting_is_not_sustained_when_utilization_ever_reached_the_limit():
+    assert over_granting(Scope("s", utilization=gauge(0.2, 0.45)), WINDOW, T).status is Status.OK
+
+
+def test_over_granting_says_when_lengths_already_fit_the_grant():
+    tokens = histogram({2048: 10})
+    scope = Scope("s", utilization=gauge(0.3), request_tokens=tokens,
+                  build_infos=(BuildInfo(block_size=16, base_pages=16),))
+    finding = over_granting(scope, WINDOW, T)
+    assert "another reason" in finding.remediation[0]
+
+
+def test_block_size_recommendation_is_growpage_guidance_read_from_the_gpu_name():
+    assert recommended_block_size(("NVIDIA A100-SXM4-80GB",), T.block_size_by_gpu) == ("A100", 16)
+    assert recommended_block_size(("NVIDIA H100 80GB HBM3",), T.block_size_by_gpu) == ("H100", 32)
+    assert recommended_block_size(("cuda",), T.block_size_by_gpu) == (None, None)
+
+
+def test_slow_grants_name_block_size_throttling_and_pool_as_causes():
+    scope = Scope("s", allocation_latency=histogram({0.01: 90, 0.05: 10}), build_infos=(H100_BUILD,),
+                  decisions={"allocate": 10.0, "throttled": 20.0, "denied": 5.0}, pool_free_fraction_min=0.01)
+    finding = allocation_latency(scope, WINDOW, T)
+    assert finding.status is Status.CRITICAL
+    assert finding.evidence["recommended_block_size"] == 32
+    text = " ".join(finding.remediation)
+    assert "--block-size 32" in text and "not a vLLM rule" in text
+    assert "max_growth_rate" in text and "pool runs dry" in text
+
+
+def test_fast_grants_with_a_mismatched_block_size_are_ok_with_advice():
+    scope = Scope("s", allocation_latency=histogram({0.005: 100}), build_infos=(H100_BUILD,))
+    finding = allocation_latency(scope, WINDOW, T)
+    assert finding.status is Status.OK and finding.resolved_severity is Severity.INFO
+
+
+def test_oom_with_high_fragmentation_and_room_on_the_gpu_is_critical_and_never_cites_the_seed_patch():
+    scope = Scope("s", oom_events=3.0, decisions={"preempt": 4.0}, fragmentation=gauge(0.6),
+                  gpu_framebuffer_used_max=0.6, build_infos=(BuildInfo(mode="monitor", block_size=16),))
+    finding = oom_fragmentation(scope, WINDOW, T)
+    assert finding.status is Status.CRITICAL
+    text = " ".join(finding.remediation)
+    assert f"vLLM >= {catalog.MIN_SUPPORTED_VLLM_VERSION}" in text
+    assert "No vLLM release contains GrowPage" in text
+    assert "mode=enforce" in text
+
+
+def test_oom_with_a_full_gpu_is_a_capacity_warning():
+    scope = Scope("s", oom_events=3.0, fragmentation=gauge(0.6), gpu_framebuffer_used_max=0.95)
+    assert oom_fragmentation(scope, WINDOW, T).status is Status.WARNING
+
+
+def test_rollout_flags_phase_two_candidates_as_advice_and_throttling_as_warning():
+    candidate = Scope("s", lts_entropy=histogram({2.5: 2, 3.0: 8}), build_infos=(BuildInfo(mode="monitor"),))
+    finding = rollout(candidate, WINDOW, T)
+    assert finding.status is Status.OK and finding.resolved_severity is Severity.INFO
+    throttled = Scope("s", decisions={"allocate": 1.0, "throttled": 3.0}, build_infos=(BuildInfo(mode="enforce"),))
+    assert rollout(throttled, WINDOW, T).status is Status.WARNING
+
+
+def test_verdict_precedence_and_partial_data():
+    assert worst([Status.OK, Status.UNKNOWN]) is Status.UNKNOWN
+    assert worst([Status.UNKNOWN, Status.WARNING]) is Status.WARNING
+    assert worst([Status.WARNING, Status.CRITICAL, Status.OK]) is Status.CRITICAL
+    report = run_checks(Observations(source={"kind": "snapshot", "target": "x"}, window=WINDOW,
+                                     overall=Scope("all", utilization=gauge(0.8))))
+    statuses = {finding.id: finding.status for finding in report.findings}
+    assert statuses["slo-utilization"] is Status.OK
+    assert statuses["slo-allocation-latency"] is Status.UNKNOWN
+    assert report.exit_code == 1  # agent-health warns: no build info
+
+
+def test_a_problem_namespace_escalates_an_ok_fleet():
+    fleet = Scope("all", utilization=gauge(0.7, 0.9))
+    batch = Scope("batch", utilization=gauge(0.3, 0.35))
+    observations = Observations(source={"kind": "prometheus", "target": "x"}, window=WINDOW, overall=fleet,
+                                breakdown_label="namespace", breakdown={"batch": batch, "chat": fleet})
+    finding = next(f for f in run_checks(observations).findings if f.id == "over-granting")
+    assert finding.status is Status.WARNING
+    assert finding.summary.startswith("namespace batch: utilization never above 0.35")
+    assert finding.breakdown["chat"].status is Status.OK
