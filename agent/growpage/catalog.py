@@ -209,12 +209,12 @@ DCGM_MODEL_NAME_LABEL = "modelName"
 CHECK_RUNBOOKS = {
     "slo-utilization": "GrowPageKVUtilizationLow.md",
     "slo-compress-ratio": "GrowPageCompressRatioLow.md",
-    "slo-allocation-latency": "GrowPageAllocationLatencySLO.md",
-    "over-granting": "GrowPageOverGranting.md",
+    "slo-allocation-latency": "GrowPageAllocationLatencySlowBurn.md",
+    "over-granting": "GrowPageKVUtilizationCritical.md",
     "allocation-latency": "GrowPageAllocationLatencyHigh.md",
-    "oom-fragmentation": "GrowPageOOMFragmentation.md",
-    "rollout": "GrowPageRollout.md",
-    "agent-health": "GrowPageAgentHealth.md",
+    "oom-fragmentation": "GrowPageOOMWithFreeGPUMemory.md",
+    "rollout": "README.md#the-levers-staged-rollout",
+    "agent-health": "GrowPageAgentErrors.md",
 }
 
 

@@ -74,3 +74,15 @@ def test_runbook_promql_runs_on_prometheus(backfilled_prometheus):
     failures = [str(r) for r in run_panel_queries(backfilled_prometheus.url, [board], backfilled_prometheus.at)
                 if not r.ok]
     assert not failures, "\n".join(failures)
+
+
+def test_every_diagnose_check_links_an_existing_runbook_page():
+    for check_id, page in catalog.CHECK_RUNBOOKS.items():
+        file_name, _, anchor = page.partition("#")
+        path = RUNBOOKS_DIR / file_name
+        assert path.is_file(), f"check {check_id} links {page}, which does not exist"
+        if anchor:
+            headings = [line.lstrip("#").strip().lower() for line in path.read_text().splitlines()
+                        if line.startswith("#")]
+            slugs = {"-".join("".join(c for c in h if c.isalnum() or c in " -").split()) for h in headings}
+            assert anchor in slugs, f"check {check_id} links #{anchor}, not a heading of {file_name}"

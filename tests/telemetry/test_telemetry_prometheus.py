@@ -83,9 +83,7 @@ def test_prometheus_scrapes_every_contract_metric_from_a_live_engine(live_engine
 
         assert 0.0 <= value(selector(catalog.UTILIZATION.name)) <= 1.0
         assert 0.0 <= value(selector(catalog.FRAGMENTATION.name)) <= 1.0
-        # NOTE: not >= 1: the core counts whole used pages as stored, so tail slack can outweigh
-        # the savings (reported to the lead; METRICS.md says >= 1).
-        assert value(selector(catalog.COMPRESSION_RATIO.name)) > 0.0
+        assert value(selector(catalog.COMPRESSION_RATIO.name)) >= 1.0
         assert value(selector(catalog.INTRA_PAGE_COMPRESS_RATIO.name)) > 1.0
         assert value(f"sum({selector(catalog.POOL_PAGES.name)})") == 32
         assert value(f"max_over_time({selector(catalog.REQUESTS_RUNNING.name)}[1m])") > 0

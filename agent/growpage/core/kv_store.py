@@ -87,6 +87,13 @@ class KVStore:
             scale_bytes = self.num_layers * 2 * self.num_kv_heads * q.SCALE_BYTES
         return self.num_layers * self.page_bytes + scale_bytes
 
+    def live_bytes(self, page: int) -> int:
+        """Bytes of the tokens a page holds at its format, scales included (slack excluded: that is
+        what fragmentation measures)."""
+        fmt = self.format[page]
+        scale_bytes = 0 if fmt is PageFormat.FULL else self.num_layers * 2 * self.num_kv_heads * q.SCALE_BYTES
+        return round(self.fill[page] * self.token_bytes(fmt)) + scale_bytes
+
     def token_bytes(self, fmt: PageFormat) -> float:
         """Bytes per token at ``fmt``, all layers, without scales."""
         return self.num_layers * self.page_bytes / self.tokens_per_page[fmt]

@@ -528,7 +528,7 @@ class GrowPageManager:
             live_tokens=live_tokens, granted_token_slots=used_slots + reserved_slots,
             used_token_slots=used_slots,
             logical_bytes=round(sum(r.logical_length for r in requests) * full_token_bytes),
-            stored_bytes=sum(self.store.stored_bytes(p) for p in distinct_pages),
+            stored_bytes=sum(self.store.live_bytes(p) for p in distinct_pages),
             requests_running=len(requests), capacity_boundaries=tuple(boundaries),
             lts_by_namespace={ns: tuple(v) for ns, v in lts_by_namespace.items()})
 

@@ -90,7 +90,7 @@ class PoolGauges:
     granted_token_slots: int  # token slots of reserved + used pages (quantized pages hold more)
     used_token_slots: int
     logical_bytes: int  # every running request's seen tokens at full precision
-    stored_bytes: int  # bytes of used pages, scales included
+    stored_bytes: int  # bytes of the live tokens at their page's format, scales included
     requests_running: int
     capacity_boundaries: tuple[float, ...]  # of running requests, pages
     lts_by_namespace: dict[str, tuple[float, ...]]

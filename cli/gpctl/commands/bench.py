@@ -10,7 +10,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from growpage.bench.core import CoreBenchSettings, run_core_bench
 
 app = typer.Typer(help="Measure GrowPage (results as JSON and a table).", no_args_is_help=True)
 
@@ -31,6 +30,8 @@ def core(
     json_only: Annotated[bool, typer.Option("--json", help="Print only the JSON.")] = False,
 ) -> None:
     """decide() cost, monitor overhead per decode step, grant latency, compression throughput."""
+    from growpage.bench.core import CoreBenchSettings, run_core_bench  # torch loads only when used
+
     settings = (CoreBenchSettings.quick(device) if quick
                 else CoreBenchSettings(device=device, batch_size=batch_size, context_tokens=context_tokens))
     result = run_core_bench(settings)
