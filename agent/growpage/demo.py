@@ -58,7 +58,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(reasoning_max_tokens=96, summary_max_tokens=24, base_pages=3, kv_cache_mib=24)
+        return cls(reasoning_max_tokens=128, summary_max_tokens=24, base_pages=4, kv_cache_mib=24)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,3 +48,23 @@ def core(
             table.add_row(f"{section}.{key}", f"{value:,}" if isinstance(value, (int, float)) else str(value))
     Console().print(table)
     typer.echo(json.dumps(result))
+
+
+@app.command()
+def engine(
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes: a smoke run.")] = False,
+    model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's choice).")] = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
+) -> None:
+    """Reference engine: decode tokens/s at batch 1/8/32, peak RSS, monitor and telemetry overheads."""
+    import dataclasses
+
+    from growpage.bench.engine import EngineBenchSettings, run_engine_bench
+    from growpage.engine.model_prep import resolve_model_dir
+
+    settings = EngineBenchSettings.quick() if quick else EngineBenchSettings()
+    settings = dataclasses.replace(settings, threads=threads)
+    result = run_engine_bench(str(resolve_model_dir(model)), settings)
+    _write(result, output)
+    typer.echo(json.dumps(result, indent=2))
