@@ -1,5 +1,5 @@
 # The two commands of README.md. Each one sets up whatever is missing first.
-.PHONY: run test setup bench-core bench-engine
+.PHONY: run test setup bench-core bench-engine vllm-venv test-vllm
 
 setup:
 	@./scripts/setup.sh
@@ -16,3 +16,11 @@ bench-core: setup
 
 bench-engine: setup
 	.venv/bin/gpctl bench engine --output bench-results/engine.json
+
+# GrowPage inside vLLM's CPU build, in its own environment (not part of `make test`: see
+# docs/VLLM_PLUGIN.md). Each engine start takes about a minute here.
+vllm-venv: setup
+	@./scripts/setup-vllm.sh
+
+test-vllm: vllm-venv
+	.venv-vllm/bin/python -m pytest -q tests/vllm_plugin

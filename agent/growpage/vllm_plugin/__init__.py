@@ -1,0 +1,88 @@
+"""GrowPage inside vLLM v1: a ``vllm.general_plugins`` entry point (and an endpoint plugin).
+
+vLLM calls :func:`register` once in every process it starts (front-end, EngineCore, each worker; on
+CPU each is spawned and re-imports). ``register`` only checks the vLLM version and overrides the
+``CPU_ATTN`` attention backend with :class:`~growpage.vllm_plugin.backend.GrowPageCPUAttentionBackend`;
+everything per process (the observer, the runner hook, the metrics exporter) starts lazily on first
+use in the worker that runs attention, keyed by pid, so a forked child never shares a parent's port
+or thread. Modules, one way::
+
+    versions.py   supported vLLM releases; the start-up check
+    settings.py   GrowPageConfig + plugin settings from additional_config["growpage"] / GROWPAGE_*
+    keys.py       reading one request's cached keys out of the CPU paged KV cache (layout-checked)
+    observer.py   per-worker Stage 1 monitor: summaries, boundary decisions, stats source
+    backend.py    CPU_ATTN subclass feeding the observer (outputs untouched)
+    runner_hooks.py  wraps the model runner's execute_model: request lifecycle, batch row -> req id
+    endpoint.py   vllm.endpoint_plugins: /metrics/growpage on the API server, ahead of /metrics
+    serve.py      starting the OpenAI server on CPU with the plugin (for ``gpctl serve --engine vllm``)
+
+See ``docs/VLLM_PLUGIN.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from growpage.vllm_plugin.versions import SUPPORTED_VLLM_SPEC, check_vllm_version
+
+logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
+
+__all__ = ["SUPPORTED_VLLM_SPEC", "check_vllm_version", "register", "registered_pids"]
+
+# pid -> number of register() calls seen in that process (idempotence is per process).
+_REGISTERED: dict[int, int] = {}
+
+
+def registered_pids() -> dict[int, int]:
+    """Processes of this interpreter lineage that ran :func:`register` (for tests and diagnostics)."""
+    return dict(_REGISTERED)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. Idempotent per process.
+
+    Raises:
+        RuntimeError: the installed vLLM is not a supported release (set ``GROWPAGE_MODE=off`` or
+            leave ``growpage`` out of ``VLLM_PLUGINS`` to start vLLM without GrowPage).
+    """
+    pid = os.getpid()
+    first = pid not in _REGISTERED
+    _REGISTERED[pid] = _REGISTERED.get(pid, 0) + 1
+    if not first:
+        return
+    if os.environ.get("GROWPAGE_MODE", "").strip().lower() == "off":
+        logger.info("growpage: GROWPAGE_MODE=off, the vLLM plugin stays inactive in pid %d", pid)
+        return
+    check_vllm_version()
+    _install_backend()
+    _mark_loaded(pid)
+
+
+def _mark_loaded(pid: int) -> None:
+    """Append ``pid`` to ``$GROWPAGE_VLLM_LOAD_LOG`` when set (tests count loads per process)."""
+    path = os.environ.get("GROWPAGE_VLLM_LOAD_LOG")
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(f"{pid}\n")
+    except OSError:
+        logger.warning("growpage: cannot write the load log %s", path)
+
+
+BACKEND_CLASS_PATH = "growpage.vllm_plugin.backend.GrowPageCPUAttentionBackend"
+
+
+def _install_backend() -> None:
+    """Point ``CPU_ATTN`` at :class:`GrowPageCPUAttentionBackend` (CPU platforms only)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        logger.warning("growpage: Stage 1 observation needs the CPU attention backend in this release; "
+                       "on %s the plugin loads but observes nothing (see docs/VLLM_PLUGIN.md)",
+                       current_platform.device_name)
+        return
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_CLASS_PATH)

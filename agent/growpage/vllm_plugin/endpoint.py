@@ -1,0 +1,69 @@
+"""``vllm.endpoint_plugins``: ``/metrics/growpage`` on vLLM's OpenAI API server.
+
+The series live in the worker that runs attention (see :mod:`~growpage.vllm_plugin.observer`), which
+serves them on its standalone exporter (``exporter_port``, loopback-reachable). This route relays
+that exporter's exposition, so the API port answers ``/metrics/growpage`` with GrowPage's series only.
+It is inserted *first*: vLLM mounts its registry at ``/metrics`` and that mount's pattern also matches
+``/metrics/growpage``. vLLM loads endpoint plugins only when named: ``VLLM_PLUGINS=growpage``.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from typing import Any
+
+from growpage import catalog
+
+logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
+
+PLUGIN_NAME = "growpage"
+RELAY_TIMEOUT_S = 5.0
+
+
+class GrowPageEndpoint:
+    """The endpoint plugin object (the entry point is this class: a zero-argument factory)."""
+
+    name = PLUGIN_NAME
+    required_tasks = None
+
+    def __init__(self) -> None:
+        self.upstream_url: str | None = None
+
+    def attach_router(self, app: Any) -> None:
+        from starlette.responses import Response
+        from starlette.routing import Route
+
+        def metrics(request: Any) -> Response:  # sync: Starlette runs it in its thread pool
+            return self._relay(request.headers.get("accept"), Response)
+
+        app.router.routes.insert(0, Route(catalog.METRICS_PATH, metrics, methods=["GET"]))
+
+    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, split_settings
+
+        additional = getattr(args, "additional_config", None) or {}
+        if isinstance(additional, str):
+            import json
+
+            additional = json.loads(additional)
+        config, settings = split_settings(additional.get(ADDITIONAL_CONFIG_KEY),
+                                          block_size=getattr(args, "block_size", None))
+        if settings.exporter_enabled and settings.exporter_port > 0:
+            self.upstream_url = f"http://127.0.0.1:{settings.exporter_port}{catalog.METRICS_PATH}"
+        logger.info("growpage: /metrics/growpage relays %s (mode=%s)", self.upstream_url, config.mode.value)
+
+    def _relay(self, accept: str | None, response_class: Any) -> Any:
+        if self.upstream_url is None:
+            return response_class("GrowPage's exporter is disabled (exporter_port -1 or 0); set "
+                                  "additional_config.growpage.exporter_port to a fixed port\n", status_code=503)
+        request = urllib.request.Request(self.upstream_url, headers={"Accept": accept or "text/plain"})
+        try:
+            with urllib.request.urlopen(request, timeout=RELAY_TIMEOUT_S) as upstream:
+                body = upstream.read()
+                content_type = upstream.headers.get("Content-Type", "text/plain; version=0.0.4")
+        except (urllib.error.URLError, OSError) as error:
+            return response_class(f"GrowPage's exporter at {self.upstream_url} is not answering ({error}); "
+                                  "it starts with the first engine step\n", status_code=503)
+        return response_class(content=body, headers={"Content-Type": content_type})

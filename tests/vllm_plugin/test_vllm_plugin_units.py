@@ -1,0 +1,134 @@
+"""The plugin's pieces without an engine: version gate, settings, cache layout, observer, route."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from growpage.config import Mode
+from growpage.errors import ConfigError
+from growpage.vllm_plugin import keys as kv_keys
+from growpage.vllm_plugin.observer import VllmObserver, layer_index, observed_layer_indices
+from growpage.vllm_plugin.settings import PluginSettings, split_settings
+from growpage.vllm_plugin.versions import SUPPORTED_VLLM_SPEC, check_vllm_version, is_supported
+
+
+def test_version_gate_names_the_supported_range_and_the_way_out():
+    assert is_supported("0.32.0") and is_supported("0.32.3+cpu")
+    assert not is_supported("0.31.9") and not is_supported("0.33.0rc1")
+    with pytest.raises(RuntimeError) as raised:
+        check_vllm_version("0.33.1")
+    assert SUPPORTED_VLLM_SPEC in str(raised.value) and "GROWPAGE_MODE=off" in str(raised.value)
+
+
+def test_settings_split_plugin_keys_and_follow_vllm_block_size():
+    config, settings = split_settings({"mode": "enforce", "base_pages": 4, "recent_window_tokens": 16,
+                                       "exporter_port": 0, "observed_heads": 2},
+                                      env={"GROWPAGE_STS_WINDOW_STEPS": "16"}, block_size=32)
+    assert config.mode is Mode.ENFORCE and config.base_pages == 4 and config.block_size == 32
+    assert config.sts_window_steps == 16  # environment fallback
+    assert settings == PluginSettings(exporter_port=0, observed_heads=2)
+
+
+def test_settings_reject_unknown_keys_with_a_fix():
+    with pytest.raises(ConfigError):
+        split_settings({"mood": "monitor"}, env={})
+    with pytest.raises(ConfigError, match="exporter_port"):
+        split_settings({"exporter_port": 70000}, env={})
+
+
+def test_observed_layers_are_spread_and_parsed_from_names():
+    assert observed_layer_indices(30, 3) == {0, 14, 29} or observed_layer_indices(30, 3) == {0, 15, 29}
+    assert layer_index("model.layers.14.self_attn.attn") == 14
+
+
+def _transposed_cache(keys: torch.Tensor, block_size: int, num_blocks: int) -> torch.Tensor:
+    """A CPU ``vec`` cache holding ``keys`` ([tokens, kv_heads, hd]) in blocks 0.. (K transposed)."""
+    tokens, heads, head_dim = keys.shape
+    cache = torch.zeros(num_blocks, heads, block_size, 2 * head_dim)
+    flat = cache.view(num_blocks, heads, block_size * 2 * head_dim)
+    for t in range(tokens):
+        block, offset = divmod(t, block_size)
+        for h in range(heads):
+            flat[block, h, :block_size * head_dim].view(head_dim, block_size)[:, offset] = keys[t, h]
+    return cache
+
+
+def _observer(**settings) -> VllmObserver:
+    config, plugin = split_settings({"mode": "monitor", "base_pages": 2, "recent_window_tokens": 8,
+                                     "observed_layers": 1, **settings}, env={}, block_size=32)
+    return VllmObserver(config, plugin, num_layers=1, max_requests=4, model="m", engine_version="0.32.0")
+
+
+def test_observer_reads_the_paged_cache_and_matches_direct_attention():
+    torch.manual_seed(0)
+    seq_len, heads, head_dim = 40, 2, 8
+    keys = torch.randn(seq_len, 1, head_dim)
+    cache = _transposed_cache(keys, 32, 4)
+    assert kv_keys.detect_layout(cache, keys[-1:], torch.tensor([seq_len - 1])) == kv_keys.TRANSPOSED
+
+    observer = _observer()
+    new = types.SimpleNamespace(req_id="r1", prompt_token_ids=list(range(seq_len - 1)), num_computed_tokens=0,
+                                sampling_params=types.SimpleNamespace(extra_args={"growpage_namespace": "a"}))
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r1"]))
+    observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[new]))
+    observer.note_kv_write(cache, keys[-1:], torch.tensor([seq_len - 1]))
+    query = torch.randn(1, heads, head_dim)
+    metadata = types.SimpleNamespace(query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([seq_len]),
+                                     block_table=torch.tensor([[0, 1, 2, 3]]))
+    impl = types.SimpleNamespace(num_heads=heads, num_kv_heads=1, scale=head_dim ** -0.5)
+    assert observer.wants_layer("model.layers.0.self_attn.attn")
+    observer.observe_layer(impl, query, cache, metadata)
+
+    probs = torch.softmax(query[0] @ keys[:, 0].T * impl.scale, dim=-1)  # [heads, seq]
+    expected_entropy = -(probs * probs.log()).sum(-1).mean()
+    assert torch.allclose(observer._step[0].entropy, expected_entropy[None], atol=1e-5)
+    observer.end_step()
+    assert observer.requests["r1"].namespace == "a" and observer.summaries.read([0])[0].steps_observed == 1
+
+
+def test_a_fault_in_growpage_is_counted_and_swallowed():
+    observer = _observer(fault_injection="observe")
+    assert observer.guarded("attention observation", observer.observe_layer, None, None, None, None) is None
+    assert observer.stats.agent_errors_total["plugin"] == 1
+    snapshot = observer.make_stats()
+    assert snapshot.agent_errors_total == {"plugin": 1}
+
+
+def test_off_requests_are_not_tracked():
+    observer = _observer()
+    new = types.SimpleNamespace(req_id="r", prompt_token_ids=[1, 2], num_computed_tokens=0,
+                                sampling_params=types.SimpleNamespace(extra_args={"growpage_mode": "off"}))
+    observer.begin_step(None, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[new]))
+    assert observer.requests == {}
+
+
+def test_route_is_inserted_ahead_of_vllms_metrics_mount_and_relays_the_exporter():
+    pytest.importorskip("prometheus_client")
+    starlette = pytest.importorskip("starlette")  # noqa: F841
+    from prometheus_client import CollectorRegistry, Counter
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount
+    from starlette.testclient import TestClient
+
+    from growpage.telemetry import start_exporter
+    from growpage.vllm_plugin.endpoint import GrowPageEndpoint
+
+    registry = CollectorRegistry()
+    Counter("growpage_demo", "demo", registry=registry).inc()
+    exporter = start_exporter(registry, 0, "127.0.0.1")
+    try:
+        app = Starlette(routes=[Mount("/metrics", PlainTextResponse("vllm:own_series 1\n"))])
+        plugin = GrowPageEndpoint()
+        plugin.attach_router(app)
+        import asyncio
+
+        args = types.SimpleNamespace(additional_config={"growpage": {"exporter_port": exporter.port}})
+        asyncio.run(plugin.init_state(None, None, args))
+        body = TestClient(app).get("/metrics/growpage").text
+        assert "growpage_demo_total 1.0" in body and "vllm:" not in body
+    finally:
+        exporter.close()
