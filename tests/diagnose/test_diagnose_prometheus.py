@@ -63,10 +63,10 @@ def test_fleet_with_a_per_namespace_breakdown(runner, recorded):
     assert document["source"]["window"]["kind"] == "range"
     assert document["source"]["window"]["duration_s"] == 1800
     over = checks["over-granting"]
-    assert over["status"] == "warning" and over["breakdown"]["label"] == "namespace"
+    assert over["status"] == "critical" and over["breakdown"]["label"] == "namespace"
     scopes = over["breakdown"]["scopes"]
     assert {name: scope["status"] for name, scope in scopes.items()} == {
-        "batch": "warning", "chat": "ok", "reasoning": "ok"}
+        "batch": "critical", "chat": "ok", "reasoning": "ok"}
     assert over["summary"].startswith("namespace batch: utilization never above 0.34")
     assert any(step.startswith("namespace batch: Set base_pages to 30 (now 128)") for step in over["remediation"])
     latency = checks["allocation-latency"]
@@ -98,7 +98,7 @@ def test_healthy_namespace_breaks_down_by_pod(runner, recorded):
 def test_over_granting_namespace_is_sustained_over_the_window(runner, recorded):
     url, end_s = recorded
     result, document = diagnose_json(runner, url, end_s, "--namespace", "batch")
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     evidence = by_id(document)["over-granting"]["evidence"]
     assert evidence["value"] == 0.34  # max_over_time: never above 0.34 in 30 minutes
     assert evidence["mean"] == pytest.approx(0.32, abs=0.002)
@@ -131,7 +131,7 @@ def test_text_report_at_80_columns(runner, recorded):
     assert result.exit_code == 2
     assert result.stdout.startswith("VERDICT: CRITICAL (exit 2)")
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
-    assert "namespace batch: WARNING" in result.stdout
+    assert "namespace batch: CRITICAL" in result.stdout
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

@@ -25,8 +25,8 @@ OK = dict.fromkeys(CHECK_IDS, "ok")
 # scenario -> (verdict, exit code, the checks that are not ok)
 BRANCHES = {
     "healthy": (scenarios.HEALTHY, "ok", 0, {}),
-    "over-granting": (scenarios.OVER_GRANTING, "warning", 1,
-                      {"slo-utilization": "warning", "over-granting": "warning"}),
+    "over-granting": (scenarios.OVER_GRANTING, "critical", 2,
+                      {"slo-utilization": "warning", "over-granting": "critical"}),
     "latency": (scenarios.LATENCY, "critical", 2,
                 {"slo-allocation-latency": "warning", "allocation-latency": "critical", "rollout": "warning"}),
     "oom-fragmentation": (scenarios.OOM_FRAGMENTATION, "critical", 2, {"oom-fragmentation": "critical"}),
@@ -34,7 +34,7 @@ BRANCHES = {
     "compress-int8": (scenarios.COMPRESS_INT8, "warning", 1, {"slo-compress-ratio": "warning"}),
     "phase-two-candidate": (scenarios.PHASE_TWO_CANDIDATE, "ok", 0, {}),
     "mixed": (scenarios.MIXED, "critical", 2,
-              {"slo-utilization": "warning", "over-granting": "warning", "slo-allocation-latency": "warning",
+              {"slo-utilization": "warning", "over-granting": "critical", "slo-allocation-latency": "warning",
                "allocation-latency": "critical", "oom-fragmentation": "critical"}),
     "partial": (scenarios.NO_LATENCY_HISTOGRAM, "unknown", 3,
                 {"slo-allocation-latency": "unknown", "allocation-latency": "unknown"}),

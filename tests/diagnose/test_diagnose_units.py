@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import pytest
@@ -170,7 +172,8 @@ def test_over_granting_suggests_base_pages_with_the_stated_formula():
     scope = Scope("s", utilization=gauge(0.3, 0.34), request_tokens=tokens,
                   build_infos=(BuildInfo(mode="monitor", block_size=16, base_pages=128),))
     finding = over_granting(scope, WINDOW, T)
-    assert finding.status is Status.WARNING
+    assert finding.status is Status.CRITICAL  # sustained over the window's samples
+    assert over_granting(scope, dataclasses.replace(WINDOW, num_samples=1), T).status is Status.WARNING
     assert finding.evidence["suggested_base_pages"] == 30 == suggest_base_pages(320, 16, 0.65)
     assert finding.evidence["request_tokens_p50"] == pytest.approx(320)
     assert "floor(320 / (0.65 x 16)) = 30" in finding.remediation[0]
@@ -253,6 +256,6 @@ def test_a_problem_namespace_escalates_an_ok_fleet():
     observations = Observations(source={"kind": "prometheus", "target": "x"}, window=WINDOW, overall=fleet,
                                 breakdown_label="namespace", breakdown={"batch": batch, "chat": fleet})
     finding = next(f for f in run_checks(observations).findings if f.id == "over-granting")
-    assert finding.status is Status.WARNING
+    assert finding.status is Status.CRITICAL
     assert finding.summary.startswith("namespace batch: utilization never above 0.35")
     assert finding.breakdown["chat"].status is Status.OK

@@ -54,7 +54,10 @@ def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     lengths = (f"; p50/p90/p99 request {p50:.0f}/{p90:.0f}/{p99:.0f} tokens" if p50 is not None else "")
     grant = f" vs a {grant_tokens:,}-token grant ({base_pages} x {block_size})" if grant_tokens else ""
     summary = f"utilization never above {highest:.2f} (< {limit}){one_sample}{lengths}{grant}"
-    return ScopeFinding(Status.WARNING, summary, proof, _remediation(base_pages, block_size, p50, suggested, t))
+    # Sustained below the checklist limit is the critical GrowPageKVUtilizationCritical condition;
+    # a single snapshot cannot show "sustained", so it only warns.
+    status = Status.WARNING if window.num_samples == 1 else Status.CRITICAL
+    return ScopeFinding(status, summary, proof, _remediation(base_pages, block_size, p50, suggested, t))
 
 
 def _remediation(base_pages: int | None, block_size: int | None, p50: float | None, suggested: int | None,
