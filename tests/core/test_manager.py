@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from growpage.config import Mode
 from growpage.core.kv_store import PageFormat
 from growpage.core.manager import SlotStatus
 from growpage.core.pool import PageState

@@ -31,7 +31,7 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
 from growpage.core.evict import select_keep, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
-from growpage.core.policy import (Action, BoundaryState, Decision, Reason, capacity_boundary_pages,
+from growpage.core.policy import (Action, BoundaryState, Decision, capacity_boundary_pages,
                                   decide, refill_growth_budget)
 from growpage.core.pool import PagePool
 from growpage.core.stats import (AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder,

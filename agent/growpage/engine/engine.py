@@ -11,16 +11,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import math
 import time
 from pathlib import Path
 
 import torch
 
 from growpage.config import GrowPageConfig
-from growpage.core.kv_store import KVStore, DTYPES
+from growpage.core.kv_store import DTYPES
 from growpage.core.manager import GrowPageManager
-from growpage.engine.request import FinishReason, Request, RequestStatus
+from growpage.engine.request import FinishReason, Request
 from growpage.engine.sampling import InvalidRequest, SamplingParams, make_generator, sample
 from growpage.engine.scheduler import ScheduledChunk, Scheduler
 
