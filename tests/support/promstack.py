@@ -141,20 +141,11 @@ def run_prometheus(workdir: Path, scrape_configs: list[dict], rule_files: list[P
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    port = free_port()
-    log_path = workdir / "prometheus.log"
     storage = storage_path or workdir / "data"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config_path}", f"--storage.tsdb.path={storage}",
-             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args],
-            stdout=log, stderr=subprocess.STDOUT)
-    server = Prometheus(process, port, log_path)
-    try:
-        server.wait_ready()
+    with _serve(Prometheus, workdir / "prometheus.log", lambda port: [
+            PROMETHEUS, f"--config.file={config_path}", f"--storage.tsdb.path={storage}",
+            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args]) as server:
         yield server
-    finally:
-        _stop(process)
 
 
 @contextlib.contextmanager
@@ -164,14 +155,19 @@ def run_alertmanager(workdir: Path, config: dict | str) -> Iterator[Alertmanager
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "alertmanager.yml"
     config_path.write_text(config if isinstance(config, str) else yaml.safe_dump(config), encoding="utf-8")
+    with _serve(Alertmanager, workdir / "alertmanager.log", lambda port: [
+            ALERTMANAGER, f"--config.file={config_path}", f"--storage.path={workdir / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _serve(server_type: type[_Server], log_path: Path, command: Callable[[int], list[str]]) -> Iterator:
+    """Start ``command(port)`` on a free loopback port, wait until ready, stop it on exit."""
     port = free_port()
-    log_path = workdir / "alertmanager.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [ALERTMANAGER, f"--config.file={config_path}", f"--storage.path={workdir / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-            stdout=log, stderr=subprocess.STDOUT)
-    server = Alertmanager(process, port, log_path)
+        process = subprocess.Popen(command(port), stdout=log, stderr=subprocess.STDOUT)
+    server = server_type(process, port, log_path)
     try:
         server.wait_ready()
         yield server
