@@ -52,3 +52,20 @@ def select_keep(positions: torch.Tensor, scores: torch.Tensor, num_to_drop: int,
     by_score = order[torch.argsort(ranked[order], stable=True)]
     keep[by_score[:num_to_drop]] = False
     return keep
+
+
+def max_pool_scores(positions: torch.Tensor, scores: torch.Tensor, kernel: int) -> torch.Tensor:
+    """SnapKV's clustering: each token takes the highest score among its ``kernel`` nearest
+    neighbours in position order, so a kept heavy hitter keeps its context with it.
+
+    Returns scores in the input order; ``kernel <= 1`` returns them unchanged.
+    """
+    if kernel <= 1 or scores.numel() == 0:
+        return scores
+    order = torch.argsort(positions, stable=True)
+    in_order = scores.float()[order][None, None, :]
+    pooled = torch.nn.functional.max_pool1d(in_order, kernel_size=kernel, stride=1, padding=kernel // 2)
+    pooled = pooled[0, 0, :scores.numel()]
+    result = torch.empty_like(pooled)
+    result[order] = pooled
+    return result

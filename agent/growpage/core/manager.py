@@ -29,10 +29,11 @@ import torch
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
-from growpage.core.evict import select_keep, tokens_to_drop
+from growpage.core.evict import max_pool_scores, select_keep, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
-from growpage.core.policy import (Action, BoundaryState, Decision, capacity_boundary_pages,
-                                  decide, refill_growth_budget)
+from growpage.core.methods import GROWPAGE, KVMethod, TokenScore
+from growpage.core.policy import (Action, BoundaryState, Decision, Reason, capacity_boundary_pages,
+                                  refill_growth_budget)
 from growpage.core.pool import PagePool
 from growpage.core.stats import (AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder,
                                   StatsSnapshot)
@@ -70,6 +71,7 @@ class RequestKV:
     logical_length: int = 0  # tokens seen so far (the next token's position)
     growth_budget_pages: float = 0.0
     last_refill_s: float = 0.0
+    peak_pages_held: int = 0  # the most pages held at once, transient peaks (a whole prompt) included
 
     @property
     def pages_held(self) -> int:
@@ -116,12 +118,16 @@ class GrowPageManager:
         compute_dtype: dtype attention runs in (pages are stored at ``config.kv_dtype``).
         max_requests: rows of the summary bank (running requests at most).
         clock: seconds, monotonic; injected so tests control the growth throttle.
+        method: what happens at page boundaries; GrowPage's contract unless a benchmark compares
+            it with a baseline (``growpage.core.methods``).
     """
 
     def __init__(self, config: GrowPageConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
                  num_pages: int, device: torch.device | str = "cpu",
                  compute_dtype: torch.dtype = torch.float32, max_requests: int = 256,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, method: KVMethod = GROWPAGE):
+        self.method = method
+        config = method.configure(config)
         self.config = config
         self.clock = clock
         self.compute_dtype = compute_dtype
@@ -131,16 +137,24 @@ class GrowPageManager:
         self.summaries = SummaryBank(config, max_requests, device)
         self.stats = StatsRecorder()
         self.requests: dict[str, RequestKV] = {}
+        # Pages the oldest waiting request needs to be admitted; set by the scheduler each step so
+        # growth yields to admission (see growpage.core.policy).
+        self.admission_reserve_pages = 0
         self._free_rows = list(range(max_requests - 1, -1, -1))
         count = min(config.observed_layers, num_layers)
         self.observed_layers = frozenset(round((i + 1) * num_layers / (count + 1)) % num_layers
                                          for i in range(count))
         self._quant_format = PageFormat.for_bits(config.quantization_bits)
+        self._random_scores = torch.Generator(device="cpu").manual_seed(0)
 
     # ---- admission ----------------------------------------------------------------------------
     def pages_for_prompt(self, num_prompt_tokens: int) -> int:
-        """Pages a request is granted: ``base_pages``, or more if the prompt needs more."""
-        return max(self.config.base_pages, math.ceil((num_prompt_tokens + 1) / self.config.block_size))
+        """Pages a request is granted: ``base_pages``, or more if the prompt needs more (only the
+        prompt's pages for a method that allocates on demand)."""
+        prompt_pages = math.ceil((num_prompt_tokens + 1) / self.config.block_size)
+        if not self.method.reserve_base_pages:
+            return prompt_pages
+        return max(self.config.base_pages, prompt_pages)
 
     def _prefix_hits(self, num_prompt_tokens: int, block_hashes: Sequence[int]) -> list[int]:
         # Keep at least one prompt token uncached: the engine needs its logits.
@@ -181,6 +195,7 @@ class GrowPageManager:
                             last_refill_s=self.clock())
         request.growth_budget_pages = refill_growth_budget(0.0, request.pages_held, math.inf,
                                                            self.config.max_growth_rate)
+        request.peak_pages_held = request.pages_held
         self.requests[request_id] = request
         self.stats.record_admit(AdmitEvent(
             request_id=request_id, namespace=namespace, mode=request.mode.value,
@@ -225,6 +240,7 @@ class GrowPageManager:
         started = time.perf_counter()
         request.reserved.extend(self.pool.reserve(1))
         self.stats.record_grant(1, time.perf_counter() - started)
+        request.peak_pages_held = max(request.peak_pages_held, request.pages_held)
 
     def _plain_paging(self, request: RequestKV) -> SlotStatus:
         """vLLM's default: take a page if the pool has one, else preempt."""
@@ -277,10 +293,11 @@ class GrowPageManager:
             pages_held=request.pages_held, base_pages=request.base_pages,
             sts_density=reading.sts_density, lts_entropy=reading.lts_entropy,
             pool_free_pages=self.pool.num_free, growth_budget_pages=request.growth_budget_pages,
-            can_quantize=quantize_plan is not None, can_evict=evict_plan is not None)
+            can_quantize=quantize_plan is not None, can_evict=evict_plan is not None,
+            admission_reserve_pages=min(self.admission_reserve_pages, self.pool.num_free))
         boundary = capacity_boundary_pages(request.base_pages, reading.lts_entropy,
                                            self.config.growth_coefficient)
-        return decide(state, self.config), state, boundary, (quantize_plan, evict_plan)
+        return self.method.decide(state, self.config), state, boundary, (quantize_plan, evict_plan)
 
     def _apply(self, request: RequestKV, decision: Decision, plans: tuple) -> tuple[SlotStatus, int, int]:
         quantize_plan, evict_plan = plans
@@ -296,6 +313,30 @@ class GrowPageManager:
             return SlotStatus.DEFER, 0, 0
         self.stats.record_oom()
         return SlotStatus.PREEMPT, 0, 0
+
+    def compress_prompt(self, request_id: str) -> None:
+        """Once a request's prompt is cached: methods that compress after prefill (fixed budgets,
+        SnapKV-style) evict it down to their budget; GrowPage and full KV do nothing."""
+        request = self.requests.get(request_id)
+        if (request is None or request.mode is not Mode.ENFORCE or not self.method.compress_prompt
+                or request.pages_held <= request.base_pages):
+            return
+        started = time.perf_counter()
+        pages_before = request.pages_held
+        try:
+            plan = self._plan_evict(request)
+            if plan is None:
+                return
+            bytes_in, bytes_out = self._evict(request, plan)
+        except Exception:
+            self._fault("actuator", "compressing the prompt failed; keeping it whole")
+            return
+        self.stats.record_decision(DecisionEvent(
+            request_id=request.request_id, namespace=request.namespace, kind=Action.EVICT.value,
+            refusal=None, reason=Reason.PROMPT_BUDGET.value, enforced=True, pages_before=pages_before,
+            pages_after=request.pages_held, sts_density=0.0, lts_entropy=0.0,
+            capacity_boundary_pages=float(request.base_pages), bytes_in=bytes_in, bytes_out=bytes_out,
+            duration_s=time.perf_counter() - started, time_s=self.clock()))
 
     # ---- compression ----------------------------------------------------------------------------
     def _private_pages(self, request: RequestKV, fmt: PageFormat) -> list[int]:
@@ -328,22 +369,33 @@ class GrowPageManager:
         scores = self.store.scores[index, :per_page].reshape(-1)[:count]
         return positions, scores, count
 
+    def _ranking_scores(self, positions: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The method's eviction ranking (lowest goes first) over one group's tokens."""
+        kind = self.method.token_score
+        if kind is TokenScore.RECENCY:
+            return positions.float()
+        if kind is TokenScore.RANDOM:
+            return torch.rand(positions.shape, generator=self._random_scores).to(positions.device)
+        return max_pool_scores(positions, scores, self.method.pool_kernel)
+
     def _plan_evict(self, request: RequestKV) -> _EvictPlan | None:
-        """Drop the lowest-scored unprotected tokens of one format group to free pages.
+        """Drop the lowest-ranked unprotected tokens of one format group to free pages.
 
         Full-precision tokens go first (compaction is exact); quantized groups are compacted only
         when the full-precision group cannot free a page (their survivors are re-quantized).
         """
+        pages_to_free = self.method.pages_to_free(request.pages_held, request.base_pages,
+                                                  self.config.evict_min_pages)
         for fmt in (PageFormat.FULL, PageFormat.INT8, PageFormat.INT4):
             pages = self._private_pages(request, fmt)
             if not pages:
                 continue
             positions, scores, count = self._group_tokens(pages, fmt)
             per_page = self.store.tokens_per_page[fmt]
-            drop = tokens_to_drop(count, per_page, self.config.evict_min_pages)
-            if drop == 0 or math.ceil(count / per_page) < self.config.evict_min_pages:
+            drop = tokens_to_drop(count, per_page, pages_to_free)
+            if drop == 0 or math.ceil(count / per_page) < pages_to_free:
                 continue
-            keep = select_keep(positions, scores, drop, request.logical_length,
+            keep = select_keep(positions, self._ranking_scores(positions, scores), drop, request.logical_length,
                                self.config.sink_tokens, self.config.recent_window_tokens)
             if keep is None:
                 continue
@@ -462,6 +514,8 @@ class GrowPageManager:
         if plan.layers_observed == 0:
             return
         try:
+            if self.method.score_decay < 1.0:  # windowed scores: older attention fades
+                self.store.scores.mul_(self.method.score_decay)
             rows = plan.summary_rows[plan.observed_rows]
             if rows.numel() == 0:
                 return

@@ -18,6 +18,11 @@ spent: ``throttled``) falls back to compression in density order; a compression 
 page falls back to the other one, then to allocation; when nothing can be freed and the pool is
 empty the request is preempted (recomputed later, as vLLM does); when only the throttle stands in
 the way the request defers one step (its budget refills with time).
+
+Growth yields to admission: ``admission_reserve_pages`` (the grant the oldest waiting request needs)
+are not available for growth, so under pressure running requests compress and the pool's pages go
+to concurrency instead of to one request's tail. The reserve is a preference, not a wall: a request
+with nothing to compress takes a reserved page rather than being preempted.
 """
 
 from __future__ import annotations
@@ -53,6 +58,12 @@ class Reason(str, enum.Enum):
     BROAD_DEMAND = "broad_demand"
     NARROW_DEMAND = "narrow_demand"
     NOTHING_TO_COMPRESS = "nothing_to_compress"
+    # Rows of the comparison methods (growpage.core.methods), never produced by ``decide``.
+    NO_BUDGET = "no_budget"  # full KV: always grow
+    BUDGET_REACHED = "budget_reached"  # fixed per-request budget: compress at the cap
+    UNIFORM_QUANTIZATION = "uniform_quantization"  # quantize whenever possible
+    RANDOM_CHOICE = "random_choice"  # ablation: a feasible action drawn at random
+    PROMPT_BUDGET = "prompt_budget"  # fixed budget: the cached prompt compressed to the budget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +79,7 @@ class BoundaryState:
         growth_budget_pages: pages the request may still add under ``max_growth_rate``.
         can_quantize: quantizing the request's eligible pages would free at least one page.
         can_evict: evicting unprotected tokens would free at least ``evict_min_pages`` pages.
+        admission_reserve_pages: free pages kept for the next waiting request's admission.
     """
 
     pages_held: int
@@ -78,6 +90,7 @@ class BoundaryState:
     growth_budget_pages: float
     can_quantize: bool
     can_evict: bool
+    admission_reserve_pages: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +134,7 @@ def decide(state: BoundaryState, config: GrowPageConfig) -> Decision:
 
     refusal: Refusal | None = None
     if wanted is Action.ALLOCATE:
-        refusal = _allocation_refusal(state)
+        refusal = allocation_refusal(state)
         if refusal is None:
             return Decision(Action.ALLOCATE, reason)
 
@@ -131,16 +144,24 @@ def decide(state: BoundaryState, config: GrowPageConfig) -> Decision:
             return Decision(action, reason, refusal)
 
     if wanted is not Action.ALLOCATE:
-        refusal = _allocation_refusal(state)
+        refusal = allocation_refusal(state)
         if refusal is None:
             return Decision(Action.ALLOCATE, Reason.NOTHING_TO_COMPRESS)
+    if refusal is Refusal.DENIED and state.admission_reserve_pages:
+        ignoring_reserve = allocation_refusal(state, use_reserve=True)
+        if ignoring_reserve is None:
+            return Decision(Action.ALLOCATE, Reason.NOTHING_TO_COMPRESS, refusal)
+        refusal = ignoring_reserve
     if refusal is Refusal.THROTTLED:
         return Decision(Action.DEFER, reason, refusal)
     return Decision(Action.PREEMPT, reason, refusal)
 
 
-def _allocation_refusal(state: BoundaryState) -> Refusal | None:
-    if state.pool_free_pages < 1:
+def allocation_refusal(state: BoundaryState, use_reserve: bool = False) -> Refusal | None:
+    """Why an allocation would be refused right now (None: it would be granted); growth sees the
+    pool less the admission reserve unless ``use_reserve``."""
+    available = state.pool_free_pages - (0 if use_reserve else state.admission_reserve_pages)
+    if available < 1:
         return Refusal.DENIED
     if state.growth_budget_pages < 1.0:
         return Refusal.THROTTLED

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from growpage.config import GrowPageConfig
 from growpage.core.kv_store import DTYPES
 from growpage.core.manager import GrowPageManager
+from growpage.core.methods import GROWPAGE, KVMethod
 from growpage.engine.request import FinishReason, Request
 from growpage.engine.sampling import InvalidRequest, SamplingParams, make_generator, sample
 from growpage.engine.scheduler import ScheduledChunk, Scheduler
@@ -73,7 +75,10 @@ class RequestOutput:
 class LLMEngine:
     """A continuous-batching engine for one model on one device."""
 
-    def __init__(self, config: EngineConfig, growpage: GrowPageConfig, model=None, tokenizer=None):
+    def __init__(self, config: EngineConfig, growpage: GrowPageConfig, model=None, tokenizer=None, *,
+                 method: KVMethod = GROWPAGE, clock: Callable[[], float] = time.monotonic):
+        """``method`` and ``clock`` exist for benchmarks: a baseline KV method in place of
+        GrowPage's contract, and a deterministic clock for the growth throttle."""
         from growpage.engine.llama import LlamaModel  # heavy imports only when an engine is built
 
         self.config = config
@@ -86,7 +91,8 @@ class LLMEngine:
         self.manager = GrowPageManager(
             growpage, num_layers=geometry.num_layers, num_kv_heads=geometry.num_kv_heads,
             head_dim=geometry.head_dim, num_pages=num_pages, device=config.device,
-            compute_dtype=DTYPES[config.dtype], max_requests=config.max_num_seqs + 1)
+            compute_dtype=DTYPES[config.dtype], max_requests=config.max_num_seqs + 1,
+            method=method, clock=clock)
         self.scheduler = Scheduler(self.manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    enable_prefix_caching=config.enable_prefix_caching)
@@ -106,8 +112,13 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, *,
                     request_id: str | None = None, namespace: str | None = None,
-                    mode: str | None = None) -> str:
-        """Queue a request; raises :class:`InvalidRequest` (HTTP 400) when it can never run."""
+                    mode: str | None = None, teacher_token_ids: Sequence[int] | None = None) -> str:
+        """Queue a request; raises :class:`InvalidRequest` (HTTP 400) when it can never run.
+
+        ``teacher_token_ids`` (evaluation only) forces the output: each step appends the teacher's
+        token instead of the sampled one and records its log-probability and whether greedy
+        decoding would have chosen it; the request ends with the teacher's last token.
+        """
         if not prompt_token_ids:
             raise InvalidRequest("the prompt is empty; send at least one token")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -117,13 +128,16 @@ class LLMEngine:
         if pages > self.manager.pool.num_pages:
             raise InvalidRequest(f"the prompt needs {pages} KV pages but the pool has "
                                  f"{self.manager.pool.num_pages}: shorten the prompt or lower base_pages")
+        if teacher_token_ids is not None and not teacher_token_ids:
+            raise InvalidRequest("teacher_token_ids is empty; pass at least one token or None")
         if mode is not None and mode not in ("off", "monitor", "enforce"):
             raise InvalidRequest(f"growpage mode must be off, monitor or enforce, got {mode!r}")
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in flight")
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-                          namespace=namespace, mode=mode, generator=make_generator(params))
+                          namespace=namespace, mode=mode, generator=make_generator(params),
+                          teacher_token_ids=list(teacher_token_ids) if teacher_token_ids else None)
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request_id
@@ -153,18 +167,40 @@ class LLMEngine:
             chunk.request.num_computed_tokens += chunk.num_tokens
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = time.monotonic()
+            completes_prompt = chunk.start < len(chunk.request.prompt_token_ids) <= chunk.start + chunk.num_tokens
+            if completes_prompt:
+                self.manager.compress_prompt(chunk.request.request_id)
+            # A compressed prompt's pages no longer match their hashes: never publish them.
             if (self.scheduler.enable_prefix_caching and chunk.request.num_preemptions == 0
-                    and chunk.start < len(chunk.request.prompt_token_ids) <= chunk.start + chunk.num_tokens):
+                    and completes_prompt and not self.manager.method.compress_prompt):
                 prompt_hashes = chunk.request.block_hashes[:len(chunk.request.prompt_token_ids)
                                                             // self.growpage_config.block_size]
                 self.manager.publish_prefix(chunk.request.request_id, prompt_hashes)
         if sampled_chunks:
             tokens = sample(logits, [c.request.params for c in sampled_chunks],
                             [c.request.generator for c in sampled_chunks])
+            tokens = self._teacher_force(logits, sampled_chunks, tokens)
             now = time.monotonic()
             for chunk, token in zip(sampled_chunks, tokens):
                 outputs.append(self._append_token(chunk.request, token, now))
         return outputs
+
+    @staticmethod
+    def _teacher_force(logits: torch.Tensor, chunks: list[ScheduledChunk], tokens: list[int]) -> list[int]:
+        forced = [i for i, c in enumerate(chunks) if c.request.teacher_token_ids is not None]
+        if not forced:
+            return tokens
+        tokens = list(tokens)
+        rows = torch.tensor(forced, dtype=torch.long, device=logits.device)
+        log_probs = torch.log_softmax(logits[rows].float(), dim=-1)
+        greedy = log_probs.argmax(dim=-1).tolist()
+        for index, row in enumerate(forced):
+            request = chunks[row].request
+            teacher = request.teacher_token_ids[len(request.output_token_ids)]
+            request.teacher_logprobs.append(float(log_probs[index, teacher]))
+            request.teacher_greedy_matches.append(greedy[index] == teacher)
+            tokens[row] = teacher
+        return tokens
 
     def _forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         batch = [(c.request.request_id, c.num_tokens) for c in chunks]
@@ -212,8 +248,10 @@ class LLMEngine:
             if index != -1:
                 text, reason = text[:index], FinishReason.STOP
                 break
+        teacher_done = (request.teacher_token_ids is not None
+                        and len(request.output_token_ids) >= len(request.teacher_token_ids))
         if reason is None and (len(request.output_token_ids) >= request.params.max_tokens
-                               or request.num_tokens >= self.max_model_len):
+                               or request.num_tokens >= self.max_model_len or teacher_done):
             reason = FinishReason.LENGTH
         # Hold back a trailing replacement char: the next token may complete a UTF-8 sequence.
         visible = text if reason is not None or not text.endswith("\ufffd") else text[:-1]

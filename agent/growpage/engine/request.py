@@ -48,6 +48,10 @@ class Request:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     token_times_s: list[float] = dataclasses.field(default_factory=list)
+    # Teacher forcing (evaluation): forced outputs, their log-probs, greedy agreement per step.
+    teacher_token_ids: list[int] | None = None
+    teacher_logprobs: list[float] = dataclasses.field(default_factory=list)
+    teacher_greedy_matches: list[bool] = dataclasses.field(default_factory=list)
 
     @property
     def all_token_ids(self) -> list[int]:

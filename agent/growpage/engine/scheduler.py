@@ -120,6 +120,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput(chunks=[], preempted=[], deferred=[], evicted_unfittable=[])
         budget = self.max_num_batched_tokens
+        room_to_admit = self.waiting and len(self.running) < self.max_num_seqs
+        self.manager.admission_reserve_pages = (self.manager.pages_for_prompt(self.waiting[0].num_tokens)
+                                                if room_to_admit else 0)
         for request in list(self.running):
             if budget == 0:
                 break

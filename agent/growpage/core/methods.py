@@ -1,0 +1,211 @@
+"""KV methods: GrowPage, the fixed-budget methods it is compared against, and its ablations.
+
+A method is what happens at a page boundary (a pure decision over :class:`BoundaryState`) plus how
+an eviction ranks tokens. Every method runs in the same manager over the same pages, so a benchmark
+compares policies and nothing else. ``base_pages`` is the per-request budget of the fixed-budget
+methods (their cap) and GrowPage's admission grant.
+
+=================  =============================================================================
+full_kv            vLLM paging: grow while the pool has a page, else preempt; no reservation
+streaming_llm      cap; evict the oldest tokens (attention sinks and the recent window kept)
+h2o                cap; evict the lowest accumulated attention (heavy hitters kept)
+snapkv             cap; evict the lowest attention of a recent observation window (~32 steps,
+                   exponential), max-pooled over 7 neighbours (SnapKV's clustering)
+zipage             cap in pages; at the cap compress a quarter of it in one event (amortised,
+                   Zipage's Compressed PagedAttention) with SnapKV-style scores
+uniform_int8/int4  no cap; quantize every full page outside the sinks and the recent window as
+                   soon as there are enough (KIVI-style FP16 residual window), else grow
+growpage           the growth contract (:func:`growpage.core.policy.decide`)
+ablations          growpage without STS (density read as 0), without LTS (entropy read as the
+                   grow threshold), without quantization, and a random feasible action
+=================  =============================================================================
+
+Simplifications, stated: scores come from GrowPage's observed layers (3 of 30, newest query), not
+every layer's full attention; R-KV's redundancy term is not modelled; quantization is GrowPage's
+per-token-group scheme, not KIVI's per-channel keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from growpage.config import GrowPageConfig
+from growpage.core.policy import (Action, BoundaryState, Decision, Reason, Refusal, allocation_refusal,
+                                  decide)
+
+DecideFn = Callable[[BoundaryState, GrowPageConfig], Decision]
+
+
+class TokenScore(str, enum.Enum):
+    """What an eviction ranks tokens by (lowest goes first)."""
+
+    ACCUMULATED = "accumulated"  # attention mass summed over the request's life (H2O)
+    WINDOW = "window"  # attention mass of the last ~``score_window_steps`` steps (SnapKV)
+    RECENCY = "recency"  # position: the oldest goes first (StreamingLLM)
+    RANDOM = "random"
+
+
+@dataclasses.dataclass(frozen=True)
+class KVMethod:
+    """One way of managing a request's KV at its page boundaries.
+
+    Attributes:
+        name: identifier used by benchmarks and plots.
+        family: full | fixed_budget | quantization | growpage | ablation.
+        decide: pure decision at a boundary.
+        token_score: how eviction ranks tokens.
+        score_window_steps: for WINDOW scores, the time constant of the exponential window.
+        pool_kernel: max-pool width over neighbouring positions before ranking (1 = none).
+        evict_to_budget: an eviction frees pages down to ``base_pages - 1`` (so the new page is the
+            budget's last), rather than the fewest pages that make room.
+        evict_fraction: with ``evict_to_budget``, free at least this fraction of the budget per
+            event (Zipage's amortised compression); 0 frees just enough.
+        compress_prompt: once the prompt is cached, evict it down to the budget (SnapKV compresses
+            after prefill; without this a long prompt would stay whole until its first boundary).
+        reserve_base_pages: admission reserves ``base_pages`` (GrowPage's grant, its admission
+            control); False allocates on demand from the prompt's pages, as vLLM does (every
+            baseline: the systems they model run on vLLM's allocator).
+        config_overrides: GrowPageConfig fields the method fixes (e.g. quantization bits).
+    """
+
+    name: str
+    family: str
+    decide: DecideFn
+    token_score: TokenScore = TokenScore.ACCUMULATED
+    score_window_steps: int = 32
+    pool_kernel: int = 1
+    evict_to_budget: bool = False
+    evict_fraction: float = 0.0
+    compress_prompt: bool = False
+    reserve_base_pages: bool = True
+    config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def score_decay(self) -> float:
+        """Per-step decay of token scores (1.0 = plain accumulation)."""
+        if self.token_score is TokenScore.WINDOW:
+            return 1.0 - 1.0 / self.score_window_steps
+        return 1.0
+
+    def configure(self, config: GrowPageConfig) -> GrowPageConfig:
+        """``config`` with this method's fixed fields applied."""
+        return dataclasses.replace(config, **self.config_overrides) if self.config_overrides else config
+
+    def pages_to_free(self, pages_held: int, base_pages: int, evict_min_pages: int) -> int:
+        """Pages one eviction must free at a boundary."""
+        if not self.evict_to_budget:
+            return evict_min_pages
+        to_budget = pages_held - base_pages + 1
+        amortised = round(self.evict_fraction * base_pages)
+        return max(evict_min_pages, to_budget, amortised)
+
+
+# ---- pure decisions -------------------------------------------------------------------------------
+def _grow_or_preempt(state: BoundaryState, reason: Reason) -> Decision:
+    refusal = allocation_refusal(state, use_reserve=True)  # baselines do not yield to admission
+    if refusal is None:
+        return Decision(Action.ALLOCATE, reason)
+    if refusal is Refusal.THROTTLED:
+        return Decision(Action.DEFER, reason, refusal)
+    return Decision(Action.PREEMPT, reason, refusal)
+
+
+def full_kv_decide(state: BoundaryState, config: GrowPageConfig) -> Decision:
+    """Always grow; preempt when the pool is empty (the growth throttle does not apply)."""
+    if state.pool_free_pages < 1:
+        return Decision(Action.PREEMPT, Reason.NO_BUDGET, Refusal.DENIED)
+    return Decision(Action.ALLOCATE, Reason.NO_BUDGET)
+
+
+def fixed_budget_decide(state: BoundaryState, config: GrowPageConfig) -> Decision:
+    """Grow below the budget; at it, evict. A request with nothing evictable (everything
+    protected) grows rather than stalls."""
+    if state.pages_held < state.base_pages:
+        return _grow_or_preempt(dataclasses.replace(state, growth_budget_pages=1.0), Reason.WITHIN_BOUNDARY)
+    if state.can_evict:
+        return Decision(Action.EVICT, Reason.BUDGET_REACHED)
+    return _grow_or_preempt(dataclasses.replace(state, growth_budget_pages=1.0), Reason.NOTHING_TO_COMPRESS)
+
+
+def uniform_quantization_decide(state: BoundaryState, config: GrowPageConfig) -> Decision:
+    """Quantize whenever enough full pages have left the recent window; else grow."""
+    if state.can_quantize:
+        return Decision(Action.QUANTIZE, Reason.UNIFORM_QUANTIZATION)
+    return _grow_or_preempt(dataclasses.replace(state, growth_budget_pages=1.0), Reason.UNIFORM_QUANTIZATION)
+
+
+def without_sts(state: BoundaryState, config: GrowPageConfig) -> Decision:
+    """Ablation: no short-term histogram; density reads as 0 so LTS alone picks grow vs evict."""
+    return decide(dataclasses.replace(state, sts_density=0.0), config)
+
+
+def without_lts(state: BoundaryState, config: GrowPageConfig) -> Decision:
+    """Ablation: no long-term entropy; it reads as the grow threshold for every request, so the
+    capacity boundary is the same for all and past it STS picks quantize vs evict."""
+    return decide(dataclasses.replace(state, lts_entropy=config.lts_grow_threshold), config)
+
+
+def without_quantization(state: BoundaryState, config: GrowPageConfig) -> Decision:
+    """Ablation: the contract with quantization unavailable (evict or grow only)."""
+    return decide(dataclasses.replace(state, can_quantize=False), config)
+
+
+def random_decide(rng: random.Random) -> DecideFn:
+    """Ablation: a feasible action drawn uniformly; the same fallbacks as the contract when none is."""
+
+    def choose(state: BoundaryState, config: GrowPageConfig) -> Decision:
+        feasible = []
+        if allocation_refusal(state, use_reserve=True) is None:
+            feasible.append(Action.ALLOCATE)
+        if state.can_quantize:
+            feasible.append(Action.QUANTIZE)
+        if state.can_evict:
+            feasible.append(Action.EVICT)
+        if feasible:
+            return Decision(rng.choice(feasible), Reason.RANDOM_CHOICE)
+        return _grow_or_preempt(state, Reason.RANDOM_CHOICE)
+
+    return choose
+
+
+def _growpage(name: str, family: str, decide_fn: DecideFn) -> KVMethod:
+    return KVMethod(name=name, family=family, decide=decide_fn)
+
+
+def build_method(name: str, seed: int = 0) -> KVMethod:
+    """The method called ``name`` (see :data:`METHOD_NAMES`); ``seed`` drives random choices."""
+    window = dict(token_score=TokenScore.WINDOW, pool_kernel=7)
+    on_demand = dict(reserve_base_pages=False)  # the systems they model allocate as vLLM does
+    capped = dict(evict_to_budget=True, compress_prompt=True, **on_demand)
+    builders: dict[str, Callable[[], KVMethod]] = {
+        "full_kv": lambda: KVMethod("full_kv", "full", full_kv_decide, reserve_base_pages=False),
+        "streaming_llm": lambda: KVMethod("streaming_llm", "fixed_budget", fixed_budget_decide,
+                                          token_score=TokenScore.RECENCY, **capped),
+        "h2o": lambda: KVMethod("h2o", "fixed_budget", fixed_budget_decide, **capped),
+        "snapkv": lambda: KVMethod("snapkv", "fixed_budget", fixed_budget_decide, **window, **capped),
+        "zipage": lambda: KVMethod("zipage", "fixed_budget", fixed_budget_decide, evict_fraction=0.25,
+                                   **window, **capped),
+        "uniform_int8": lambda: KVMethod("uniform_int8", "quantization", uniform_quantization_decide,
+                                         config_overrides={"quantization_bits": 8}, **on_demand),
+        "uniform_int4": lambda: KVMethod("uniform_int4", "quantization", uniform_quantization_decide,
+                                         config_overrides={"quantization_bits": 4}, **on_demand),
+        "growpage": lambda: _growpage("growpage", "growpage", decide),
+        "growpage_no_sts": lambda: _growpage("growpage_no_sts", "ablation", without_sts),
+        "growpage_no_lts": lambda: _growpage("growpage_no_lts", "ablation", without_lts),
+        "growpage_no_quant": lambda: _growpage("growpage_no_quant", "ablation", without_quantization),
+        "growpage_random": lambda: KVMethod("growpage_random", "ablation", random_decide(random.Random(seed)),
+                                            token_score=TokenScore.ACCUMULATED),
+    }
+    if name not in builders:
+        raise ValueError(f"unknown KV method {name!r}; choose one of: {', '.join(METHOD_NAMES)}")
+    return builders[name]()
+
+
+METHOD_NAMES = ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8", "uniform_int4",
+                "growpage", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random")
+
+GROWPAGE = build_method("growpage")
