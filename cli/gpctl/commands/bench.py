@@ -68,3 +68,87 @@ def engine(
     result = run_engine_bench(str(resolve_model_dir(model)), settings)
     _write(result, output)
     typer.echo(json.dumps(result, indent=2))
+
+
+def _comparison(which: str, quick: bool, model: Path | None, threads: int | None, output_dir: Path,
+                methods: list[str] | None) -> dict:
+    import dataclasses
+
+    from growpage.bench import harness, plots
+    from growpage.bench.quality import QualitySettings, run_quality_bench
+    from growpage.bench.serving import ServingSettings, run_serving_bench
+    from growpage.core.methods import METHOD_NAMES
+    from growpage.engine.model_prep import resolve_model_dir
+
+    unknown = sorted(set(methods or ()) - set(METHOD_NAMES))
+    if unknown:
+        raise typer.BadParameter(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}",
+                                 param_hint="--method")
+    model_dir = str(resolve_model_dir(model))
+    console = Console(stderr=True)
+    loaded = harness.load(model_dir, threads)
+    result: dict = {"command": f"gpctl bench {which}" + (" --quick" if quick else ""),
+                    "threads": __import__("torch").get_num_threads()}
+    for name, settings_type, run in (("quality", QualitySettings, run_quality_bench),
+                                     ("serving", ServingSettings, run_serving_bench)):
+        if which not in (name, "all"):
+            continue
+        settings = settings_type.quick() if quick else settings_type()
+        if methods:  # full_kv is the reference everything is compared with: always run it
+            settings = dataclasses.replace(settings, methods=tuple(dict.fromkeys(["full_kv", *methods])))
+        result[name] = run(model_dir, settings, progress=lambda m, name=name: console.log(f"{name}: {m}"),
+                           loaded=loaded)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _write(result, output_dir / f"{which}{'-quick' if quick else ''}.json")
+    result["plots"] = [str(p) for p in plots.write_all(result, output_dir)]
+    return result
+
+
+def _print_comparison(result: dict) -> None:
+    console = Console()
+    if "quality" in result:
+        table = Table(title="quality vs KV bytes (agreement with full KV)")
+        for column in ("method", "answers", "prefix", "NLL Δ", "KV MiB mean", "× full", "decisions"):
+            table.add_column(column, justify="left" if column in ("method", "decisions") else "right")
+        for p in result["quality"]["results"]:
+            answers = "—" if p["answer_agreement"] is None else f"{p['answer_agreement']:.0%}"
+            table.add_row(p["label"] + (" *" if p["pareto"] else ""), answers, f"{p['agree_prefix_fraction']:.0%}",
+                          f"{p['nll_delta']:+.4f}", f"{p['kv_bytes_mean'] / 2**20:.2f}",
+                          f"{p['kv_bytes_ratio_to_full']:.2f}", ", ".join(f"{k} {v}" for k, v in p["decisions"].items()))
+        console.print(table)
+        console.print("* on the Pareto frontier (answer agreement vs mean bytes)")
+    if "serving" in result:
+        table = Table(title=f"serving (full-KV demand {result['serving']['full_kv_demand_pages']} pages)")
+        for column in ("pool", "method", "tokens/s", "ITL p50 ms", "ITL p99 ms", "queue p50 s", "preempt",
+                       "peak running"):
+            table.add_column(column, justify="left" if column == "method" else "right")
+        for r in result["serving"]["runs"]:
+            table.add_row(str(r["pool_pages"]), r["method"], f"{r['tokens_per_s']:.1f}", f"{r['itl_p50_ms']:.0f}",
+                          f"{r['itl_p99_ms']:.0f}", f"{r['queueing_p50_s']:.2f}", str(r["preemptions"]),
+                          str(r["peak_running"]))
+        console.print(table)
+        console.print(f"verdict: {json.dumps(result['serving']['verdict'])}")
+    for plot in result.get("plots", []):
+        console.print(f"plot: {plot}")
+
+
+def _comparison_command(which: str):
+    def command(
+        quick: Annotated[bool, typer.Option("--quick", help="Small workload: a few minutes on 2 cores.")] = False,
+        model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
+        threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's choice).")] = None,
+        output_dir: Annotated[Path, typer.Option(help="Where the JSON and PNG plots go.")] = Path("bench-results"),
+        method: Annotated[list[str] | None, typer.Option(
+            help="Only these methods (repeatable; full_kv is always run as the reference).")] = None,
+    ) -> None:
+        _print_comparison(_comparison(which, quick, model, threads, output_dir, method))
+
+    return command
+
+
+app.command("quality", help="Quality vs KV bytes: every method and budget against full KV (JSON + plots).")(
+    _comparison_command("quality"))
+app.command("serving", help="Throughput vs latency under fixed page pools, Poisson trace (JSON + plots).")(
+    _comparison_command("serving"))
+app.command("all", help="quality and serving in one run, one model load (JSON + plots).")(
+    _comparison_command("all"))

@@ -1,0 +1,98 @@
+"""What the quality and serving benchmarks share: one model in memory, one engine per KV method.
+
+Every engine runs the same model weights on the same page geometry; only the KV method (what
+happens at a page boundary) and the pool size differ. ``full_kv`` runs with GrowPage off, so it pays
+no observation cost: it is vLLM's paging as a user runs it today.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from growpage.config import GrowPageConfig
+from growpage.core.methods import KVMethod, build_method
+from growpage.engine.engine import EngineConfig, LLMEngine
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """The model and tokenizer, loaded once and shared by every engine of a run."""
+
+    model_dir: str
+    model: object
+    tokenizer: object
+
+
+def check_methods(methods: tuple[str, ...]) -> None:
+    from growpage.core.methods import METHOD_NAMES
+
+    unknown = sorted(set(methods) - set(METHOD_NAMES))
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHOD_NAMES)}")
+
+
+def load(model_dir: str, threads: int | None = None) -> Loaded:
+    import torch
+
+    from growpage.engine.engine import _load_tokenizer
+    from growpage.engine.llama import LlamaModel
+
+    if threads:
+        torch.set_num_threads(threads)
+    return Loaded(model_dir, LlamaModel.from_pretrained(model_dir, dtype=torch.float32, device="cpu"),
+                  _load_tokenizer(model_dir))
+
+
+def chat_ids(loaded: Loaded, prompt: str) -> list[int]:
+    ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                               add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "input_ids") else ids)
+
+
+def kv_bytes_per_token(loaded: Loaded) -> int:
+    """FP16 KV bytes of one token across all layers (23,040 for SmolLM2-135M)."""
+    g = loaded.model.config
+    return g.num_layers * 2 * g.num_kv_heads * g.head_dim * 2
+
+
+class StepClock:
+    """A clock that advances a fixed amount per engine step, so throttle decisions (which read a
+    clock) are identical from run to run whatever the machine's speed."""
+
+    def __init__(self, seconds_per_step: float):
+        self.seconds_per_step = seconds_per_step
+        self.steps = 0
+
+    def tick(self) -> None:
+        self.steps += 1
+
+    def __call__(self) -> float:
+        return self.steps * self.seconds_per_step
+
+
+def build_engine(loaded: Loaded, method_name: str, *, base_pages: int, num_pages: int, block_size: int,
+                 max_num_seqs: int, clock: Callable[[], float] | None = None,
+                 max_num_batched_tokens: int = 2048, seed: int = 0) -> tuple[LLMEngine, KVMethod]:
+    """An engine whose manager runs ``method_name`` (GrowPage off for ``full_kv``)."""
+    import time
+
+    method = build_method(method_name, seed=seed)
+    mode = "off" if method.family == "full" else "enforce"
+    config = GrowPageConfig(mode=mode, base_pages=base_pages, block_size=block_size, kv_dtype="float16")
+    engine = LLMEngine(EngineConfig(model_dir=loaded.model_dir, num_pages=num_pages, max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False),
+                       config, model=loaded.model, tokenizer=loaded.tokenizer, method=method,
+                       clock=clock or time.monotonic)
+    return engine, method
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -1,0 +1,139 @@
+"""PNG plots of the quality and serving benchmarks (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FAMILY_MARKERS = {"full": "*", "fixed_budget": "o", "quantization": "s", "growpage": "D", "ablation": "x"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _family(method: str) -> str:
+    from growpage.core.methods import build_method
+
+    return build_method(method).family
+
+
+def quality_pareto(result: dict, path: Path) -> Path:
+    """Final-answer agreement (and prefix agreement) vs mean KV bytes per request, per method and
+    budget; the Pareto frontier is drawn as a line."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    points = result["results"]
+    for ax, metric, title in ((axes[0], "answer_agreement", "final-answer agreement with full KV"),
+                              (axes[1], "agree_prefix_fraction", "greedy tokens agreeing before first divergence")):
+        for p in points:
+            if p[metric] is None:
+                continue
+            ax.scatter(p["kv_bytes_mean"] / 2**20, p[metric], marker=FAMILY_MARKERS[_family(p["method"])], s=60,
+                       label=p["label"])
+            ax.annotate(p["label"], (p["kv_bytes_mean"] / 2**20, p[metric]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+        front = sorted((p for p in points if p["label"] in result["pareto_front"] and p[metric] is not None),
+                       key=lambda p: p["kv_bytes_mean"])
+        if metric == "answer_agreement" and front:
+            ax.plot([p["kv_bytes_mean"] / 2**20 for p in front], [p[metric] for p in front], "k--", lw=1,
+                    label="Pareto frontier")
+        ax.set_xlabel("mean KV bytes held per request (MiB)")
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_title("Quality vs KV bytes (higher-left is better)")
+    return _save(plt, fig, path)
+
+
+def serving_throughput_latency(result: dict, path: Path) -> Path:
+    """Tokens/s vs p99 inter-token latency, one point per (method, pool size)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for method in dict.fromkeys(r["method"] for r in result["runs"]):
+        runs = [r for r in result["runs"] if r["method"] == method]
+        ax.plot([r["itl_p99_ms"] for r in runs], [r["tokens_per_s"] for r in runs],
+                marker=FAMILY_MARKERS[_family(method)], label=method)
+        for r in runs:
+            ax.annotate(f"{r['pool_pages']}p", (r["itl_p99_ms"], r["tokens_per_s"]), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("p99 inter-token latency (ms)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Throughput vs p99 ITL (labels: pool pages)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def serving_throughput_pool(result: dict, path: Path) -> Path:
+    """Tokens/s (and preemptions) vs pool size: where compression starts to pay."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
+    for method in dict.fromkeys(r["method"] for r in result["runs"]):
+        runs = sorted((r for r in result["runs"] if r["method"] == method), key=lambda r: r["pool_pages"])
+        pools = [r["pool_pages"] for r in runs]
+        top.plot(pools, [r["tokens_per_s"] for r in runs], marker=FAMILY_MARKERS[_family(method)], label=method)
+        bottom.plot(pools, [r["preemptions"] for r in runs], marker=FAMILY_MARKERS[_family(method)], label=method)
+    top.set_ylabel("output tokens/s")
+    top.set_title(f"Throughput vs pool size (full-KV demand: {result['full_kv_demand_pages']} pages)")
+    bottom.set_ylabel("preemptions")
+    bottom.set_xlabel("KV pool (pages)")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def decision_timeline(timeline: dict, path: Path) -> Path:
+    """One request's STS density and LTS entropy over its steps, its pages, and its decisions."""
+    plt = _pyplot()
+    fig, (signals, pages) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    rows = timeline["signals"]
+    tokens = [r["tokens"] for r in rows]
+    signals.plot(tokens, [r["sts_density"] for r in rows], label="STS density")
+    signals.plot(tokens, [r["lts_entropy"] for r in rows], label="LTS entropy (nats)")
+    signals.set_ylabel("signal")
+    signals.legend(fontsize=8)
+    pages.step(tokens, [r["pages_held"] for r in rows], where="post", color="grey", label="pages held")
+    colours = {"allocate": "tab:green", "quantize": "tab:blue", "evict": "tab:red", "defer": "tab:orange",
+               "preempt": "black", "denied": "tab:purple", "throttled": "tab:brown"}
+    tokens_at_step = {r["step"]: r["tokens"] for r in rows}
+    for event in timeline["decisions"]:
+        if event["step"] in tokens_at_step:
+            pages.scatter(tokens_at_step[event["step"]], event["pages_after"],
+                          color=colours.get(event["kind"], "black"), label=event["kind"], zorder=3)
+    handles, labels = pages.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    pages.legend(unique.values(), unique.keys(), fontsize=8)
+    pages.set_ylabel("pages")
+    pages.set_xlabel("tokens in the request (prompt + generated)")
+    signals.set_title(f"{timeline['method']} at {timeline['budget_pages']} pages: {timeline['task']}")
+    for ax in (signals, pages):
+        ax.grid(alpha=0.3)
+    return _save(plt, fig, path)
+
+
+def write_all(result: dict, directory: Path) -> list[Path]:
+    """Every plot the result supports, into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    quality = result.get("quality")
+    serving = result.get("serving")
+    if quality:
+        written.append(quality_pareto(quality, directory / "quality_pareto.png"))
+        if quality.get("timeline"):
+            written.append(decision_timeline(quality["timeline"], directory / "decision_timeline.png"))
+    if serving:
+        written.append(serving_throughput_latency(serving, directory / "serving_throughput_latency.png"))
+        written.append(serving_throughput_pool(serving, directory / "serving_throughput_pool.png"))
+    return written

@@ -1,0 +1,162 @@
+"""``gpctl bench serving``: throughput vs latency under a fixed page pool, continuous batching.
+
+A mixed trace (long step-by-step answers and short summaries) arrives as a Poisson process, fast
+enough to keep the engine saturated, into one engine per (method, pool size). Every request is
+greedy with ``ignore_eos`` and a fixed ``max_tokens``, so every method computes exactly the same
+number of output tokens and tokens/s compares like with like. Per run: output tokens/s over the
+makespan, inter-token latency p50/p99 (every gap between a request's consecutive tokens, so a
+preemption's recompute stall counts), queueing delay (arrival to first scheduled), preemptions,
+peak running requests, and pages held per request.
+
+Pool sizes are fractions of the trace's *full-KV demand* (the pages every request needs at its
+last token, summed), so the point where full KV starts preempting is visible on the pool axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+from growpage.bench import harness
+from growpage.bench.workloads import Task, poisson_trace, reasoning_tasks, summary_tasks
+from growpage.engine.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingSettings:
+    methods: tuple[str, ...] = ("full_kv", "growpage", "h2o", "zipage")
+    pool_fractions: tuple[float, ...] = (0.15, 0.3, 0.6)
+    reasoning: int = 6
+    reasoning_max_tokens: int = 160
+    summaries: int = 3
+    summary_max_tokens: int = 32
+    rate_per_s: float = 4.0
+    base_pages: int = 8
+    block_size: int = 16
+    max_num_seqs: int = 32
+    seed: int = 0
+    threads: int | None = None
+
+    @classmethod
+    def quick(cls) -> ServingSettings:
+        return cls(methods=("full_kv", "growpage"), pool_fractions=(0.25, 1.0), reasoning=4,
+                   reasoning_max_tokens=64, summaries=2, summary_max_tokens=16)
+
+    def tasks(self) -> list[Task]:
+        return (reasoning_tasks(self.reasoning, self.reasoning_max_tokens, self.seed)
+                + summary_tasks(self.summaries, self.summary_max_tokens))
+
+
+def full_kv_demand_pages(prompt_lengths: list[int], max_tokens: list[int], block_size: int) -> int:
+    """Pages full KV needs to hold every request at its last token at once."""
+    return sum(math.ceil((p + m) / block_size) for p, m in zip(prompt_lengths, max_tokens))
+
+
+def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompts: dict[str, list[int]],
+           settings: ServingSettings) -> dict:
+    engine, _ = harness.build_engine(loaded, method, base_pages=settings.base_pages, num_pages=num_pages,
+                                     block_size=settings.block_size, max_num_seqs=settings.max_num_seqs,
+                                     max_num_batched_tokens=512, seed=settings.seed)
+    pending = list(arrivals)
+    requests = {}
+    peak_running = 0
+    pages_peak: dict[str, int] = {}
+    started = time.monotonic()
+    while pending or engine.has_unfinished_requests():
+        now = time.monotonic()
+        while pending and started + pending[0].offset_s <= now:
+            arrival = pending.pop(0)
+            params = SamplingParams(max_tokens=arrival.task.max_tokens, temperature=0.0, ignore_eos=True)
+            rid = engine.add_request(prompts[arrival.task.task_id], params, request_id=arrival.task.task_id)
+            engine.requests[rid].arrival_s = started + arrival.offset_s
+            requests[rid] = engine.requests[rid]
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, started + pending[0].offset_s - time.monotonic()))
+            continue
+        engine.step()
+        peak_running = max(peak_running, len(engine.scheduler.running))
+        for rid, held in engine.manager.requests.items():
+            pages_peak[rid] = max(pages_peak.get(rid, 0), held.pages_held)
+    makespan = time.monotonic() - started
+    gaps = [b - a for r in requests.values() for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+    queueing = [r.first_scheduled_s - r.arrival_s for r in requests.values() if r.first_scheduled_s]
+    tokens = sum(len(r.output_token_ids) for r in requests.values())
+    truncated = sum(len(r.output_token_ids) < r.params.max_tokens for r in requests.values())
+    snapshot = engine.manager.make_stats()
+    ms = 1000.0
+    return {
+        "method": method, "pool_pages": num_pages,
+        "tokens_per_s": round(tokens / makespan, 3),
+        "output_tokens": tokens, "makespan_s": round(makespan, 2),
+        "itl_p50_ms": round(harness.percentile(gaps, 50) * ms, 1),
+        "itl_p99_ms": round(harness.percentile(gaps, 99) * ms, 1),
+        "queueing_p50_s": round(harness.percentile(queueing, 50), 3),
+        "queueing_p99_s": round(harness.percentile(queueing, 99), 3),
+        "preemptions": engine.scheduler.num_preemptions,
+        "peak_running": peak_running,
+        "pages_peak_per_request_max": max(pages_peak.values(), default=0),
+        "pages_peak_per_request_median": statistics.median(pages_peak.values()) if pages_peak else 0,
+        "requests_truncated": truncated,
+        "decisions": {kind: count for kind, count in snapshot.decisions_total.items() if count},
+        "steps": engine.num_steps,
+    }
+
+
+def run_serving_bench(model_dir: str, settings: ServingSettings,
+                      progress: Callable[[str], None] = lambda _message: None,
+                      loaded: harness.Loaded | None = None) -> dict:
+    """Every method at every pool size on the same trace; returns a JSON-ready dict."""
+    harness.check_methods(settings.methods)
+    loaded = loaded or harness.load(model_dir, settings.threads)
+    tasks = settings.tasks()
+    prompts = {t.task_id: harness.chat_ids(loaded, t.prompt) for t in tasks}
+    arrivals = poisson_trace(tasks, settings.rate_per_s, settings.seed)
+    demand = full_kv_demand_pages([len(prompts[t.task_id]) for t in tasks], [t.max_tokens for t in tasks],
+                                  settings.block_size)
+    largest = max(math.ceil((len(prompts[t.task_id]) + t.max_tokens + 1) / settings.block_size) for t in tasks)
+    # Every pool must fit the largest request alone at full KV and a GrowPage grant, or runs
+    # would finish requests early instead of measuring them.
+    floor = max(largest, settings.base_pages) + 1
+    pools = sorted({max(floor, round(f * demand)) for f in settings.pool_fractions})
+    runs = []
+    for pool in pools:
+        for method in settings.methods:
+            progress(f"{method} with a {pool}-page pool")
+            run = _serve(loaded, method, pool, arrivals, prompts, settings)
+            run["pool_fraction_of_demand"] = round(pool / demand, 3)
+            runs.append(run)
+    return {
+        "benchmark": "serving",
+        "settings": dataclasses.asdict(settings),
+        "full_kv_demand_pages": demand,
+        "pools": pools,
+        "arrivals": [{"task": a.task.task_id, "offset_s": a.offset_s, "max_tokens": a.task.max_tokens,
+                      "prompt_tokens": len(prompts[a.task.task_id])} for a in arrivals],
+        "runs": runs,
+        "verdict": verdict(runs),
+    }
+
+
+def verdict(runs: list[dict], method: str = "growpage", baseline: str = "full_kv") -> dict:
+    """The issue's target, read off the runs: at the largest pool where full KV preempts,
+    GrowPage's tokens/s ratio and whether its p99 ITL is no worse."""
+    by_pool: dict[int, dict[str, dict]] = {}
+    for run in runs:
+        by_pool.setdefault(run["pool_pages"], {})[run["method"]] = run
+    preempting = [pool for pool, methods in by_pool.items()
+                  if baseline in methods and method in methods and methods[baseline]["preemptions"] > 0]
+    if not preempting:
+        return {"pool_pages": None, "note": f"{baseline} never preempted at these pool sizes"}
+    pool = max(preempting)
+    ours, theirs = by_pool[pool][method], by_pool[pool][baseline]
+    ratio = ours["tokens_per_s"] / theirs["tokens_per_s"] if theirs["tokens_per_s"] else None
+    return {
+        "pool_pages": pool,
+        "tokens_per_s_ratio": round(ratio, 3) if ratio else None,
+        "itl_p99_ms": {method: ours["itl_p99_ms"], baseline: theirs["itl_p99_ms"]},
+        "meets_2x_throughput": bool(ratio and ratio >= 2.0),
+        "itl_p99_no_worse": ours["itl_p99_ms"] <= theirs["itl_p99_ms"],
+    }

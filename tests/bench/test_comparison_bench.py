@@ -1,0 +1,88 @@
+"""The quality and serving benchmarks run end to end on the packaged model (tiny sizes) and produce
+the JSON shape and plots that docs/BENCHMARKS.md is built from."""
+
+from __future__ import annotations
+
+import pytest
+
+from growpage.bench import harness, plots
+from growpage.bench.quality import QualitySettings, pareto_front, run_quality_bench
+from growpage.bench.serving import ServingSettings, run_serving_bench, verdict
+
+
+@pytest.fixture(scope="module")
+def loaded(prepared_model_dir, llama_model, tokenizer):
+    return harness.Loaded(str(prepared_model_dir), llama_model, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def quality(loaded):
+    settings = QualitySettings(methods=("full_kv", "h2o", "growpage"), budgets=(6,), reasoning=1,
+                               reasoning_max_tokens=40, retrieval_context_tokens=(256,), retrieval_depths=(0.5,),
+                               retrieval_max_tokens=12, summaries=1, summary_max_tokens=8)
+    return run_quality_bench(loaded.model_dir, settings, loaded=loaded)
+
+
+def test_quality_compares_every_method_with_full_kv(quality):
+    labels = [r["label"] for r in quality["results"]]
+    assert labels == ["full_kv", "h2o@6", "growpage@6"]
+    full = quality["results"][0]
+    # Full KV against itself: perfect agreement, zero NLL delta, the byte reference.
+    assert full["agree_prefix_fraction"] == 1.0 and full["nll_delta"] == 0.0
+    assert full["kv_bytes_ratio_to_full"] == 1.0
+    for result in quality["results"]:
+        assert 0.0 <= result["agree_prefix_fraction"] <= 1.0
+        assert result["kv_bytes_peak"] >= result["kv_bytes_mean"] > 0
+        for row in result["tasks"]:
+            assert row["kv_bytes_mean"] % 1 == 0 and {"nll", "nll_delta", "agree_prefix_tokens"} <= row.keys()
+
+
+def test_quality_h2o_holds_its_budget_while_full_kv_grows(quality):
+    full, h2o = quality["results"][0], quality["results"][1]
+    page_bytes = 16 * quality["kv_bytes_per_token_fp16"]
+    # The 256-token retrieval prompt is 17+ pages: H2O compresses it to its 6-page budget.
+    assert h2o["kv_bytes_mean"] < full["kv_bytes_mean"]
+    assert h2o["decisions"].get("evict", 0) >= 1
+    assert max(r["kv_bytes_peak"] for r in h2o["tasks"] if r["kind"] == "retrieval") > 6 * page_bytes  # before
+
+
+def test_quality_records_a_decision_timeline_for_growpage(quality):
+    timeline = quality["timeline"]
+    assert timeline["method"] == "growpage" and timeline["signals"]
+    assert {"sts_density", "lts_entropy", "pages_held", "tokens"} <= timeline["signals"][0].keys()
+
+
+def test_serving_runs_every_method_at_every_pool_and_plots(loaded, quality, tmp_path):
+    settings = ServingSettings(methods=("full_kv", "growpage"), pool_fractions=(0.5, 1.0), reasoning=2,
+                               reasoning_max_tokens=20, summaries=1, summary_max_tokens=6, rate_per_s=50.0,
+                               base_pages=6)
+    serving = run_serving_bench(loaded.model_dir, settings, loaded=loaded)
+    assert len(serving["runs"]) == 2 * len(serving["pools"])
+    expected_tokens = sum(a["max_tokens"] for a in serving["arrivals"])
+    for run in serving["runs"]:
+        assert run["output_tokens"] == expected_tokens  # ignore_eos: every method does the same work
+        assert run["tokens_per_s"] > 0 and run["itl_p99_ms"] >= run["itl_p50_ms"] > 0
+        assert run["peak_running"] >= 1
+    written = plots.write_all({"quality": quality, "serving": serving}, tmp_path)
+    assert {p.name for p in written} == {"quality_pareto.png", "decision_timeline.png",
+                                         "serving_throughput_latency.png", "serving_throughput_pool.png"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    points = [{"label": "a", "kv_bytes_mean": 10, "answer_agreement": 1.0},
+              {"label": "b", "kv_bytes_mean": 5, "answer_agreement": 0.9},
+              {"label": "c", "kv_bytes_mean": 6, "answer_agreement": 0.8},  # dominated by b
+              {"label": "d", "kv_bytes_mean": 3, "answer_agreement": None}]
+    assert pareto_front(points) == ["a", "b"]
+
+
+def test_verdict_reads_the_largest_pool_where_full_kv_preempts():
+    runs = [{"method": "full_kv", "pool_pages": 40, "preemptions": 3, "tokens_per_s": 10.0, "itl_p99_ms": 900.0},
+            {"method": "growpage", "pool_pages": 40, "preemptions": 0, "tokens_per_s": 21.0, "itl_p99_ms": 300.0},
+            {"method": "full_kv", "pool_pages": 80, "preemptions": 0, "tokens_per_s": 20.0, "itl_p99_ms": 250.0},
+            {"method": "growpage", "pool_pages": 80, "preemptions": 0, "tokens_per_s": 20.0, "itl_p99_ms": 260.0}]
+    result = verdict(runs)
+    assert result["pool_pages"] == 40 and result["tokens_per_s_ratio"] == 2.1
+    assert result["meets_2x_throughput"] and result["itl_p99_no_worse"]
+    assert verdict(runs[2:])["pool_pages"] is None
