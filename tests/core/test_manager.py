@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from growpage.core.kv_store import PageFormat
 from growpage.core.manager import SlotStatus
+from growpage.core.methods import METHOD_NAMES, build_method
 from growpage.core.pool import PageState
 
 from support.factories import LAYERS, Driver, dense_attention, make_manager
@@ -257,14 +258,15 @@ def test_gauges_follow_the_contract_definitions():
     assert gauges.compression_ratio == pytest.approx(1.0)  # nothing compressed (slack is fragmentation)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), mode=st.sampled_from(["off", "monitor", "enforce"]),
-       bits=st.sampled_from([8, 4]))
-def test_no_page_leaks_under_random_workloads(seed, mode, bits):
+       bits=st.sampled_from([8, 4]), method=st.sampled_from(METHOD_NAMES))
+def test_no_page_leaks_under_random_workloads(seed, mode, bits, method):
+    """Every KV method (GrowPage, the benchmark baselines, the ablations) keeps the ledger exact."""
     rng = random.Random(seed)
     manager = make_manager(mode=mode, num_pages=24, base_pages=3, quantization_bits=bits,
                            density_threshold=rng.random(), lts_grow_threshold=rng.random() * 3,
-                           recent_window_tokens=3, sink_tokens=1)
+                           recent_window_tokens=3, sink_tokens=1, method=build_method(method, seed))
     driver = Driver(manager, seed=seed)
     running: list[str] = []
     next_id = 0
@@ -279,11 +281,14 @@ def test_no_page_leaks_under_random_workloads(seed, mode, bits):
                 admission = driver.admit(rid, prompt, block_hashes=hashes)
                 driver.kv[rid] = {}
                 driver.step([(rid, prompt - admission.cached_tokens)])
-                manager.publish_prefix(rid, hashes)
+                manager.compress_prompt(rid)
+                if not manager.method.compress_prompt:
+                    manager.publish_prefix(rid, hashes)
                 running.append(rid)
         elif action < 0.35 and running:
             manager.release(running.pop(rng.randrange(len(running))), reason="aborted")
         elif running:
+            manager.admission_reserve_pages = rng.choice([0, 0, 2, 5])
             batch = []
             for rid in running:
                 status = manager.ensure_slots(rid, 1)

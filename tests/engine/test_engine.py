@@ -166,3 +166,25 @@ def test_abort_frees_pages_and_bad_requests_are_refused(llama_model, tokenizer, 
         SamplingParams(max_tokens=0)
     with pytest.raises(InvalidRequest, match="top_p"):
         SamplingParams(top_p=0.0)
+
+
+def test_teacher_forcing_scores_the_forced_tokens_and_follows_them(llama_model, tokenizer, prepared_model_dir,
+                                                                   prompt_ids, hf_greedy):
+    engine = make_engine(llama_model, tokenizer, prepared_model_dir)
+    reference = hf_greedy[0]
+    # Force greedy's own continuation: greedy agrees at every step and every log-prob is finite.
+    forced = engine.generate([prompt_ids[0]], SamplingParams(max_tokens=len(reference), temperature=0.0),
+                             teacher_token_ids=reference)[0]
+    assert forced.output_token_ids == reference
+    assert all(forced.teacher_greedy_matches) and len(forced.teacher_logprobs) == len(reference)
+    assert all(-30.0 < lp <= 0.0 for lp in forced.teacher_logprobs)
+    # Force another prompt's continuation: the output follows the teacher, greedy disagrees somewhere,
+    # and the teacher's tokens are less likely than greedy's own were.
+    other = hf_greedy[1][:len(reference)]
+    mismatched = make_engine(llama_model, tokenizer, prepared_model_dir).generate(
+        [prompt_ids[0]], SamplingParams(max_tokens=len(other), temperature=0.0), teacher_token_ids=other)[0]
+    assert mismatched.output_token_ids == other
+    assert not all(mismatched.teacher_greedy_matches)
+    assert sum(mismatched.teacher_logprobs) < sum(forced.teacher_logprobs)
+    with pytest.raises(InvalidRequest, match="teacher_token_ids is empty"):
+        engine.add_request(prompt_ids[0], GREEDY, teacher_token_ids=[])

@@ -23,14 +23,14 @@ class FakeClock:
         return self.now
 
 
-def make_manager(num_pages: int = 64, clock=None, **config) -> GrowPageManager:
+def make_manager(num_pages: int = 64, clock=None, method=None, **config) -> GrowPageManager:
     defaults = dict(mode="enforce", block_size=4, base_pages=4, sink_tokens=2, recent_window_tokens=4,
                     lts_update_interval_steps=4, lts_window_steps=16, kv_dtype="float32",
                     observed_layers=LAYERS, max_growth_rate=1000.0)
     defaults.update(config)
     return GrowPageManager(GrowPageConfig(**defaults), num_layers=LAYERS, num_kv_heads=KV_HEADS,
                            head_dim=HEAD_DIM, num_pages=num_pages, max_requests=16,
-                           clock=clock or FakeClock())
+                           clock=clock or FakeClock(), **({"method": method} if method else {}))
 
 
 class Driver:
