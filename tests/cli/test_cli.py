@@ -167,3 +167,23 @@ def test_console_script_version_and_bad_input_without_traceback():
         "error: unknown KV dtype 'fp8'; use one of: float16, bfloat16, float32, int8, int4"
     ]
     assert "Traceback" not in bad.stderr
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(_has_vllm(), reason="vLLM is installed in this interpreter")
+def test_bench_vllm_without_vllm_says_how_to_get_it(runner):
+    result = runner.invoke(app, ["bench", "vllm", "--quick", "--vllm-python", sys.executable])
+    assert result.exit_code == 2
+    assert "make vllm-venv" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["quality", "serving", "all"])
+def test_bench_comparison_refuses_an_unknown_method_before_loading_the_model(runner, command):
+    result = runner.invoke(app, ["bench", command, "--quick", "--method", "lru"])
+    assert result.exit_code == 2
+    assert "unknown method(s) lru" in result.output

@@ -132,3 +132,63 @@ def test_route_is_inserted_ahead_of_vllms_metrics_mount_and_relays_the_exporter(
         assert "growpage_demo_total 1.0" in body and "vllm:" not in body
     finally:
         exporter.close()
+
+
+def test_namespace_comes_from_the_gateway_header_then_xargs_then_the_user_field():
+    import json
+
+    from growpage.vllm_plugin.namespaces import namespace_body
+
+    def xargs(body: bytes | None) -> dict | None:
+        return None if body is None else json.loads(body)["vllm_xargs"]
+
+    plain = json.dumps({"prompt": "hi", "user": "team-a"}).encode()
+    assert xargs(namespace_body(plain, None)) == {"growpage_namespace": "team-a"}
+    assert xargs(namespace_body(plain, "gold")) == {"growpage_namespace": "gold"}
+    explicit = json.dumps({"prompt": "hi", "user": "u", "vllm_xargs": {"growpage_namespace": "x", "k": 1}}).encode()
+    assert namespace_body(explicit, None) is None  # the client's own choice stands
+    assert xargs(namespace_body(explicit, "gold")) == {"growpage_namespace": "gold", "k": 1}
+    assert namespace_body(json.dumps({"prompt": "hi"}).encode(), None) is None
+    assert namespace_body(b"not json", "gold") is None
+
+
+def test_namespace_middleware_rewrites_generation_requests_only():
+    starlette = pytest.importorskip("starlette")  # noqa: F841
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from growpage.vllm_plugin.namespaces import NamespaceMiddleware
+
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse(await request.json())
+
+    app = Starlette(routes=[Route("/v1/completions", echo, methods=["POST"]),
+                            Route("/other", echo, methods=["POST"])])
+    app.add_middleware(NamespaceMiddleware)
+    client = TestClient(app)
+    body = {"prompt": "hi", "user": "team-a"}
+    assert client.post("/v1/completions", json=body).json()["vllm_xargs"] == {"growpage_namespace": "team-a"}
+    got = client.post("/v1/completions", json=body, headers={"x-growpage-namespace": "gold"}).json()
+    assert got["vllm_xargs"] == {"growpage_namespace": "gold"}
+    assert client.post("/other", json=body, headers={"x-growpage-namespace": "gold"}).json() == body
+
+
+def test_gpctl_serve_engine_vllm_says_in_one_line_where_vllm_is_missing(tmp_path):
+    typer_testing = pytest.importorskip("typer.testing")
+    app = pytest.importorskip("gpctl.main", reason="gpctl's dependencies are not installed here").app
+    import importlib.util
+
+    runner = typer_testing.CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+    missing = tmp_path / "python"
+    missing.write_text("#!/bin/sh\nexit 3\n")  # a Python without vLLM
+    missing.chmod(0o755)
+    result = runner.invoke(app, ["serve", "--engine", "vllm", "--vllm-python", str(missing)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "vLLM is not installed" in lines[0] and "--vllm-python" in lines[0]
+    if importlib.util.find_spec("vllm") is None:
+        result = runner.invoke(app, ["serve", "--engine", "vllm"])
+        assert result.exit_code == 2 and "vLLM is not installed" in result.output

@@ -1,8 +1,9 @@
 """GrowPage inside vLLM v1: a ``vllm.general_plugins`` entry point (and an endpoint plugin).
 
 vLLM calls :func:`register` once in every process it starts (front-end, EngineCore, each worker; on
-CPU each is spawned and re-imports). ``register`` only checks the vLLM version and overrides the
-``CPU_ATTN`` attention backend with :class:`~growpage.vllm_plugin.backend.GrowPageCPUAttentionBackend`;
+CPU each is spawned and re-imports). ``register`` only checks the vLLM version, overrides the
+``CPU_ATTN`` attention backend with :class:`~growpage.vllm_plugin.backend.GrowPageCPUAttentionBackend`
+and wraps the scheduler's methods (inert unless a scheduler's deployment runs ``mode=enforce``);
 everything per process (the observer, the runner hook, the metrics exporter) starts lazily on first
 use in the worker that runs attention, keyed by pid, so a forked child never shares a parent's port
 or thread. Modules, one way::
@@ -12,8 +13,14 @@ or thread. Modules, one way::
     keys.py       reading one request's cached keys out of the CPU paged KV cache (layout-checked)
     observer.py   per-worker Stage 1 monitor: summaries, boundary decisions, stats source
     backend.py    CPU_ATTN subclass feeding the observer (outputs untouched)
-    runner_hooks.py  wraps the model runner's execute_model: request lifecycle, batch row -> req id
+    runner_hooks.py  wraps the model runner: request lifecycle, batch row -> req id, Stage 2 inputs
+    compaction.py    Stage 2 arithmetic without vLLM: physical/logical lengths, keep sets, moving K/V
+    enforcer.py      Stage 2 in the scheduler: boundary decisions, freeing blocks, compaction plans
+    scheduler_hooks.py  wraps Scheduler/KVCacheManager methods for the enforcer (mode=enforce only)
+    compactor.py     Stage 2 in the worker: applies plans, physical seq_lens and slot_mapping
     endpoint.py   vllm.endpoint_plugins: /metrics/growpage on the API server, ahead of /metrics
+    namespaces.py ASGI middleware: x-growpage-namespace header / OpenAI user -> vllm_xargs
+    metrics.py    growpage_vllm_decisions_degraded_total (decided vs enforced)
     serve.py      starting the OpenAI server on CPU with the plugin (for ``gpctl serve --engine vllm``)
 
 See ``docs/VLLM_PLUGIN.md``.
@@ -56,6 +63,9 @@ def register() -> None:
         return
     check_vllm_version()
     _install_backend()
+    from growpage.vllm_plugin.scheduler_hooks import install_scheduler_hooks
+
+    install_scheduler_hooks()  # inert unless the scheduler's deployment runs mode=enforce
     _mark_loaded(pid)
 
 

@@ -5,6 +5,8 @@ serves them on its standalone exporter (``exporter_port``, loopback-reachable). 
 that exporter's exposition, so the API port answers ``/metrics/growpage`` with GrowPage's series only.
 It is inserted *first*: vLLM mounts its registry at ``/metrics`` and that mount's pattern also matches
 ``/metrics/growpage``. vLLM loads endpoint plugins only when named: ``VLLM_PLUGINS=growpage``.
+It also adds :class:`~growpage.vllm_plugin.namespaces.NamespaceMiddleware`, which maps the
+``x-growpage-namespace`` header or the OpenAI ``user`` field to ``vllm_xargs.growpage_namespace``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ class GrowPageEndpoint:
             return self._relay(request.headers.get("accept"), Response)
 
         app.router.routes.insert(0, Route(catalog.METRICS_PATH, metrics, methods=["GET"]))
+        from growpage.vllm_plugin.namespaces import NamespaceMiddleware
+
+        try:
+            app.add_middleware(NamespaceMiddleware)  # x-growpage-namespace / user -> vllm_xargs
+        except RuntimeError as error:  # the app already started: namespaces come from vllm_xargs only
+            logger.warning("growpage: cannot add the namespace middleware (%s); use vllm_xargs.%s", error,
+                           "growpage_namespace")
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, split_settings

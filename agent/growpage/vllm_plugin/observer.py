@@ -12,7 +12,12 @@ Per step (driven by :mod:`growpage.vllm_plugin.runner_hooks` around ``execute_mo
    that took a new block beyond its grant, run :func:`growpage.core.policy.decide` and record the
    decision it *would* take (monitor: vLLM's plain paging is what happens); poll telemetry.
 
-KV and outputs are never touched. Every entry point catches its own faults, counts them as
+In ``monitor`` KV and outputs are never touched. In ``enforce`` the observer also owns the worker's
+:class:`~growpage.vllm_plugin.compactor.WorkerCompactor` (it applies the scheduler's compaction
+plans, and the sampled-head attention it sees accumulates into per-token scores for the keep set);
+the scheduler decides enforced requests' boundaries, so the observer records those decisions from
+``SchedulerOutput.growpage`` instead of deciding itself, and sends its summary readings back.
+Every entry point catches its own faults, counts them as
 ``growpage_agent_errors_total{component="plugin"}`` and lets vLLM carry on.
 
 This class also is the "manager" :class:`~growpage.telemetry.TelemetryAgent` reads (``config``,
@@ -38,7 +43,9 @@ from growpage.core.policy import BoundaryState, capacity_boundary_pages, decide,
 from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder, StatsSnapshot
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.vllm_plugin import keys as kv_keys
-from growpage.vllm_plugin.settings import MODE_ARG, NAMESPACE_ARG, PluginSettings
+from growpage.vllm_plugin.compactor import WorkerCompactor
+from growpage.vllm_plugin.enforcer import OUTPUT_ATTRIBUTE
+from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -56,7 +63,8 @@ class TrackedRequest:
     mode: Mode
     prompt_tokens: int
     grant_pages: int
-    seq_len: int = 0
+    seq_len: int = 0  # logical (vLLM's num_computed_tokens + this step's tokens)
+    physical_len: int = 0  # tokens in the request's blocks (< seq_len once enforce evicted)
     pages_held: int = 0
     growth_budget_pages: float = 1.0
     last_refill_s: float = 0.0
@@ -122,6 +130,10 @@ class VllmObserver:
         self._telemetry_failed = False
         self._logged_fault = False
         self.steps_observed = 0
+        # Stage 2: physical state of enforced requests (None unless the deployment runs enforce).
+        self.compactor = WorkerCompactor(config) if config.mode is Mode.ENFORCE else None
+        self.degraded_total: dict[tuple[str, str], int] = {}
+        self.pending_readings: dict[str, tuple[float, float]] = {}
 
     # ---- fault isolation --------------------------------------------------------------------------
     def fault(self, what: str) -> None:
@@ -151,12 +163,48 @@ class VllmObserver:
             self._release(request_id, "preempted")
         for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
             self._admit(new)
+        payload = getattr(scheduler_output, OUTPUT_ATTRIBUTE, None)
+        if payload is not None:
+            self._record_enforcement(payload)
+
+    def begin_compaction(self, runner: Any, scheduler_output: Any) -> None:
+        """Stage 2, before ``_update_states``: apply the scheduler's plans (enforce only)."""
+        if self.compactor is not None:
+            self.compactor.begin_step(runner, scheduler_output, self._layout)
+
+    def adjust_inputs(self, runner: Any) -> None:
+        """Stage 2, after ``_prepare_inputs``: physical ``seq_lens`` and ``slot_mapping``."""
+        if self.compactor is not None:
+            self.compactor.adjust_inputs(runner)
+
+    @property
+    def ready_to_compact(self) -> bool:
+        """Whether this worker can move tokens (the cache layout is known and supported)."""
+        return self._layout is not None and not self._layout_failed
+
+    def take_readings(self) -> dict[str, tuple[float, float]]:
+        """``{req_id: (sts_density, lts_entropy)}`` of enforced requests, for the scheduler."""
+        readings, self.pending_readings = self.pending_readings, {}
+        return readings
+
+    def _record_enforcement(self, payload: dict) -> None:
+        """Count what the scheduler-side enforcer decided and did (it has no exporter of its own)."""
+        for _ in range(int(payload.get("errors", 0))):
+            self.stats.record_error(PLUGIN_COMPONENT)
+        granted = int(payload.get("pages_granted", 0))
+        if granted:
+            self.stats.record_grant(granted, 0.0)
+        for event in payload.get("decisions", ()):
+            self.stats.record_decision(event)
+        for decided, enforced in payload.get("degraded", ()):
+            key = (decided, enforced)
+            self.degraded_total[key] = self.degraded_total.get(key, 0) + 1
 
     def _admit(self, new: Any) -> None:
         if new.req_id in self.requests:
             self._release(new.req_id, "preempted")
         extra = getattr(getattr(new, "sampling_params", None), "extra_args", None) or {}
-        namespace = extra.get(NAMESPACE_ARG)
+        namespace = request_namespace(extra)
         mode = self.config.mode_for(namespace, extra.get(MODE_ARG))
         if mode is Mode.OFF or not self._free_rows:
             return
@@ -176,6 +224,8 @@ class VllmObserver:
             latency_s=0.0, time_s=now))
 
     def _release(self, request_id: str, reason: str) -> None:
+        if self.compactor is not None:
+            self.compactor.forget(request_id)
         tracked = self.requests.pop(request_id, None)
         if tracked is None:
             return
@@ -225,20 +275,25 @@ class VllmObserver:
         starts = metadata.query_start_loc.tolist()
         seq_lens = metadata.seq_lens.tolist()
         num_rows = min(len(req_ids), len(seq_lens), len(starts) - 1)
-        if self._step_seq_lens is None:
-            self._step_seq_lens = {req_ids[i]: int(seq_lens[i]) for i in range(num_rows)}
+        dropped = self.compactor.dropped if self.compactor is not None else {}
+        if self._step_seq_lens is None:  # logical lengths (seq_lens are physical for compacted requests)
+            self._step_seq_lens = {req_ids[i]: int(seq_lens[i]) + dropped.get(req_ids[i], 0)
+                                   for i in range(num_rows)}
         heads = self._sampled_heads(impl.num_heads)
         kv_heads = heads // max(1, impl.num_heads // impl.num_kv_heads)
         rows, probs_list, lengths = [], [], []
         for i in range(num_rows):
             tracked = self.requests.get(req_ids[i])
             seq_len = int(seq_lens[i])
-            if tracked is None or seq_len < tracked.prompt_tokens:  # a non-final prefill chunk
-                continue
+            if tracked is None or seq_len + dropped.get(req_ids[i], 0) < tracked.prompt_tokens:
+                continue  # a non-final prefill chunk
             q = query[starts[i + 1] - 1].index_select(0, heads).float()  # [H, hd]
             k = kv_keys.read_keys(kv_cache, metadata.block_table[i], seq_len, kv_heads, self._layout).float()
             logits = torch.einsum("hd,hkd->hk", q, k) * impl.scale
-            probs_list.append(torch.softmax(logits, dim=-1))
+            probs = torch.softmax(logits, dim=-1)
+            probs_list.append(probs)
+            if self.compactor is not None and tracked.mode is Mode.ENFORCE:
+                self.compactor.add_scores(tracked.request_id, probs.mean(0))
             rows.append(tracked.row)
             lengths.append(seq_len)
         if not rows:
@@ -283,7 +338,12 @@ class VllmObserver:
             if tracked is None:
                 continue
             tracked.seq_len = max(tracked.seq_len, seq_len)
-            pages = -(-tracked.seq_len // block_size)
+            tracked.physical_len = self.compactor.physical_length(request_id, tracked.seq_len) \
+                if self.compactor is not None else tracked.seq_len
+            pages = -(-tracked.physical_len // block_size)
+            if tracked.mode is Mode.ENFORCE:
+                tracked.pages_held = pages  # the scheduler decided and counted this boundary
+                continue
             if pages > tracked.pages_held:
                 added = pages - tracked.pages_held
                 if tracked.pages_held >= tracked.grant_pages:
@@ -291,6 +351,10 @@ class VllmObserver:
                 else:
                     self.stats.record_grant(added, 0.0)
                     tracked.pages_held = pages
+        enforced = [t for t in self.requests.values() if t.mode is Mode.ENFORCE and t.request_id in seq_lens]
+        if enforced:
+            for tracked, reading in zip(enforced, self.summaries.read([t.row for t in enforced])):
+                self.pending_readings[tracked.request_id] = (reading.sts_density, reading.lts_entropy)
         if crossing:
             readings = self.summaries.read([t.row for t, _ in crossing])
             for (tracked, added), reading in zip(crossing, readings):
@@ -335,7 +399,8 @@ class VllmObserver:
         tracked = list(tracked)
         readings = self.summaries.read([t.row for t in tracked])
         used = sum(t.pages_held for t in tracked)
-        live = sum(t.seq_len for t in tracked)
+        live = sum(t.physical_len or t.seq_len for t in tracked)
+        logical = sum(t.seq_len for t in tracked)
         lts_by_namespace: dict[str, list[float]] = {}
         boundaries = []
         for t, reading in zip(tracked, readings):
@@ -347,7 +412,7 @@ class VllmObserver:
         return PoolGauges(
             num_pages=self.num_pages, pages_free=max(0, self.num_pages - used), pages_reserved=0,
             pages_used=used, live_tokens=live, granted_token_slots=used * block_size,
-            used_token_slots=used * block_size, logical_bytes=live * self.token_bytes,
+            used_token_slots=used * block_size, logical_bytes=logical * self.token_bytes,
             stored_bytes=live * self.token_bytes, requests_running=len(tracked),
             capacity_boundaries=tuple(boundaries),
             lts_by_namespace={k: tuple(v) for k, v in lts_by_namespace.items()})
@@ -360,6 +425,10 @@ class VllmObserver:
 
             self.telemetry = TelemetryAgent.from_env(self, model=self.model, engine="vllm",
                                                      engine_version=self.engine_version)
+            if self.compactor is not None:
+                from growpage.vllm_plugin.metrics import DegradedDecisionsCollector
+
+                self.telemetry.registry.register(DegradedDecisionsCollector(self, self.model))
         except Exception:
             self._telemetry_failed = True
             self.fault("starting telemetry")

@@ -1,10 +1,15 @@
-"""The model-runner hook: one wrapper around ``GPUModelRunner.execute_model``.
+"""The model-runner hooks: ``execute_model``, ``_prepare_inputs`` and ``sample_tokens``.
 
-``CPUModelRunner`` inherits ``execute_model`` from ``GPUModelRunner``; wrapping it on the class (at
-most once per process, when the first observer is built) lets the observer see each step's
-``SchedulerOutput`` (new, finished, preempted requests) and keep a handle on the runner, whose
-``input_batch.req_ids`` maps attention rows to request ids during the forward. The wrapper never
-changes arguments or results; its own faults are counted and swallowed.
+``CPUModelRunner`` inherits all three from ``GPUModelRunner``; wrapping them on the class (at most
+once per process, when the first observer is built) lets the observer
+
+- see each step's ``SchedulerOutput`` (new, finished, preempted requests) and keep a handle on the
+  runner, whose ``input_batch.req_ids`` maps attention rows to request ids during the forward;
+- (enforce) apply the scheduler's compaction plans before ``_update_states`` appends this step's
+  blocks, and make ``seq_lens``/``slot_mapping`` physical right after ``_prepare_inputs``;
+- (enforce) hand its summary readings back to the scheduler on ``ModelRunnerOutput``.
+
+The wrappers never change arguments; their own faults are counted and swallowed.
 """
 
 from __future__ import annotations
@@ -12,18 +17,22 @@ from __future__ import annotations
 import functools
 import logging
 
+from growpage.vllm_plugin.enforcer import READINGS_ATTRIBUTE, READY_ATTRIBUTE
+
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
 _WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
 
 
 def install_runner_hooks() -> bool:
-    """Wrap ``GPUModelRunner.execute_model`` once. Returns False when it already was."""
+    """Wrap the runner's methods once. Returns False when they already were."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner.execute_model
     if getattr(original, _WRAPPED_ATTRIBUTE, False):
         return False
+    original_prepare = GPUModelRunner._prepare_inputs
+    original_sample = GPUModelRunner.sample_tokens
 
     @functools.wraps(original)
     def execute_model(self, scheduler_output, *args, **kwargs):
@@ -32,12 +41,41 @@ def install_runner_hooks() -> bool:
         observer = current_observer()
         if observer is not None:
             observer.guarded("step start", observer.begin_step, self, scheduler_output)
+            if observer.compactor is not None:
+                observer.guarded("compaction", observer.begin_compaction, self, scheduler_output)
         try:
             return original(self, scheduler_output, *args, **kwargs)
         finally:
             if observer is not None:
                 observer.guarded("step end", observer.end_step)
 
-    setattr(execute_model, _WRAPPED_ATTRIBUTE, True)
+    @functools.wraps(original_prepare)
+    def _prepare_inputs(self, *args, **kwargs):
+        result = original_prepare(self, *args, **kwargs)
+        from growpage.vllm_plugin.backend import current_observer
+
+        observer = current_observer()
+        if observer is not None and observer.compactor is not None:
+            observer.guarded("physical inputs", observer.adjust_inputs, self)
+        return result
+
+    @functools.wraps(original_sample)
+    def sample_tokens(self, *args, **kwargs):
+        output = original_sample(self, *args, **kwargs)
+        from growpage.vllm_plugin.backend import current_observer
+
+        observer = current_observer()
+        if observer is not None and observer.compactor is not None and output is not None:
+            try:
+                setattr(output, READINGS_ATTRIBUTE, observer.take_readings())
+                setattr(output, READY_ATTRIBUTE, observer.ready_to_compact)
+            except Exception:
+                observer.fault("readings")
+        return output
+
+    for wrapper in (execute_model, _prepare_inputs, sample_tokens):
+        setattr(wrapper, _WRAPPED_ATTRIBUTE, True)
     GPUModelRunner.execute_model = execute_model
+    GPUModelRunner._prepare_inputs = _prepare_inputs
+    GPUModelRunner.sample_tokens = sample_tokens
     return True

@@ -23,6 +23,12 @@ NAMESPACE_ARG = "growpage_namespace"  # SamplingParams.extra_args key (``vllm_xa
 MODE_ARG = "growpage_mode"  # a request may ask for less than the deployment runs
 
 
+def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
+    """A request's namespace (for ``enforce_namespaces``) from ``SamplingParams.extra_args``."""
+    value = (extra_args or {}).get(NAMESPACE_ARG)
+    return str(value) if value not in (None, "") else None
+
+
 @dataclasses.dataclass(frozen=True)
 class PluginSettings:
     """Knobs of the vLLM home only.

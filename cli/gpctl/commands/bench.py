@@ -152,3 +152,32 @@ app.command("serving", help="Throughput vs latency under fixed page pools, Poiss
     _comparison_command("serving"))
 app.command("all", help="quality and serving in one run, one model load (JSON + plots).")(
     _comparison_command("all"))
+
+
+@app.command()
+def vllm(
+    quick: Annotated[bool, typer.Option("--quick", help="Small workload: a smoke run (about 4 minutes).")] = False,
+    vllm_python: Annotated[str | None, typer.Option(
+        envvar="GROWPAGE_VLLM_PYTHON",
+        help="The interpreter that has vLLM, e.g. .venv-vllm/bin/python (make vllm-venv).")] = None,
+    model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="OMP threads of the vLLM engines.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
+) -> None:
+    """vLLM alone vs GrowPage monitor vs enforce inside vLLM: tokens/s, blocks, concurrency, overhead."""
+    import dataclasses
+
+    from growpage.bench.vllm import VllmBenchSettings, run_vllm_bench
+    from growpage.errors import GrowPageError
+
+    settings = VllmBenchSettings.quick() if quick else VllmBenchSettings()
+    settings = dataclasses.replace(settings, threads=threads)
+    console = Console(stderr=True)
+    try:
+        result = run_vllm_bench(str(model) if model else None, settings, python=vllm_python,
+                                log=lambda line: console.log(line))
+    except GrowPageError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    _write(result, output)
+    typer.echo(json.dumps(result, indent=2))

@@ -1,4 +1,10 @@
-"""``gpctl serve``: the OpenAI-compatible server of the reference engine with GrowPage on."""
+"""``gpctl serve``: an OpenAI-compatible server with GrowPage on: the reference engine, or vLLM.
+
+``--engine vllm`` starts vLLM's own server with the GrowPage plugin
+(:func:`growpage.vllm_plugin.serve.serve`) in the interpreter given by ``--vllm-python`` (default:
+this one). vLLM usually lives in its own environment (``.venv-vllm``, see docs/VLLM_PLUGIN.md), so
+a missing vLLM is one line that says where to point ``--vllm-python``.
+"""
 
 from __future__ import annotations
 
@@ -27,11 +33,17 @@ def serve(
     served_model_name: Annotated[str | None, typer.Option(help="Model id for clients.")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Also serve /metrics/growpage on this port.")] = None,
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching")] = False,
+    vllm_python: Annotated[Path | None, typer.Option(envvar="GROWPAGE_VLLM_PYTHON",
+                                                     help="--engine vllm: the Python that has vLLM "
+                                                          "(e.g. .venv-vllm/bin/python). Default: this one.")] = None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics/growpage."""
+    if engine == "vllm":
+        raise typer.Exit(_serve_vllm(model, host, port, mode, config, base_pages, block_size, max_num_seqs,
+                                     max_num_batched_tokens, served_model_name, metrics_port, no_prefix_caching,
+                                     vllm_python))
     if engine != "reference":
-        raise GrowPageError(f"--engine {engine} is not available in this release; use --engine reference "
-                            "(the vLLM plugin is tracked separately)")
+        raise GrowPageError(f"--engine {engine} is unknown; use --engine reference or --engine vllm")
     import uvicorn
 
     from growpage.config import load_config
@@ -54,3 +66,36 @@ def serve(
         uvicorn.run(stack.app, host=host, port=port, log_level="warning")
     finally:
         stack.close()
+
+
+def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, config: Path | None,
+                base_pages: int | None, block_size: int | None, max_num_seqs: int, max_num_batched_tokens: int,
+                served_model_name: str | None, metrics_port: int | None, no_prefix_caching: bool,
+                vllm_python: Path | None) -> int:
+    """Start vLLM's OpenAI server with the GrowPage plugin in the foreground; returns its exit status."""
+    import sys
+
+    from growpage.config import load_config
+    from growpage.engine.model_prep import resolve_model_dir
+    from growpage.vllm_plugin.serve import check_vllm_python, serve
+
+    python = str(vllm_python) if vllm_python is not None else sys.executable
+    check_vllm_python(python)
+    overrides = {key: value for key, value in (("mode", mode), ("base_pages", base_pages)) if value is not None}
+    growpage_config = load_config(config, overrides=overrides)  # validated here, before a minute of start-up
+    growpage: dict = {"mode": growpage_config.mode.value, "base_pages": growpage_config.base_pages}
+    if growpage_config.enforce_namespaces:
+        growpage["enforce_namespaces"] = list(growpage_config.enforce_namespaces)
+    if metrics_port is not None:
+        growpage["exporter_port"] = metrics_port
+    extra = ["--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if block_size is not None:
+        extra += ["--block-size", str(block_size)]
+    if served_model_name:
+        extra += ["--served-model-name", served_model_name]
+    if no_prefix_caching:
+        extra += ["--no-enable-prefix-caching"]
+    model_dir = resolve_model_dir(model)
+    typer.echo(f"serving {model_dir} on vLLM with GrowPage mode={growpage_config.mode.value} "
+               f"on http://{host}:{port} (GrowPage metrics: /metrics/growpage)", err=True)
+    return serve(str(model_dir), host=host, port=port, growpage=growpage, extra_args=extra, python=python)

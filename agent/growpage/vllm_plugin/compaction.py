@@ -1,0 +1,167 @@
+"""Stage 2 arithmetic without vLLM: physical/logical accounting, keep sets, moving tokens in the cache.
+
+Enforcement inside vLLM keeps two lengths per request. The *logical* length is vLLM's own
+``num_computed_tokens``: it drives RoPE positions, token ids, ``max_model_len`` and stop checks, and
+GrowPage never changes it. The *physical* length is how many tokens the request's blocks hold:
+``physical = logical - dropped``, where ``dropped`` counts the tokens evicted so far. Allocation,
+``seq_lens`` and ``slot_mapping`` use the physical length (see :mod:`~growpage.vllm_plugin.enforcer`).
+
+After a compaction the request's physical slots ``[0, kept)`` hold the survivors in logical order,
+and every token written since sits at ``physical = logical - dropped``. So the logical position of
+each physical slot follows from ``kept_positions`` (the survivors' positions) and ``dropped``
+(:func:`slot_positions`).
+
+Protected tokens, never dropped: the request's first ``sink_tokens`` positions, its newest
+``recent_window_tokens``, and every token in a leading block shared through the prefix cache
+(``ref_cnt > 1``: other requests read it, so it is never rewritten).
+
+Everything here is a pure function over small tensors (tests run it without vLLM).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from growpage.core.evict import select_keep
+from growpage.vllm_plugin import keys as kv_keys
+
+
+def protected_tokens(physical_tokens: int, shared_prefix_tokens: int, sink_tokens: int,
+                     recent_window_tokens: int) -> int:
+    """How many of a request's physical tokens a compaction must keep.
+
+    Sinks and shared-prefix tokens sit at the start (they were never dropped), the recent window at
+    the end (its tokens were always inside the window when earlier compactions ran).
+    """
+    head = max(shared_prefix_tokens, sink_tokens)
+    return min(physical_tokens, head + recent_window_tokens)
+
+
+def compaction_target_tokens(physical_tokens: int, allowed_blocks: int, block_size: int,
+                             evict_min_pages: int, protected: int) -> int | None:
+    """Physical tokens to keep when a request at a block boundary evicts, or None when it cannot.
+
+    The request is compacted to ``allowed_blocks - evict_min_pages`` full blocks, so that the block
+    vLLM then allocates for the next token brings it back to ``allowed_blocks``. After a
+    preemption (recompute) a request may hold more than its allowance; the same target applies.
+
+    Args:
+        physical_tokens: tokens in the request's blocks now.
+        allowed_blocks: blocks the request may hold (its grant plus the allocations granted).
+        block_size: tokens per block.
+        evict_min_pages: blocks an eviction frees at least.
+        protected: tokens that must survive (:func:`protected_tokens`).
+
+    Returns:
+        The number of tokens to keep (a multiple of ``block_size``), or None when keeping the
+        protected tokens leaves no block to free.
+    """
+    held_blocks = -(-physical_tokens // block_size)
+    target_blocks = max(allowed_blocks - evict_min_pages, -(-protected // block_size), 0)
+    if target_blocks >= held_blocks:
+        return None
+    return target_blocks * block_size
+
+
+def slot_positions(kept_positions: torch.Tensor | None, physical_tokens: int, dropped: int) -> torch.Tensor:
+    """``[physical_tokens]`` long: the logical position of each physical slot.
+
+    Args:
+        kept_positions: positions of the survivors of the last compaction (slots ``[0, len)``);
+            None when the request was never compacted.
+        physical_tokens: tokens in the request's blocks.
+        dropped: tokens evicted so far.
+    """
+    if kept_positions is None or dropped == 0:
+        return torch.arange(physical_tokens, dtype=torch.long)
+    kept = kept_positions[:physical_tokens].long()
+    tail = torch.arange(kept.numel(), physical_tokens, dtype=torch.long) + dropped
+    return torch.cat([kept, tail])
+
+
+def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: int, logical_length: int,
+                shared_prefix_tokens: int, sink_tokens: int, recent_window_tokens: int) -> torch.Tensor | None:
+    """The physical slots that survive a compaction, ascending (so logical order is kept).
+
+    H2O-style: the highest accumulated attention wins among unprotected tokens; with no scores
+    (nothing observed yet) the newest win (StreamingLLM: sinks plus a recent window).
+
+    Args:
+        positions: ``[P]`` logical position of each physical slot (:func:`slot_positions`).
+        scores: ``[P]`` accumulated attention per slot, or None.
+        num_keep: survivors wanted, ``<= P``.
+        logical_length: the request's logical length (for the recent window).
+        shared_prefix_tokens: leading physical slots in shared blocks (kept in place).
+
+    Returns:
+        ``[num_keep]`` long slot indices, or None when the protected tokens alone exceed ``num_keep``.
+    """
+    physical = positions.numel()
+    if scores is None or scores.numel() < physical:
+        ranked = positions.float()
+    else:
+        ranked = scores[:physical].float().clone()
+    if shared_prefix_tokens:
+        ranked[:shared_prefix_tokens] = math.inf
+    keep = select_keep(positions, ranked, physical - num_keep, logical_length, sink_tokens, recent_window_tokens)
+    if keep is None:
+        return None
+    return keep.nonzero().flatten()
+
+
+def physical_slots(block_row: torch.Tensor, indices: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slot ids (``block_id * block_size + offset``) of a request's physical token indices."""
+    indices = indices.long()
+    return block_row.long()[indices // block_size] * block_size + indices % block_size
+
+
+def physical_slot_mapping(positions: torch.Tensor, dropped: int, block_row: torch.Tensor,
+                          block_size: int) -> torch.Tensor:
+    """Slots for this step's tokens of a compacted request: from ``positions - dropped``."""
+    return physical_slots(block_row, positions.long() - dropped, block_size)
+
+
+def _token_views(kv_cache: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of one layer's CPU cache as ``K, V`` indexed ``[block, head, offset, :]`` or transposed.
+
+    Returns ``(keys, values)``: for :data:`~growpage.vllm_plugin.keys.TRANSPOSED` the keys view is
+    ``[num_blocks, heads, head_dim, block_size]``; otherwise ``[num_blocks, heads, block_size,
+    head_dim]``. Values are ``[num_blocks, heads, block_size, head_dim]``. Writes reach the cache.
+    """
+    num_blocks, heads, block_size, two_head_dim = kv_cache.shape
+    head_dim = two_head_dim // 2
+    flat = kv_cache.view(num_blocks, heads, block_size * two_head_dim)
+    keys = flat[..., :block_size * head_dim]
+    values = flat[..., block_size * head_dim:].unflatten(-1, (block_size, head_dim))
+    if layout == kv_keys.TRANSPOSED:
+        keys = keys.unflatten(-1, (head_dim, block_size))
+    else:
+        keys = keys.unflatten(-1, (block_size, head_dim))
+    return keys, values
+
+
+def move_tokens(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor, layout: str) -> None:
+    """Copy K and V of ``src_slots`` into ``dst_slots`` in one layer's cache (gather, then scatter).
+
+    Args:
+        kv_cache: ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` (vLLM's CPU layout).
+        src_slots, dst_slots: ``[N]`` slot ids; sources are read before any destination is written,
+            so the two may overlap.
+        layout: one of :data:`~growpage.vllm_plugin.keys.LAYOUTS`.
+    """
+    if src_slots.numel() == 0:
+        return
+    block_size = kv_cache.shape[2]
+    keys, values = _token_views(kv_cache, layout)
+    src_block, src_offset = src_slots // block_size, src_slots % block_size
+    dst_block, dst_offset = dst_slots // block_size, dst_slots % block_size
+    moved_values = values[src_block, :, src_offset]  # [N, heads, head_dim]
+    if layout == kv_keys.TRANSPOSED:
+        moved_keys = keys[src_block, :, :, src_offset]  # [N, heads, head_dim]
+        keys[dst_block, :, :, dst_offset] = moved_keys
+    else:
+        moved_keys = keys[src_block, :, src_offset]
+        keys[dst_block, :, dst_offset] = moved_keys
+    values[dst_block, :, dst_offset] = moved_values

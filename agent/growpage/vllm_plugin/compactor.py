@@ -1,0 +1,185 @@
+"""Stage 2 in the worker: apply the scheduler's compaction plans and keep inputs physical.
+
+The scheduler (:mod:`~growpage.vllm_plugin.enforcer`) has already truncated a compacted request's
+block list and returned the tail blocks to the pool; it sends a :class:`CompactionPlan` per request
+on ``SchedulerOutput.growpage``. Before ``_update_states`` appends this step's new blocks, the
+worker:
+
+1. chooses the survivors (:func:`~growpage.vllm_plugin.compaction.choose_keep`): sinks, the recent
+   window, shared-prefix tokens, then the highest attention accumulated by the observer (recency
+   when nothing was observed);
+2. moves their K and V to the front of the request's blocks in every layer (before any write of
+   this step, and before a freed block can be reused: the worker runs steps in order);
+3. truncates the request's block-table row and its cached ``block_ids`` like the scheduler did.
+
+After ``_prepare_inputs`` it subtracts ``dropped`` from ``seq_lens`` and recomputes ``slot_mapping``
+from ``positions - dropped`` for compacted requests; ``positions`` stay logical, so RoPE is exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from growpage.config import GrowPageConfig
+from growpage.vllm_plugin.compaction import (choose_keep, move_tokens, physical_slot_mapping,
+                                             physical_slots, slot_positions)
+from growpage.vllm_plugin.enforcer import OUTPUT_ATTRIBUTE
+
+
+class CompactionError(RuntimeError):
+    """A plan the worker cannot apply (state out of step with the scheduler)."""
+
+
+class WorkerCompactor:
+    """Per-request physical state in one worker (see the module docstring).
+
+    Args:
+        config: GrowPage's config (``block_size``, ``sink_tokens``, ``recent_window_tokens``).
+    """
+
+    def __init__(self, config: GrowPageConfig):
+        self.config = config
+        self.block_size = config.block_size
+        self.dropped: dict[str, int] = {}
+        self.kept_positions: dict[str, torch.Tensor] = {}
+        self.scores: dict[str, torch.Tensor] = {}
+        self.compactions = 0
+        self.tokens_moved = 0
+        self.bytes_moved = 0
+
+    # ---- scores (from the observer) ----------------------------------------------------------------
+    def add_scores(self, request_id: str, attention: torch.Tensor) -> None:
+        """Accumulate one observation: ``[P]`` attention mass per physical slot (mean over heads)."""
+        current = self.scores.get(request_id)
+        length = attention.numel()
+        if current is None or current.numel() < length:
+            grown = torch.zeros(length, dtype=torch.float32)
+            if current is not None:
+                grown[:current.numel()] = current
+            current = grown
+        current[:length] += attention.float()
+        self.scores[request_id] = current
+
+    def forget(self, request_id: str) -> None:
+        self.dropped.pop(request_id, None)
+        self.kept_positions.pop(request_id, None)
+        self.scores.pop(request_id, None)
+
+    # ---- before _update_states -----------------------------------------------------------------
+    def begin_step(self, runner: Any, scheduler_output: Any, layout: str | None) -> None:
+        """Forget restarted requests, apply this step's plans, adopt the scheduler's ``dropped``."""
+        payload = getattr(scheduler_output, OUTPUT_ATTRIBUTE, None)
+        restarted = set(getattr(scheduler_output, "finished_req_ids", ()) or ())
+        restarted |= set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        restarted |= {new.req_id for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ()}
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        restarted |= set(getattr(cached, "resumed_req_ids", None) or ())
+        for request_id in restarted:
+            self.forget(request_id)
+        if payload is None:
+            return
+        dropped = payload.get("dropped", {})
+        for request_id in [r for r in self.dropped if r not in dropped]:
+            self.forget(request_id)  # the scheduler reset it (preempted, recomputed)
+        failed: list[str] = []
+        for request_id, plan in payload.get("plans", {}).items():
+            try:
+                self._compact(runner, request_id, plan, layout)
+            except Exception:
+                # Keep the worker's blocks in step with the scheduler's even so: the request loses
+                # the tokens past the cut instead of the chosen ones (counted as a fault).
+                failed.append(request_id)
+                self._truncate(runner, request_id, int(plan["keep_tokens"]))
+                positions = slot_positions(self.kept_positions.get(request_id), int(plan["physical_tokens"]),
+                                           self.dropped.get(request_id, 0))
+                self.kept_positions[request_id] = positions[:int(plan["keep_tokens"])]
+                self.scores.pop(request_id, None)
+        self.dropped = {k: int(v) for k, v in dropped.items()}
+        if failed:
+            raise CompactionError(f"compaction failed for {failed}; their blocks were truncated in place")
+
+    def _compact(self, runner: Any, request_id: str, plan: dict, layout: str | None) -> None:
+        if layout is None:
+            raise CompactionError("the KV cache layout is unknown; cannot move tokens")
+        state = runner.requests[request_id]
+        block_size = self.block_size
+        physical, keep = int(plan["physical_tokens"]), int(plan["keep_tokens"])
+        previous = self.dropped.get(request_id, 0)
+        if previous + physical - keep != plan["dropped"]:
+            raise CompactionError(f"request {request_id}: worker dropped {previous} + {physical - keep} != "
+                                  f"scheduler's {plan['dropped']}")
+        block_ids = state.block_ids[0]
+        held_blocks = -(-physical // block_size)
+        if len(block_ids) < held_blocks:
+            raise CompactionError(f"request {request_id}: {len(block_ids)} blocks for {physical} tokens")
+        block_row = torch.tensor(block_ids[:held_blocks], dtype=torch.long)
+        positions = slot_positions(self.kept_positions.get(request_id), physical, previous)
+        scores = self.scores.get(request_id)
+        keep_index = choose_keep(positions, scores, keep, int(plan["logical_length"]),
+                                 int(plan["shared_prefix_tokens"]), self.config.sink_tokens,
+                                 self.config.recent_window_tokens)
+        if keep_index is None:
+            raise CompactionError(f"request {request_id}: protected tokens exceed {keep}")
+        src = physical_slots(block_row, keep_index, block_size)
+        dst = physical_slots(block_row, torch.arange(keep), block_size)
+        moving = src != dst
+        src, dst = src[moving], dst[moving]
+        for cache in _unique_caches(runner):
+            move_tokens(cache, src, dst, layout)
+            self.bytes_moved += 2 * src.numel() * cache[0, :, 0].numel() * cache.element_size()
+        self.tokens_moved += int(src.numel())
+        self.compactions += 1
+        self.kept_positions[request_id] = positions[keep_index]
+        if scores is not None:
+            padded = torch.zeros(physical)
+            padded[:min(physical, scores.numel())] = scores[:physical]
+            self.scores[request_id] = padded[keep_index]
+        self._truncate(runner, request_id, keep)
+
+    def _truncate(self, runner: Any, request_id: str, keep_tokens: int) -> None:
+        """Cut the request's cached ``block_ids`` and block-table row to ``keep_tokens`` (as the scheduler did)."""
+        keep_blocks = -(-keep_tokens // self.block_size)
+        for group_block_ids in runner.requests[request_id].block_ids:
+            del group_block_ids[keep_blocks:]
+        row = runner.input_batch.req_id_to_index.get(request_id)
+        if row is not None:
+            for table in runner.input_batch.block_table.block_tables:
+                table.num_blocks_per_row[row] = min(int(table.num_blocks_per_row[row]), keep_blocks)
+
+    # ---- after _prepare_inputs -----------------------------------------------------------------
+    def adjust_inputs(self, runner: Any) -> None:
+        """``seq_lens -= dropped`` and slots from ``positions - dropped`` for compacted requests."""
+        if not self.dropped:
+            return
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
+        starts = runner.query_start_loc.cpu[:num_reqs + 1].tolist()
+        for row, request_id in enumerate(batch.req_ids[:num_reqs]):
+            dropped = self.dropped.get(request_id, 0)
+            if not dropped:
+                continue
+            runner.seq_lens[row] -= dropped
+            runner.optimistic_seq_lens_cpu[row] -= dropped
+            start, end = starts[row], starts[row + 1]
+            positions = runner.positions[start:end].cpu()
+            for table in batch.block_table.block_tables:
+                num_blocks = int(table.num_blocks_per_row[row])
+                block_row = table.block_table.cpu[row, :num_blocks]
+                slots = physical_slot_mapping(positions, dropped, block_row, self.block_size)
+                table.slot_mapping.gpu[start:end] = slots.to(table.slot_mapping.gpu.dtype).to(
+                    table.slot_mapping.gpu.device)
+
+    def physical_length(self, request_id: str, logical_length: int) -> int:
+        return logical_length - self.dropped.get(request_id, 0)
+
+
+def _unique_caches(runner: Any) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    caches = []
+    for cache in runner.kv_caches:
+        if isinstance(cache, torch.Tensor) and cache.data_ptr() not in seen:
+            seen.add(cache.data_ptr())
+            caches.append(cache)
+    return caches

@@ -1,0 +1,350 @@
+"""Stage 2 in vLLM's scheduler (EngineCore): decide at block boundaries, free blocks, plan compactions.
+
+vLLM has no API that shrinks a running request's KV, so GrowPage keeps a *physical* length next to
+vLLM's logical ``num_computed_tokens`` (see :mod:`~growpage.vllm_plugin.compaction`). Per step:
+
+1. ``before_schedule``: each enforced decode request whose blocks are full and that holds its
+   allowance of blocks is at a *boundary*; :func:`growpage.core.policy.decide` runs on it:
+
+   - ``allocate``: the allowance grows by one block and vLLM allocates it as usual;
+   - ``evict``: the request's block list is truncated to the target, the tail blocks go back to the
+     pool, ``request.growpage_dropped`` grows by the tokens evicted, and a compaction plan for the
+     worker is recorded (the worker moves the survivors before this step's writes);
+   - ``quantize`` cannot be enforced (``kv_cache_dtype`` is deployment-wide in vLLM) and degrades
+     to ``evict`` when eviction can free a block, else to ``allocate``; ``defer`` (throttled)
+     degrades the same way; ``preempt`` is left to vLLM (its allocation fails and vLLM preempts).
+     Both the decided and the enforced kind are recorded.
+2. ``KVCacheManager.allocate_slots`` (wrapped) sees ``num_computed_tokens - growpage_dropped`` and
+   never hashes a compacted request's blocks again (their content no longer matches the hash chain).
+3. ``after_schedule``: the plans, the ``dropped`` of every compacted running request, the decisions
+   and fault counts ride to the worker on ``SchedulerOutput.growpage`` (pickled with it).
+4. Preemption (recompute from scratch) and finish reset the request's physical accounting.
+
+Never touched: blocks with ``ref_cnt > 1`` (shared through the prefix cache; they are a leading run
+and stay in place, protected). Blocks the request alone holds lose their prefix-cache hash before
+they are rewritten or freed, so no later request can hit stale content.
+
+This module imports no vLLM (tests drive it with stand-ins); :func:`install_scheduler_hooks` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from growpage.config import GrowPageConfig, Mode
+from growpage.core.policy import Action, BoundaryState, capacity_boundary_pages, decide, refill_growth_budget
+from growpage.core.stats import DecisionEvent
+from growpage.vllm_plugin.compaction import compaction_target_tokens, protected_tokens
+from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
+
+logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
+
+DROPPED_ATTRIBUTE = "growpage_dropped"  # on vLLM's Request: tokens evicted (physical = logical - this)
+OUTPUT_ATTRIBUTE = "growpage"  # on SchedulerOutput: the payload for the worker
+READINGS_ATTRIBUTE = "growpage_readings"  # on ModelRunnerOutput: {req_id: (sts_density, lts_entropy)}
+READY_ATTRIBUTE = "growpage_ready"  # on ModelRunnerOutput: the worker can move tokens (layout known)
+ENFORCE_LOG_ENV = "GROWPAGE_VLLM_ENFORCE_LOG"  # tests/bench: JSON lines of per-request block peaks
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactionPlan:
+    """What the worker does for one request before this step's forward.
+
+    Attributes:
+        physical_tokens: tokens in the request's blocks before the compaction.
+        keep_tokens: tokens that survive (slots ``[0, keep_tokens)`` afterwards).
+        logical_length: the request's ``num_computed_tokens`` (for the recent window).
+        shared_prefix_tokens: leading tokens in shared blocks (kept in place).
+        dropped: the request's evicted tokens after this compaction.
+    """
+
+    physical_tokens: int
+    keep_tokens: int
+    logical_length: int
+    shared_prefix_tokens: int
+    dropped: int
+
+
+@dataclasses.dataclass
+class EnforcedRequest:
+    """Scheduler-side state of one request GrowPage enforces."""
+
+    request_id: str
+    namespace: str | None
+    allowed_blocks: int
+    growth_budget_pages: float = 1.0
+    last_refill_s: float = 0.0
+    sts_density: float = 0.0
+    lts_entropy: float = 0.0
+    peak_blocks: int = 0
+    compactions: int = 0
+    tokens_evicted: int = 0
+    blocks_at_last_step: int = 0
+    first_compaction_at: int | None = None  # logical length when KV first differed from vLLM's
+    max_shared_blocks: int = 0  # most leading blocks shared through the prefix cache at a boundary
+
+
+def enforced_action(decided: Action, can_evict: bool, pool_free_pages: int) -> Action:
+    """What vLLM can do for a decision: ALLOCATE and EVICT as decided; the rest degrades.
+
+    ``quantize`` and ``defer`` become ``evict`` when eviction frees a block, else ``allocate``;
+    ``preempt`` and an ``allocate`` against an empty pool are left to vLLM's own preemption
+    (reported as ``preempt``).
+    """
+    if decided is Action.EVICT:
+        return Action.EVICT if can_evict else Action.ALLOCATE
+    if decided in (Action.QUANTIZE, Action.DEFER):
+        if can_evict:
+            return Action.EVICT
+        decided = Action.ALLOCATE
+    if decided is Action.ALLOCATE and pool_free_pages >= 1:
+        return Action.ALLOCATE
+    return Action.PREEMPT
+
+
+class SchedulerEnforcer:
+    """GrowPage's enforcement state for one vLLM ``Scheduler`` (see the module docstring).
+
+    Args:
+        config: GrowPage's config (``block_size`` = vLLM's).
+        settings: the plugin's settings.
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, config: GrowPageConfig, settings: PluginSettings, *,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.settings = settings
+        self.clock = clock
+        self.block_size = config.block_size
+        self.requests: dict[str, EnforcedRequest | None] = {}  # None: seen, not enforced
+        self._plans: dict[str, CompactionPlan] = {}
+        self._decisions: list[DecisionEvent] = []
+        self._degraded: list[tuple[str, str]] = []
+        self._pages_granted = 0
+        self._errors = 0
+        self._logged_fault = False
+        self.start_free_blocks: int | None = None
+        self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
+        self._had_requests = False
+        self.worker_ready = False  # no compaction before the worker says it can move tokens
+
+    # ---- fault isolation ------------------------------------------------------------------------
+    def guarded(self, what: str, function: Callable, *args, **kwargs) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except Exception:
+            self._errors += 1
+            if not self._logged_fault:
+                self._logged_fault = True
+                logger.exception("growpage: %s failed in the scheduler; vLLM carries on (further faults are "
+                                 "counted in growpage_agent_errors_total{component=\"plugin\"})", what)
+            return None
+
+    # ---- per step -------------------------------------------------------------------------------
+    def before_schedule(self, scheduler: Any) -> None:
+        """Admit new running requests, then decide every boundary (see the module docstring)."""
+        manager = scheduler.kv_cache_manager
+        pool = manager.block_pool
+        if self.start_free_blocks is None:
+            self.start_free_blocks = pool.get_num_free_blocks()
+        req_to_blocks = _req_to_blocks(manager)
+        for request in list(scheduler.running):
+            tracked = self._track(request)
+            if tracked is None or not _is_decoding(request):
+                continue
+            blocks = req_to_blocks.get(request.request_id)
+            if blocks is None:
+                continue
+            dropped = getattr(request, DROPPED_ATTRIBUTE, 0)
+            physical = request.num_computed_tokens - dropped
+            if physical <= 0 or physical % self.block_size or len(blocks) * self.block_size != physical:
+                continue  # room left in the last block (or blocks not yet matching): no boundary
+            if len(blocks) < tracked.allowed_blocks:
+                continue  # inside the allowance: vLLM allocates, counted after the step
+            self._boundary(scheduler, request, tracked, blocks, physical)
+
+    def _track(self, request: Any) -> EnforcedRequest | None:
+        request_id = request.request_id
+        if request_id in self.requests:
+            return self.requests[request_id]
+        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
+        namespace = request_namespace(extra)
+        mode = self.config.mode_for(namespace, extra.get(MODE_ARG))
+        tracked = None
+        if mode is Mode.ENFORCE:
+            prompt_blocks = -(-request.num_prompt_tokens // self.block_size)
+            tracked = EnforcedRequest(request_id, namespace,
+                                      allowed_blocks=max(self.config.base_pages, prompt_blocks),
+                                      last_refill_s=self.clock())
+        self.requests[request_id] = tracked
+        self._had_requests = True
+        return tracked
+
+    def _boundary(self, scheduler: Any, request: Any, tracked: EnforcedRequest, blocks: list,
+                  physical: int) -> None:
+        started = time.perf_counter()
+        config, block_size = self.config, self.block_size
+        pool = scheduler.kv_cache_manager.block_pool
+        now = self.clock()
+        held = len(blocks)
+        tracked.growth_budget_pages = refill_growth_budget(
+            tracked.growth_budget_pages, held, now - tracked.last_refill_s, config.max_growth_rate)
+        tracked.last_refill_s = now
+        shared_blocks = _leading_shared_blocks(blocks)
+        tracked.max_shared_blocks = max(tracked.max_shared_blocks, shared_blocks)
+        shareable = all(getattr(b, "ref_cnt", 1) <= 1 for b in blocks[shared_blocks:])
+        protected = protected_tokens(physical, shared_blocks * block_size, config.sink_tokens,
+                                     config.recent_window_tokens)
+        target = None
+        if shareable and self.worker_ready:
+            target = compaction_target_tokens(physical, tracked.allowed_blocks, block_size,
+                                              config.evict_min_pages, protected)
+        pool_free = pool.get_num_free_blocks()
+        state = BoundaryState(
+            pages_held=held, base_pages=config.base_pages, sts_density=tracked.sts_density,
+            lts_entropy=tracked.lts_entropy, pool_free_pages=pool_free,
+            growth_budget_pages=tracked.growth_budget_pages,
+            can_quantize=True,  # what the contract wants; vLLM cannot quantize per request (degraded below)
+            can_evict=target is not None)
+        decision = decide(state, config)
+        action = enforced_action(decision.action, target is not None, pool_free)
+        if action is not decision.action:
+            self._degraded.append((decision.action.value, action.value))
+        pages_after = held
+        if action is Action.EVICT:
+            assert target is not None
+            self._compact(scheduler, request, tracked, blocks, physical, target, shared_blocks)
+            pages_after = target // block_size + 1  # vLLM allocates the next token's block
+        elif action is Action.ALLOCATE:
+            tracked.allowed_blocks = held + 1
+            tracked.growth_budget_pages = max(0.0, tracked.growth_budget_pages - 1.0)
+            pages_after = held + 1
+        self._decisions.append(DecisionEvent(
+            request_id=request.request_id, namespace=tracked.namespace, kind=action.value,
+            refusal=decision.refusal.value if decision.refusal else None, reason=decision.reason.value,
+            enforced=True, pages_before=held, pages_after=pages_after, sts_density=tracked.sts_density,
+            lts_entropy=tracked.lts_entropy,
+            capacity_boundary_pages=capacity_boundary_pages(config.base_pages, tracked.lts_entropy,
+                                                            config.growth_coefficient),
+            bytes_in=0, bytes_out=0, duration_s=time.perf_counter() - started, time_s=now))
+
+    def _compact(self, scheduler: Any, request: Any, tracked: EnforcedRequest, blocks: list, physical: int,
+                 target: int, shared_blocks: int) -> None:
+        manager = scheduler.kv_cache_manager
+        pool = manager.block_pool
+        keep_blocks = target // self.block_size
+        # NOTE: unhash before rewriting or freeing: a hit on a block whose content moved would be wrong.
+        for block in blocks[shared_blocks:]:
+            if getattr(block, "block_hash", None) is not None:
+                pool._maybe_evict_cached_block(block)
+        tail = blocks[keep_blocks:]
+        del blocks[keep_blocks:]
+        pool.free_blocks(reversed(tail))
+        for single in manager.coordinator.single_type_managers:
+            cached = getattr(single, "num_cached_block", None)
+            if cached is not None and request.request_id in cached:
+                cached[request.request_id] = min(cached[request.request_id], keep_blocks)
+        dropped = getattr(request, DROPPED_ATTRIBUTE, 0) + physical - target
+        setattr(request, DROPPED_ATTRIBUTE, dropped)
+        tracked.compactions += 1
+        if tracked.first_compaction_at is None:
+            tracked.first_compaction_at = request.num_computed_tokens
+        tracked.tokens_evicted += physical - target
+        self._plans[request.request_id] = CompactionPlan(
+            physical_tokens=physical, keep_tokens=target, logical_length=request.num_computed_tokens,
+            shared_prefix_tokens=shared_blocks * self.block_size, dropped=dropped)
+
+    def after_schedule(self, scheduler: Any, output: Any) -> None:
+        """Count this step's block grants, record peaks, attach the worker's payload."""
+        req_to_blocks = _req_to_blocks(scheduler.kv_cache_manager)
+        dropped: dict[str, int] = {}
+        for request in scheduler.running:
+            tracked = self.requests.get(request.request_id)
+            if tracked is None:
+                continue
+            held = len(req_to_blocks.get(request.request_id, ()))
+            if held > tracked.blocks_at_last_step:
+                self._pages_granted += held - tracked.blocks_at_last_step
+            tracked.blocks_at_last_step = held
+            tracked.peak_blocks = max(tracked.peak_blocks, held)
+            value = getattr(request, DROPPED_ATTRIBUTE, 0)
+            if value:
+                dropped[request.request_id] = value
+        payload = {"plans": {k: dataclasses.asdict(v) for k, v in self._plans.items()}, "dropped": dropped,
+                   "decisions": self._decisions, "degraded": self._degraded,
+                   "pages_granted": self._pages_granted, "errors": self._errors}
+        setattr(output, OUTPUT_ATTRIBUTE, payload)
+        self._plans, self._decisions, self._degraded = {}, [], []
+        self._pages_granted = self._errors = 0
+        if self.log_path and self._had_requests and not scheduler.running and not scheduler.waiting:
+            self._had_requests = False
+            self._log({"idle": True, "free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+                       "start_free_blocks": self.start_free_blocks})
+
+    def on_output(self, model_runner_output: Any) -> None:
+        """Take the worker's summary readings (``{req_id: (sts_density, lts_entropy)}``)."""
+        ready = getattr(model_runner_output, READY_ATTRIBUTE, None)
+        if ready is not None:
+            self.worker_ready = bool(ready)
+        readings = getattr(model_runner_output, READINGS_ATTRIBUTE, None) or {}
+        for request_id, (density, entropy) in readings.items():
+            tracked = self.requests.get(request_id)
+            if tracked is not None:
+                tracked.sts_density, tracked.lts_entropy = float(density), float(entropy)
+
+    def on_preempt(self, request: Any) -> None:
+        """vLLM freed the request's blocks and will recompute it from scratch: physical = logical."""
+        setattr(request, DROPPED_ATTRIBUTE, 0)
+        tracked = self.requests.get(request.request_id)
+        if tracked is not None:
+            tracked.blocks_at_last_step = 0
+        self._plans.pop(request.request_id, None)
+
+    def on_free(self, request: Any) -> None:
+        """The request finished or was aborted; its blocks are back in the pool."""
+        setattr(request, DROPPED_ATTRIBUTE, 0)
+        tracked = self.requests.pop(request.request_id, None)
+        self._plans.pop(request.request_id, None)
+        if tracked is not None and self.log_path:
+            self._log({"request_id": request.request_id, "namespace": tracked.namespace,
+                       "peak_blocks": tracked.peak_blocks, "allowed_blocks": tracked.allowed_blocks,
+                       "compactions": tracked.compactions, "first_compaction_at": tracked.first_compaction_at,
+                       "tokens_evicted": tracked.tokens_evicted, "num_tokens": request.num_tokens,
+                       "num_prompt_tokens": request.num_prompt_tokens,
+                       "prompt_token_ids": list(request.prompt_token_ids or ()),
+                       "num_preemptions": getattr(request, "num_preemptions", 0),
+                       "max_shared_blocks": tracked.max_shared_blocks})
+
+    def _log(self, record: dict) -> None:
+        try:
+            with open(self.log_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        except OSError:
+            logger.warning("growpage: cannot write %s", self.log_path)
+
+
+def _req_to_blocks(manager: Any) -> dict[str, list]:
+    return manager.coordinator.single_type_managers[0].req_to_blocks
+
+
+def _leading_shared_blocks(blocks: list) -> int:
+    count = 0
+    for block in blocks:
+        if getattr(block, "ref_cnt", 1) <= 1:
+            break
+        count += 1
+    return count
+
+
+def _is_decoding(request: Any) -> bool:
+    """Past its prompt, with only the last sampled token to compute (chunked prefill never compacts)."""
+    return (request.num_computed_tokens >= request.num_prompt_tokens
+            and request.num_tokens - request.num_computed_tokens == 1
+            and not getattr(request, "spec_token_ids", None))

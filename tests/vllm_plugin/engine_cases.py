@@ -1,0 +1,81 @@
+"""The engine phases the tests in this folder share (see ``conftest.py``) and what they send."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "List three colours:"]
+MAX_TOKENS = 80
+SHORT_TOKENS = 40  # with a prompt of <= 10 tokens: never past CAP_BLOCKS * 32
+PREEMPT_TOKENS = 72
+SHARED_PREFIX = ("You are a careful assistant for a small bakery. Answer in plain sentences, mention prices in "
+                 "euros, keep each answer short, and never invent products that are not on the menu. The menu "
+                 "has bread, croissants, apple pie, lemon cake and coffee. Question: ")
+PREFIX_PROMPTS = [SHARED_PREFIX + q for q in ("What do you sell?", "How much is a croissant?",
+                                              "Do you have cake?", "Is the coffee fresh?")]
+MONITOR = {"base_pages": 2, "recent_window_tokens": 16, "sink_tokens": 4}
+CAP_BLOCKS = 2
+CAPPED = "capped"
+PREEMPT_BLOCKS = 12  # 8 requests x 2 blocks do not fit: vLLM preempts
+# Every boundary evicts: no growth past base_pages, low LTS is always "narrow demand".
+EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens": 16, "sink_tokens": 4,
+            "growth_coefficient": 0.0, "lts_grow_threshold": 100.0}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main_batch() -> dict:
+    """The batch every engine runs, in one ``generate``: the same rows everywhere keep numerics equal.
+
+    Rows (see :data:`ROWS`): ``A_capped``, the 4 ``PROMPTS`` in namespace ``capped``; ``A``, 2 of them
+    with no namespace (monitored in the enforce engine); ``A_short``, 2 in ``capped`` but short
+    enough never to reach the cap; ``P_capped``, 3 ``PREFIX_PROMPTS`` in ``capped`` (they share
+    the first block of their prompt).
+    """
+    capped = {"growpage_namespace": CAPPED}
+    prompts = PROMPTS + PROMPTS[:2] + PROMPTS[2:] + PREFIX_PROMPTS[:3]
+    max_tokens = [MAX_TOKENS] * 6 + [SHORT_TOKENS] * 2 + [MAX_TOKENS] * 3
+    extra_args = [capped] * 4 + [None] * 2 + [capped] * 5
+    return {"name": "main", "prompts": prompts, "max_tokens": max_tokens, "extra_args": extra_args}
+
+
+ROWS = {"A_capped": slice(0, 4), "A": slice(4, 6), "A_short": slice(6, 8), "P_capped": slice(8, 11)}
+
+
+def phases(which: str | None = None) -> list[dict]:
+    """The engines, in order. ``which="all"`` (``GROWPAGE_VLLM_TEST_ENGINES=all``) adds a monitor deployment."""
+    which = which if which is not None else os.environ.get("GROWPAGE_VLLM_TEST_ENGINES", "")
+    batch = main_batch()
+    engines = [
+        {"name": "off", "growpage": {"mode": "off", **MONITOR}, "batches": [batch]},
+        {"name": "enforce_cap", "batches": [batch], "scrape": True,
+         "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()}},
+        {"name": "enforce_preempt", "growpage": {**EVICTING, "exporter_port": -1},
+         "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
+         "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
+    ]
+    if which == "all":
+        engines.insert(1, {"name": "monitor", "batches": [batch], "scrape": True,
+                           "growpage": {"mode": "monitor", "exporter_port": _free_port(), **MONITOR}})
+    return engines
+
+
+def rows(run: dict, name: str, field: str = "token_ids") -> list:
+    """One slice of the main batch's results (see :func:`main_batch`)."""
+    return run["batches"]["main"][field][ROWS[name]]
+
+
+def samples(metrics: str, name: str) -> dict[str, float]:
+    """``{series: value}`` of one metric family in a text exposition."""
+    values = {}
+    for line in metrics.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    return values

@@ -1,0 +1,297 @@
+"""Stage 2 without an engine: accounting, keep sets, moving K/V, the scheduler-side enforcer."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from growpage.core.policy import Action
+from growpage.vllm_plugin import keys as kv_keys
+from growpage.vllm_plugin.compaction import (choose_keep, compaction_target_tokens, move_tokens,
+                                             physical_slot_mapping, physical_slots, protected_tokens,
+                                             slot_positions)
+from growpage.vllm_plugin.compactor import WorkerCompactor
+from growpage.vllm_plugin.enforcer import (DROPPED_ATTRIBUTE, OUTPUT_ATTRIBUTE, READINGS_ATTRIBUTE,
+                                           READY_ATTRIBUTE, SchedulerEnforcer, enforced_action)
+from growpage.vllm_plugin.settings import split_settings
+
+BLOCK = 4
+
+
+def test_target_keeps_protected_tokens_and_frees_at_least_one_block():
+    assert protected_tokens(16, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=3) == 5
+    assert protected_tokens(16, shared_prefix_tokens=8, sink_tokens=2, recent_window_tokens=3) == 11
+    assert compaction_target_tokens(16, allowed_blocks=4, block_size=BLOCK, evict_min_pages=1, protected=5) == 12
+    # after a recompute the request holds more than its allowance: back to allowance - 1
+    assert compaction_target_tokens(32, allowed_blocks=4, block_size=BLOCK, evict_min_pages=1, protected=5) == 12
+    # the shared prefix fills the allowance: nothing can be freed
+    assert compaction_target_tokens(16, allowed_blocks=4, block_size=BLOCK, evict_min_pages=1, protected=15) is None
+
+
+def test_slot_positions_follow_survivors_then_contiguous_tail():
+    assert slot_positions(None, 5, 0).tolist() == [0, 1, 2, 3, 4]
+    kept = torch.tensor([0, 1, 6, 7])  # 4 dropped (2..5)
+    assert slot_positions(kept, 6, 4).tolist() == [0, 1, 6, 7, 8, 9]
+
+
+def test_keep_set_prefers_attention_then_recency_and_never_drops_protected():
+    positions = torch.arange(12)
+    scores = torch.zeros(12)
+    scores[5] = 1.0  # a heavy hitter
+    keep = choose_keep(positions, scores, 8, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4)
+    assert keep.tolist() == [0, 1, 5, 7, 8, 9, 10, 11]  # ties among the rest: the older go first
+    recency = choose_keep(positions, None, 8, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4)
+    assert recency.tolist() == [0, 1, 6, 7, 8, 9, 10, 11]
+    shared = choose_keep(positions, scores, 8, 12, shared_prefix_tokens=4, sink_tokens=2, recent_window_tokens=4)
+    assert shared.tolist() == [0, 1, 2, 3, 8, 9, 10, 11]  # the shared block stays, even over a heavy hitter
+    assert choose_keep(positions, scores, 5, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4) is None
+
+
+def test_physical_slots_use_the_block_row():
+    row = torch.tensor([7, 3, 9])
+    assert physical_slots(row, torch.tensor([0, 5, 9]), BLOCK).tolist() == [28, 13, 37]
+    # a compacted request (dropped 6): logical 10, 11 live in physical 4, 5 (block 3, offsets 0, 1)
+    assert physical_slot_mapping(torch.tensor([10, 11]), 6, row, BLOCK).tolist() == [12, 13]
+
+
+@pytest.mark.parametrize("layout", kv_keys.LAYOUTS)
+def test_move_tokens_copies_keys_and_values_in_either_layout(layout):
+    torch.manual_seed(0)
+    num_blocks, heads, head_dim = 4, 2, 3
+    cache = torch.randn(num_blocks, heads, BLOCK, 2 * head_dim)
+    before = cache.clone()
+    src, dst = torch.tensor([5, 14, 2]), torch.tensor([1, 2, 3])  # overlapping: slot 2 is read and written
+    move_tokens(cache, src, dst, layout)
+
+    def token(c: torch.Tensor, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        block, offset = divmod(slot, BLOCK)
+        flat = c[block].reshape(heads, -1)
+        keys = flat[:, :BLOCK * head_dim]
+        keys = keys.view(heads, head_dim, BLOCK)[:, :, offset] if layout == kv_keys.TRANSPOSED \
+            else keys.view(heads, BLOCK, head_dim)[:, offset]
+        return keys, flat[:, BLOCK * head_dim:].view(heads, BLOCK, head_dim)[:, offset]
+
+    for s, d in zip(src.tolist(), dst.tolist()):
+        for got, want in zip(token(cache, d), token(before, s)):
+            assert torch.equal(got, want)
+    untouched = [slot for slot in range(num_blocks * BLOCK) if slot not in dst.tolist()]
+    for slot in untouched:
+        assert all(torch.equal(a, b) for a, b in zip(token(cache, slot), token(before, slot)))
+
+
+def test_quantize_and_defer_degrade_to_what_vllm_can_do():
+    assert enforced_action(Action.QUANTIZE, can_evict=True, pool_free_pages=5) is Action.EVICT
+    assert enforced_action(Action.QUANTIZE, can_evict=False, pool_free_pages=5) is Action.ALLOCATE
+    assert enforced_action(Action.DEFER, can_evict=False, pool_free_pages=0) is Action.PREEMPT
+    assert enforced_action(Action.EVICT, can_evict=True, pool_free_pages=0) is Action.EVICT
+    assert enforced_action(Action.ALLOCATE, can_evict=True, pool_free_pages=1) is Action.ALLOCATE
+
+
+# ---- the scheduler-side enforcer against stand-ins of vLLM's scheduler objects ------------------------
+class _Block:
+    def __init__(self, block_id: int, ref_cnt: int = 1, block_hash=None):
+        self.block_id, self.ref_cnt, self.block_hash = block_id, ref_cnt, block_hash
+
+
+class _Pool:
+    def __init__(self, num_free: int):
+        self.free: list[int] = list(range(100, 100 + num_free))
+        self.unhashed: list[int] = []
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def free_blocks(self, blocks) -> None:
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free.append(block.block_id)
+
+    def _maybe_evict_cached_block(self, block) -> bool:
+        self.unhashed.append(block.block_id)
+        block.block_hash = None
+        return True
+
+
+def _scheduler(blocks: list[_Block], num_computed: int, prompt: int = 2, namespace: str | None = None):
+    request = types.SimpleNamespace(
+        request_id="r", num_computed_tokens=num_computed, num_prompt_tokens=prompt, num_tokens=num_computed + 1,
+        spec_token_ids=[], sampling_params=types.SimpleNamespace(
+            extra_args={"growpage_namespace": namespace} if namespace else {}))
+    single = types.SimpleNamespace(req_to_blocks={"r": blocks}, num_cached_block={"r": len(blocks)})
+    manager = types.SimpleNamespace(block_pool=_Pool(10),
+                                    coordinator=types.SimpleNamespace(single_type_managers=[single]))
+    return types.SimpleNamespace(running=[request], waiting=[], kv_cache_manager=manager), request
+
+
+def _enforcer(**overrides) -> SchedulerEnforcer:
+    config, settings = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1,
+                                       "recent_window_tokens": 2, "growth_coefficient": 0,
+                                       "lts_grow_threshold": 100, **overrides}, env={}, block_size=BLOCK)
+    enforcer = SchedulerEnforcer(config, settings)
+    enforcer.on_output(types.SimpleNamespace(**{READY_ATTRIBUTE: True, READINGS_ATTRIBUTE: {}}))
+    return enforcer
+
+
+def test_enforcer_evicts_at_the_cap_frees_tail_blocks_and_plans_the_move():
+    blocks = [_Block(0, block_hash="h0"), _Block(1), _Block(2)]
+    scheduler, request = _scheduler(blocks, num_computed=12)
+    enforcer = _enforcer()
+    enforcer.before_schedule(scheduler)
+    assert [b.block_id for b in blocks] == [0, 1] and 2 in scheduler.kv_cache_manager.block_pool.free
+    assert scheduler.kv_cache_manager.block_pool.unhashed == [0]  # unhashed before it is rewritten
+    assert getattr(request, DROPPED_ATTRIBUTE) == 4
+    output = types.SimpleNamespace()
+    enforcer.after_schedule(scheduler, output)
+    payload = getattr(output, OUTPUT_ATTRIBUTE)
+    assert payload["plans"]["r"] == {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12,
+                                     "shared_prefix_tokens": 0, "dropped": 4}
+    assert payload["dropped"] == {"r": 4}
+    assert [d.kind for d in payload["decisions"]] == ["evict"] and payload["decisions"][0].enforced
+    enforcer.on_preempt(request)
+    assert getattr(request, DROPPED_ATTRIBUTE) == 0
+
+
+def test_enforcer_never_rewrites_shared_blocks_and_allocates_instead():
+    blocks = [_Block(0, ref_cnt=2), _Block(1, ref_cnt=2), _Block(2)]
+    scheduler, request = _scheduler(blocks, num_computed=12)
+    enforcer = _enforcer()
+    enforcer.before_schedule(scheduler)
+    assert len(blocks) == 3 and not getattr(request, DROPPED_ATTRIBUTE, 0)
+    output = types.SimpleNamespace()
+    enforcer.after_schedule(scheduler, output)
+    payload = getattr(output, OUTPUT_ATTRIBUTE)
+    # eviction cannot free a block, so the contract falls back to quantizing, which vLLM cannot do
+    assert [d.kind for d in payload["decisions"]] == ["allocate"] and payload["degraded"] == [("quantize", "allocate")]
+
+
+def test_enforcer_waits_for_the_prefill_and_for_a_ready_worker():
+    blocks = [_Block(0), _Block(1), _Block(2)]
+    scheduler, request = _scheduler(blocks, num_computed=12, prompt=20)  # still prefilling
+    enforcer = _enforcer()
+    enforcer.before_schedule(scheduler)
+    assert len(blocks) == 3
+    scheduler, request = _scheduler(blocks, num_computed=12)
+    enforcer = _enforcer()
+    enforcer.worker_ready = False
+    enforcer.before_schedule(scheduler)
+    assert len(blocks) == 3  # degraded to allocate: the worker cannot move tokens yet
+
+
+def test_enforce_namespaces_leave_other_requests_to_vllm():
+    blocks = [_Block(0), _Block(1), _Block(2)]
+    scheduler, request = _scheduler(blocks, num_computed=12, namespace="batch")
+    enforcer = _enforcer(enforce_namespaces=["gold"])
+    enforcer.before_schedule(scheduler)
+    assert len(blocks) == 3 and enforcer.requests["r"] is None
+
+
+# ---- the worker side: applying a plan to stand-ins of the runner ---------------------------------------
+def test_worker_compactor_moves_survivors_truncates_and_makes_inputs_physical():
+    config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2},
+                               env={}, block_size=BLOCK)
+    heads, head_dim = 1, 2
+    cache = torch.zeros(8, heads, BLOCK, 2 * head_dim)
+    keys, values = torch.arange(12.0), torch.arange(12.0) + 100  # token t of the request: key t, value t+100
+    blocks = [5, 2, 7]
+    for t in range(12):
+        block, offset = blocks[t // BLOCK], t % BLOCK
+        flat = cache[block, 0].view(-1)
+        flat[:BLOCK * head_dim].view(head_dim, BLOCK)[:, offset] = keys[t]
+        flat[BLOCK * head_dim:].view(BLOCK, head_dim)[offset] = values[t]
+    table = types.SimpleNamespace(num_blocks_per_row=[3], block_table=types.SimpleNamespace(cpu=torch.tensor([blocks])),
+                                  slot_mapping=types.SimpleNamespace(gpu=torch.full((4,), -1, dtype=torch.long)))
+    runner = types.SimpleNamespace(
+        requests={"r": types.SimpleNamespace(block_ids=([5, 2, 7],))}, kv_caches=[cache],
+        input_batch=types.SimpleNamespace(req_id_to_index={"r": 0}, req_ids=["r"], num_reqs=1,
+                                          block_table=types.SimpleNamespace(block_tables=[table])),
+        query_start_loc=types.SimpleNamespace(cpu=torch.tensor([0, 1])), seq_lens=torch.tensor([13]),
+        optimistic_seq_lens_cpu=torch.tensor([13]), positions=torch.tensor([12]))
+    compactor = WorkerCompactor(config)
+    scores = torch.zeros(12)
+    scores[3] = 5.0  # token 3 is a heavy hitter; 4 tokens must go
+    compactor.add_scores("r", scores)
+    plan = {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12, "shared_prefix_tokens": 0, "dropped": 4}
+    output = types.SimpleNamespace(growpage={"plans": {"r": plan}, "dropped": {"r": 4}})
+    compactor.begin_step(runner, output, kv_keys.TRANSPOSED)
+    kept = compactor.kept_positions["r"].tolist()
+    assert kept == [0, 3, 6, 7, 8, 9, 10, 11]
+    survivors = [cache[blocks[i // BLOCK], 0].view(-1)[:BLOCK * head_dim].view(head_dim, BLOCK)[0, i % BLOCK].item()
+                 for i in range(8)]
+    assert survivors == [float(p) for p in kept]
+    assert runner.requests["r"].block_ids == ([5, 2],) and table.num_blocks_per_row == [2]
+    table.block_table.cpu[0, 2] = 4  # vLLM appends the new block in _update_states
+    table.num_blocks_per_row[0] = 3
+    compactor.adjust_inputs(runner)
+    assert runner.seq_lens.tolist() == [9]  # 13 logical - 4 dropped
+    assert table.slot_mapping.gpu[0].item() == 4 * BLOCK + 0  # logical 12 -> physical 8 -> block 4, offset 0
+
+
+def test_a_failed_move_still_cuts_the_worker_blocks_like_the_scheduler_and_is_reported():
+    from growpage.vllm_plugin.compactor import CompactionError
+
+    config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2},
+                               env={}, block_size=BLOCK)
+    table = types.SimpleNamespace(num_blocks_per_row=[3])
+    runner = types.SimpleNamespace(requests={"r": types.SimpleNamespace(block_ids=([5, 2, 7],))}, kv_caches=[],
+                                   input_batch=types.SimpleNamespace(
+                                       req_id_to_index={"r": 0},
+                                       block_table=types.SimpleNamespace(block_tables=[table])))
+    compactor = WorkerCompactor(config)
+    plan = {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12, "shared_prefix_tokens": 0, "dropped": 4}
+    with pytest.raises(CompactionError):
+        compactor.begin_step(runner, types.SimpleNamespace(growpage={"plans": {"r": plan}, "dropped": {"r": 4}}),
+                             layout=None)  # the layout is unknown: nothing can move
+    assert runner.requests["r"].block_ids == ([5, 2],) and table.num_blocks_per_row == [2]
+    assert compactor.dropped == {"r": 4} and compactor.kept_positions["r"].tolist() == list(range(8))
+
+
+def test_scheduler_faults_are_counted_and_travel_to_the_worker():
+    enforcer = _enforcer()
+    assert enforcer.guarded("boundary decisions", lambda: 1 / 0) is None
+    scheduler, _ = _scheduler([_Block(0)], num_computed=1)
+    output = types.SimpleNamespace()
+    enforcer.after_schedule(scheduler, output)
+    assert getattr(output, OUTPUT_ATTRIBUTE)["errors"] == 1
+
+
+def test_the_worker_records_what_the_scheduler_decided_enforced_and_degraded():
+    from growpage.vllm_plugin.observer import VllmObserver
+
+    config, settings = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1,
+                                       "recent_window_tokens": 2}, env={}, block_size=BLOCK)
+    observer = VllmObserver(config, settings, num_layers=1, max_requests=2, model="m", engine_version="0.32.0")
+    blocks = [_Block(0, ref_cnt=2), _Block(1, ref_cnt=2), _Block(2)]
+    scheduler, _ = _scheduler(blocks, num_computed=12)
+    enforcer = _enforcer()
+    enforcer.before_schedule(scheduler)
+    output = types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[])
+    enforcer.after_schedule(scheduler, output)
+    observer.begin_step(None, output)
+    assert observer.stats.decisions_total["allocate"] == 1
+    assert observer.degraded_total == {("quantize", "allocate"): 1}
+    from growpage.vllm_plugin.metrics import DegradedDecisionsCollector
+
+    family = next(DegradedDecisionsCollector(observer, "m").collect())
+    assert [(s.labels["decided"], s.labels["enforced"], s.value) for s in family.samples
+            if s.name.endswith("_total")] == [("quantize", "allocate", 1.0)]
+
+
+@pytest.mark.parametrize(("async_scheduling", "tensor_parallel", "groups", "enforced"), [
+    (False, 1, 1, True), (True, 1, 1, False), (False, 2, 1, False), (False, 1, 2, False)])
+def test_enforcement_starts_only_where_it_is_safe(async_scheduling, tensor_parallel, groups, enforced):
+    from growpage.vllm_plugin.scheduler_hooks import enforcer_of
+
+    vllm_config = types.SimpleNamespace(
+        additional_config={"growpage": {"mode": "enforce", "base_pages": 3, "recent_window_tokens": 2}},
+        cache_config=types.SimpleNamespace(block_size=BLOCK),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=tensor_parallel, pipeline_parallel_size=1))
+    manager = types.SimpleNamespace(coordinator=types.SimpleNamespace(single_type_managers=[object()] * groups))
+    scheduler = types.SimpleNamespace(vllm_config=vllm_config, kv_cache_manager=manager,
+                                      scheduler_config=types.SimpleNamespace(async_scheduling=async_scheduling))
+    assert (enforcer_of(scheduler) is not None) is enforced
+    monitor = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
+        additional_config={"growpage": {"mode": "monitor"}}, cache_config=vllm_config.cache_config))
+    assert enforcer_of(monitor) is None
