@@ -58,6 +58,7 @@ def test_serving_runs_every_method_at_every_pool_and_plots(loaded, quality, tmp_
                                base_pages=6)
     serving = run_serving_bench(loaded.model_dir, settings, loaded=loaded)
     assert len(serving["runs"]) == 2 * len(serving["pools"])
+    assert set(serving["verdicts"]) == {"growpage"}
     expected_tokens = sum(a["max_tokens"] for a in serving["arrivals"])
     for run in serving["runs"]:
         assert run["output_tokens"] == expected_tokens  # ignore_eos: every method does the same work

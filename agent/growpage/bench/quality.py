@@ -36,9 +36,9 @@ class QualitySettings:
     methods: tuple[str, ...] = METHOD_NAMES
     budgets: tuple[int, ...] = (6, 12)  # base_pages: the cap of fixed-budget methods, GrowPage's grant
     reasoning: int = 4
-    reasoning_max_tokens: int = 192
+    reasoning_max_tokens: int = 160
     retrieval_context_tokens: tuple[int, ...] = (512, 1024)
-    retrieval_depths: tuple[float, ...] = (0.1, 0.9)
+    retrieval_depths: tuple[float, ...] = (0.5,)
     retrieval_max_tokens: int = 16
     summaries: int = 2
     summary_max_tokens: int = 32

@@ -22,15 +22,16 @@ from collections.abc import Callable
 
 from growpage.bench import harness
 from growpage.bench.workloads import Task, poisson_trace, reasoning_tasks, summary_tasks
+from growpage.core.methods import build_method
 from growpage.engine.sampling import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
 class ServingSettings:
-    methods: tuple[str, ...] = ("full_kv", "growpage", "h2o", "zipage")
+    methods: tuple[str, ...] = ("full_kv", "growpage", "growpage_overcommit", "h2o", "zipage")
     pool_fractions: tuple[float, ...] = (0.15, 0.3, 0.6)
     reasoning: int = 6
-    reasoning_max_tokens: int = 160
+    reasoning_max_tokens: int = 128
     summaries: int = 3
     summary_max_tokens: int = 32
     rate_per_s: float = 4.0
@@ -137,6 +138,8 @@ def run_serving_bench(model_dir: str, settings: ServingSettings,
                       "prompt_tokens": len(prompts[a.task.task_id])} for a in arrivals],
         "runs": runs,
         "verdict": verdict(runs),
+        "verdicts": {m: verdict(runs, m) for m in settings.methods
+                     if m != "full_kv" and build_method(m).family == "growpage"},
     }
 
 

@@ -16,6 +16,8 @@ zipage             cap in pages; at the cap compress a quarter of it in one even
 uniform_int8/int4  no cap; quantize every full page outside the sinks and the recent window as
                    soon as there are enough (KIVI-style FP16 residual window), else grow
 growpage           the growth contract (:func:`growpage.core.policy.decide`)
+growpage_overcommit  the same contract, admitted on demand like vLLM (no ``base_pages``
+                   reservation): compression, not preemption, is what catches an over-committed pool
 ablations          growpage without STS (density read as 0), without LTS (entropy read as the
                    grow threshold), without quantization, and a random feasible action
 =================  =============================================================================
@@ -194,6 +196,7 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
         "uniform_int4": lambda: KVMethod("uniform_int4", "quantization", uniform_quantization_decide,
                                          config_overrides={"quantization_bits": 4}, **on_demand),
         "growpage": lambda: _growpage("growpage", "growpage", decide),
+        "growpage_overcommit": lambda: KVMethod("growpage_overcommit", "growpage", decide, **on_demand),
         "growpage_no_sts": lambda: _growpage("growpage_no_sts", "ablation", without_sts),
         "growpage_no_lts": lambda: _growpage("growpage_no_lts", "ablation", without_lts),
         "growpage_no_quant": lambda: _growpage("growpage_no_quant", "ablation", without_quantization),
@@ -206,6 +209,6 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
 
 
 METHOD_NAMES = ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8", "uniform_int4",
-                "growpage", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random")
+                "growpage", "growpage_overcommit", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random")
 
 GROWPAGE = build_method("growpage")
