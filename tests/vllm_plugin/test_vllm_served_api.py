@@ -1,0 +1,187 @@
+"""vLLM's OpenAI-compatible server with the GrowPage plugin, started the way users start it.
+
+One server per module (``growpage.vllm_plugin.serve.serve_command``, what ``gpctl serve --engine
+vllm`` runs) on the packaged model, mode ``monitor``, CPU settings, one OpenMP thread, loopback
+ports. It takes about a minute to start on one core (up to ``STARTUP_TIMEOUT_S`` on a busy box).
+The tests send completions (one with ``x-growpage-namespace``), read ``/metrics/growpage``, lint
+it with ``promtool`` and let a real Prometheus scrape it. The server's process group is always
+killed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.vllm_guard import require_vllm_plugin
+
+require_vllm_plugin()
+
+import httpx
+from growpage import catalog
+from growpage.engine.model_prep import resolve_model_dir
+from growpage.errors import GrowPageError
+from growpage.vllm_plugin.serve import serve_command
+from support.promstack import free_port, run_prometheus, run_tool, wait_until
+
+pytestmark = pytest.mark.slow
+
+STARTUP_TIMEOUT_S = 240.0
+MODEL_NAME = "smollm2-growpage-test"
+NAMESPACE = "served-api-test"
+PROMPT = "The capital of France is"
+MAX_TOKENS = 40
+
+
+class Served:
+    """The running server: its URL, its process and its log."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: Path):
+        self.process, self.url, self.log_path = process, url, log_path
+        self.completions: list[dict] = []  # filled by test_completions (the metrics tests need traffic)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (API server, EngineCore, helpers), then SIGKILL it."""
+    try:
+        pgid = os.getpgid(process.pid)
+    except ProcessLookupError:
+        return
+    for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; children may still be exiting: make sure none survives.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        break
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    try:
+        model_dir = resolve_model_dir(None)
+    except GrowPageError as error:
+        pytest.skip(f"the packaged model is not prepared ({error}); run gpctl model prepare")
+    tmp = tmp_path_factory.mktemp("vllm-served")
+    port, exporter_port = free_port(), free_port()
+    argv, env = serve_command(
+        str(model_dir), host="127.0.0.1", port=port, cpu=True,
+        growpage={"mode": "monitor", "exporter_port": exporter_port, "exporter_host": "127.0.0.1"},
+        extra_args=["--served-model-name", MODEL_NAME, "--max-model-len", "1024", "--max-num-seqs", "4",
+                    "--max-num-batched-tokens", "512", "--num-gpu-blocks-override", "256", "--seed", "0"])
+    gpu_util = float(argv[argv.index("--gpu-memory-utilization") + 1])
+    assert gpu_util <= 0.3 and "--enforce-eager" in argv, argv
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    log_path = tmp / "server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # its own process group, killed at the end
+    served = Served(process, f"http://127.0.0.1:{port}", log_path)
+    try:
+        def healthy() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited ({process.returncode}):\n{served.log_tail()}")
+            try:
+                return httpx.get(f"{served.url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        started = time.monotonic()
+        try:
+            wait_until(healthy, STARTUP_TIMEOUT_S, interval_s=1.0, what=f"{served.url}/health")
+        except TimeoutError as error:
+            raise AssertionError(f"{error}\n{served.log_tail()}") from None
+        print(f"vLLM server healthy after {time.monotonic() - started:.0f}s")
+        yield served
+    finally:
+        _stop_group(process)
+
+
+def _complete(served: Served, headers: dict[str, str] | None = None) -> dict:
+    response = httpx.post(f"{served.url}/v1/completions", headers=headers or {}, timeout=120, json={
+        "model": MODEL_NAME, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0})
+    assert response.status_code == 200, f"{response.status_code}: {response.text}\n{served.log_tail(3000)}"
+    return response.json()
+
+
+def _growpage_metrics(served: Served) -> str:
+    response = httpx.get(f"{served.url}{catalog.METRICS_PATH}", timeout=10)
+    assert response.status_code == 200, f"{response.status_code}: {response.text}\n{served.log_tail(3000)}"
+    return response.text
+
+
+def test_completions(server: Served):
+    plain = _complete(server)
+    namespaced = _complete(server, {"x-growpage-namespace": NAMESPACE})
+    again = _complete(server)
+    server.completions = [plain, namespaced, again]
+    for body in server.completions:
+        choice = body["choices"][0]
+        assert body["model"] == MODEL_NAME
+        assert choice["text"].strip(), body
+        assert 0 < body["usage"]["completion_tokens"] <= MAX_TOKENS, body
+    # monitor never changes outputs, with or without a namespace: greedy text is identical.
+    assert {body["choices"][0]["text"] for body in server.completions} == {plain["choices"][0]["text"]}
+
+
+def _ensure_traffic(served: Served) -> None:
+    if not served.completions:  # run alone (-k): the exporter starts with the first engine step
+        served.completions = [_complete(served, {"x-growpage-namespace": NAMESPACE})]
+
+
+def test_growpage_metrics_route_passes_promtool(server: Served):
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    _ensure_traffic(server)
+    text = wait_until(lambda: _growpage_metrics(server), 30, what="/metrics/growpage")
+    assert "vllm:" not in text
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert samples, text
+    names = {line.split("{")[0].split(" ")[0] for line in samples}
+    assert all(name.startswith("growpage_") for name in names), sorted(names)
+    assert catalog.BUILD_INFO.name in names, sorted(names)
+    errors = [line for line in samples if line.startswith("growpage_agent_errors_total")]
+    assert all(float(line.rsplit(" ", 1)[1]) == 0 for line in errors), errors
+    run_tool("promtool", "check", "metrics", input_text=text)
+
+
+def test_prometheus_scrapes_growpage_metrics(server: Served, tmp_path: Path):
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    _ensure_traffic(server)
+    target = server.url.removeprefix("http://")
+    # In a cluster the namespace label comes from the scrape (catalog.MODEL_LABEL is the only
+    # label the plugin exports); a static target label stands in for it here.
+    scrape = {"job_name": catalog.SCRAPE_JOB, "metrics_path": catalog.METRICS_PATH,
+              "scrape_interval": "1s", "scrape_timeout": "900ms",
+              "static_configs": [{"targets": [target], "labels": {"namespace": NAMESPACE}}]}
+    with run_prometheus(tmp_path, [scrape]) as prom:
+        wait_until(prom.targets_up, 60, interval_s=0.5, what="the /metrics/growpage target to be up")
+        selector = f'{{__name__=~"growpage_.+", job="{catalog.SCRAPE_JOB}", namespace="{NAMESPACE}"}}'
+        result = wait_until(lambda: prom.query(selector), 30, interval_s=0.5, what=f"series for {selector}")
+        names = {series["metric"]["__name__"] for series in result}
+        assert all(name.startswith("growpage_") for name in names), sorted(names)
+        assert all(series["metric"].get(catalog.MODEL_LABEL) for series in result), result[:3]
+        build = prom.query(f'{catalog.BUILD_INFO.name}{{job="{catalog.SCRAPE_JOB}", namespace="{NAMESPACE}"}}')
+        assert [float(series["value"][1]) for series in build] == [1.0], build
+        assert build[0]["metric"].get("engine") == "vllm", build
+        assert not prom.query('{__name__=~"vllm:.+"}')
