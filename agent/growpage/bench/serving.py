@@ -43,7 +43,7 @@ class ServingSettings:
 
     @classmethod
     def quick(cls) -> ServingSettings:
-        return cls(methods=("full_kv", "growpage"), pool_fractions=(0.25, 1.0), reasoning=4,
+        return cls(methods=("full_kv", "growpage", "growpage_overcommit"), pool_fractions=(0.25, 1.0), reasoning=4,
                    reasoning_max_tokens=64, summaries=2, summary_max_tokens=16)
 
     def tasks(self) -> list[Task]:
