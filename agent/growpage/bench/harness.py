@@ -8,6 +8,7 @@ no observation cost: it is vLLM's paging as a user runs it today.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 from growpage.config import GrowPageConfig
@@ -50,6 +51,20 @@ def chat_ids(loaded: Loaded, prompt: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "input_ids") else ids)
 
 
+def prepare(model_dir: str, settings, loaded: Loaded | None = None) -> tuple[Loaded, list, dict[str, list[int]]]:
+    """What every comparison run starts with: methods checked, the model loaded (unless shared),
+    the settings' tasks and their chat-templated prompt ids by task id."""
+    check_methods(settings.methods)
+    loaded = loaded or load(model_dir, settings.threads)
+    tasks = settings.tasks()
+    return loaded, tasks, {t.task_id: chat_ids(loaded, t.prompt) for t in tasks}
+
+
+def decision_counts(snapshot) -> dict[str, int]:
+    """Decisions (and refusals) taken during a run, by kind, zero counts left out."""
+    return {kind: count for kind, count in snapshot.decisions_total.items() if count}
+
+
 def kv_bytes_per_token(loaded: Loaded) -> int:
     """FP16 KV bytes of one token across all layers (23,040 for SmolLM2-135M)."""
     g = loaded.model.config
@@ -75,8 +90,6 @@ def build_engine(loaded: Loaded, method_name: str, *, base_pages: int, num_pages
                  max_num_seqs: int, clock: Callable[[], float] | None = None,
                  max_num_batched_tokens: int = 2048, seed: int = 0) -> tuple[LLMEngine, KVMethod]:
     """An engine whose manager runs ``method_name`` (GrowPage off for ``full_kv``)."""
-    import time
-
     method = build_method(method_name, seed=seed)
     mode = "off" if method.family == "full" else "enforce"
     config = GrowPageConfig(mode=mode, base_pages=base_pages, block_size=block_size, kv_dtype="float16")

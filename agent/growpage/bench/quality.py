@@ -140,7 +140,7 @@ def _run(loaded: harness.Loaded, method: str, budget: int, tasks: list[Task], pr
                             "sts_density": reading.sts_density, "lts_entropy": reading.lts_entropy})
     wall_s = time.perf_counter() - started
     snapshot = engine.manager.make_stats()
-    decisions = {kind: count for kind, count in snapshot.decisions_total.items() if count}
+    decisions = harness.decision_counts(snapshot)
     timeline = None
     if listener:
         timeline = {"task": timeline_task, "method": method, "budget_pages": budget, "signals": signals,
@@ -219,10 +219,7 @@ def run_quality_bench(model_dir: str, settings: QualitySettings,
                       progress: Callable[[str], None] = lambda _message: None,
                       loaded: harness.Loaded | None = None) -> dict:
     """Run every method at every budget; returns a JSON-ready dict (see module docstring)."""
-    harness.check_methods(settings.methods)
-    loaded = loaded or harness.load(model_dir, settings.threads)
-    tasks = settings.tasks()
-    prompts = {t.task_id: harness.chat_ids(loaded, t.prompt) for t in tasks}
+    loaded, tasks, prompts = harness.prepare(model_dir, settings, loaded)
     budget0 = max(settings.budgets)
 
     progress("reference: full KV, greedy")

@@ -101,7 +101,7 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompt
         "pages_peak_per_request_max": max(pages_peak.values(), default=0),
         "pages_peak_per_request_median": statistics.median(pages_peak.values()) if pages_peak else 0,
         "requests_truncated": truncated,
-        "decisions": {kind: count for kind, count in snapshot.decisions_total.items() if count},
+        "decisions": harness.decision_counts(snapshot),
         "steps": engine.num_steps,
     }
 
@@ -110,10 +110,7 @@ def run_serving_bench(model_dir: str, settings: ServingSettings,
                       progress: Callable[[str], None] = lambda _message: None,
                       loaded: harness.Loaded | None = None) -> dict:
     """Every method at every pool size on the same trace; returns a JSON-ready dict."""
-    harness.check_methods(settings.methods)
-    loaded = loaded or harness.load(model_dir, settings.threads)
-    tasks = settings.tasks()
-    prompts = {t.task_id: harness.chat_ids(loaded, t.prompt) for t in tasks}
+    loaded, tasks, prompts = harness.prepare(model_dir, settings, loaded)
     arrivals = poisson_trace(tasks, settings.rate_per_s, settings.seed)
     demand = full_kv_demand_pages([len(prompts[t.task_id]) for t in tasks], [t.max_tokens for t in tasks],
                                   settings.block_size)

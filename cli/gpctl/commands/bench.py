@@ -74,6 +74,8 @@ def _comparison(which: str, quick: bool, model: Path | None, threads: int | None
                 methods: list[str] | None) -> dict:
     import dataclasses
 
+    import torch
+
     from growpage.bench import harness, plots
     from growpage.bench.quality import QualitySettings, run_quality_bench
     from growpage.bench.serving import ServingSettings, run_serving_bench
@@ -88,7 +90,7 @@ def _comparison(which: str, quick: bool, model: Path | None, threads: int | None
     console = Console(stderr=True)
     loaded = harness.load(model_dir, threads)
     result: dict = {"command": f"gpctl bench {which}" + (" --quick" if quick else ""),
-                    "threads": __import__("torch").get_num_threads()}
+                    "threads": torch.get_num_threads()}
     for name, settings_type, run in (("quality", QualitySettings, run_quality_bench),
                                      ("serving", ServingSettings, run_serving_bench)):
         if which not in (name, "all"):
