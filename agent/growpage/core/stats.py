@@ -17,6 +17,7 @@ from typing import Protocol
 logger = logging.getLogger(__name__)
 
 DECISION_KINDS = ("allocate", "quantize", "evict", "denied", "throttled", "preempt")
+ACTIVE = "active"  # a component's state when it runs; anything else is the reason it does not
 MAX_SAMPLES = 10_000
 MAX_EVENTS = 2_000
 
@@ -133,6 +134,9 @@ class StatsSnapshot:
     window_compress_output_bytes: int
     decision_events: tuple[DecisionEvent, ...]
     samples_dropped: int
+    # component ("observer", "enforcer") -> ACTIVE, or why it is inactive in this process
+    # (e.g. "unsupported_backend", "full_cudagraph", "async_scheduling"); current, not windowed
+    component_states: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def intra_page_compress_ratio(self) -> float | None:
@@ -155,6 +159,7 @@ class StatsRecorder:
         self.agent_errors_total: collections.Counter[str] = collections.Counter()
         self.requests_finished_total: collections.Counter[str] = collections.Counter()
         self.listeners: list[StatsListener] = []
+        self.component_states: dict[str, str] = {}
         self._reset_window()
 
     def add_listener(self, listener: StatsListener) -> None:
@@ -213,6 +218,10 @@ class StatsRecorder:
     def record_oom(self) -> None:
         self.oom_events_total += 1
 
+    def set_component_state(self, component: str, state: str) -> None:
+        """``ACTIVE``, or the reason ``component`` does nothing in this process (never silent)."""
+        self.component_states[component] = state
+
     def record_error(self, component: str) -> None:
         self.agent_errors_total[component] += 1
 
@@ -242,6 +251,7 @@ class StatsRecorder:
             window_compress_output_bytes=self._window_out,
             decision_events=tuple(self._events),
             samples_dropped=self._dropped,
+            component_states=dict(self.component_states),
         )
         self._reset_window()
         return snapshot
