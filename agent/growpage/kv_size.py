@@ -38,6 +38,16 @@ QUANTIZED_DTYPES = frozenset({"int8", "int4"})
 SCALE_BYTES = 2  # one float16 scale per (layer, K|V, KV head) per page
 KV_TENSORS_PER_LAYER = 2  # K and V
 
+
+def kv_token_bytes(layers: int, kv_heads: int, head_dim: int, element_bytes: int) -> int:
+    """Bytes one token's K and V take at full precision across ``layers`` (scales excluded).
+
+    The one place this product is written: the reference engine's page store, the vLLM plugin's
+    byte gauges and :func:`estimate_kv_size` all call it. SmolLM2-135M, FP16: 30 x 3 x 2 x 64 x 2
+    = 23,040 bytes.
+    """
+    return layers * kv_heads * KV_TENSORS_PER_LAYER * head_dim * element_bytes
+
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 

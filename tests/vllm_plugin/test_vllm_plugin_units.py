@@ -10,7 +10,7 @@ import torch
 from growpage.config import Mode
 from growpage.errors import ConfigError
 from growpage.vllm_plugin import keys as kv_keys
-from growpage.vllm_plugin.observer import VllmObserver, layer_index, observed_layer_indices
+from growpage.vllm_plugin.observer import VllmObserver, layer_index
 from growpage.vllm_plugin.settings import PluginSettings, split_settings
 from growpage.vllm_plugin.versions import SUPPORTED_VLLM_SPEC, check_vllm_version, is_supported
 
@@ -39,9 +39,10 @@ def test_settings_reject_unknown_keys_with_a_fix():
         split_settings({"exporter_port": 70000}, env={})
 
 
-def test_observed_layers_are_spread_and_parsed_from_names():
-    assert observed_layer_indices(30, 3) == {0, 14, 29} or observed_layer_indices(30, 3) == {0, 15, 29}
+def test_layer_names_parse_and_the_observer_watches_the_controllers_layers():
     assert layer_index("model.layers.14.self_attn.attn") == 14
+    observer = _observer()
+    assert observer.observed_layers == observer.controller.observed_layers
 
 
 def _transposed_cache(keys: torch.Tensor, block_size: int, num_blocks: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ import enum
 
 import torch
 
+from growpage.kv_size import kv_token_bytes
 from growpage.core import quantize as q
 
 
@@ -51,7 +52,7 @@ class KVStore:
         self.num_kv_heads, self.head_dim, self.kv_dtype = num_kv_heads, head_dim, kv_dtype
         self.device = torch.device(device)
         itemsize = torch.empty((), dtype=kv_dtype).element_size()
-        self.full_token_bytes = 2 * num_kv_heads * head_dim * itemsize  # one layer
+        self.full_token_bytes = kv_token_bytes(1, num_kv_heads, head_dim, itemsize)  # one layer
         self.page_bytes = block_size * self.full_token_bytes  # one layer
         self.tokens_per_page = {
             PageFormat.FULL: block_size,
@@ -93,6 +94,10 @@ class KVStore:
         fmt = self.format[page]
         scale_bytes = 0 if fmt is PageFormat.FULL else self.num_layers * 2 * self.num_kv_heads * q.SCALE_BYTES
         return round(self.fill[page] * self.token_bytes(fmt)) + scale_bytes
+
+    def logical_bytes(self, num_tokens: int) -> int:
+        """Bytes ``num_tokens`` tokens would take at full precision in every layer."""
+        return num_tokens * self.num_layers * self.full_token_bytes
 
     def token_bytes(self, fmt: PageFormat) -> float:
         """Bytes per token at ``fmt``, all layers, without scales."""

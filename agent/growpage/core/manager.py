@@ -11,9 +11,12 @@ Engine-facing API, in step order (check/commit pairs, nano-vllm style):
 5. ``finish_step``: fold the step's observations into STS/LTS (device ops, no host sync).
 6. ``release``: on finish, abort or preemption every page goes back.
 
-Faults inside GrowPage's own logic (summaries, decisions, compression) are caught, counted in
-``stats.agent_errors_total[component]`` and fall back to plain paging, so a bug in GrowPage never
-takes the engine down.
+The manager is the reference engine's home of GrowPage: it owns where the KV lives (pool, page
+bytes, summaries) and carries out decisions; admission grants, the boundary routine, the observed
+layers, the fault guard and the stats belong to its :class:`~growpage.core.controller.GrowthController`,
+which the vLLM plugin's hooks share. Faults inside GrowPage's own logic (summaries, decisions,
+compression) are caught, counted in ``stats.agent_errors_total[component]`` and fall back to plain
+paging, so a bug in GrowPage never takes the engine down.
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ import torch
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
+from growpage.core.controller import BoundaryCall, ControlledRequest, GrowthController, PoolView, Reading
 from growpage.core.evict import max_pool_scores, select_keep, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
 from growpage.core.methods import GROWPAGE, KVMethod, TokenScore
-from growpage.core.policy import (Action, BoundaryState, Decision, Reason, capacity_boundary_pages,
-                                  refill_growth_budget)
+from growpage.core.policy import Action, Reason
 from growpage.core.pool import PagePool
-from growpage.core.stats import (AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder,
-                                  StatsSnapshot)
+from growpage.core.devices import device_name
+from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.errors import GrowPageError
 
@@ -59,19 +62,30 @@ class Admission:
 
 @dataclasses.dataclass
 class RequestKV:
-    """One request's page table and GrowPage state."""
+    """One request's page table; its GrowPage state is the controller's ``control``."""
 
-    request_id: str
-    namespace: str | None
-    mode: Mode
+    control: ControlledRequest
     summary_row: int
-    base_pages: int
     pages: list[int]  # pages holding tokens; a format's pages are in chronological order
     reserved: list[int]  # granted, not yet written
     logical_length: int = 0  # tokens seen so far (the next token's position)
-    growth_budget_pages: float = 0.0
-    last_refill_s: float = 0.0
     peak_pages_held: int = 0  # the most pages held at once, transient peaks (a whole prompt) included
+
+    @property
+    def request_id(self) -> str:
+        return self.control.request_id
+
+    @property
+    def namespace(self) -> str | None:
+        return self.control.namespace
+
+    @property
+    def mode(self) -> Mode:
+        return self.control.mode
+
+    @property
+    def base_pages(self) -> int:
+        return self.control.base_pages
 
     @property
     def pages_held(self) -> int:
@@ -127,7 +141,9 @@ class GrowPageManager:
                  compute_dtype: torch.dtype = torch.float32, max_requests: int = 256,
                  clock: Callable[[], float] = time.monotonic, method: KVMethod = GROWPAGE):
         self.method = method
-        config = method.configure(config)
+        self.controller = GrowthController(config, num_layers=num_layers, clock=clock, method=method,
+                                           logger=logger)
+        config = self.controller.config
         self.config = config
         self.clock = clock
         self.compute_dtype = compute_dtype
@@ -135,26 +151,24 @@ class GrowPageManager:
         self.store = KVStore(num_layers, num_pages, config.block_size, num_kv_heads, head_dim,
                              DTYPES[config.kv_dtype], device)
         self.summaries = SummaryBank(config, max_requests, device)
-        self.stats = StatsRecorder()
+        self.stats = self.controller.stats
         self.requests: dict[str, RequestKV] = {}
         # Pages the oldest waiting request needs to be admitted; set by the scheduler each step so
         # growth yields to admission (see growpage.core.policy).
         self.admission_reserve_pages = 0
         self._free_rows = list(range(max_requests - 1, -1, -1))
-        count = min(config.observed_layers, num_layers)
-        self.observed_layers = frozenset(round((i + 1) * num_layers / (count + 1)) % num_layers
-                                         for i in range(count))
+        self.observed_layers = self.controller.observed_layers
         self._quant_format = PageFormat.for_bits(config.quantization_bits)
         self._random_scores = torch.Generator(device="cpu").manual_seed(0)
 
     # ---- admission ----------------------------------------------------------------------------
+    @property
+    def device_name(self) -> str:
+        return device_name(self.store.device)
+
     def pages_for_prompt(self, num_prompt_tokens: int) -> int:
-        """Pages a request is granted: ``base_pages``, or more if the prompt needs more (only the
-        prompt's pages for a method that allocates on demand)."""
-        prompt_pages = math.ceil((num_prompt_tokens + 1) / self.config.block_size)
-        if not self.method.reserve_base_pages:
-            return prompt_pages
-        return max(self.config.base_pages, prompt_pages)
+        """Pages a request is granted at admission (see :meth:`GrowthController.grant_pages`)."""
+        return self.controller.grant_pages(num_prompt_tokens)
 
     def _prefix_hits(self, num_prompt_tokens: int, block_hashes: Sequence[int]) -> list[int]:
         # Keep at least one prompt token uncached: the engine needs its logits.
@@ -177,9 +191,9 @@ class GrowPageManager:
               mode: Mode | str | None = None, block_hashes: Sequence[int] = ()) -> Admission:
         """Grant pages to a new request. Call ``can_admit`` first (no over-commit)."""
         if request_id in self.requests:
-            raise GrowPageError(f"request {request_id!r} is already admitted; request ids must be unique")
+            raise RuntimeError(f"request {request_id!r} is already admitted; request ids must be unique")
         if not self.can_admit(num_prompt_tokens, block_hashes):
-            raise GrowPageError(f"cannot admit {request_id!r}: call can_admit() first")
+            raise RuntimeError(f"cannot admit {request_id!r}: call can_admit() first")
         hits = self._prefix_hits(num_prompt_tokens, block_hashes)
         started = time.perf_counter()
         reserved = self.pool.reserve(self.pages_for_prompt(num_prompt_tokens) - len(hits))
@@ -188,26 +202,21 @@ class GrowPageManager:
             self.pool.share(page)
         row = self._free_rows.pop()
         self.summaries.reset([row])
-        request = RequestKV(request_id=request_id, namespace=namespace,
-                            mode=self.config.mode_for(namespace, mode), summary_row=row,
-                            base_pages=self.config.base_pages, pages=list(hits), reserved=reserved,
-                            logical_length=len(hits) * self.config.block_size,
-                            last_refill_s=self.clock())
-        request.growth_budget_pages = refill_growth_budget(0.0, request.pages_held, math.inf,
-                                                           self.config.max_growth_rate)
+        cached_tokens = len(hits) * self.config.block_size
+        control = self.controller.admit(
+            request_id, prompt_tokens=num_prompt_tokens, namespace=namespace, mode=mode,
+            cached_tokens=cached_tokens, pages_granted=len(reserved), latency_s=grant_latency_s)
+        request = RequestKV(control=control, summary_row=row, pages=list(hits), reserved=reserved,
+                            logical_length=cached_tokens)
         request.peak_pages_held = request.pages_held
         self.requests[request_id] = request
-        self.stats.record_admit(AdmitEvent(
-            request_id=request_id, namespace=namespace, mode=request.mode.value,
-            prompt_tokens=num_prompt_tokens, cached_tokens=request.logical_length,
-            pages_granted=len(reserved), latency_s=grant_latency_s, time_s=self.clock()))
         return Admission(cached_tokens=request.logical_length, pages_granted=len(reserved))
 
     def publish_prefix(self, request_id: str, block_hashes: Sequence[int]) -> int:
         """Offer the request's full prompt pages to later requests; returns pages published."""
         request = self.requests[request_id]
         published = 0
-        for page, block_hash in zip(request.pages, block_hashes):
+        for page, block_hash in zip(request.pages, block_hashes, strict=False):  # hashes cover full pages
             if self.store.format[page] is not PageFormat.FULL or self.store.fill[page] < self.config.block_size:
                 break
             self.pool.publish(page, block_hash)
@@ -253,63 +262,45 @@ class GrowPageManager:
     def _cross_boundary(self, request: RequestKV) -> SlotStatus:
         if request.mode is Mode.OFF:
             return self._plain_paging(request)
-        started = time.perf_counter()
-        pages_before = request.pages_held
-        try:
-            decision, state, boundary, plans = self._decide(request)
-        except Exception:  # GrowPage must never take the engine down
-            self._fault("policy", "decision failed; falling back to plain paging")
+        call: BoundaryCall | None = None
+        quantize_plan = evict_plan = None
+        with self.controller.guard("policy", "decision failed; falling back to plain paging"):
+            reading = self.summaries.read([request.summary_row])[0]
+            quantize_plan = self._plan_quantize(request)
+            evict_plan = self._plan_evict(request)
+            call = self.controller.decide(
+                request.request_id, pages_held=request.pages_held,
+                pool=PoolView(self.pool.num_free, self.admission_reserve_pages),
+                can_quantize=quantize_plan is not None, can_evict=evict_plan is not None,
+                reading=Reading(reading.sts_density, reading.lts_entropy))
+        if call is None:
             return self._plain_paging(request)
 
         bytes_in = bytes_out = 0
         enforced = request.mode is Mode.ENFORCE
+        status = None
         if enforced:
-            try:
-                status, bytes_in, bytes_out = self._apply(request, decision, plans)
-            except Exception:
-                self._fault("actuator", f"{decision.action.value} failed; falling back to plain paging")
-                status = self._plain_paging(request)
-        else:
+            with self.controller.guard("actuator", f"{call.decision.action.value} failed; "
+                                       "falling back to plain paging"):
+                status, bytes_in, bytes_out = self._apply(request, call.decision.action, quantize_plan, evict_plan)
+        if status is None:
             status = self._plain_paging(request)
-        self.stats.record_decision(DecisionEvent(
-            request_id=request.request_id, namespace=request.namespace, kind=decision.action.value,
-            refusal=decision.refusal.value if decision.refusal else None, reason=decision.reason.value,
-            enforced=enforced, pages_before=pages_before, pages_after=request.pages_held,
-            sts_density=state.sts_density, lts_entropy=state.lts_entropy,
-            capacity_boundary_pages=boundary, bytes_in=bytes_in, bytes_out=bytes_out,
-            duration_s=time.perf_counter() - started, time_s=self.clock()))
+        self.controller.record_decision(call, kind=call.decision.action, enforced=enforced,
+                                        pages_after=request.pages_held, bytes_in=bytes_in, bytes_out=bytes_out)
         return status
 
-    def _decide(self, request: RequestKV) -> tuple[Decision, BoundaryState, float, tuple]:
-        reading = self.summaries.read([request.summary_row])[0]
-        now = self.clock()
-        request.growth_budget_pages = refill_growth_budget(
-            request.growth_budget_pages, request.pages_held, now - request.last_refill_s,
-            self.config.max_growth_rate)
-        request.last_refill_s = now
-        quantize_plan = self._plan_quantize(request)
-        evict_plan = self._plan_evict(request)
-        state = BoundaryState(
-            pages_held=request.pages_held, base_pages=request.base_pages,
-            sts_density=reading.sts_density, lts_entropy=reading.lts_entropy,
-            pool_free_pages=self.pool.num_free, growth_budget_pages=request.growth_budget_pages,
-            can_quantize=quantize_plan is not None, can_evict=evict_plan is not None,
-            admission_reserve_pages=min(self.admission_reserve_pages, self.pool.num_free))
-        boundary = capacity_boundary_pages(request.base_pages, reading.lts_entropy,
-                                           self.config.growth_coefficient)
-        return self.method.decide(state, self.config), state, boundary, (quantize_plan, evict_plan)
-
-    def _apply(self, request: RequestKV, decision: Decision, plans: tuple) -> tuple[SlotStatus, int, int]:
-        quantize_plan, evict_plan = plans
-        if decision.action is Action.ALLOCATE:
+    def _apply(self, request: RequestKV, action: Action, quantize_plan: _QuantizePlan | None,
+               evict_plan: _EvictPlan | None) -> tuple[SlotStatus, int, int]:
+        if action is Action.ALLOCATE:
             self._grant_one(request)
-            request.growth_budget_pages -= 1.0
             return SlotStatus.OK, 0, 0
-        if decision.action is Action.QUANTIZE:
+        if action is Action.QUANTIZE:
+            assert quantize_plan is not None, "the policy quantizes only when a plan exists"
             return (SlotStatus.OK, *self._quantize(request, quantize_plan))
-        if decision.action is Action.EVICT:
+        if action is Action.EVICT:
+            assert evict_plan is not None, "the policy evicts only when a plan exists"
             return (SlotStatus.OK, *self._evict(request, evict_plan))
-        if decision.action is Action.DEFER:
+        if action is Action.DEFER:
             return SlotStatus.DEFER, 0, 0
         self.stats.record_oom()
         return SlotStatus.PREEMPT, 0, 0
@@ -323,20 +314,14 @@ class GrowPageManager:
             return
         started = time.perf_counter()
         pages_before = request.pages_held
-        try:
+        with self.controller.guard("actuator", "compressing the prompt failed; keeping it whole"):
             plan = self._plan_evict(request)
             if plan is None:
                 return
             bytes_in, bytes_out = self._evict(request, plan)
-        except Exception:
-            self._fault("actuator", "compressing the prompt failed; keeping it whole")
-            return
-        self.stats.record_decision(DecisionEvent(
-            request_id=request.request_id, namespace=request.namespace, kind=Action.EVICT.value,
-            refusal=None, reason=Reason.PROMPT_BUDGET.value, enforced=True, pages_before=pages_before,
-            pages_after=request.pages_held, sts_density=0.0, lts_entropy=0.0,
-            capacity_boundary_pages=float(request.base_pages), bytes_in=bytes_in, bytes_out=bytes_out,
-            duration_s=time.perf_counter() - started, time_s=self.clock()))
+            self.controller.record_prompt_eviction(request_id, pages_before=pages_before,
+                                                   pages_after=request.pages_held, bytes_in=bytes_in,
+                                                   bytes_out=bytes_out, started_perf_s=started)
 
     # ---- compression ----------------------------------------------------------------------------
     def _private_pages(self, request: RequestKV, fmt: PageFormat) -> list[int]:
@@ -531,61 +516,43 @@ class GrowPageManager:
         request = self.requests.pop(request_id, None)
         if request is None:
             return
-        lts = None
         if request.mode is not Mode.OFF:
-            try:
-                reading = self.summaries.read([request.summary_row])[0]
-                lts = reading.lts_entropy if reading.steps_observed else None
-            except Exception:
-                self._fault("summaries", "reading summaries at release failed")
+            with self.controller.guard("summaries", "reading summaries at release failed"):
+                self._refresh_readings([request])
         for page in request.pages + request.reserved:
             if self.pool.ref_count(page) == 1:
                 self.store.clear(page)
             self.pool.release(page)
         self._free_rows.append(request.summary_row)
-        self.stats.record_finish(FinishEvent(request_id=request_id, reason=reason,
-                                             num_tokens=request.logical_length, lts_entropy=lts,
-                                             time_s=self.clock()))
+        self.controller.release(request_id, reason, num_tokens=request.logical_length)
 
     # ---- faults and stats ---------------------------------------------------------------------
     def _fault(self, component: str, message: str) -> None:
-        """Count a caught fault; log its traceback the first time per component only, so a
-        persistent fault cannot flood the logs from the decode loop."""
-        first = self.stats.agent_errors_total[component] == 0
-        self.stats.record_error(component)
-        if first:
-            logger.exception("growpage %s: %s (further faults are counted in "
-                             "growpage_agent_errors_total, not logged)", component, message)
-        else:
-            logger.debug("growpage %s: %s", component, message, exc_info=True)
+        self.controller.fault(component, message)
+
+    def _refresh_readings(self, requests: list[RequestKV]) -> None:
+        """Hand the controller the latest summaries of ``requests`` (one device sync)."""
+        tracked = [r for r in requests if r.mode is not Mode.OFF]
+        for request, reading in zip(tracked, self.summaries.read([r.summary_row for r in tracked]), strict=True):
+            if reading.steps_observed:
+                self.controller.update_reading(request.request_id,
+                                               Reading(reading.sts_density, reading.lts_entropy))
 
     def gauges(self) -> PoolGauges:
         """Current pool state (one device sync for the summary readings)."""
         requests = list(self.requests.values())
+        self._refresh_readings(requests)
         distinct_pages = {p for r in requests for p in r.pages}
-        live_tokens = sum(self.store.fill[p] for p in distinct_pages)
         used_slots = sum(self.store.capacity(p) for p in distinct_pages)
         reserved_slots = sum(len(r.reserved) for r in requests) * self.config.block_size
-        full_token_bytes = self.store.token_bytes(PageFormat.FULL)
-        readings = self.summaries.read([r.summary_row for r in requests if r.mode is not Mode.OFF])
-        tracked = [r for r in requests if r.mode is not Mode.OFF]
-        lts_by_namespace: dict[str, list[float]] = {}
-        boundaries = []
-        for request, reading in zip(tracked, readings):
-            boundaries.append(capacity_boundary_pages(request.base_pages, reading.lts_entropy,
-                                                      self.config.growth_coefficient))
-            if reading.steps_observed:
-                lts_by_namespace.setdefault(request.namespace or "", []).append(reading.lts_entropy)
-        return PoolGauges(
+        return self.controller.pool_gauges(
             num_pages=self.pool.num_pages, pages_free=self.pool.num_free,
             pages_reserved=self.pool.num_reserved, pages_used=self.pool.num_used,
-            live_tokens=live_tokens, granted_token_slots=used_slots + reserved_slots,
-            used_token_slots=used_slots,
-            logical_bytes=round(sum(r.logical_length for r in requests) * full_token_bytes),
-            stored_bytes=sum(self.store.live_bytes(p) for p in distinct_pages),
-            requests_running=len(requests), capacity_boundaries=tuple(boundaries),
-            lts_by_namespace={ns: tuple(v) for ns, v in lts_by_namespace.items()})
+            live_tokens=sum(self.store.fill[p] for p in distinct_pages),
+            granted_token_slots=used_slots + reserved_slots, used_token_slots=used_slots,
+            logical_bytes=self.store.logical_bytes(sum(r.logical_length for r in requests)),
+            stored_bytes=sum(self.store.live_bytes(p) for p in distinct_pages))
 
     def make_stats(self) -> StatsSnapshot:
         """Get-and-reset snapshot for the telemetry collector (its only consumer)."""
-        return self.stats.drain(self.gauges())
+        return self.controller.make_stats(self.gauges())

@@ -25,11 +25,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from prometheus_client.registry import CollectorRegistry
 
 from growpage import __version__, catalog
-from growpage.core.manager import GrowPageManager
+from growpage.core.controller import StatsSource
 from growpage.telemetry.collector import COLLECTOR_COMPONENT, GrowPageCollector
 from growpage.telemetry.exporter import MetricsExporter, start_exporter
 from growpage.telemetry.exposition import MetricsResponse, render_metrics
@@ -41,20 +40,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_POLL_INTERVAL_S = 1.0
 
 
-def device_name(device: torch.device | str) -> str:
-    """A human name of the device the pages live on: the GPU model on CUDA, else the device type."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        try:
-            return torch.cuda.get_device_name(device)
-        except Exception:  # a driver hiccup must not keep telemetry from starting
-            return "cuda"
-    return device.type
-
-
-def build_info_labels(manager: GrowPageManager, engine: str, engine_version: str) -> dict[str, str]:
+def build_info_labels(source: StatsSource, engine: str, engine_version: str) -> dict[str, str]:
     """``growpage_build_info`` label values, in the catalog's label order."""
-    config = manager.config
+    config = source.config
     values = {
         "version": __version__,
         "engine": engine,
@@ -62,7 +50,7 @@ def build_info_labels(manager: GrowPageManager, engine: str, engine_version: str
         "mode": config.mode.value,
         "block_size": str(config.block_size),
         "base_pages": str(config.base_pages),
-        "device": device_name(manager.store.device),
+        "device": source.device_name,
     }
     return {label: values[label] for label in catalog.BUILD_INFO.labels}
 
@@ -91,7 +79,7 @@ class TelemetryAgent:
         clock: seconds, monotonic; paces polling (injected for tests).
     """
 
-    def __init__(self, manager: GrowPageManager, *, model: str, engine: str = "reference",
+    def __init__(self, manager: StatsSource, *, model: str, engine: str = "reference",
                  engine_version: str = "", registry: CollectorRegistry | None = None,
                  poll_interval_s: float = DEFAULT_POLL_INTERVAL_S, engine_lock: Any = None,
                  engine_lock_timeout_s: float = 0.05, tracer_provider: Any = None,
@@ -122,7 +110,7 @@ class TelemetryAgent:
         self.poll()
 
     @classmethod
-    def from_env(cls, manager: GrowPageManager, **kwargs) -> TelemetryAgent:
+    def from_env(cls, manager: StatsSource, **kwargs) -> TelemetryAgent:
         """An agent with tracing configured from the ``OTEL_*`` / ``GROWPAGE_TRACING`` variables
         (off unless asked; see ``docs/TELEMETRY.md``). The agent owns that provider and shuts it
         down on ``close``.

@@ -24,7 +24,10 @@ Never touched: blocks with ``ref_cnt > 1`` (shared through the prefix cache; the
 and stay in place, protected). Blocks the request alone holds lose their prefix-cache hash before
 they are rewritten or freed, so no later request can hit stale content.
 
-This module imports no vLLM (tests drive it with stand-ins); :func:`install_scheduler_hooks` does.
+Admission grants, the boundary routine and the fault guard are the shared
+:class:`~growpage.core.controller.GrowthController`'s; the decisions it records are collected here
+(as its stats listener) and counted by the worker's exporter. This module imports no vLLM (tests
+drive it with stand-ins); :func:`install_scheduler_hooks` does.
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ from collections.abc import Callable
 from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.policy import Action, BoundaryState, capacity_boundary_pages, decide, refill_growth_budget
-from growpage.core.stats import DecisionEvent
+from growpage.core.controller import GrowthController, PoolView, Reading
+from growpage.core.policy import Action
+from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent
 from growpage.vllm_plugin.compaction import compaction_target_tokens, protected_tokens
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 
@@ -73,15 +77,11 @@ class CompactionPlan:
 
 @dataclasses.dataclass
 class EnforcedRequest:
-    """Scheduler-side state of one request GrowPage enforces."""
+    """Scheduler-side state of one request GrowPage enforces (its growth state is the controller's)."""
 
     request_id: str
     namespace: str | None
     allowed_blocks: int
-    growth_budget_pages: float = 1.0
-    last_refill_s: float = 0.0
-    sts_density: float = 0.0
-    lts_entropy: float = 0.0
     peak_blocks: int = 0
     compactions: int = 0
     tokens_evicted: int = 0
@@ -119,7 +119,10 @@ class SchedulerEnforcer:
 
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, *,
                  clock: Callable[[], float] = time.monotonic):
-        self.config = config
+        # num_layers=None: the scheduler observes nothing; the worker's readings arrive with its output.
+        self.controller = GrowthController(config, num_layers=None, clock=clock, logger=logger)
+        self.controller.stats.add_listener(self)
+        self.config = self.controller.config
         self.settings = settings
         self.clock = clock
         self.block_size = config.block_size
@@ -128,8 +131,7 @@ class SchedulerEnforcer:
         self._decisions: list[DecisionEvent] = []
         self._degraded: list[tuple[str, str]] = []
         self._pages_granted = 0
-        self._errors = 0
-        self._logged_fault = False
+        self._errors_reported = 0
         self.start_free_blocks: int | None = None
         self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
         self._had_requests = False
@@ -137,15 +139,24 @@ class SchedulerEnforcer:
 
     # ---- fault isolation ------------------------------------------------------------------------
     def guarded(self, what: str, function: Callable, *args, **kwargs) -> Any:
-        try:
+        with self.controller.guard("plugin", f"{what} failed in the scheduler; vLLM carries on"):
             return function(*args, **kwargs)
-        except Exception:
-            self._errors += 1
-            if not self._logged_fault:
-                self._logged_fault = True
-                logger.exception("growpage: %s failed in the scheduler; vLLM carries on (further faults are "
-                                 "counted in growpage_agent_errors_total{component=\"plugin\"})", what)
-            return None
+        return None
+
+    @property
+    def _errors(self) -> int:
+        """Faults caught here since the last payload (the worker's exporter counts them)."""
+        return self.controller.stats.agent_errors_total["plugin"] - self._errors_reported
+
+    # ---- the controller's listener: its decisions ride to the worker's exporter -------------------
+    def on_admit(self, event: AdmitEvent) -> None:
+        pass  # the worker's observer admits and counts the same request
+
+    def on_decision(self, event: DecisionEvent) -> None:
+        self._decisions.append(event)
+
+    def on_finish(self, event: FinishEvent) -> None:
+        pass  # counted by the worker's observer
 
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Any) -> None:
@@ -176,27 +187,22 @@ class SchedulerEnforcer:
             return self.requests[request_id]
         extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
         namespace = request_namespace(extra)
-        mode = self.config.mode_for(namespace, extra.get(MODE_ARG))
+        mode = self.controller.mode_for(namespace, extra.get(MODE_ARG))
         tracked = None
         if mode is Mode.ENFORCE:
-            prompt_blocks = -(-request.num_prompt_tokens // self.block_size)
-            tracked = EnforcedRequest(request_id, namespace,
-                                      allowed_blocks=max(self.config.base_pages, prompt_blocks),
-                                      last_refill_s=self.clock())
+            granted = self.controller.grant_pages(request.num_prompt_tokens)
+            self.controller.admit(request_id, prompt_tokens=request.num_prompt_tokens, namespace=namespace,
+                                  mode=mode, pages_granted=granted)
+            tracked = EnforcedRequest(request_id, namespace, allowed_blocks=granted)
         self.requests[request_id] = tracked
         self._had_requests = True
         return tracked
 
     def _boundary(self, scheduler: Any, request: Any, tracked: EnforcedRequest, blocks: list,
                   physical: int) -> None:
-        started = time.perf_counter()
         config, block_size = self.config, self.block_size
         pool = scheduler.kv_cache_manager.block_pool
-        now = self.clock()
         held = len(blocks)
-        tracked.growth_budget_pages = refill_growth_budget(
-            tracked.growth_budget_pages, held, now - tracked.last_refill_s, config.max_growth_rate)
-        tracked.last_refill_s = now
         shared_blocks = _leading_shared_blocks(blocks)
         tracked.max_shared_blocks = max(tracked.max_shared_blocks, shared_blocks)
         shareable = all(getattr(b, "ref_cnt", 1) <= 1 for b in blocks[shared_blocks:])
@@ -207,13 +213,11 @@ class SchedulerEnforcer:
             target = compaction_target_tokens(physical, tracked.allowed_blocks, block_size,
                                               config.evict_min_pages, protected)
         pool_free = pool.get_num_free_blocks()
-        state = BoundaryState(
-            pages_held=held, base_pages=config.base_pages, sts_density=tracked.sts_density,
-            lts_entropy=tracked.lts_entropy, pool_free_pages=pool_free,
-            growth_budget_pages=tracked.growth_budget_pages,
+        call = self.controller.decide(
+            request.request_id, pages_held=held, pool=PoolView(pool_free),
             can_quantize=True,  # what the contract wants; vLLM cannot quantize per request (degraded below)
             can_evict=target is not None)
-        decision = decide(state, config)
+        decision = call.decision
         action = enforced_action(decision.action, target is not None, pool_free)
         if action is not decision.action:
             self._degraded.append((decision.action.value, action.value))
@@ -224,16 +228,8 @@ class SchedulerEnforcer:
             pages_after = target // block_size + 1  # vLLM allocates the next token's block
         elif action is Action.ALLOCATE:
             tracked.allowed_blocks = held + 1
-            tracked.growth_budget_pages = max(0.0, tracked.growth_budget_pages - 1.0)
             pages_after = held + 1
-        self._decisions.append(DecisionEvent(
-            request_id=request.request_id, namespace=tracked.namespace, kind=action.value,
-            refusal=decision.refusal.value if decision.refusal else None, reason=decision.reason.value,
-            enforced=True, pages_before=held, pages_after=pages_after, sts_density=tracked.sts_density,
-            lts_entropy=tracked.lts_entropy,
-            capacity_boundary_pages=capacity_boundary_pages(config.base_pages, tracked.lts_entropy,
-                                                            config.growth_coefficient),
-            bytes_in=0, bytes_out=0, duration_s=time.perf_counter() - started, time_s=now))
+        self.controller.record_decision(call, kind=action, enforced=True, pages_after=pages_after)
 
     def _compact(self, scheduler: Any, request: Any, tracked: EnforcedRequest, blocks: list, physical: int,
                  target: int, shared_blocks: int) -> None:
@@ -282,7 +278,8 @@ class SchedulerEnforcer:
                    "pages_granted": self._pages_granted, "errors": self._errors}
         setattr(output, OUTPUT_ATTRIBUTE, payload)
         self._plans, self._decisions, self._degraded = {}, [], []
-        self._pages_granted = self._errors = 0
+        self._pages_granted = 0
+        self._errors_reported += payload["errors"]
         if self.log_path and self._had_requests and not scheduler.running and not scheduler.waiting:
             self._had_requests = False
             self._log({"idle": True, "free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
@@ -295,9 +292,7 @@ class SchedulerEnforcer:
             self.worker_ready = bool(ready)
         readings = getattr(model_runner_output, READINGS_ATTRIBUTE, None) or {}
         for request_id, (density, entropy) in readings.items():
-            tracked = self.requests.get(request_id)
-            if tracked is not None:
-                tracked.sts_density, tracked.lts_entropy = float(density), float(entropy)
+            self.controller.update_reading(request_id, Reading(density, entropy))
 
     def on_preempt(self, request: Any) -> None:
         """vLLM freed the request's blocks and will recompute it from scratch: physical = logical."""
@@ -312,6 +307,7 @@ class SchedulerEnforcer:
         setattr(request, DROPPED_ATTRIBUTE, 0)
         tracked = self.requests.pop(request.request_id, None)
         self._plans.pop(request.request_id, None)
+        self.controller.release(request.request_id, "finished", num_tokens=request.num_tokens)
         if tracked is not None and self.log_path:
             self._log({"request_id": request.request_id, "namespace": tracked.namespace,
                        "peak_blocks": tracked.peak_blocks, "allowed_blocks": tracked.allowed_blocks,

@@ -20,28 +20,30 @@ the scheduler decides enforced requests' boundaries, so the observer records tho
 Every entry point catches its own faults, counts them as
 ``growpage_agent_errors_total{component="plugin"}`` and lets vLLM carry on.
 
-This class also is the "manager" :class:`~growpage.telemetry.TelemetryAgent` reads (``config``,
-``store.device``, ``clock``, ``stats``, ``make_stats``).
+Admission, the boundary routine, the observed layers, the fault guard and the gauges are the
+shared :class:`~growpage.core.controller.GrowthController`'s; this class supplies what only the
+worker sees (the paged cache, the batch rows) and is the
+:class:`~growpage.core.controller.StatsSource` :class:`~growpage.telemetry.TelemetryAgent` reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-
 import os
 import re
 import time
-import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.policy import BoundaryState, capacity_boundary_pages, decide, refill_growth_budget
-from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder, StatsSnapshot
+from growpage.core.controller import GrowthController, PoolView, Reading, ceil_div
+from growpage.core.devices import device_name
+from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.summaries import SummaryBank, summarize_attention
+from growpage.kv_size import kv_token_bytes
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.enforcer import OUTPUT_ATTRIBUTE
@@ -55,7 +57,8 @@ _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 @dataclasses.dataclass
 class TrackedRequest:
-    """What the observer keeps per running request (a few scalars; summaries live in the bank)."""
+    """What the observer keeps per running request beyond the controller's state (the summary row,
+    lengths and blocks; summaries live in the bank)."""
 
     request_id: str
     row: int
@@ -66,8 +69,6 @@ class TrackedRequest:
     seq_len: int = 0  # logical (vLLM's num_computed_tokens + this step's tokens)
     physical_len: int = 0  # tokens in the request's blocks (< seq_len once enforce evicted)
     pages_held: int = 0
-    growth_budget_pages: float = 1.0
-    last_refill_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -75,14 +76,6 @@ class _LayerObservation:
     rows: list[int]
     bin_mass: torch.Tensor
     entropy: torch.Tensor
-
-
-def observed_layer_indices(num_layers: int, count: int) -> frozenset[int]:
-    """``count`` layer indices evenly spaced over ``[0, num_layers)`` (first and last included)."""
-    count = max(1, min(count, num_layers))
-    if count == 1:
-        return frozenset({num_layers // 2})
-    return frozenset(round(i * (num_layers - 1) / (count - 1)) for i in range(count))
 
 
 def layer_index(layer_name: str) -> int | None:
@@ -107,15 +100,17 @@ class VllmObserver:
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, *, num_layers: int,
                  max_requests: int, model: str, engine_version: str,
                  clock: Callable[[], float] = time.monotonic):
-        self.config = config
+        self.controller = GrowthController(config, num_layers=num_layers, clock=clock, logger=logger)
+        self.config = self.controller.config
         self.settings = settings
         self.clock = clock
         self.model = model
         self.engine_version = engine_version
-        self.store = types.SimpleNamespace(device=torch.device("cpu"))  # for build info
-        self.stats = StatsRecorder()
+        self.device = torch.device("cpu")  # the KV cache's, once seen
+        self.stats = self.controller.stats
         self.summaries = SummaryBank(config, max_requests)
-        self.observed_layers = observed_layer_indices(num_layers, config.observed_layers)
+        self.observed_layers = self.controller.observed_layers
+        self.num_layers = num_layers
         self.requests: dict[str, TrackedRequest] = {}
         self._free_rows = list(range(max_requests - 1, -1, -1))
         self.runner: Any = None
@@ -128,7 +123,6 @@ class VllmObserver:
         self.token_bytes = 0
         self.telemetry: Any = None
         self._telemetry_failed = False
-        self._logged_fault = False
         self.steps_observed = 0
         # Stage 2: physical state of enforced requests (None unless the deployment runs enforce).
         self.compactor = WorkerCompactor(config) if config.mode is Mode.ENFORCE else None
@@ -136,13 +130,13 @@ class VllmObserver:
         self.pending_readings: dict[str, tuple[float, float]] = {}
 
     # ---- fault isolation --------------------------------------------------------------------------
+    @property
+    def device_name(self) -> str:
+        return device_name(self.device)
+
     def fault(self, what: str) -> None:
         """Count a caught fault (component ``plugin``); log the first one with its traceback."""
-        self.stats.record_error(PLUGIN_COMPONENT)
-        if not self._logged_fault:
-            self._logged_fault = True
-            logger.exception("growpage: %s failed; vLLM carries on unchanged (further faults are counted "
-                             "in growpage_agent_errors_total{component=\"plugin\"}, not logged)", what)
+        self.controller.fault(PLUGIN_COMPONENT, f"{what} failed; vLLM carries on unchanged")
 
     def guarded(self, what: str, function: Callable, *args, **kwargs) -> Any:
         try:
@@ -205,23 +199,19 @@ class VllmObserver:
             self._release(new.req_id, "preempted")
         extra = getattr(getattr(new, "sampling_params", None), "extra_args", None) or {}
         namespace = request_namespace(extra)
-        mode = self.config.mode_for(namespace, extra.get(MODE_ARG))
+        mode = self.controller.mode_for(namespace, extra.get(MODE_ARG))
         if mode is Mode.OFF or not self._free_rows:
             return
         row = self._free_rows.pop()
         self.summaries.reset([row])
         prompt_tokens = len(new.prompt_token_ids or ())
-        block_size = self.config.block_size
-        prompt_pages = -(-prompt_tokens // block_size)
-        now = self.clock()
-        tracked = TrackedRequest(new.req_id, row, namespace, mode, prompt_tokens,
-                                 grant_pages=max(self.config.base_pages, prompt_pages),
-                                 pages_held=prompt_pages, last_refill_s=now)
-        self.requests[new.req_id] = tracked
-        self.stats.record_admit(AdmitEvent(
-            request_id=new.req_id, namespace=namespace, mode=mode.value, prompt_tokens=prompt_tokens,
-            cached_tokens=int(getattr(new, "num_computed_tokens", 0) or 0), pages_granted=prompt_pages,
-            latency_s=0.0, time_s=now))
+        prompt_pages = ceil_div(prompt_tokens, self.config.block_size)
+        self.controller.admit(new.req_id, prompt_tokens=prompt_tokens, namespace=namespace, mode=mode,
+                              cached_tokens=int(getattr(new, "num_computed_tokens", 0) or 0),
+                              pages_granted=prompt_pages)
+        self.requests[new.req_id] = TrackedRequest(
+            new.req_id, row, namespace, mode, prompt_tokens,
+            grant_pages=self.controller.grant_pages(prompt_tokens), pages_held=prompt_pages)
 
     def _release(self, request_id: str, reason: str) -> None:
         if self.compactor is not None:
@@ -229,10 +219,9 @@ class VllmObserver:
         tracked = self.requests.pop(request_id, None)
         if tracked is None:
             return
-        reading = self.summaries.read([tracked.row])[0]
+        self._refresh_readings([tracked])
         self._free_rows.append(tracked.row)
-        lts = reading.lts_entropy if reading.steps_observed else None
-        self.stats.record_finish(FinishEvent(request_id, reason, tracked.seq_len, lts, self.clock()))
+        self.controller.release(request_id, reason, num_tokens=tracked.seq_len)
 
     # ---- attention (backend hook) -------------------------------------------------------------------
     def wants_layer(self, layer_name: str) -> bool:
@@ -255,8 +244,9 @@ class VllmObserver:
             return
         self._layout = layout
         self.num_pages = int(kv_cache.shape[0])
+        self.device = kv_cache.device
         num_kv_heads, head_dim = int(kv_cache.shape[1]), int(kv_cache.shape[3]) // 2
-        self.token_bytes = 2 * num_kv_heads * head_dim * kv_cache.element_size()
+        self.token_bytes = kv_token_bytes(self.num_layers, num_kv_heads, head_dim, kv_cache.element_size())
 
     def observe_layer(self, impl: Any, query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any) -> None:
         """Observe the newest query of each sampling request in one layer.
@@ -301,7 +291,7 @@ class VllmObserver:
         max_len = max(lengths)
         probs = torch.zeros(len(rows), len(heads), max_len)
         positions = torch.full((len(rows), max_len), -1, dtype=torch.long)
-        for n, (p, length) in enumerate(zip(probs_list, lengths)):
+        for n, (p, length) in enumerate(zip(probs_list, lengths, strict=True)):
             probs[n, :, :length] = p
             positions[n, :length] = torch.arange(length)
         bin_mass, entropy = summarize_attention(probs, positions, torch.tensor(lengths),
@@ -340,7 +330,7 @@ class VllmObserver:
             tracked.seq_len = max(tracked.seq_len, seq_len)
             tracked.physical_len = self.compactor.physical_length(request_id, tracked.seq_len) \
                 if self.compactor is not None else tracked.seq_len
-            pages = -(-tracked.physical_len // block_size)
+            pages = ceil_div(tracked.physical_len, block_size)
             if tracked.mode is Mode.ENFORCE:
                 tracked.pages_held = pages  # the scheduler decided and counted this boundary
                 continue
@@ -353,39 +343,34 @@ class VllmObserver:
                     tracked.pages_held = pages
         enforced = [t for t in self.requests.values() if t.mode is Mode.ENFORCE and t.request_id in seq_lens]
         if enforced:
-            for tracked, reading in zip(enforced, self.summaries.read([t.row for t in enforced])):
+            for tracked, reading in zip(enforced, self.summaries.read([t.row for t in enforced]), strict=True):
                 self.pending_readings[tracked.request_id] = (reading.sts_density, reading.lts_entropy)
         if crossing:
-            readings = self.summaries.read([t.row for t, _ in crossing])
-            for (tracked, added), reading in zip(crossing, readings):
-                self._decide(tracked, added, reading)
+            self._refresh_readings([t for t, _ in crossing])
+            for tracked, added in crossing:
+                self._decide(tracked, added)
 
-    def _decide(self, tracked: TrackedRequest, added: int, reading: Any) -> None:
-        started = time.perf_counter()
-        now = self.clock()
+    def _decide(self, tracked: TrackedRequest, added: int) -> None:
+        """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what
+        GrowPage would have done."""
         config = self.config
-        tracked.growth_budget_pages = refill_growth_budget(
-            tracked.growth_budget_pages, tracked.pages_held, now - tracked.last_refill_s, config.max_growth_rate)
-        tracked.last_refill_s = now
         evictable = tracked.seq_len - config.sink_tokens - config.recent_window_tokens
-        state = BoundaryState(
-            pages_held=tracked.pages_held, base_pages=config.base_pages, sts_density=reading.sts_density,
-            lts_entropy=reading.lts_entropy, pool_free_pages=max(0, self.num_pages - self._pages_used()),
-            growth_budget_pages=tracked.growth_budget_pages,
+        call = self.controller.decide(
+            tracked.request_id, pages_held=tracked.pages_held,
+            pool=PoolView(max(0, self.num_pages - self._pages_used())),
             can_quantize=False,  # kv_cache_dtype is deployment-wide in vLLM: no per-request quantization
             can_evict=evictable >= config.evict_min_pages * config.block_size)
-        decision = decide(state, config)
-        boundary = capacity_boundary_pages(config.base_pages, reading.lts_entropy, config.growth_coefficient)
-        pages_before = tracked.pages_held
         tracked.pages_held += added  # monitor: vLLM's plain paging took the block(s)
         self.stats.record_grant(added, 0.0)
-        self.stats.record_decision(DecisionEvent(
-            request_id=tracked.request_id, namespace=tracked.namespace, kind=decision.action.value,
-            refusal=decision.refusal.value if decision.refusal else None, reason=decision.reason.value,
-            enforced=False, pages_before=pages_before, pages_after=tracked.pages_held,
-            sts_density=reading.sts_density, lts_entropy=reading.lts_entropy,
-            capacity_boundary_pages=boundary, bytes_in=0, bytes_out=0,
-            duration_s=time.perf_counter() - started, time_s=now))
+        self.controller.record_decision(call, kind=call.decision.action, enforced=False,
+                                        pages_after=tracked.pages_held)
+
+    def _refresh_readings(self, tracked: list[TrackedRequest]) -> None:
+        """Hand the controller the latest summaries of ``tracked`` (those observed at least once)."""
+        for request, reading in zip(tracked, self.summaries.read([t.row for t in tracked]), strict=True):
+            if reading.steps_observed:
+                self.controller.update_reading(request.request_id,
+                                               Reading(reading.sts_density, reading.lts_entropy))
 
     def _pages_used(self) -> int:
         return sum(t.pages_held for t in self.requests.values())
@@ -393,29 +378,19 @@ class VllmObserver:
     # ---- stats source for TelemetryAgent ---------------------------------------------------------------
     def make_stats(self) -> StatsSnapshot:
         """Get-and-reset stats (the TelemetryAgent is the only caller)."""
-        return self.stats.drain(self._gauges(self.requests.values()))
+        return self.controller.make_stats(self._gauges())
 
-    def _gauges(self, tracked: Iterable[TrackedRequest]) -> PoolGauges:
-        tracked = list(tracked)
-        readings = self.summaries.read([t.row for t in tracked])
+    def _gauges(self) -> PoolGauges:
+        tracked = list(self.requests.values())
+        self._refresh_readings(tracked)
         used = sum(t.pages_held for t in tracked)
         live = sum(t.physical_len or t.seq_len for t in tracked)
-        logical = sum(t.seq_len for t in tracked)
-        lts_by_namespace: dict[str, list[float]] = {}
-        boundaries = []
-        for t, reading in zip(tracked, readings):
-            boundaries.append(capacity_boundary_pages(self.config.base_pages, reading.lts_entropy,
-                                                      self.config.growth_coefficient))
-            if reading.steps_observed:
-                lts_by_namespace.setdefault(t.namespace or "", []).append(reading.lts_entropy)
         block_size = self.config.block_size
-        return PoolGauges(
+        return self.controller.pool_gauges(
             num_pages=self.num_pages, pages_free=max(0, self.num_pages - used), pages_reserved=0,
             pages_used=used, live_tokens=live, granted_token_slots=used * block_size,
-            used_token_slots=used * block_size, logical_bytes=logical * self.token_bytes,
-            stored_bytes=live * self.token_bytes, requests_running=len(tracked),
-            capacity_boundaries=tuple(boundaries),
-            lts_by_namespace={k: tuple(v) for k, v in lts_by_namespace.items()})
+            used_token_slots=used * block_size, logical_bytes=sum(t.seq_len for t in tracked) * self.token_bytes,
+            stored_bytes=live * self.token_bytes, tracked=[t.request_id for t in tracked])
 
     def _ensure_telemetry(self) -> None:
         if self.telemetry is not None or self._telemetry_failed:

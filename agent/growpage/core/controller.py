@@ -1,0 +1,303 @@
+"""The GrowPage controller: everything per request that does not depend on where the KV lives.
+
+Both homes (the reference engine's :class:`~growpage.core.manager.GrowPageManager` and the vLLM
+plugin's scheduler and worker hooks) own one :class:`GrowthController` and call it the way vLLM's
+scheduler calls its ``KVCacheManager``: they supply views (pages held, the pool's free pages, what
+compression could free) and carry out the decisions; the controller owns
+
+- the admission grant (:meth:`GrowthController.grant_pages`, :meth:`GrowthController.admit`);
+- the boundary routine: growth-budget refill -> :class:`~growpage.core.policy.BoundaryState` ->
+  the method's ``decide`` -> one decision event (:meth:`decide`, then :meth:`record_decision`);
+- which layers are observed (:func:`observed_layer_indices`);
+- the fault guard: a fault inside GrowPage is counted in ``growpage_agent_errors_total`` and its
+  traceback logged the first time per component only (:meth:`fault`, :meth:`guard`);
+- pool gauges, stats snapshots and lifecycle listeners (through its :class:`StatsRecorder`).
+
+It holds no tensors: summaries are read where attention is observed (the same process in the
+reference engine, the worker in vLLM) and handed in as readings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from growpage.config import GrowPageConfig, Mode
+from growpage.core.methods import GROWPAGE, KVMethod
+from growpage.core.policy import (Action, BoundaryState, Decision, Reason, capacity_boundary_pages,
+                                  refill_growth_budget)
+from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder, StatsSnapshot
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def ceil_div(numerator: int, denominator: int) -> int:
+    """``ceil(numerator / denominator)`` for non-negative integers (pages for a token count)."""
+    return -(-numerator // denominator)
+
+
+def observed_layer_indices(num_layers: int, count: int) -> frozenset[int]:
+    """The ``count`` decoder layers whose attention feeds the summaries.
+
+    Evenly spaced interior layers (``round((i + 1) * L / (count + 1))``): 30 layers, 3 observed ->
+    {8, 15, 22}. The first and last layers are skipped on purpose: the first attends almost
+    uniformly (positional mixing) and the last mostly to the newest tokens, so neither says which
+    older tokens a request still needs. ``count >= num_layers`` observes every layer.
+    """
+    if num_layers <= 0:
+        raise ValueError(f"num_layers must be positive, got {num_layers}")
+    count = max(1, count)
+    if count >= num_layers:
+        return frozenset(range(num_layers))
+    return frozenset(round((i + 1) * num_layers / (count + 1)) % num_layers for i in range(count))
+
+
+class StatsSource(Protocol):
+    """What :class:`~growpage.telemetry.TelemetryAgent` reads from a home (both homes implement it)."""
+
+    @property
+    def config(self) -> GrowPageConfig: ...
+
+    @property
+    def stats(self) -> StatsRecorder: ...
+
+    @property
+    def device_name(self) -> str: ...
+
+    def clock(self) -> float: ...
+
+    def make_stats(self) -> StatsSnapshot: ...
+
+
+@dataclasses.dataclass
+class ControlledRequest:
+    """The controller's state of one request (a few scalars)."""
+
+    request_id: str
+    namespace: str | None
+    mode: Mode
+    prompt_tokens: int
+    base_pages: int
+    growth_budget_pages: float
+    last_refill_s: float
+    sts_density: float = 0.0  # the latest summary reading
+    lts_entropy: float = 0.0
+    observed: bool = False  # a reading has arrived (LTS means something)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolView:
+    """The pool as one boundary sees it.
+
+    Attributes:
+        free_pages: pages no request holds.
+        admission_reserve_pages: free pages kept for waiting requests' admission (pool pressure):
+            growth sees ``free_pages - admission_reserve_pages``.
+    """
+
+    free_pages: int
+    admission_reserve_pages: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryCall:
+    """One run of the contract at one boundary: the inputs, the decision and when it started."""
+
+    request: ControlledRequest
+    state: BoundaryState
+    decision: Decision
+    capacity_boundary_pages: float
+    started_perf_s: float
+    time_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """A request's summaries as the policy reads them."""
+
+    sts_density: float
+    lts_entropy: float
+
+
+class GrowthController:
+    """One home's per-request GrowPage logic (see the module docstring).
+
+    Args:
+        config: validated config; ``method.configure`` adjusts it for comparison methods.
+        num_layers: decoder layers of the model (for the observed-layer choice); None where this
+            home observes nothing (vLLM's scheduler decides from the worker's readings).
+        clock: monotonic seconds (the growth throttle; injected so tests control time).
+        method: what happens at page boundaries (GrowPage's contract unless a benchmark compares).
+        stats: where events are recorded (a fresh recorder by default).
+        logger: where the first fault per component is logged.
+    """
+
+    def __init__(self, config: GrowPageConfig, *, num_layers: int | None, clock: Callable[[], float] = time.monotonic,
+                 method: KVMethod = GROWPAGE, stats: StatsRecorder | None = None,
+                 logger: logging.Logger | None = None):
+        self.method = method
+        self.config = method.configure(config)
+        self.clock = clock
+        self.stats = stats if stats is not None else StatsRecorder()
+        self.observed_layers = (observed_layer_indices(num_layers, self.config.observed_layers)
+                                if num_layers is not None else frozenset())
+        self.requests: dict[str, ControlledRequest] = {}
+        self._logger = logger or _LOGGER
+
+    # ---- admission --------------------------------------------------------------------------------
+    def mode_for(self, namespace: str | None, requested: Mode | str | None = None) -> Mode:
+        return self.config.mode_for(namespace, requested)
+
+    def prompt_pages(self, num_prompt_tokens: int) -> int:
+        """Pages the prompt and the first generated token occupy."""
+        return ceil_div(num_prompt_tokens + 1, self.config.block_size)
+
+    def grant_pages(self, num_prompt_tokens: int) -> int:
+        """Pages granted at admission: the prompt's pages (on demand, as vLLM admits), or
+        ``max(base_pages, prompt pages)`` under reserving admission."""
+        pages = self.prompt_pages(num_prompt_tokens)
+        return max(self.config.base_pages, pages) if self.method.reserve_base_pages else pages
+
+    def admit(self, request_id: str, *, prompt_tokens: int, namespace: str | None = None,
+              mode: Mode | str | None = None, cached_tokens: int = 0, pages_granted: int = 0,
+              latency_s: float = 0.0) -> ControlledRequest:
+        """Start controlling a request (its pages were granted by the home). Records the admission."""
+        if request_id in self.requests:
+            raise RuntimeError(f"request {request_id!r} is already admitted; release it first")
+        resolved = self.mode_for(namespace, mode)
+        now = self.clock()
+        request = ControlledRequest(
+            request_id=request_id, namespace=namespace, mode=resolved, prompt_tokens=prompt_tokens,
+            base_pages=self.config.base_pages, last_refill_s=now,
+            growth_budget_pages=refill_growth_budget(0.0, max(pages_granted, 1), math.inf,
+                                                     self.config.max_growth_rate))
+        self.requests[request_id] = request
+        self.stats.record_admit(AdmitEvent(
+            request_id=request_id, namespace=namespace, mode=resolved.value, prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens, pages_granted=pages_granted, latency_s=latency_s, time_s=now))
+        return request
+
+    # ---- summaries --------------------------------------------------------------------------------
+    def update_reading(self, request_id: str, reading: Reading) -> None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            request.sts_density, request.lts_entropy = float(reading.sts_density), float(reading.lts_entropy)
+            request.observed = True
+
+    # ---- the boundary routine ---------------------------------------------------------------------
+    def decide(self, request_id: str, *, pages_held: int, pool: PoolView, can_quantize: bool,
+               can_evict: bool, reading: Reading | None = None) -> BoundaryCall:
+        """Refill the request's growth budget and run the contract on one boundary."""
+        started = time.perf_counter()
+        request = self.requests[request_id]
+        if reading is not None:
+            self.update_reading(request_id, reading)
+        now = self.clock()
+        request.growth_budget_pages = refill_growth_budget(
+            request.growth_budget_pages, pages_held, now - request.last_refill_s, self.config.max_growth_rate)
+        request.last_refill_s = now
+        state = BoundaryState(
+            pages_held=pages_held, base_pages=request.base_pages, sts_density=request.sts_density,
+            lts_entropy=request.lts_entropy, pool_free_pages=pool.free_pages,
+            growth_budget_pages=request.growth_budget_pages, can_quantize=can_quantize, can_evict=can_evict,
+            admission_reserve_pages=min(pool.admission_reserve_pages, pool.free_pages))
+        boundary = capacity_boundary_pages(request.base_pages, request.lts_entropy, self.config.growth_coefficient)
+        return BoundaryCall(request, state, self.method.decide(state, self.config), boundary, started, now)
+
+    def record_decision(self, call: BoundaryCall, *, kind: Action, enforced: bool, pages_after: int,
+                        bytes_in: int = 0, bytes_out: int = 0) -> DecisionEvent:
+        """Record what happened at a boundary (``kind`` may differ from the decision when a home
+        cannot carry it out, e.g. vLLM cannot quantize per request). An enforced allocation
+        spends one page of the growth budget."""
+        if enforced and kind is Action.ALLOCATE:
+            call.request.growth_budget_pages = max(0.0, call.request.growth_budget_pages - 1.0)
+        decision = call.decision
+        event = DecisionEvent(
+            request_id=call.request.request_id, namespace=call.request.namespace, kind=kind.value,
+            refusal=decision.refusal.value if decision.refusal else None, reason=decision.reason.value,
+            enforced=enforced, pages_before=call.state.pages_held, pages_after=pages_after,
+            sts_density=call.state.sts_density, lts_entropy=call.state.lts_entropy,
+            capacity_boundary_pages=call.capacity_boundary_pages, bytes_in=bytes_in, bytes_out=bytes_out,
+            duration_s=time.perf_counter() - call.started_perf_s, time_s=call.time_s)
+        self.stats.record_decision(event)
+        return event
+
+    def record_prompt_eviction(self, request_id: str, *, pages_before: int, pages_after: int, bytes_in: int,
+                               bytes_out: int, started_perf_s: float) -> DecisionEvent:
+        """A fixed-budget method compressed a cached prompt down to its budget (no boundary ran)."""
+        request = self.requests[request_id]
+        event = DecisionEvent(
+            request_id=request_id, namespace=request.namespace, kind=Action.EVICT.value, refusal=None,
+            reason=Reason.PROMPT_BUDGET.value, enforced=True, pages_before=pages_before, pages_after=pages_after,
+            sts_density=request.sts_density, lts_entropy=request.lts_entropy,
+            capacity_boundary_pages=float(request.base_pages), bytes_in=bytes_in, bytes_out=bytes_out,
+            duration_s=time.perf_counter() - started_perf_s, time_s=self.clock())
+        self.stats.record_decision(event)
+        return event
+
+    # ---- release ----------------------------------------------------------------------------------
+    def release(self, request_id: str, reason: str, *, num_tokens: int) -> ControlledRequest | None:
+        """Stop controlling a request (finished, aborted or preempted). Idempotent."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        lts = request.lts_entropy if request.observed else None
+        self.stats.record_finish(FinishEvent(request_id=request_id, reason=reason, num_tokens=num_tokens,
+                                             lts_entropy=lts, time_s=self.clock()))
+        return request
+
+    # ---- faults -----------------------------------------------------------------------------------
+    def fault(self, component: str, message: str) -> None:
+        """Count a caught fault; log its traceback the first time per component only, so a
+        persistent fault cannot flood the logs from the decode loop. Call from an ``except``."""
+        first = self.stats.agent_errors_total[component] == 0
+        self.stats.record_error(component)
+        if first:
+            self._logger.exception("growpage %s: %s (the engine carries on; further faults are counted in "
+                                   "growpage_agent_errors_total, not logged)", component, message)
+        else:
+            self._logger.debug("growpage %s: %s", component, message, exc_info=True)
+
+    @contextlib.contextmanager
+    def guard(self, component: str, message: str) -> Iterator[None]:
+        """``with controller.guard("observer", "..."):`` runs the body; a fault is counted, not raised."""
+        try:
+            yield
+        except Exception:  # GrowPage must never take the engine down
+            self.fault(component, message)
+
+    # ---- gauges and stats -------------------------------------------------------------------------
+    def pool_gauges(self, *, num_pages: int, pages_free: int, pages_reserved: int, pages_used: int,
+                    live_tokens: int, granted_token_slots: int, used_token_slots: int, logical_bytes: int,
+                    stored_bytes: int, tracked: Sequence[str] | None = None) -> PoolGauges:
+        """The pool's gauges from the home's counts plus the controller's per-request view.
+
+        Args:
+            tracked: request ids counted as running (default: every controlled request).
+        """
+        ids = list(self.requests) if tracked is None else [r for r in tracked if r in self.requests]
+        requests = [self.requests[r] for r in ids]
+        lts_by_namespace: dict[str, list[float]] = {}
+        boundaries = []
+        for request in requests:
+            if request.mode is Mode.OFF:
+                continue
+            boundaries.append(capacity_boundary_pages(request.base_pages, request.lts_entropy,
+                                                      self.config.growth_coefficient))
+            if request.observed:
+                lts_by_namespace.setdefault(request.namespace or "", []).append(request.lts_entropy)
+        return PoolGauges(
+            num_pages=num_pages, pages_free=pages_free, pages_reserved=pages_reserved, pages_used=pages_used,
+            live_tokens=live_tokens, granted_token_slots=granted_token_slots, used_token_slots=used_token_slots,
+            logical_bytes=logical_bytes, stored_bytes=stored_bytes, requests_running=len(requests),
+            capacity_boundaries=tuple(boundaries),
+            lts_by_namespace={ns: tuple(values) for ns, values in lts_by_namespace.items()})
+
+    def make_stats(self, gauges: PoolGauges) -> StatsSnapshot:
+        """Get-and-reset snapshot (the telemetry agent is the only caller)."""
+        return self.stats.drain(gauges)
