@@ -42,6 +42,8 @@ class EngineConfig:
         dtype: compute dtype of the model ("float32" on CPU).
         device: "cpu" or "cuda".
         served_model_name: the model id clients use (defaults to the folder name).
+        max_model_len: the context a request may use (prompt + output), at most the model's; a
+            shorter one lets a smaller KV pool hold a full-context request (vLLM's --max-model-len).
     """
 
     model_dir: str
@@ -53,6 +55,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     served_model_name: str | None = None
+    max_model_len: int | None = None
 
     @property
     def model_name(self) -> str:
@@ -70,6 +73,7 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+    error: str | None = None  # set when this request failed (finish_reason "error")
 
 
 class LLMEngine:
@@ -97,11 +101,16 @@ class LLMEngine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    enable_prefix_caching=config.enable_prefix_caching)
         self.eos_token_ids = set(geometry.eos_token_ids)
-        self.max_model_len = geometry.max_position_embeddings
+        self.max_model_len = min(config.max_model_len or geometry.max_position_embeddings,
+                                 geometry.max_position_embeddings)
         self.scale = geometry.head_dim ** -0.5
         self._ids = itertools.count()
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
+        # Counted for the server's logs and stats: requests failed alone by a per-request fault,
+        # and requests cut short because the pool could not hold them (finish_reason "truncated").
+        self.num_failed_requests = 0
+        self.num_truncated_requests = 0
 
     def _pages_for_memory(self, kv_cache_mib: int) -> int:
         g = self.model.config
@@ -151,6 +160,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 
+    def waiting_request_ids(self) -> list[str]:
+        """Requests queued but not running (never admitted, or preempted and waiting to recompute)."""
+        return [r.request_id for r in self.scheduler.waiting]
+
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward pass over every scheduled chunk, sample, check stops."""
@@ -158,6 +171,10 @@ class LLMEngine:
         outputs = [self._final_output(r) for r in schedule.evicted_unfittable]
         for request in schedule.evicted_unfittable:
             self.requests.pop(request.request_id, None)
+            self.num_truncated_requests += 1
+            logger.warning("request %s truncated after %d output tokens: the KV pool cannot hold it "
+                           "(finish_reason 'truncated'); give the pool more memory or lower max_model_len",
+                           request.request_id, len(request.output_token_ids))
         if not schedule.chunks:
             return outputs
         self.num_steps += 1
@@ -181,9 +198,25 @@ class LLMEngine:
                             [c.request.generator for c in sampled_chunks])
             tokens = self._teacher_force(logits, sampled_chunks, tokens)
             now = time.monotonic()
-            for chunk, token in zip(sampled_chunks, tokens):
-                outputs.append(self._append_token(chunk.request, token, now))
+            for chunk, token in zip(sampled_chunks, tokens, strict=True):
+                # A fault here belongs to one request: fail it and let the batch carry on.
+                try:
+                    if isinstance(token, Exception):
+                        raise token
+                    outputs.append(self._append_token(chunk.request, token, now))
+                except Exception as error:
+                    outputs.append(self._fail(chunk.request, error))
         return outputs
+
+    def _fail(self, request: Request, error: Exception) -> RequestOutput:
+        logger.warning("request %s failed alone (%s: %s); the rest of the batch carries on",
+                       request.request_id, type(error).__name__, error)
+        self.num_failed_requests += 1
+        if not request.is_finished:
+            self.scheduler.finish(request, FinishReason.ERROR)
+        self.requests.pop(request.request_id, None)
+        return dataclasses.replace(self._final_output(request), finish_reason=FinishReason.ERROR.value,
+                                   error=f"generation failed for this request: {error}")
 
     @staticmethod
     def _teacher_force(logits: torch.Tensor, chunks: list[ScheduledChunk], tokens: list[int]) -> list[int]:
@@ -278,7 +311,7 @@ class LLMEngine:
                  **kwargs) -> list[Request]:
         """Run prompts to completion (offline use, tests, benchmarks); returns finished requests."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [self.add_request(p, sp, **kwargs) for p, sp in zip(prompts, params_list)]
+        ids = [self.add_request(p, sp, **kwargs) for p, sp in zip(prompts, params_list, strict=True)]
         tracked = {rid: self.requests[rid] for rid in ids}
         while self.has_unfinished_requests():
             self.step()

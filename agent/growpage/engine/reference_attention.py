@@ -57,7 +57,7 @@ class DenseKVCache:
 def attend_per_request(caches: list[DenseKVCache], rows_per_request: list[int]) -> AttendFn:
     """A model callback for flattened rows: request ``i``'s next ``rows_per_request[i]`` rows use ``caches[i]``."""
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        parts = zip(caches, q.split(rows_per_request), k.split(rows_per_request), v.split(rows_per_request))
+        parts = zip(caches, q.split(rows_per_request), k.split(rows_per_request), v.split(rows_per_request), strict=True)
         return torch.cat([cache.attend(layer, *qkv) for cache, *qkv in parts])
     return attend
 
@@ -87,11 +87,11 @@ def generate_greedy(model: LlamaModel, prompts: list[list[int]], max_new_tokens:
         rows_per_request = [len(pending[request]) for request in requests]
         token_ids = torch.tensor([token for request in requests for token in pending[request]])
         positions = torch.cat([torch.arange(caches[request].num_tokens, caches[request].num_tokens + num_rows)
-                               for request, num_rows in zip(requests, rows_per_request)])
+                               for request, num_rows in zip(requests, rows_per_request, strict=True)])
         last_rows = torch.tensor(rows_per_request).cumsum(0) - 1
         logits = model(token_ids, positions, attend_per_request([caches[r] for r in requests], rows_per_request),
                        logits_rows=last_rows)
-        for request, next_token in zip(requests, logits.argmax(-1).tolist()):
+        for request, next_token in zip(requests, logits.argmax(-1).tolist(), strict=True):
             outputs[request].append(next_token)
             if next_token in stop or len(outputs[request]) >= max_new_tokens:
                 del pending[request]

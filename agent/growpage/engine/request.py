@@ -11,16 +11,19 @@ import torch
 from growpage.engine.sampling import SamplingParams
 
 
-class RequestStatus(str, enum.Enum):
+class RequestStatus(enum.StrEnum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOS or a stop string
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # client went away or the request was cancelled
+    # Not OpenAI's values, on purpose: a client must not mistake these for a normal "length".
+    TRUNCATED = "truncated"  # the KV pool could not hold the request even alone: output cut short
+    ERROR = "error"  # this request's step failed (e.g. sampling); the others carried on
 
 
 @dataclasses.dataclass

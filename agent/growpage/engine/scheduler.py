@@ -39,7 +39,7 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk]
     preempted: list[Request]
     deferred: list[Request]
-    evicted_unfittable: list[Request]  # alone in the pool and still no room: finished as LENGTH
+    evicted_unfittable: list[Request]  # alone in the pool and still no room: finished as TRUNCATED
 
 
 class Scheduler:
@@ -106,10 +106,9 @@ class Scheduler:
             victim = self.running[-1]
             if victim is request and len(self.running) == 1:
                 # Alone and still no page: it can never fit this pool. Finish it rather than
-                # livelock (vLLM refuses such requests up front; GrowPage requests can grow).
-                logger.warning("request %s does not fit the KV pool even alone; finishing it",
-                               request.request_id)
-                self._retire(request, FinishReason.LENGTH, release_reason="finished")
+                # livelock (vLLM refuses such requests up front; GrowPage requests can grow), and
+                # say so: "length" would tell the client it asked for too few tokens.
+                self._retire(request, FinishReason.TRUNCATED, release_reason="finished")
                 output.evicted_unfittable.append(request)
                 return SlotStatus.PREEMPT
             self._preempt(victim)
