@@ -3,6 +3,11 @@
 The engine is not thread-safe: one lock guards it. The engine thread holds the lock for a step;
 callers take it (off the event loop, via ``asyncio.to_thread``) only to add or abort a request, so
 validation errors surface synchronously as HTTP 400s.
+
+A fault in one request (the engine reports it as an output with ``error``) fails that request only;
+a fault of the whole step fails the requests in flight. :meth:`AsyncEngine.drain` starts a bounded
+shutdown: queued requests are failed at once, running ones may finish until the deadline, then the
+rest are failed, each told why (:class:`EngineFailure`).
 """
 
 from __future__ import annotations
@@ -20,11 +25,26 @@ from growpage.engine.sampling import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+SHUTTING_DOWN = "the server is shutting down; retry on another replica"
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineFailure:
-    """Delivered to a request's queue when the engine step itself failed."""
+    """Delivered to a request's queue instead of (more) output: the request did not complete.
+
+    Attributes:
+        message: what the client is told.
+        status: the HTTP status a non-streamed request answers with.
+        code: OpenAI's ``error.code``.
+    """
 
     message: str
+    status: int = 500
+    code: str = "engine_error"
+
+
+class ShuttingDown(Exception):
+    """``submit`` after :meth:`AsyncEngine.drain`: the server answers 503."""
 
 
 class AsyncEngine:
@@ -52,6 +72,9 @@ class AsyncEngine:
         self._pending_aborts: list[str] = []
         self.last_step_s = time.monotonic()
         self.failed_steps = 0
+        self.failed_requests = 0  # failed alone (engine output with an error)
+        self.shutdown_failed_requests = 0  # failed by drain: queued, or still running at the deadline
+        self._drain_deadline: float | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -67,6 +90,25 @@ class AsyncEngine:
     def healthy(self) -> bool:
         return self._thread.is_alive() and not self._stopped.is_set()
 
+    @property
+    def draining(self) -> bool:
+        return self._drain_deadline is not None
+
+    def drain(self, timeout_s: float) -> None:
+        """Begin a bounded shutdown; safe from a signal handler (it only sets state).
+
+        New submissions are refused, queued requests fail at once, running requests may finish
+        within ``timeout_s``; whatever is left then is failed with :data:`SHUTTING_DOWN`.
+        """
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + max(0.0, timeout_s)
+        self._wakeup.set()
+
+    @property
+    def idle(self) -> bool:
+        """No request in flight (nothing queued, nothing running, no output undelivered)."""
+        return not self._queues
+
     # ---- requests -----------------------------------------------------------------------------
     async def submit(self, prompt_token_ids: list[int], params: SamplingParams, *,
                      namespace: str | None = None, mode: str | None = None) -> tuple[str, asyncio.Queue]:
@@ -76,6 +118,8 @@ class AsyncEngine:
 
         def add() -> str:
             with self.lock:
+                if self.draining:
+                    raise ShuttingDown(SHUTTING_DOWN)
                 request_id = self.engine.add_request(prompt_token_ids, params, namespace=namespace, mode=mode)
                 self._queues[request_id] = (loop, queue)
                 return request_id
@@ -100,11 +144,34 @@ class AsyncEngine:
             self.engine.abort(request_id)
             self._queues.pop(request_id, None)
 
+    def _apply_drain(self) -> None:
+        """Under the lock: fail queued requests, and everything once the deadline has passed."""
+        if self._drain_deadline is None:
+            return
+        if time.monotonic() >= self._drain_deadline:
+            doomed = list(self._queues)
+        else:
+            doomed = [r for r in self.engine.waiting_request_ids() if r in self._queues]
+        for request_id in doomed:
+            self._fail(request_id, EngineFailure(SHUTTING_DOWN, status=503, code="shutting_down"))
+            self.shutdown_failed_requests += 1
+        if doomed:
+            logger.warning("shutting down: failed %d request(s) (%s)", len(doomed),
+                           "deadline reached" if time.monotonic() >= self._drain_deadline else "still queued")
+
+    def _fail(self, request_id: str, failure: EngineFailure) -> None:
+        self.engine.abort(request_id)
+        target = self._queues.pop(request_id, None)
+        if target is not None:
+            loop, queue = target
+            _deliver(loop, queue, failure)
+
     # ---- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopped.is_set():
             with self.lock:
                 self._apply_aborts()
+                self._apply_drain()
                 busy = self.engine.has_unfinished_requests()
                 outputs: list[RequestOutput] = []
                 if busy:
@@ -120,21 +187,29 @@ class AsyncEngine:
                         self.on_step(self.engine)
                     except Exception:
                         logger.exception("on_step hook failed")
-                deliveries = []
+                deliveries: list = []
                 for output in outputs:
                     target = self._queues.get(output.request_id)
                     if target is not None:
-                        deliveries.append((target, output))
+                        if output.error is not None:
+                            self.failed_requests += 1
+                        deliveries.append((target, output if output.error is None
+                                           else EngineFailure(output.error)))
                         if output.finished:
                             self._queues.pop(output.request_id, None)
             for (loop, queue), output in deliveries:
-                loop.call_soon_threadsafe(queue.put_nowait, output)
+                _deliver(loop, queue, output)
             if not busy:
                 self._wakeup.wait(self.idle_wait_s)
                 self._wakeup.clear()
 
     def _fail_all(self, message: str) -> None:
-        for request_id, (loop, queue) in list(self._queues.items()):
-            self.engine.abort(request_id)
-            loop.call_soon_threadsafe(queue.put_nowait, EngineFailure(message))
-        self._queues.clear()
+        for request_id in list(self._queues):
+            self._fail(request_id, EngineFailure(message))
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: object) -> None:
+    try:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+    except RuntimeError:  # the server's loop is gone (a forced exit): nobody is waiting any more
+        pass

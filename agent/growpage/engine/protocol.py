@@ -1,5 +1,10 @@
-"""OpenAI-compatible request bodies, validated with pydantic (unknown fields are ignored, as
-OpenAI clients send many), and their conversion to engine inputs."""
+"""OpenAI-compatible request bodies, validated with pydantic, and their conversion to engine inputs.
+
+Fields this server does not implement (``logprobs``, ``echo``, ``best_of``, penalties, tools, ...)
+are refused with a 400 naming them whenever they ask for something, rather than answered as if
+they had been honoured; left at their neutral value they are accepted. Other unknown fields are
+ignored, as OpenAI clients send many. Text must be valid Unicode (no unpaired surrogates).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,65 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from growpage.engine.sampling import InvalidRequest, SamplingParams
+
+# Fields of OpenAI's (and vLLM's) APIs this server does not implement, with the values that ask for
+# nothing: any other value is refused by name.
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    # vLLM's sampling extras
+    "top_k": (None, 0, -1),
+    "min_p": (None, 0),
+    "repetition_penalty": (None, 1),
+    "min_tokens": (None, 0),
+    "use_beam_search": (None, False),
+    "stop_token_ids": (None, []),
+    "prompt_logprobs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+}
+
+
+def refuse_unsupported(extra: dict[str, Any] | None) -> None:
+    """Raise :class:`InvalidRequest` naming the first unsupported field that asks for something."""
+    for name, value in (extra or {}).items():
+        neutral = UNSUPPORTED_FIELDS.get(name)
+        if neutral is not None and not any(_same(value, n) for n in neutral):
+            raise InvalidRequest(f"{name} is not supported by this server; remove it from the request",
+                                 param=name)
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    if isinstance(value, bool) or isinstance(neutral, bool) or value is None or neutral is None:
+        return value is neutral  # False is not 0 here, and 0 is not False
+    return bool(value == neutral)
+
+
+def check_text(text: str, where: str) -> str:
+    """``text`` if it is valid Unicode; an unpaired surrogate (e.g. ``"\\ud800"``) is refused."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidRequest(f"{where} holds an unpaired surrogate at character {error.start}; send valid "
+                             "UTF-8 text", param=where) from None
+    return text
 
 
 class _Body(BaseModel):
@@ -30,8 +94,11 @@ class _Body(BaseModel):
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.n != 1:
-            raise InvalidRequest(f"n={self.n} is not supported; send n=1 (or several requests)")
+            raise InvalidRequest(f"n={self.n} is not supported; send n=1 (or several requests)", param="n")
+        refuse_unsupported(self.model_extra)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        for text in stop:
+            check_text(text, "stop")
         max_tokens = self.max_tokens if self.max_tokens is not None else default_max_tokens
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               seed=self.seed, stop=stop, ignore_eos=self.ignore_eos)
@@ -48,7 +115,9 @@ class CompletionBody(_Body):
         if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
             if len(self.prompt) != 1:
                 raise InvalidRequest("a batch of prompts is not supported; send one prompt per request")
-            return self.prompt[0]
+            return check_text(self.prompt[0], "prompt")
+        if isinstance(self.prompt, str):
+            return check_text(self.prompt, "prompt")
         return self.prompt
 
 
@@ -62,12 +131,12 @@ class ChatMessage(BaseModel):
         if self.content is None:
             return ""
         if isinstance(self.content, str):
-            return self.content
+            return check_text(self.content, "messages.content")
         parts = []
         for part in self.content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest("only text content parts are supported")
-            parts.append(part["text"])
+                raise InvalidRequest("only text content parts are supported", param="messages.content")
+            parts.append(check_text(part["text"], "messages.content"))
         return "".join(parts)
 
 

@@ -62,22 +62,22 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+            raise InvalidRequest(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", param="max_tokens")
         if not 0.0 <= float(self.temperature) <= 2.0:  # also refuses nan
-            raise InvalidRequest(f"temperature must be in [0, 2], got {self.temperature!r}")
+            raise InvalidRequest(f"temperature must be in [0, 2], got {self.temperature!r}", param="temperature")
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             logger.warning("temperature %s is below %s, which overflows the softmax; using %s",
                            self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         if not 0.0 < float(self.top_p) <= 1.0:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not SEED_MIN <= self.seed <= SEED_MAX):
-            raise InvalidRequest(f"seed must be an integer in [-2**63, 2**63 - 1], got {self.seed!r}")
+            raise InvalidRequest(f"seed must be an integer in [-2**63, 2**63 - 1], got {self.seed!r}", param="seed")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequest("stop must be a non-empty string or a list of them")
+            raise InvalidRequest("stop must be a non-empty string or a list of them", param="stop")
         if len(self.stop) > 4:
-            raise InvalidRequest(f"at most 4 stop strings are supported, got {len(self.stop)}")
+            raise InvalidRequest(f"at most 4 stop strings are supported, got {len(self.stop)}", param="stop")
 
     @property
     def greedy(self) -> bool:
