@@ -7,9 +7,12 @@ import types
 import pytest
 import torch
 
+from cache_layouts import probed, row_major_write, transposed_write
+
 from growpage.core.policy import Action
 from growpage.vllm_plugin import keys as kv_keys
-from growpage.vllm_plugin.compaction import (choose_keep, compaction_target_tokens, move_tokens,
+from growpage.vllm_plugin.keys import move_tokens
+from growpage.vllm_plugin.compaction import (choose_keep, compaction_target_tokens,
                                              physical_slot_mapping, physical_slots, protected_tokens,
                                              slot_positions)
 from growpage.vllm_plugin.compactor import WorkerCompactor
@@ -56,22 +59,18 @@ def test_physical_slots_use_the_block_row():
     assert physical_slot_mapping(torch.tensor([10, 11]), 6, row, BLOCK).tolist() == [12, 13]
 
 
-@pytest.mark.parametrize("layout", kv_keys.LAYOUTS)
-def test_move_tokens_copies_keys_and_values_in_either_layout(layout):
+@pytest.mark.parametrize("write", [transposed_write, row_major_write], ids=["vec-layout", "row-major"])
+def test_move_tokens_copies_keys_and_values_in_either_layout(write):
     torch.manual_seed(0)
-    num_blocks, heads, head_dim = 4, 2, 3
+    num_blocks, heads, head_dim = 4, 2, 4
     cache = torch.randn(num_blocks, heads, BLOCK, 2 * head_dim)
     before = cache.clone()
+    layout = probed(write, num_blocks, heads, BLOCK, head_dim)
     src, dst = torch.tensor([5, 14, 2]), torch.tensor([1, 2, 3])  # overlapping: slot 2 is read and written
     move_tokens(cache, src, dst, layout)
 
     def token(c: torch.Tensor, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-        block, offset = divmod(slot, BLOCK)
-        flat = c[block].reshape(heads, -1)
-        keys = flat[:, :BLOCK * head_dim]
-        keys = keys.view(heads, head_dim, BLOCK)[:, :, offset] if layout == kv_keys.TRANSPOSED \
-            else keys.view(heads, BLOCK, head_dim)[:, offset]
-        return keys, flat[:, BLOCK * head_dim:].view(heads, BLOCK, head_dim)[:, offset]
+        return kv_keys.read_token(c, slot, layout), kv_keys.read_token(c, slot, layout, value=True)
 
     for s, d in zip(src.tolist(), dst.tolist()):
         for got, want in zip(token(cache, d), token(before, s)):
@@ -123,7 +122,12 @@ def _scheduler(blocks: list[_Block], num_computed: int, prompt: int = 2, namespa
     single = types.SimpleNamespace(req_to_blocks={"r": blocks}, num_cached_block={"r": len(blocks)})
     manager = types.SimpleNamespace(block_pool=_Pool(10),
                                     coordinator=types.SimpleNamespace(single_type_managers=[single]))
-    return types.SimpleNamespace(running=[request], waiting=[], kv_cache_manager=manager), request
+    # vLLM's cache spec: 256 bytes per token per layer, two layers -> 512 bytes of KV per token
+    spec = types.SimpleNamespace(page_size_bytes=BLOCK * 256, block_size=BLOCK)
+    kv_cache_config = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec,
+                                                                                   layer_names=["l0", "l1"])])
+    return types.SimpleNamespace(running=[request], waiting=[], kv_cache_manager=manager,
+                                 kv_cache_config=kv_cache_config), request
 
 
 def _enforcer(**overrides) -> SchedulerEnforcer:
@@ -150,6 +154,8 @@ def test_enforcer_evicts_at_the_cap_frees_tail_blocks_and_plans_the_move():
                                      "shared_prefix_tokens": 0, "dropped": 4}
     assert payload["dropped"] == {"r": 4}
     assert [d.kind for d in payload["decisions"]] == ["evict"] and payload["decisions"][0].enforced
+    # 12 tokens in, 8 kept, at 512 bytes per token (vLLM's own cache spec)
+    assert (payload["decisions"][0].bytes_in, payload["decisions"][0].bytes_out) == (12 * 512, 8 * 512)
     enforcer.on_preempt(request)
     assert getattr(request, DROPPED_ATTRIBUTE) == 0
 
@@ -215,7 +221,7 @@ def test_worker_compactor_moves_survivors_truncates_and_makes_inputs_physical():
     compactor.add_scores("r", scores)
     plan = {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12, "shared_prefix_tokens": 0, "dropped": 4}
     output = types.SimpleNamespace(growpage={"plans": {"r": plan}, "dropped": {"r": 4}})
-    compactor.begin_step(runner, output, kv_keys.TRANSPOSED)
+    compactor.begin_step(runner, output, probed(transposed_write, 8, 1, BLOCK, head_dim))
     kept = compactor.kept_positions["r"].tolist()
     assert kept == [0, 3, 6, 7, 8, 9, 10, 11]
     survivors = [cache[blocks[i // BLOCK], 0].view(-1)[:BLOCK * head_dim].view(head_dim, BLOCK)[0, i % BLOCK].item()

@@ -7,6 +7,8 @@ import types
 import pytest
 import torch
 
+from cache_layouts import lossy_write, transposed_write
+
 from growpage.config import Mode
 from growpage.errors import ConfigError
 from growpage.vllm_plugin import keys as kv_keys
@@ -68,14 +70,15 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
     seq_len, heads, head_dim = 40, 2, 8
     keys = torch.randn(seq_len, 1, head_dim)
     cache = _transposed_cache(keys, 32, 4)
-    assert kv_keys.detect_layout(cache, keys[-1:], torch.tensor([seq_len - 1])) == kv_keys.TRANSPOSED
 
     observer = _observer()
     new = types.SimpleNamespace(req_id="r1", prompt_token_ids=list(range(seq_len - 1)), num_computed_tokens=0,
                                 sampling_params=types.SimpleNamespace(extra_args={"growpage_namespace": "a"}))
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r1"]))
     observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[new]))
-    observer.note_kv_write(cache, keys[-1:], torch.tensor([seq_len - 1]))
+    observer.note_kv_write(cache, keys[-1:], torch.tensor([seq_len - 1]), transposed_write, num_kv_heads=1,
+                           block_size=32, head_dim=head_dim)
+    assert observer.ready_to_compact and observer.stats.component_states["observer"] == "active"
     query = torch.randn(1, heads, head_dim)
     metadata = types.SimpleNamespace(query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([seq_len]),
                                      block_table=torch.tensor([[0, 1, 2, 3]]))
@@ -193,3 +196,16 @@ def test_gpctl_serve_engine_vllm_says_in_one_line_where_vllm_is_missing(tmp_path
     if importlib.util.find_spec("vllm") is None:
         result = runner.invoke(app, ["serve", "--engine", "vllm"])
         assert result.exit_code == 2 and "vLLM is not installed" in result.output
+
+
+def test_a_cache_layout_that_does_not_round_trip_turns_observation_off_and_says_why():
+    keys = torch.randn(4, 1, 8)
+    cache = _transposed_cache(keys, 32, 2)
+    observer = _observer()
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=[]))
+    observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[]))
+    observer.note_kv_write(cache, keys[-1:], torch.tensor([3]), lossy_write, num_kv_heads=1, block_size=32,
+                           head_dim=8)
+    assert not observer.ready_to_compact
+    assert observer.stats.component_states["observer"] == "unsupported_cache_layout"
+    assert observer.stats.agent_errors_total["plugin"] == 1

@@ -9,6 +9,7 @@ costs one attribute test per call.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -83,7 +84,10 @@ class GrowPageCPUAttentionImpl(CPUAttentionBackendImpl):
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         observer = self._growpage
         if observer is not None and observer.wants_layer(getattr(layer, "layer_name", "")):
-            observer.guarded("layout detection", observer.note_kv_write, kv_cache, key, slot_mapping)
+            observer.guarded("layout detection", observer.note_kv_write, kv_cache, key, slot_mapping,
+                             functools.partial(super().do_kv_cache_update, layer),
+                             num_kv_heads=self.num_kv_heads, block_size=int(kv_cache.shape[2]),
+                             head_dim=self.head_size)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                 output_block_scale=None) -> torch.Tensor:

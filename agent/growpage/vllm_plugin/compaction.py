@@ -25,7 +25,6 @@ import math
 import torch
 
 from growpage.core.evict import select_keep
-from growpage.vllm_plugin import keys as kv_keys
 
 
 def protected_tokens(physical_tokens: int, shared_prefix_tokens: int, sink_tokens: int,
@@ -121,47 +120,3 @@ def physical_slot_mapping(positions: torch.Tensor, dropped: int, block_row: torc
                           block_size: int) -> torch.Tensor:
     """Slots for this step's tokens of a compacted request: from ``positions - dropped``."""
     return physical_slots(block_row, positions.long() - dropped, block_size)
-
-
-def _token_views(kv_cache: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views of one layer's CPU cache as ``K, V`` indexed ``[block, head, offset, :]`` or transposed.
-
-    Returns ``(keys, values)``: for :data:`~growpage.vllm_plugin.keys.TRANSPOSED` the keys view is
-    ``[num_blocks, heads, head_dim, block_size]``; otherwise ``[num_blocks, heads, block_size,
-    head_dim]``. Values are ``[num_blocks, heads, block_size, head_dim]``. Writes reach the cache.
-    """
-    num_blocks, heads, block_size, two_head_dim = kv_cache.shape
-    head_dim = two_head_dim // 2
-    flat = kv_cache.view(num_blocks, heads, block_size * two_head_dim)
-    keys = flat[..., :block_size * head_dim]
-    values = flat[..., block_size * head_dim:].unflatten(-1, (block_size, head_dim))
-    if layout == kv_keys.TRANSPOSED:
-        keys = keys.unflatten(-1, (head_dim, block_size))
-    else:
-        keys = keys.unflatten(-1, (block_size, head_dim))
-    return keys, values
-
-
-def move_tokens(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor, layout: str) -> None:
-    """Copy K and V of ``src_slots`` into ``dst_slots`` in one layer's cache (gather, then scatter).
-
-    Args:
-        kv_cache: ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]`` (vLLM's CPU layout).
-        src_slots, dst_slots: ``[N]`` slot ids; sources are read before any destination is written,
-            so the two may overlap.
-        layout: one of :data:`~growpage.vllm_plugin.keys.LAYOUTS`.
-    """
-    if src_slots.numel() == 0:
-        return
-    block_size = kv_cache.shape[2]
-    keys, values = _token_views(kv_cache, layout)
-    src_block, src_offset = src_slots // block_size, src_slots % block_size
-    dst_block, dst_offset = dst_slots // block_size, dst_slots % block_size
-    moved_values = values[src_block, :, src_offset]  # [N, heads, head_dim]
-    if layout == kv_keys.TRANSPOSED:
-        moved_keys = keys[src_block, :, :, src_offset]  # [N, heads, head_dim]
-        keys[dst_block, :, :, dst_offset] = moved_keys
-    else:
-        moved_keys = keys[src_block, :, src_offset]
-        keys[dst_block, :, dst_offset] = moved_keys
-    values[dst_block, :, dst_offset] = moved_values

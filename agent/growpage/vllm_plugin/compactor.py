@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from growpage.config import GrowPageConfig
-from growpage.vllm_plugin.compaction import (choose_keep, move_tokens, physical_slot_mapping,
-                                             physical_slots, slot_positions)
+from growpage.vllm_plugin.compaction import (choose_keep, physical_slot_mapping, physical_slots, slot_positions)
+from growpage.vllm_plugin.keys import BlockLayout, move_tokens
 from growpage.vllm_plugin.enforcer import OUTPUT_ATTRIBUTE
 
 
@@ -68,7 +68,7 @@ class WorkerCompactor:
         self.scores.pop(request_id, None)
 
     # ---- before _update_states -----------------------------------------------------------------
-    def begin_step(self, runner: Any, scheduler_output: Any, layout: str | None) -> None:
+    def begin_step(self, runner: Any, scheduler_output: Any, layout: BlockLayout | None) -> None:
         """Forget restarted requests, apply this step's plans, adopt the scheduler's ``dropped``."""
         payload = getattr(scheduler_output, OUTPUT_ATTRIBUTE, None)
         restarted = set(getattr(scheduler_output, "finished_req_ids", ()) or ())
@@ -100,7 +100,7 @@ class WorkerCompactor:
         if failed:
             raise CompactionError(f"compaction failed for {failed}; their blocks were truncated in place")
 
-    def _compact(self, runner: Any, request_id: str, plan: dict, layout: str | None) -> None:
+    def _compact(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None) -> None:
         if layout is None:
             raise CompactionError("the KV cache layout is unknown; cannot move tokens")
         state = runner.requests[request_id]

@@ -117,7 +117,7 @@ class VllmObserver:
         self._in_step = False
         self._step: list[_LayerObservation] = []
         self._step_seq_lens: dict[str, int] | None = None
-        self._layout: str | None = None
+        self._layout: kv_keys.BlockLayout | None = None
         self._layout_failed = False
         self.num_pages = 0
         self.token_bytes = 0
@@ -190,6 +190,8 @@ class VllmObserver:
             self.stats.record_grant(granted, 0.0)
         for event in payload.get("decisions", ()):
             self.stats.record_decision(event)
+            if event.bytes_in:
+                self.stats.record_compression(event.bytes_in, event.bytes_out)
         for decided, enforced in payload.get("degraded", ()):
             key = (decided, enforced)
             self.degraded_total[key] = self.degraded_total.get(key, 0) + 1
@@ -230,22 +232,33 @@ class VllmObserver:
         index = layer_index(layer_name)
         return index is not None and index in self.observed_layers
 
-    def note_kv_write(self, kv_cache: torch.Tensor, key: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Detect the cache layout once per process, from keys vLLM just wrote."""
+    def note_kv_write(self, kv_cache: torch.Tensor, key: torch.Tensor, slot_mapping: torch.Tensor,
+                      write: kv_keys.CacheWrite, *, num_kv_heads: int, block_size: int, head_dim: int) -> None:
+        """Learn the cache layout once per process from the backend's own ``write`` (see
+        :mod:`~growpage.vllm_plugin.keys`), and check it against the keys vLLM just wrote."""
         if self._layout is not None or self._layout_failed:
             return
-        layout = kv_keys.detect_layout(kv_cache, key, slot_mapping)
+        written = (slot_mapping[: key.shape[0]] >= 0).nonzero()
+        if written.numel() == 0:
+            return
+        layout = kv_keys.probe_layout(write, kv_cache, num_kv_heads, block_size, head_dim)
+        if layout is not None:
+            token = int(written[0, 0])
+            stored = kv_keys.read_token(kv_cache, int(slot_mapping[token]), layout).float()
+            if not torch.allclose(stored, key[token].to(kv_cache.dtype).float(), atol=1e-3, rtol=1e-2):
+                layout = None
         if layout is None:
-            if (slot_mapping >= 0).any():
-                self._layout_failed = True
-                self.stats.record_error(PLUGIN_COMPONENT)
-                logger.error("growpage: the KV cache layout of this vLLM build/ISA is unknown; attention "
-                             "observation is off in pid %d (vLLM runs unchanged)", os.getpid())
+            self._layout_failed = True
+            self.stats.record_error(PLUGIN_COMPONENT)
+            self.stats.set_component_state("observer", "unsupported_cache_layout")
+            logger.error("growpage: this attention backend's KV cache layout (dtype %s, shape %s) does not "
+                         "round-trip; attention observation and compaction are off in pid %d (vLLM runs "
+                         "unchanged)", kv_cache.dtype, tuple(kv_cache.shape), os.getpid())
             return
         self._layout = layout
+        self.stats.set_component_state("observer", "active")
         self.num_pages = int(kv_cache.shape[0])
         self.device = kv_cache.device
-        num_kv_heads, head_dim = int(kv_cache.shape[1]), int(kv_cache.shape[3]) // 2
         self.token_bytes = kv_token_bytes(self.num_layers, num_kv_heads, head_dim, kv_cache.element_size())
 
     def observe_layer(self, impl: Any, query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any) -> None:

@@ -1,0 +1,65 @@
+"""Every cache layout GrowPage meets is learned from the backend's own write, then read and moved exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cache_layouts import (available_vllm_isas, lossy_write, probed, row_major_write, transposed_write,
+                           vllm_cpu_writer)
+from growpage.vllm_plugin import keys as kv_keys
+
+BLOCK, HEADS, HEAD_DIM = 32, 3, 64  # the packaged model's geometry (block 32 as the tests run vLLM)
+
+WRITERS = [("vec-layout", transposed_write, torch.float32), ("row-major", row_major_write, torch.float32)]
+WRITERS += [(f"vllm-cpu-{isa}", vllm_cpu_writer(isa), torch.bfloat16)
+            for isa in available_vllm_isas(torch.bfloat16, BLOCK, HEAD_DIM)]
+
+
+def _filled(write, dtype, tokens: int, num_blocks: int, block_row: list[int]):
+    """A cache holding ``tokens`` random tokens written by ``write`` into ``block_row``'s blocks."""
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(tokens, HEADS, HEAD_DIM, generator=generator).to(dtype)
+    values = torch.randn(tokens, HEADS, HEAD_DIM, generator=generator).to(dtype)
+    row = torch.tensor(block_row)
+    slots = row[torch.arange(tokens) // BLOCK] * BLOCK + torch.arange(tokens) % BLOCK
+    cache = torch.zeros(num_blocks, HEADS, BLOCK, 2 * HEAD_DIM, dtype=dtype)
+    write(keys, values, cache, slots)
+    return cache, keys, values, row, slots
+
+
+@pytest.mark.parametrize(("name", "write", "dtype"), WRITERS, ids=[w[0] for w in WRITERS])
+def test_keys_read_back_exactly_in_every_layout(name, write, dtype):
+    cache, keys, _, row, _ = _filled(write, dtype, 70, 6, [4, 1, 3])
+    layout = probed(write, 6, HEADS, BLOCK, HEAD_DIM, dtype)
+    heads = torch.tensor([0, 2])
+    got = kv_keys.read_keys(cache, row, 70, heads, layout)  # [H, tokens, hd]
+    assert torch.equal(got, keys[:, [0, 2]].transpose(0, 1))
+
+
+@pytest.mark.parametrize(("name", "write", "dtype"), WRITERS, ids=[w[0] for w in WRITERS])
+def test_move_tokens_matches_a_dense_copy_in_every_layout(name, write, dtype):
+    cache, keys, values, _, slots = _filled(write, dtype, 70, 6, [4, 1, 3])
+    layout = probed(write, 6, HEADS, BLOCK, HEAD_DIM, dtype)
+    # keep tokens 0, 1, 40, 69 in the first four slots (overlapping sources and destinations)
+    keep = torch.tensor([0, 1, 40, 69])
+    kv_keys.move_tokens(cache, slots[keep], slots[:4], layout)
+    for index, token in enumerate(keep.tolist()):
+        assert torch.equal(kv_keys.read_token(cache, int(slots[index]), layout), keys[token])
+        assert torch.equal(kv_keys.read_token(cache, int(slots[index]), layout, value=True), values[token])
+    for token in range(4, 70):  # nothing else moved
+        assert torch.equal(kv_keys.read_token(cache, int(slots[token]), layout), keys[token])
+
+
+def test_the_real_cpu_kernels_of_this_machine_are_covered():
+    isas = available_vllm_isas(torch.bfloat16, BLOCK, HEAD_DIM)
+    if not isas:
+        pytest.skip("vLLM is not installed")
+    # vec16 always runs on x86; vec whenever the block is a multiple of 32
+    assert {"vec", "vec16"} <= set(isas)
+
+
+def test_a_layout_that_does_not_round_trip_is_refused():
+    cache = torch.zeros(2, HEADS, BLOCK, 2 * HEAD_DIM)
+    assert kv_keys.probe_layout(lossy_write, cache, HEADS, BLOCK, HEAD_DIM) is None
+    assert kv_keys.probe_layout(row_major_write, cache.transpose(2, 3), HEADS, BLOCK, HEAD_DIM) is None
