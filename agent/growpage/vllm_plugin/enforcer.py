@@ -222,14 +222,18 @@ class SchedulerEnforcer:
         if action is not decision.action:
             self._degraded.append((decision.action.value, action.value))
         pages_after = held
+        bytes_in = bytes_out = 0
         if action is Action.EVICT:
             assert target is not None
             self._compact(scheduler, request, tracked, blocks, physical, target, shared_blocks)
             pages_after = target // block_size + 1  # vLLM allocates the next token's block
+            token_bytes = _token_bytes(scheduler)
+            bytes_in, bytes_out = physical * token_bytes, target * token_bytes
         elif action is Action.ALLOCATE:
             tracked.allowed_blocks = held + 1
             pages_after = held + 1
-        self.controller.record_decision(call, kind=action, enforced=True, pages_after=pages_after)
+        self.controller.record_decision(call, kind=action, enforced=True, pages_after=pages_after,
+                                        bytes_in=bytes_in, bytes_out=bytes_out)
 
     def _compact(self, scheduler: Any, request: Any, tracked: EnforcedRequest, blocks: list, physical: int,
                  target: int, shared_blocks: int) -> None:
@@ -324,6 +328,13 @@ class SchedulerEnforcer:
                 handle.write(json.dumps(record) + "\n")
         except OSError:
             logger.warning("growpage: cannot write %s", self.log_path)
+
+
+def _token_bytes(scheduler: Any) -> int:
+    """KV bytes of one token across the group's layers, from vLLM's own cache spec."""
+    group = scheduler.kv_cache_config.kv_cache_groups[0]
+    spec = group.kv_cache_spec
+    return spec.page_size_bytes * len(group.layer_names) // spec.block_size
 
 
 def _req_to_blocks(manager: Any) -> dict[str, list]:
