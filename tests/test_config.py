@@ -99,3 +99,30 @@ def test_lts_decay_matches_its_window():
 def test_rollout_mode_per_request(deployment, namespaces, namespace, requested, expected):
     config = GrowPageConfig(mode=deployment, enforce_namespaces=namespaces)
     assert config.mode_for(namespace, requested) is expected
+
+
+@pytest.mark.parametrize("name, value", [
+    ("GROWPAGE_GROWTH_COEFFICIENT", "inf"),
+    ("GROWPAGE_MAX_GROWTH_RATE", "Infinity"),
+    ("GROWPAGE_LTS_GROW_THRESHOLD", "nan"),
+])
+def test_non_finite_numbers_are_refused(name, value):
+    with pytest.raises(ConfigError, match="must be a finite number") as caught:
+        load_config(env={name: value})
+    assert "\n" not in str(caught.value)
+
+
+def test_documented_variables_that_are_not_config_fields_leave_config_alone():
+    env = {"GROWPAGE_TRACING": "1", "GROWPAGE_CACHE_DIR": "/tmp/models", "GROWPAGE_API_KEY": "k" * 16,
+           "GROWPAGE_VLLM_PYTHON": "/usr/bin/python3", "GROWPAGE_VLLM_EXPORTER_PORT": "9464",
+           "GROWPAGE_CONFIG": "", "GROWPAGE_BASE_PAGES": "64"}
+    assert load_config(env=env).base_pages == 64
+
+
+def test_undecodable_and_directory_config_paths_say_what_is_wrong(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("mode: monitor  # café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8.*save it as UTF-8"):
+        load_config(latin, env={})
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path, env={})

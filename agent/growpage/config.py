@@ -10,6 +10,8 @@ import dataclasses
 import difflib
 import enum
 import json
+import logging
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -22,6 +24,17 @@ from growpage.errors import ConfigError
 
 ENV_PREFIX = "GROWPAGE_"
 ENV_CONFIG_FILE = "GROWPAGE_CONFIG"
+# GROWPAGE_* variables that are settings of something else, not config fields: never parsed here.
+OTHER_ENV_SETTINGS = {
+    ENV_CONFIG_FILE: "the config file's path",
+    "GROWPAGE_TRACING": "OpenTelemetry spans on/off (growpage.telemetry.tracing)",
+    "GROWPAGE_CACHE_DIR": "where prepared models live (growpage.engine.model_prep)",
+    "GROWPAGE_API_KEY": "the API key of gpctl serve",
+}
+OTHER_ENV_PREFIXES = ("GROWPAGE_VLLM_",)  # the vLLM plugin's own settings and test hooks
+DEPRECATED_ENV = {"GROWPAGE_VLLM_PYTHON": "gpctl serve --engine vllm now uses the current interpreter"}
+
+logger = logging.getLogger(__name__)
 
 
 class Mode(str, enum.Enum):
@@ -187,17 +200,33 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if path is not None:
         values.update(_coerce_mapping(_read_file(Path(path)), source=str(path)))
     env_values = {key[len(ENV_PREFIX):].lower(): value for key, value in env.items()
-                  if key.startswith(ENV_PREFIX) and key != ENV_CONFIG_FILE}
+                  if _is_config_env(key)}
     values.update(_coerce_mapping(env_values, source="environment", from_env=True))
     if overrides:
         values.update(_coerce_mapping(dict(overrides), source="overrides"))
     return GrowPageConfig(**values)
 
 
+def _is_config_env(key: str) -> bool:
+    if key in DEPRECATED_ENV:
+        logger.warning("%s is deprecated and ignored: %s; unset it", key, DEPRECATED_ENV[key])
+        return False
+    return (key.startswith(ENV_PREFIX) and key not in OTHER_ENV_SETTINGS
+            and not key.startswith(OTHER_ENV_PREFIXES))
+
+
 def _read_file(path: Path) -> Mapping[str, Any]:
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; pass a YAML/JSON/TOML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass an existing YAML/JSON/TOML file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {path} is not UTF-8 (byte {error.start} is 0x{error.object[error.start]:02x});"
+                          " save it as UTF-8") from None
+    except OSError as error:
+        raise ConfigError(f"config file {path} cannot be read ({error.strerror}); check its permissions") from None
     try:
         if path.suffix == ".json":
             data = json.loads(text)
@@ -276,7 +305,9 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
 def _check_float(name: str, value: Any, low: float, high: float | None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{name} must be a number, got {value!r}")
-    if value != value or value < low or (high is not None and value > high):
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value}; use a large finite value instead")
+    if value < low or (high is not None and value > high):
         bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ConfigError(f"{name} must be {bounds}, got {value}")
 

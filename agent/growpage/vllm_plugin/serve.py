@@ -5,20 +5,31 @@ distribution named ``vllm``), so the server is started as
 ``python -m vllm.entrypoints.launchers.api_server.entry``, which is what ``vllm serve`` runs, on CPU
 and GPU alike. ``VLLM_PLUGINS`` must name ``growpage`` for the ``/metrics/growpage`` route (vLLM
 loads endpoint plugins only when named); naming it also limits general plugins to GrowPage's.
+
+:func:`serve` runs the server as a child and forwards SIGTERM/SIGINT to it (vLLM shuts down
+gracefully on them), then waits for it: stopping ``gpctl serve --engine vllm`` stops vLLM too. A
+child still running ``shutdown_timeout_s`` after the first signal is killed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, DEFAULT_EXPORTER_PORT, split_settings
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+KILL_GRACE_S = 10.0  # after the shutdown timeout, before SIGKILL
+
+logger = logging.getLogger(__name__)
 
 
 def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
@@ -82,10 +93,53 @@ def check_vllm_python(python: str = sys.executable) -> None:
             "make vllm-venv) or pass --vllm-python .venv-vllm/bin/python")
 
 
-def serve(model: str, **kwargs: Any) -> int:
-    """Run the server in the foreground until it exits; returns its exit status."""
+def serve(model: str, *, extra_env: Mapping[str, str] | None = None, shutdown_timeout_s: float = 50.0,
+          **kwargs: Any) -> int:
+    """Run the server until it exits (signals forwarded, see :func:`run_child`); returns its exit status.
+
+    Args:
+        extra_env: more environment for the child (e.g. ``VLLM_API_KEY``, kept out of argv).
+        shutdown_timeout_s: how long the child may take to stop after the first signal.
+        kwargs: :func:`serve_command`'s.
+    """
     argv, env = serve_command(model, **kwargs)
-    return subprocess.call(argv, env=env)
+    env.update(extra_env or {})
+    return run_child(argv, env, shutdown_timeout_s=shutdown_timeout_s)
+
+
+def run_child(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
+              shutdown_timeout_s: float = 50.0) -> int:
+    """Run ``argv`` in the foreground, forwarding SIGTERM and SIGINT to it; returns its exit status.
+
+    Every SIGTERM/SIGINT this process gets is passed on (the child decides what a second one
+    means); if the child is still running ``shutdown_timeout_s`` + 10 s after the first, it is
+    killed. Call from the main thread (signal handlers live there).
+    """
+    child = subprocess.Popen(list(argv), env=dict(env) if env is not None else None)
+    first_signal_at: list[float] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if not first_signal_at:
+            first_signal_at.append(time.monotonic())
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        while True:
+            try:
+                return child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+            if first_signal_at and time.monotonic() - first_signal_at[0] > shutdown_timeout_s + KILL_GRACE_S:
+                logger.warning("the server did not stop within %g s of the signal; killing it", shutdown_timeout_s)
+                child.kill()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if child.poll() is None:  # this process is leaving for another reason: never orphan the child
+            child.kill()
+            child.wait()
 
 
 def _cuda_visible() -> bool:

@@ -1,9 +1,13 @@
 """``gpctl serve``: an OpenAI-compatible server with GrowPage on: the reference engine, or vLLM.
 
+The reference engine's configuration is checked against the model and the pool before anything is
+allocated (:func:`growpage.engine.startup.check_serving`): one line and exit 2 for a pool that
+cannot hold a full-context request, a grant larger than the pool, or memory the machine lacks.
+Shutdown is bounded: SIGTERM drains for ``--shutdown-timeout`` seconds, a second signal exits.
+
 ``--engine vllm`` starts vLLM's own server with the GrowPage plugin
-(:func:`growpage.vllm_plugin.serve.serve`) in the interpreter given by ``--vllm-python`` (default:
-this one). vLLM usually lives in its own environment (``.venv-vllm``, see docs/VLLM_PLUGIN.md), so
-a missing vLLM is one line that says where to point ``--vllm-python``.
+(:func:`growpage.vllm_plugin.serve.serve`) as a child in this interpreter and forwards SIGTERM and
+SIGINT to it, so stopping ``gpctl`` stops vLLM.
 """
 
 from __future__ import annotations
@@ -13,13 +17,15 @@ from typing import Annotated
 
 import typer
 
-from growpage.errors import GrowPageError
+from growpage.errors import ConfigError, GrowPageError
+
+PUBLIC_HELP = ("Endpoints open without the API key: health, metrics, both (health,metrics) or none.")
 
 
 def serve(
     model: Annotated[Path | None, typer.Option(help="A prepared HF Llama-family folder. "
                                                     "Default: the packaged model (`gpctl model prepare`).")] = None,
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0 inside a pod).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address every listener binds (0.0.0.0 inside a pod).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     engine: Annotated[str, typer.Option(help="reference (this engine) or vllm.")] = "reference",
     mode: Annotated[str | None, typer.Option(help="GrowPage mode: off | monitor | enforce.")] = None,
@@ -28,51 +34,104 @@ def serve(
     base_pages: Annotated[int | None, typer.Option(help="Pages granted per request at admission.")] = None,
     block_size: Annotated[int | None, typer.Option(help="Tokens per page.")] = None,
     kv_cache_mib: Annotated[int, typer.Option(min=1, help="Memory for KV pages.")] = 256,
+    max_model_len: Annotated[int | None, typer.Option(min=1, help="Context a request may use (prompt + output); "
+                                                                  "default: the model's.")] = None,
     max_num_seqs: Annotated[int, typer.Option(min=1, help="Running requests at most.")] = 32,
     max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step at most.")] = 512,
     served_model_name: Annotated[str | None, typer.Option(help="Model id for clients.")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Also serve /metrics/growpage on this port.")] = None,
+    metrics_host: Annotated[str | None, typer.Option(help="Address of the --metrics-port listener. "
+                                                          "Default: --host.")] = None,
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching")] = False,
+    api_key: Annotated[str | None, typer.Option(envvar="GROWPAGE_API_KEY", show_default=False,
+                                                help="Require 'Authorization: Bearer KEY' (prefer the "
+                                                     "GROWPAGE_API_KEY variable: argv is visible to ps).")] = None,
+    public: Annotated[str, typer.Option(help=PUBLIC_HELP)] = "health,metrics",
+    api_docs: Annotated[bool, typer.Option("--api-docs", help="Serve /docs, /redoc and /openapi.json.")] = False,
+    max_request_bytes: Annotated[int | None, typer.Option(help="Largest request body (413 above it). "
+                                                                "Default: 4 MiB.")] = None,
+    allow_mode_override: Annotated[bool | None, typer.Option(
+        "--allow-mode-override/--no-allow-mode-override",
+        help="Honour a request's growpage_mode / X-GrowPage-Mode. Default: not when --mode enforce.")] = None,
+    client_namespaces: Annotated[bool | None, typer.Option(
+        "--client-namespaces/--no-client-namespaces",
+        help="Honour the body's namespace / user fields. Default: not when --mode enforce.")] = None,
+    namespace_header: Annotated[str, typer.Option(help="Header a trusted gateway sets to the namespace "
+                                                       "('' trusts none).")] = "x-growpage-namespace",
+    shutdown_timeout: Annotated[float, typer.Option(min=0, help="Seconds running requests get after SIGTERM "
+                                                                "(a second signal exits at once).")] = 50.0,
     vllm_python: Annotated[Path | None, typer.Option(envvar="GROWPAGE_VLLM_PYTHON",
                                                      help="--engine vllm: the Python that has vLLM "
                                                           "(e.g. .venv-vllm/bin/python). Default: this one.")] = None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics/growpage."""
+    public_names = _public_names(public)
+    if api_key and "metrics" not in public_names and metrics_port is not None:
+        raise ConfigError("--metrics-port serves /metrics/growpage without the API key; drop --metrics-port or "
+                          "add metrics to --public")
+    listen = metrics_host or host
     if engine == "vllm":
         raise typer.Exit(_serve_vllm(model, host, port, mode, config, base_pages, block_size, max_num_seqs,
-                                     max_num_batched_tokens, served_model_name, metrics_port, no_prefix_caching,
-                                     vllm_python))
+                                     max_num_batched_tokens, served_model_name, metrics_port, listen,
+                                     no_prefix_caching, vllm_python, api_key, max_model_len, shutdown_timeout))
     if engine != "reference":
         raise GrowPageError(f"--engine {engine} is unknown; use --engine reference or --engine vllm")
-    import uvicorn
 
     from growpage.config import load_config
     from growpage.engine.engine import EngineConfig
+    from growpage.engine.llama_config import LlamaConfig
     from growpage.engine.model_prep import resolve_model_dir
-    from growpage.engine.serving import build_stack
+    from growpage.engine.server_settings import ServerSettings
+    from growpage.engine.startup import available_memory_mib, check_serving
 
     overrides = {key: value for key, value in (("mode", mode), ("base_pages", base_pages),
                                                 ("block_size", block_size)) if value is not None}
     growpage_config = load_config(config, overrides=overrides)
+    settings = ServerSettings.for_mode(
+        growpage_config.mode, api_key=api_key, public=public_names, api_docs=api_docs,
+        max_request_bytes=max_request_bytes, allow_mode_override=allow_mode_override,
+        client_namespaces=client_namespaces, namespace_header=namespace_header or "",
+        shutdown_timeout_s=shutdown_timeout)
     model_dir = resolve_model_dir(model)
-    stack = build_stack(EngineConfig(model_dir=str(model_dir), kv_cache_mib=kv_cache_mib, max_num_seqs=max_num_seqs,
-                                     max_num_batched_tokens=max_num_batched_tokens,
-                                     enable_prefix_caching=not no_prefix_caching,
-                                     served_model_name=served_model_name),
-                        growpage_config, metrics_port=metrics_port)
+    geometry = LlamaConfig.from_folder(Path(model_dir))
+    engine_config = EngineConfig(model_dir=str(model_dir), kv_cache_mib=kv_cache_mib, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 enable_prefix_caching=not no_prefix_caching,
+                                 served_model_name=served_model_name, max_model_len=max_model_len)
+    plan = check_serving(growpage_config, num_layers=geometry.num_layers, num_kv_heads=geometry.num_kv_heads,
+                         head_dim=geometry.head_dim, model_context=geometry.max_position_embeddings,
+                         kv_cache_mib=kv_cache_mib, max_model_len=max_model_len,
+                         available_mib=available_memory_mib(engine_config.device))
+    _serve_reference(engine_config, growpage_config, settings, host, port, metrics_port, listen, plan.num_pages)
+
+
+def _serve_reference(engine_config, growpage_config, settings, host: str, port: int, metrics_port: int | None,
+                     metrics_host: str, num_pages: int) -> None:
+    from growpage.engine.serving import build_stack, run_server
+
+    stack = build_stack(engine_config, growpage_config, metrics_port=metrics_port, metrics_host=metrics_host,
+                        settings=settings)
+    auth = "API key required" if settings.api_key else "no API key"
     typer.echo(f"serving {stack.engine.config.model_name} with GrowPage mode={growpage_config.mode.value} "
-               f"on http://{host}:{port} ({stack.engine.manager.pool.num_pages} KV pages)", err=True)
+               f"on http://{host}:{port} ({num_pages} KV pages, context {stack.engine.max_model_len}, {auth})",
+               err=True)
     try:
-        uvicorn.run(stack.app, host=host, port=port, log_level="warning")
+        run_server(stack, host, port)
     finally:
         stack.close()
 
 
+def _public_names(public: str) -> tuple[str, ...]:
+    names = tuple(part.strip().lower() for part in public.split(",") if part.strip())
+    return () if names == ("none",) else names
+
+
 def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, config: Path | None,
                 base_pages: int | None, block_size: int | None, max_num_seqs: int, max_num_batched_tokens: int,
-                served_model_name: str | None, metrics_port: int | None, no_prefix_caching: bool,
-                vllm_python: Path | None) -> int:
-    """Start vLLM's OpenAI server with the GrowPage plugin in the foreground; returns its exit status."""
+                served_model_name: str | None, metrics_port: int | None, metrics_host: str, no_prefix_caching: bool,
+                vllm_python: Path | None, api_key: str | None, max_model_len: int | None,
+                shutdown_timeout: float) -> int:
+    """Start vLLM's OpenAI server with the GrowPage plugin as a child; returns its exit status."""
     import sys
 
     from growpage.config import load_config
@@ -83,7 +142,8 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
     check_vllm_python(python)
     overrides = {key: value for key, value in (("mode", mode), ("base_pages", base_pages)) if value is not None}
     growpage_config = load_config(config, overrides=overrides)  # validated here, before a minute of start-up
-    growpage: dict = {"mode": growpage_config.mode.value, "base_pages": growpage_config.base_pages}
+    growpage: dict = {"mode": growpage_config.mode.value, "base_pages": growpage_config.base_pages,
+                      "exporter_host": metrics_host}
     if growpage_config.enforce_namespaces:
         growpage["enforce_namespaces"] = list(growpage_config.enforce_namespaces)
     if metrics_port is not None:
@@ -91,11 +151,15 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
     extra = ["--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens", str(max_num_batched_tokens)]
     if block_size is not None:
         extra += ["--block-size", str(block_size)]
+    if max_model_len is not None:
+        extra += ["--max-model-len", str(max_model_len)]
     if served_model_name:
         extra += ["--served-model-name", served_model_name]
     if no_prefix_caching:
         extra += ["--no-enable-prefix-caching"]
+    env_extra = {"VLLM_API_KEY": api_key} if api_key else {}  # the environment, not argv: ps shows argv
     model_dir = resolve_model_dir(model)
     typer.echo(f"serving {model_dir} on vLLM with GrowPage mode={growpage_config.mode.value} "
                f"on http://{host}:{port} (GrowPage metrics: /metrics/growpage)", err=True)
-    return serve(str(model_dir), host=host, port=port, growpage=growpage, extra_args=extra, python=python)
+    return serve(str(model_dir), host=host, port=port, growpage=growpage, extra_args=extra, python=python,
+                 extra_env=env_extra, shutdown_timeout_s=shutdown_timeout)
