@@ -63,8 +63,8 @@ def outputs_of(engine, prompt_ids, params=GREEDY):
 
 
 def assert_same_tokens(expected, actual):
-    for index, (a, b) in enumerate(zip(expected, actual)):
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    for index, (a, b) in enumerate(zip(expected, actual, strict=False)):
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
         assert a == b, f"prompt {index}: first difference at token {first}: {a} vs {b}"
 
 

@@ -57,7 +57,7 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 def _divergence(tokenizer, hf_model, prompt: list[int], expected: list[int], actual: list[int]) -> str:
     # Where the two greedy paths split, and how close transformers' top two logits were there: a
     # margin near float32 round-off means summation order, a large one means a real bug.
-    step = next(i for i, (a, b) in enumerate(zip(expected + [-1], actual + [-2])) if a != b)
+    step = next(i for i, (a, b) in enumerate(zip(expected + [-1], actual + [-2], strict=False)) if a != b)
     with torch.inference_mode():
         logits = hf_model(torch.tensor([prompt + expected[:step]])).logits[0, -1]
     top2 = logits.topk(2)
@@ -86,7 +86,7 @@ def test_greedy_generation_matches_transformers_token_for_token(llama_model, hf_
     # Ours decodes the four requests together, flattened into one forward per step (as the engine
     # will); transformers decodes each alone with its own KV cache.
     actual = generate_greedy(llama_model, prompt_ids, MAX_NEW_TOKENS)
-    for prompt, ours in zip(prompt_ids, actual):
+    for prompt, ours in zip(prompt_ids, actual, strict=False):
         with torch.inference_mode():
             output = hf_model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                                        pad_token_id=tokenizer.pad_token_id)

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -298,3 +299,25 @@ def test_a_second_signal_exits_at_once(llama_model, tokenizer, prepared_model_di
             server.handle_exit(signal.SIGTERM, None)
             thread.join(timeout=10)
             assert not thread.is_alive() and time.monotonic() - started < 10
+
+
+def _listen_addresses(port: int) -> set[str]:
+    """Local addresses listening on ``port`` (IPv4), from /proc/net/tcp."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+def test_the_metrics_listener_binds_where_it_is_told(llama_model, tokenizer, prepared_model_dir):
+    port = free_port()
+    stack = build_stack(EngineConfig(model_dir=str(prepared_model_dir), num_pages=64, max_model_len=CONTEXT),
+                        GrowPageConfig(mode="monitor"), model=llama_model, tokenizer=tokenizer, metrics_port=port)
+    try:
+        assert _listen_addresses(port) == {"127.0.0.1"}  # not 0.0.0.0: the default follows --host
+    finally:
+        stack.close()
