@@ -301,3 +301,32 @@ def test_enforcement_starts_only_where_it_is_safe(async_scheduling, tensor_paral
     monitor = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
         additional_config={"growpage": {"mode": "monitor"}}, cache_config=vllm_config.cache_config))
     assert enforcer_of(monitor) is None
+
+
+def test_pool_pressure_compresses_a_running_request_before_vllm_would_preempt():
+    # Two decoding requests, an empty pool: "grower" is at a block boundary and needs a block; "holder"
+    # has room in its last block but holds 6 blocks, 3 above its floor (base_pages 3).
+    grower_blocks = [_Block(i, ref_cnt=2) for i in range(3)]  # shared: it cannot compress itself
+    holder_blocks = [_Block(10 + i) for i in range(6)]
+    scheduler, grower = _scheduler(grower_blocks, num_computed=12)
+    holder = types.SimpleNamespace(
+        request_id="h", num_computed_tokens=22, num_prompt_tokens=2, num_tokens=23, spec_token_ids=[],
+        sampling_params=types.SimpleNamespace(extra_args={}))
+    scheduler.running.append(holder)
+    single = scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+    single.req_to_blocks["h"], single.num_cached_block["h"] = holder_blocks, 6
+    scheduler.kv_cache_manager.block_pool.free.clear()
+    enforcer = _enforcer()
+    enforcer.before_schedule(scheduler)
+    pool = scheduler.kv_cache_manager.block_pool
+    # the holder gives just the block the grower lacks: 4 full blocks kept (+ the one its next token
+    # takes: 5 of its 6), not down to its floor of 3
+    assert len(holder_blocks) == 4 and getattr(holder, DROPPED_ATTRIBUTE) == 22 - 16
+    assert len(pool.free) >= 1  # the grower's next block is there: vLLM has no reason to preempt
+    output = types.SimpleNamespace()
+    enforcer.after_schedule(scheduler, output)
+    payload = getattr(output, OUTPUT_ATTRIBUTE)
+    events = {d.request_id: (d.kind, d.reason) for d in payload["decisions"]}
+    # the grower, which could not compress its shared blocks, grows into the room the holder made
+    assert events == {"h": ("evict", "pool_pressure"), "r": ("allocate", "narrow_demand")}
+    assert payload["plans"]["h"]["keep_tokens"] == 16

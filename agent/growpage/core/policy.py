@@ -64,6 +64,7 @@ class Reason(str, enum.Enum):
     UNIFORM_QUANTIZATION = "uniform_quantization"  # quantize whenever possible
     RANDOM_CHOICE = "random_choice"  # ablation: a feasible action drawn at random
     PROMPT_BUDGET = "prompt_budget"  # fixed budget: the cached prompt compressed to the budget
+    POOL_PRESSURE = "pool_pressure"  # compressed outside its boundary so the pool holds the step (core.pressure)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,8 +41,9 @@ from collections.abc import Callable
 from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.controller import GrowthController, PoolView, Reading
-from growpage.core.policy import Action
+from growpage.core.controller import BoundaryCall, GrowthController, PoolView, Reading
+from growpage.core.policy import Action, Reason
+from growpage.core.pressure import PoolPressure, ReclaimCandidate, measure_pressure, plan_reclaim
 from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent
 from growpage.vllm_plugin.compaction import compaction_target_tokens, protected_tokens
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
@@ -160,26 +161,96 @@ class SchedulerEnforcer:
 
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Any) -> None:
-        """Admit new running requests, then decide every boundary (see the module docstring)."""
+        """Decide every boundary with the pool's pressure in view, then compress running requests
+        if the pool still cannot hold this step, before vLLM's scheduling (and preemption) runs."""
         manager = scheduler.kv_cache_manager
         pool = manager.block_pool
         if self.start_free_blocks is None:
             self.start_free_blocks = pool.get_num_free_blocks()
         req_to_blocks = _req_to_blocks(manager)
+        decoding: list[tuple[Any, EnforcedRequest, list, int, bool]] = []
+        growth_blocks = 0  # blocks running requests need this step, enforced or not
         for request in list(scheduler.running):
             tracked = self._track(request)
-            if tracked is None or not _is_decoding(request):
-                continue
             blocks = req_to_blocks.get(request.request_id)
-            if blocks is None:
+            if blocks is None or not _is_decoding(request):
                 continue
-            dropped = getattr(request, DROPPED_ATTRIBUTE, 0)
-            physical = request.num_computed_tokens - dropped
-            if physical <= 0 or physical % self.block_size or len(blocks) * self.block_size != physical:
-                continue  # room left in the last block (or blocks not yet matching): no boundary
-            if len(blocks) < tracked.allowed_blocks:
-                continue  # inside the allowance: vLLM allocates, counted after the step
-            self._boundary(scheduler, request, tracked, blocks, physical)
+            physical = request.num_computed_tokens - getattr(request, DROPPED_ATTRIBUTE, 0)
+            at_boundary = physical > 0 and physical % self.block_size == 0 and len(blocks) * self.block_size == physical
+            growth_blocks += at_boundary
+            if tracked is not None:
+                decoding.append((request, tracked, blocks, physical, at_boundary))
+        pressure = self._pressure(scheduler, growth_blocks)
+        handled = set()
+        waiting_for_room = []  # boundaries that could neither grow nor compress themselves
+        for request, tracked, blocks, physical, at_boundary in decoding:
+            if at_boundary and len(blocks) >= tracked.allowed_blocks:
+                # the others' growth and the next admission come first: growth yields to them
+                reserve = max(0, pressure.growth_pages - 1) + pressure.admission_pages
+                stuck = self._boundary(scheduler, request, tracked, blocks, physical, reserve)
+                if stuck is not None:
+                    waiting_for_room.append(stuck)
+                handled.add(request.request_id)
+        if self.worker_ready:
+            # every boundary request still takes one block this step (evicting ones free theirs first)
+            pressure = self._pressure(scheduler, growth_blocks)
+            if pressure.under_pressure:
+                self._reclaim(scheduler, [d for d in decoding if d[0].request_id not in handled],
+                              pressure.deficit_pages)
+        pool = manager.block_pool
+        for call, tracked, held in waiting_for_room:
+            # compressing the others made room: grow; else vLLM's preemption is the last resort
+            action = Action.ALLOCATE if pool.get_num_free_blocks() >= 1 else Action.PREEMPT
+            self._record_boundary(call, action, tracked, held, held + 1 if action is Action.ALLOCATE else held)
+
+    def _pressure(self, scheduler: Any, growth_blocks: int) -> PoolPressure:
+        """The pool's headroom against this step's growth and the oldest waiting request."""
+        pool = scheduler.kv_cache_manager.block_pool
+        waiting = next(iter(scheduler.waiting), None)
+        floors = sum(self._floor_blocks(r) for r in scheduler.running)
+        max_seqs = getattr(getattr(scheduler, "scheduler_config", None), "max_num_seqs", None)
+        return measure_pressure(
+            free_pages=pool.get_num_free_blocks(), total_pages=getattr(pool, "num_gpu_blocks", 1 << 30) - 1,
+            growth_pages=growth_blocks, running_floor_pages=floors,
+            waiting_prompt_pages=(self.controller.prompt_pages(waiting.num_prompt_tokens)
+                                  if waiting is not None else None),
+            waiting_floor_pages=self._floor_blocks(waiting) if waiting is not None else 0,
+            batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs)
+
+    def _floor_blocks(self, request: Any) -> int:
+        """Blocks a running request keeps under pressure: ``base_pages``, or its prompt's if larger."""
+        return max(self.config.base_pages, self.controller.prompt_pages(request.num_prompt_tokens))
+
+    def _reclaim(self, scheduler: Any, decoding: list, deficit: int) -> None:
+        """Compress running requests (lowest LTS first) so vLLM need not preempt (core.pressure)."""
+        block_size, config = self.block_size, self.config
+        eligible = {}
+        candidates = []
+        for request, tracked, blocks, physical, at_boundary in decoding:
+            shared_blocks = _leading_shared_blocks(blocks)
+            if not all(getattr(b, "ref_cnt", 1) <= 1 for b in blocks[shared_blocks:]):
+                continue
+            protected = protected_tokens(physical, shared_blocks * block_size, config.sink_tokens,
+                                         config.recent_window_tokens)
+            floor = max(self._floor_blocks(request), -(-protected // block_size) + 1)
+            control = self.controller.requests.get(request.request_id)
+            eligible[request.request_id] = (request, tracked, blocks, physical, shared_blocks)
+            candidates.append(ReclaimCandidate(request.request_id, len(blocks), floor,
+                                               control.lts_entropy if control else 0.0, at_boundary))
+        token_bytes = _token_bytes(scheduler) if candidates else 0
+        for reclaim in plan_reclaim(deficit, candidates):
+            request, tracked, blocks, physical, shared_blocks = eligible[reclaim.request_id]
+            target = (reclaim.pages_after - 1) * block_size
+            if target >= physical:
+                continue
+            started = time.perf_counter()
+            held = len(blocks)
+            self._compact(scheduler, request, tracked, blocks, physical, target, shared_blocks)
+            tracked.allowed_blocks = max(tracked.allowed_blocks, reclaim.pages_after)
+            self.controller.record_prompt_eviction(
+                request.request_id, pages_before=held, pages_after=reclaim.pages_after,
+                bytes_in=physical * token_bytes, bytes_out=target * token_bytes, started_perf_s=started,
+                reason=Reason.POOL_PRESSURE)
 
     def _track(self, request: Any) -> EnforcedRequest | None:
         request_id = request.request_id
@@ -199,7 +270,10 @@ class SchedulerEnforcer:
         return tracked
 
     def _boundary(self, scheduler: Any, request: Any, tracked: EnforcedRequest, blocks: list,
-                  physical: int) -> None:
+                  physical: int, reserve_blocks: int = 0) -> tuple[BoundaryCall, EnforcedRequest, int] | None:
+        """Run the contract on one boundary and carry it out; returns the boundary instead when it
+        can neither grow nor compress (the pool is empty), for :meth:`before_schedule` to settle
+        after relieving pressure."""
         config, block_size = self.config, self.block_size
         pool = scheduler.kv_cache_manager.block_pool
         held = len(blocks)
@@ -214,13 +288,13 @@ class SchedulerEnforcer:
                                               config.evict_min_pages, protected)
         pool_free = pool.get_num_free_blocks()
         call = self.controller.decide(
-            request.request_id, pages_held=held, pool=PoolView(pool_free),
+            request.request_id, pages_held=held, pool=PoolView(pool_free, reserve_blocks),
             can_quantize=True,  # what the contract wants; vLLM cannot quantize per request (degraded below)
             can_evict=target is not None)
         decision = call.decision
         action = enforced_action(decision.action, target is not None, pool_free)
-        if action is not decision.action:
-            self._degraded.append((decision.action.value, action.value))
+        if action is Action.PREEMPT:
+            return call, tracked, held
         pages_after = held
         bytes_in = bytes_out = 0
         if action is Action.EVICT:
@@ -230,8 +304,16 @@ class SchedulerEnforcer:
             token_bytes = _token_bytes(scheduler)
             bytes_in, bytes_out = physical * token_bytes, target * token_bytes
         elif action is Action.ALLOCATE:
-            tracked.allowed_blocks = held + 1
             pages_after = held + 1
+        self._record_boundary(call, action, tracked, held, pages_after, bytes_in, bytes_out)
+        return None
+
+    def _record_boundary(self, call: BoundaryCall, action: Action, tracked: EnforcedRequest, held: int,
+                         pages_after: int, bytes_in: int = 0, bytes_out: int = 0) -> None:
+        if action is not call.decision.action:
+            self._degraded.append((call.decision.action.value, action.value))
+        if action is Action.ALLOCATE:
+            tracked.allowed_blocks = held + 1
         self.controller.record_decision(call, kind=action, enforced=True, pages_after=pages_after,
                                         bytes_in=bytes_in, bytes_out=bytes_out)
 
