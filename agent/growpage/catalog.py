@@ -2,7 +2,7 @@
 
 Plain data, no prometheus import: telemetry builds its collector from it, and dashboards, alert
 rules, runbooks and ``gpctl diagnose`` read the same names, help texts, buckets and thresholds, so
-they cannot drift apart. Contract: ``shared/design/METRICS.md`` (v1). Names from the seed that users
+they cannot drift apart. The contract's prose is ``docs/TELEMETRY.md``. Names from the seed that users
 already wrote into HPA rules and dashboards are kept verbatim.
 """
 
@@ -13,10 +13,12 @@ import enum
 
 METRICS_PATH = "/metrics/growpage"
 SCRAPE_JOB = "vllm-growpage"  # the seed's job name
-MODEL_LABEL = "model"  # on every series; namespace/pod come from the scrape
+# On every series, named as vLLM names it on its own ``vllm:*`` series, so the two join on
+# (namespace, pod, model_name) without label_replace. namespace/pod come from the scrape.
+MODEL_LABEL = "model_name"
 
 
-class MetricType(str, enum.Enum):
+class MetricType(enum.StrEnum):
     GAUGE = "gauge"
     COUNTER = "counter"
     HISTOGRAM = "histogram"
@@ -32,9 +34,13 @@ class MetricSpec:
         type: gauge, counter, histogram or info.
         help: the HELP text.
         unit: base unit or range, for docs and dashboards (``ratio``, ``seconds``, ``bytes``...).
-        labels: label names besides ``model``; values must come from a bounded set.
+        labels: label names besides ``model_name``, as the agent's state keys them; values must
+            come from a bounded set. Prometheus sees :attr:`exported_labels`.
         buckets: histogram upper bounds (``+Inf`` implied).
         label_values: the bounded value set of each label, where it is known up front.
+        label_exports: agent-side label -> exported name, where the two differ (build info keeps
+            ``engine`` inside the agent but exports ``home``: vLLM's own series already carry an
+            ``engine`` label, and a join would collide on it).
     """
 
     name: str
@@ -44,6 +50,12 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
     label_values: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    label_exports: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def exported_labels(self) -> tuple[str, ...]:
+        """Label names as Prometheus sees them (besides ``model_name``), in :attr:`labels` order."""
+        return tuple(self.label_exports.get(label, label) for label in self.labels)
 
     @property
     def series_names(self) -> tuple[str, ...]:
@@ -65,11 +77,15 @@ REQUEST_TOKENS_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 163
 
 UTILIZATION = MetricSpec(
     "growpage_kv_page_utilization", MetricType.GAUGE,
-    "Live KV tokens / token slots of granted pages (reserved + used). SLO >= 0.65.", "ratio")
+    "Live KV tokens / token slots of granted pages (reserved + used). SLO >= 0.65. One pod's ratio: "
+    "aggregate growpage_kv_live_tokens / growpage_kv_granted_token_slots instead.", "ratio")
+# Seconds of compressions the ratio gauge covers: a fixed window of the agent's own polls, so every
+# scraper (an HA pair of Prometheus, a curl) reads the same value between two polls.
+COMPRESS_RATIO_WINDOW_S = 300.0
 INTRA_PAGE_COMPRESS_RATIO = MetricSpec(
     "growpage_intra_page_compress_ratio", MetricType.GAUGE,
-    "Bytes in / bytes out of the compressions since the previous scrape (scales included). SLO >= 2.0.",
-    "ratio")
+    "Bytes in / bytes out of the compressions of the last 5 minutes (scales included), the same for every "
+    "scraper; keeps its last value through a window without compressions. SLO >= 2.0.", "ratio")
 COMPRESS_INPUT_BYTES = MetricSpec(
     "growpage_compress_input_bytes_total", MetricType.COUNTER,
     "Bytes read by compressions (quantized pages, eviction candidates).", "bytes")
@@ -89,13 +105,43 @@ DECISIONS = MetricSpec(
     labels=("decision",), label_values={"decision": DECISION_KINDS})
 DEMAND_P95 = MetricSpec(
     "growpage_kv_demand_p95", MetricType.GAUGE,
-    "p95 of running requests' capacity boundaries, in pages.", "pages")
+    "p95 of running requests' capacity boundaries, in pages (one pod; across pods use "
+    "histogram_quantile over growpage_kv_demand_requests).", "pages")
+DEMAND_PAGES_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+DEMAND_PAGES = MetricSpec(
+    "growpage_kv_demand_pages", MetricType.GAUGE,
+    "Sum of running requests' capacity boundaries, in pages: the KV demand, summable across pods.", "pages")
+# A gauge histogram. Its bound is `pages_le`, not `le`: promtool rejects `le` on a gauge. The p95
+# across pods: histogram_quantile(0.95, sum by (le) (label_replace(sum by (pages_le) (...), "le", "$1",
+# "pages_le", "(.*)"))).
+DEMAND_REQUESTS = MetricSpec(
+    "growpage_kv_demand_requests", MetricType.GAUGE,
+    "Running requests whose capacity boundary is <= pages_le pages (cumulative, like histogram buckets): "
+    "the demand distribution, summable across pods.", "requests",
+    labels=("pages_le",), label_values={"pages_le": (*(str(float(b)) for b in DEMAND_PAGES_BUCKETS), "+Inf")})
 COMPRESSION_RATIO = MetricSpec(
     "growpage_compression_ratio", MetricType.GAUGE,
-    "Logical KV bytes / stored KV bytes across the pool (1 = nothing saved).", "ratio")
+    "Logical KV bytes / stored KV bytes across the pool (1 = nothing saved). One pod's ratio: aggregate "
+    "growpage_kv_logical_bytes / growpage_kv_stored_bytes instead.", "ratio")
 FRAGMENTATION = MetricSpec(
     "growpage_page_table_fragmentation", MetricType.GAUGE,
-    "1 - live tokens / token slots of used pages: tail slack and eviction holes.", "ratio")
+    "1 - live tokens / token slots of used pages: tail slack and eviction holes. One pod's ratio: "
+    "aggregate 1 - growpage_kv_live_tokens / growpage_kv_used_token_slots instead.", "ratio")
+# Numerators and denominators of the ratios above, so a ratio over pods is sum / sum, never the
+# average of per-pod ratios (which weighs an idle pod like a full one).
+LIVE_TOKENS = MetricSpec(
+    "growpage_kv_live_tokens", MetricType.GAUGE, "KV tokens held by running requests.", "tokens")
+GRANTED_TOKEN_SLOTS = MetricSpec(
+    "growpage_kv_granted_token_slots", MetricType.GAUGE,
+    "Token slots of granted pages (reserved + used; quantized pages hold more).", "tokens")
+USED_TOKEN_SLOTS = MetricSpec(
+    "growpage_kv_used_token_slots", MetricType.GAUGE, "Token slots of used (written) pages.", "tokens")
+LOGICAL_BYTES = MetricSpec(
+    "growpage_kv_logical_bytes", MetricType.GAUGE,
+    "Running requests' seen tokens at full precision, in bytes.", "bytes")
+STORED_BYTES = MetricSpec(
+    "growpage_kv_stored_bytes", MetricType.GAUGE,
+    "Bytes of the live tokens at their page's format, scales included.", "bytes")
 POOL_PAGES = MetricSpec(
     "growpage_pool_pages", MetricType.GAUGE, "Pages in the pool by state.", "pages",
     labels=("state",), label_values={"state": POOL_STATES})
@@ -118,7 +164,19 @@ AGENT_ERRORS = MetricSpec(
 BUILD_INFO = MetricSpec(
     "growpage_build_info", MetricType.INFO,
     "GrowPage build and deployment settings (value 1); diagnose reads these instead of guessing.", "",
-    labels=("version", "engine", "engine_version", "mode", "block_size", "base_pages", "device"))
+    labels=("version", "engine", "engine_version", "mode", "block_size", "base_pages", "device"),
+    label_exports={"engine": "home", "engine_version": "home_version"})
+AGENT_COMPONENTS = ("observer", "enforcer")
+AGENT_ACTIVE_REASON = "active"
+AGENT_ACTIVE = MetricSpec(
+    "growpage_agent_active", MetricType.GAUGE,
+    "1 when the component runs in this process, else 0; reason is \"active\" or why not (e.g. "
+    "unsupported_backend, full_cudagraph, async_scheduling, mode_off).", "",
+    labels=("component", "reason"), label_values={"component": AGENT_COMPONENTS})
+SAMPLES_DROPPED = MetricSpec(
+    "growpage_telemetry_samples_dropped_total", MetricType.COUNTER,
+    "Histogram samples lost because one stats window held more than the core keeps: poll more often.",
+    "samples")
 REQUEST_TOKENS = MetricSpec(
     "growpage_request_tokens", MetricType.HISTOGRAM,
     "Tokens a request had seen (prompt + generated) when it finished; sizes base_pages.", "tokens",
@@ -126,9 +184,10 @@ REQUEST_TOKENS = MetricSpec(
 
 METRICS: tuple[MetricSpec, ...] = (
     UTILIZATION, INTRA_PAGE_COMPRESS_RATIO, COMPRESS_INPUT_BYTES, COMPRESS_OUTPUT_BYTES,
-    ALLOCATION_LATENCY, ALLOCATIONS, DECISIONS, DEMAND_P95, COMPRESSION_RATIO, FRAGMENTATION,
-    POOL_PAGES, LTS_ENTROPY, STS_DENSITY, REQUESTS_RUNNING, OOM_EVENTS, AGENT_ERRORS, BUILD_INFO,
-    REQUEST_TOKENS,
+    ALLOCATION_LATENCY, ALLOCATIONS, DECISIONS, DEMAND_P95, DEMAND_PAGES, DEMAND_REQUESTS,
+    COMPRESSION_RATIO, FRAGMENTATION, LIVE_TOKENS, GRANTED_TOKEN_SLOTS, USED_TOKEN_SLOTS, LOGICAL_BYTES,
+    STORED_BYTES, POOL_PAGES, LTS_ENTROPY, STS_DENSITY, REQUESTS_RUNNING, OOM_EVENTS, AGENT_ERRORS,
+    BUILD_INFO, REQUEST_TOKENS, AGENT_ACTIVE, SAMPLES_DROPPED,
 )
 METRICS_BY_NAME = {spec.name: spec for spec in METRICS}
 
@@ -160,8 +219,19 @@ class ChecklistThresholds:
 
     utilization_sustained_low: float = 0.40  # over-granting: base_pages too large
     allocation_latency_p99_critical_s: float = 0.020  # block size vs GPU
-    gpu_framebuffer_used_low: float = 0.80  # OOM while the GPU is not full -> fragmentation
+    # "OOM while memory is not really full", read inside the KV pool rather than from the GPU's
+    # framebuffer: vLLM reserves its KV cache at start-up (gpu_memory_utilization ~0.9), so the
+    # framebuffer is always "full". Pages are stranded when the pool has no free page left
+    # (free share at or under pool_free_low) while this share of the granted token slots holds
+    # no live token (reserved-but-unwritten pages, tail slack, eviction holes).
+    pool_free_low: float = 0.02
+    stranded_slots_high: float = 0.50
+    # vLLM's own view of the same thing: its KV cache usage at or above this counts as "no free page".
+    vllm_kv_cache_usage_full: float = 0.98
     fragmentation_high: float = 0.50
+    # Fragmentation matters only when pages run short: above this free share of the pool, slack
+    # in written pages strands nothing anyone is waiting for (a nearly idle pod is not a finding).
+    fragmentation_pool_free_max: float = 0.20
     rollout_entropy: float = 2.5  # phase-2 candidates: LTS p50 above this while not enforced
     throttle_saturation: float = 0.5  # throttled / (allocate + throttled) sustained above this
 
@@ -190,11 +260,14 @@ class DiagnoseThresholds:
     """Numbers ``gpctl diagnose`` needs beyond :data:`CHECKLIST` (the seed gives none for these)."""
 
     # "Free pages near 0": the lowest free share of the pool in the window at or under this.
-    pool_free_low_fraction: float = 0.02
+    pool_free_low_fraction: float = CHECKLIST.pool_free_low
     # Prometheus: the agent's newest sample older than this means its scrape is failing.
     scrape_stale_s: float = 120.0
     # Endpoint: a /metrics/growpage response slower than this risks Prometheus scrape timeouts.
     endpoint_slow_response_s: float = 2.0
+    # Endpoint and DCGM reads stop at this many bytes: diagnose must survive the agent it diagnoses
+    # (a real /metrics/growpage is a few tens of KiB; DCGM's a few hundred KiB per node).
+    max_response_bytes: int = 16 * 1024 * 1024
 
 
 DIAGNOSE_THRESHOLDS = DiagnoseThresholds()
@@ -202,7 +275,22 @@ DIAGNOSE_THRESHOLDS = DiagnoseThresholds()
 # NVIDIA DCGM exporter series (framebuffer in MiB) and the label that names the GPU model.
 DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"
 DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent, 0-100
 DCGM_MODEL_NAME_LABEL = "modelName"
+
+# vLLM's own series (its /metrics, scraped as job VLLM_SCRAPE_JOB), read next to GrowPage's on the
+# dashboards and by the stranded-pages alert. They carry model_name, like GrowPage's.
+VLLM_SCRAPE_JOB = "vllm"
+VLLM_METRICS_PATH = "/metrics"
+VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # 0-1 despite the name
+VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
+VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"
+VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+VLLM_TTFT = "vllm:time_to_first_token_seconds"  # histogram
+VLLM_ITL = "vllm:inter_token_latency_seconds"  # histogram
+VLLM_METRICS = (VLLM_KV_CACHE_USAGE, VLLM_PREEMPTIONS, VLLM_REQUESTS_RUNNING, VLLM_REQUESTS_WAITING,
+                *(f"{histogram}_{suffix}" for histogram in (VLLM_TTFT, VLLM_ITL)
+                  for suffix in ("bucket", "sum", "count")))
 
 # Runbook page (under RUNBOOK_BASE_URL) for each ``gpctl diagnose`` check id. Stable names owned by
 # diagnose; the lead reconciles them with the alert runbooks (runbooks/<AlertName>.md).
@@ -210,9 +298,9 @@ CHECK_RUNBOOKS = {
     "slo-utilization": "GrowPageKVUtilizationLow.md",
     "slo-compress-ratio": "GrowPageCompressRatioLow.md",
     "slo-allocation-latency": "GrowPageAllocationLatencySlowBurn.md",
-    "over-granting": "GrowPageKVUtilizationCritical.md",
+    "over-granting": "GrowPageKVOverGranting.md",
     "allocation-latency": "GrowPageAllocationLatencyHigh.md",
-    "oom-fragmentation": "GrowPageOOMWithFreeGPUMemory.md",
+    "oom-fragmentation": "GrowPageKVPagesStranded.md",
     "rollout": "README.md#the-levers-staged-rollout",
     "agent-health": "GrowPageAgentErrors.md",
 }
@@ -222,7 +310,7 @@ CHECK_RUNBOOKS = {
 # Telemetry (added for issue 4).
 # ---------------------------------------------------------------------------------------------
 
-# Trace names of the contract (METRICS.md "Spans"): request ids and page counts live on spans, never
+# Trace names of the contract (docs/TELEMETRY.md, "Traces"): request ids and page counts live on spans, never
 # on metric labels. Telemetry emits these; docs and diagnose may search for them.
 SPAN_REQUEST = "growpage.request"  # one per request, admission to release
 SPAN_COMPRESS = "growpage.compress"  # child, only when the request span is sampled
@@ -251,11 +339,19 @@ class AlertDurations:
     compress_ratio_below_slo: str = "30m"
     allocation_latency_p99_high: str = "10m"
     fragmentation_high: str = "15m"
-    oom_with_free_gpu_memory: str = "5m"
+    kv_pages_stranded: str = "5m"
     agent_down: str = "5m"
     metrics_absent: str = "10m"
     agent_errors: str = "15m"
     growth_throttled: str = "30m"
+    agent_inactive: str = "10m"
+
+
+# Windows of the rules (ratios over increases). The compress ratio reads an hour: compressions come
+# in bursts, and a 5m rate vanishes between two bursts, which restarted the alert's `for` each time.
+RATE_WINDOW = "5m"
+COMPRESS_RATIO_RULE_WINDOW = "1h"
+STRANDED_WINDOW = "10m"  # an OOM or preemption counts for this long after it happened
 
 
 ALERT_FOR = AlertDurations()
@@ -292,13 +388,18 @@ ALLOCATION_LATENCY_BURN_RATE_ALERTS = (
                   (BurnRateWindow("1d", "2h", 3.0), BurnRateWindow("3d", "6h", 1.0))),
 )
 SLO_COMPLIANCE_WINDOW = "30d"  # the window an error budget is counted over (dashboards)
+# SLOs are kept per service, not per pod: a replaced pod must not take its error budget with it.
+SLO_LABELS = ("namespace", MODEL_LABEL)
+POD_LABELS = ("namespace", "pod", MODEL_LABEL)
 
 # GPU framebuffer (DCGM_FB_USED / DCGM_FB_FREE above), for "OOM while the GPU is not full". With the
 # dcgm-exporter's own ServiceMonitor (honorLabels false, its default) the pod that uses a GPU is in
 # exported_namespace / exported_pod, because namespace / pod name the exporter's pod. Rules map
-# them back; with honorLabels true the labels are already namespace / pod and are kept.
+# them back; with honorLabels true the labels are already namespace / pod and are kept. diagnose
+# joins through the same mapping, and takes another with --dcgm-label (relabeled set-ups).
 DCGM_EXPORTED_LABELS = {"namespace": "exported_namespace", "pod": "exported_pod"}
 
-# The seed's HPA: scale out above 1,200 granted pages per pod per second (prometheus-adapter
-# serves the counter's rate under the counter's own name, so the seed's HPA works verbatim).
+# The seed's HPA: scale out above 1,200 granted pages per pod per second. prometheus-adapter serves
+# the counter's rate, so it is named as a rate (not after the counter's _total).
 HPA_TARGET_ALLOCATIONS_PER_POD_PER_S = 1200
+HPA_METRIC = "growpage_kv_page_allocations_per_second"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
+from telemetry_workload import MODEL, in_memory_tracing
 
 from growpage.core.manager import GrowPageManager
 from growpage.telemetry import TelemetryAgent
-
 from support.factories import make_manager
-from telemetry_workload import MODEL, in_memory_tracing
 
 
 @pytest.fixture

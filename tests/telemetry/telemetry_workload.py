@@ -13,7 +13,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
 
 from growpage.core.manager import GrowPageManager, SlotStatus
-
 from support.factories import Driver, FakeClock
 
 MODEL = "tiny-test-model"

@@ -4,12 +4,11 @@ import threading
 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from telemetry_workload import MODEL, Workload
 
 from growpage import catalog
 from growpage.telemetry import TelemetryAgent
-
 from support.factories import FakeClock
-from telemetry_workload import MODEL, Workload
 
 
 def sample(text: str, name: str, parse=text_string_to_metric_families) -> float:

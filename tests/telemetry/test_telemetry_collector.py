@@ -4,12 +4,11 @@ import math
 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from telemetry_workload import MODEL, Workload, in_memory_tracing
 
 from growpage import __version__, catalog
 from growpage.telemetry import TelemetryAgent, collector
 from growpage.telemetry.collector import exposition_unit
-
-from telemetry_workload import MODEL, Workload, in_memory_tracing
 from support.factories import make_manager
 from support.promstack import run_tool
 
@@ -37,6 +36,8 @@ def value(families, spec, **labels) -> float:
 
 def test_exposition_matches_the_catalog_exactly(agent, manager):
     Workload(manager).run(20)
+    manager.stats.set_component_state("observer", "active")
+    manager.stats.set_component_state("enforcer", "full_cudagraph")
     agent.poll()
     families = scrape(agent)
     assert set(families) == {family_name(spec) for spec in catalog.METRICS}
@@ -47,7 +48,7 @@ def test_exposition_matches_the_catalog_exactly(agent, manager):
         assert {sample.name for sample in family.samples} == set(spec.series_names), spec.name
         for sample in family.samples:
             bucket = {"le"} if sample.name.endswith("_bucket") else set()
-            expected = {catalog.MODEL_LABEL, *spec.labels} | bucket
+            expected = {catalog.MODEL_LABEL, *spec.exported_labels} | bucket
             assert set(sample.labels) == expected, sample
             assert sample.labels[catalog.MODEL_LABEL] == MODEL
         if spec.type is catalog.MetricType.HISTOGRAM:
@@ -69,8 +70,9 @@ def test_build_info_says_what_diagnose_must_not_guess(agent, manager):
     families = scrape(agent)
     [sample] = families[catalog.BUILD_INFO.name].samples
     assert sample.value == 1.0
-    assert sample.labels == {"model": MODEL, "version": __version__, "engine": "reference",
-                             "engine_version": "test", "mode": "enforce", "block_size": "4",
+    # home/home_version, not engine: vLLM's own series carry an `engine` label of their own.
+    assert sample.labels == {"model_name": MODEL, "version": __version__, "home": "reference",
+                             "home_version": "test", "mode": "enforce", "block_size": "4",
                              "base_pages": "4", "device": "cpu"}
 
 
@@ -187,3 +189,50 @@ def test_series_do_not_grow_with_the_number_of_requests():
     assert "req-999" in span_ids
     agent.close()
     provider.shutdown()
+
+
+def test_two_scrapers_read_the_same_compress_ratio_over_the_agents_window(agent, manager):
+    # An HA pair of Prometheus (or one curl between their scrapes) must not split the compressions
+    # between them: the ratio is computed when the agent polls, over its fixed window.
+    manager.stats.record_compression(1970, 1000)
+    agent.poll()
+    manager.stats.record_compression(4000, 1000)
+    agent.poll()
+    replica_a, curl, replica_b = scrape(agent), scrape(agent), scrape(agent)
+    true_ratio = (1970 + 4000) / 2000
+    for families in (replica_a, curl, replica_b):
+        assert value(families, catalog.INTRA_PAGE_COMPRESS_RATIO) == true_ratio
+
+
+def test_numerators_and_denominators_let_every_ratio_aggregate(agent, manager):
+    workload = Workload(manager)
+    workload.run(6, on_step=lambda: workload.num_steps == 12 and agent.poll())
+    families = scrape(agent)
+    live, granted = value(families, catalog.LIVE_TOKENS), value(families, catalog.GRANTED_TOKEN_SLOTS)
+    used = value(families, catalog.USED_TOKEN_SLOTS)
+    assert granted >= used >= live
+    assert value(families, catalog.UTILIZATION) == (live / granted if granted else 0.0)
+    assert value(families, catalog.FRAGMENTATION) == (1 - live / used if used else 0.0)
+    stored = value(families, catalog.STORED_BYTES)
+    assert value(families, catalog.COMPRESSION_RATIO) == (value(families, catalog.LOGICAL_BYTES) / stored
+                                                          if stored else 1.0)
+    # Demand: a gauge histogram whose +Inf bucket counts the running requests.
+    buckets = {s.labels["pages_le"]: s.value for s in families[catalog.DEMAND_REQUESTS.name].samples}
+    assert buckets["+Inf"] == value(families, catalog.REQUESTS_RUNNING)
+    assert list(buckets.values()) == sorted(buckets.values())
+    assert value(families, catalog.SAMPLES_DROPPED) == 0
+
+
+def test_demand_buckets_are_cumulative_and_end_at_inf():
+    buckets = dict(collector.demand_buckets([1.0, 3.0, 3.0, 5000.0]))
+    assert (buckets["1.0"], buckets["2.0"], buckets["4.0"], buckets["4096.0"], buckets["+Inf"]) == (1, 1, 3, 3, 4)
+
+
+def test_agent_active_says_which_component_runs_and_why_not(agent, manager):
+    manager.stats.set_component_state("observer", "active")
+    manager.stats.set_component_state("enforcer", "Full CUDA graph!")  # a free-text reason stays bounded
+    agent.poll()
+    families = scrape(agent)
+    states = {s.labels["component"]: (s.labels["reason"], s.value)
+              for s in families[catalog.AGENT_ACTIVE.name].samples}
+    assert states == {"observer": ("active", 1.0), "enforcer": ("full_cuda_graph", 0.0)}

@@ -10,11 +10,10 @@ from fastapi.testclient import TestClient
 from opentelemetry import trace
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from telemetry_workload import MODEL, Workload
 
 from growpage import catalog
 from growpage.telemetry import add_metrics_route
-
-from telemetry_workload import MODEL, Workload
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 # What Prometheus 2.42 sends when it scrapes.
@@ -88,7 +87,7 @@ def test_host_route_wins_over_a_metrics_mount_and_negotiates(agent):
     response = client.get(catalog.METRICS_PATH)
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-    assert f'growpage_kv_page_utilization{{model="{MODEL}"}}' in response.text
+    assert f'growpage_kv_page_utilization{{model_name="{MODEL}"}}' in response.text
     response = client.get(catalog.METRICS_PATH, headers={"Accept": OPENMETRICS})
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.endswith("# EOF\n")

@@ -5,13 +5,12 @@ import threading
 import time
 
 import pytest
+from telemetry_workload import MODEL, Workload, in_memory_tracing
 
 from growpage import catalog
 from growpage.telemetry import TelemetryAgent
-
 from support.factories import make_manager
 from support.promstack import http_get_json, run_prometheus, wait_until
-from telemetry_workload import MODEL, Workload, in_memory_tracing
 
 JOB = {"job": catalog.SCRAPE_JOB}
 PROMETHEUS_TYPE = {catalog.MetricType.GAUGE: "gauge", catalog.MetricType.COUNTER: "counter",
@@ -25,6 +24,8 @@ def live_engine():
     provider, spans = in_memory_tracing()
     agent = TelemetryAgent(manager, model=MODEL, engine="reference", engine_version="test",
                            poll_interval_s=0.2, clock=time.monotonic, tracer_provider=provider)
+    manager.stats.set_component_state("observer", "active")  # as the vLLM plugin reports them
+    manager.stats.set_component_state("enforcer", "active")
     exporter = agent.serve(port=0, host="127.0.0.1")
     stop = threading.Event()
     workload = Workload(manager)
@@ -66,7 +67,7 @@ def test_prometheus_scrapes_every_contract_metric_from_a_live_engine(live_engine
                 for series in result:
                     labels = set(series["metric"]) - {"__name__", "job", "instance"}
                     bucket = {"le"} if name.endswith("_bucket") else set()
-                    expected = {catalog.MODEL_LABEL, *spec.labels} | bucket
+                    expected = {catalog.MODEL_LABEL, *spec.exported_labels} | bucket
                     assert labels == expected, (name, series["metric"])
                     assert series["metric"][catalog.MODEL_LABEL] == MODEL
             # Prometheus keys OpenMetrics metadata by family name (counters without _total).

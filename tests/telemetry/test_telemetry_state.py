@@ -6,9 +6,7 @@ import pytest
 
 from growpage import catalog
 from growpage.telemetry.collector import SAMPLE_READERS, percentile
-from growpage.telemetry.state import (HISTOGRAM_SAMPLES, CumulativeHistogram, LinkedExemplar,
-                                      MetricState)
-
+from growpage.telemetry.state import HISTOGRAM_SAMPLES, CumulativeHistogram, LinkedExemplar, MetricState
 from support.factories import make_manager
 
 
@@ -45,20 +43,22 @@ def snapshot_with_compressions(manager, bytes_in: int, bytes_out: int):
     return manager.make_stats()
 
 
-def test_compress_ratio_is_per_scrape_window_keeps_its_last_value_and_is_absent_before_any():
+def test_compress_ratio_covers_a_fixed_window_keeps_its_last_value_and_is_absent_before_any():
     manager = make_manager()
     state = MetricState({})
-    state.fold(snapshot_with_compressions(manager, 0, 0))
-    assert state.take_compress_ratio() is None  # no compression yet: the series is absent
-    state.fold(snapshot_with_compressions(manager, 300, 100))
-    state.fold(snapshot_with_compressions(manager, 100, 100))  # two polls in one scrape window
-    assert state.take_compress_ratio() == pytest.approx(400 / 200)
-    state.fold(snapshot_with_compressions(manager, 0, 0))
-    assert state.take_compress_ratio() == pytest.approx(2.0)  # an idle window keeps the last value
-    state.fold(snapshot_with_compressions(manager, 50, 0))  # bytes in without bytes out: carried over
-    assert state.take_compress_ratio() == pytest.approx(2.0)
-    state.fold(snapshot_with_compressions(manager, 250, 100))
-    assert state.take_compress_ratio() == pytest.approx(300 / 100)
+    state.fold(snapshot_with_compressions(manager, 0, 0), now_s=0.0)
+    assert state.view().compress_ratio is None  # no compression yet: the series is absent
+    state.fold(snapshot_with_compressions(manager, 300, 100), now_s=10.0)
+    state.fold(snapshot_with_compressions(manager, 100, 100), now_s=20.0)
+    assert state.view().compress_ratio == pytest.approx(400 / 200)
+    assert state.view().compress_ratio == pytest.approx(400 / 200)  # reading closes nothing
+    state.fold(snapshot_with_compressions(manager, 250, 50), now_s=200.0)
+    assert state.view().compress_ratio == pytest.approx(650 / 250)  # still inside the 300 s window
+    # At 560 s the window starts at 260 s: the polls up to 200 s have left it.
+    state.fold(snapshot_with_compressions(manager, 90, 10), now_s=560.0)
+    assert state.view().compress_ratio == pytest.approx(90 / 10)
+    state.fold(snapshot_with_compressions(manager, 0, 0), now_s=2000.0)
+    assert state.view().compress_ratio == pytest.approx(9.0)  # an idle window keeps the last value
 
 
 def test_agent_errors_list_every_contract_component_and_add_telemetry_faults():

@@ -7,16 +7,17 @@ import threading
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
-                                                                       ExportTraceServiceResponse)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, ParentBased, Sampler, SamplingResult
+from telemetry_workload import MODEL, Workload, in_memory_tracing
 
 from growpage import catalog
 from growpage.errors import ConfigError
 from growpage.telemetry import TelemetryAgent, configure_tracing, tracing, tracing_enabled
-
 from support.factories import make_manager
-from telemetry_workload import MODEL, Workload, in_memory_tracing
 
 
 class EventLog:

@@ -9,13 +9,14 @@ A reader that raises costs its own family only: the fault is counted in
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily,
-                                            HistogramMetricFamily, Metric)
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 COLLECTOR_COMPONENT = "collector"
 
-# (label values besides ``model``, value) pairs of one family.
+# (label values besides ``model_name``, value) pairs of one family.
 Samples = Sequence[tuple[tuple[str, ...], float]]
 Reader = Callable[[MetricView], Samples]
 
@@ -95,6 +96,45 @@ def _build_info(view: MetricView) -> Samples:
     return [(tuple(view.build_info[label] for label in catalog.BUILD_INFO.labels), 1.0)]
 
 
+def demand_buckets(boundaries: Sequence[float]) -> list[tuple[str, float]]:
+    """``(le, running requests whose capacity boundary is <= le)``, cumulative, ``+Inf`` last."""
+    ordered = sorted(boundaries)
+    bounds = catalog.DEMAND_PAGES_BUCKETS
+    counts = [bisect.bisect_right(ordered, bound) for bound in bounds]
+    return [*((str(float(b)), float(c)) for b, c in zip(bounds, counts, strict=True)), ("+Inf", float(len(ordered)))]
+
+
+def _demand_requests(view: MetricView) -> Samples:
+    if view.snapshot is None:
+        return []
+    return [((le,), count) for le, count in demand_buckets(view.snapshot.gauges.capacity_boundaries)]
+
+
+_SLUG = re.compile(r"[^a-z0-9_]+")
+
+
+def label_slug(text: str) -> str:
+    """A bounded, Prometheus-friendly label value: lowercase ``[a-z0-9_]``, at most 40 characters."""
+    return _SLUG.sub("_", str(text).lower()).strip("_")[:40] or "unknown"
+
+
+def _agent_active(view: MetricView) -> Samples:
+    """One series per component: 1 and reason ``active``, or 0 and why not.
+
+    Components the core has not reported yet are left out rather than guessed at (a host without
+    an enforcer reports it as inactive with its reason).
+    """
+    if view.snapshot is None:
+        return []
+    states = view.snapshot.component_states
+    return [((label_slug(component), label_slug(state)), 1.0 if state == catalog.AGENT_ACTIVE_REASON else 0.0)
+            for component, state in sorted(states.items())]
+
+
+def _samples_dropped(view: MetricView) -> Samples:
+    return [((), float(view.samples_dropped_total))]
+
+
 # Where each non-histogram metric of the contract is read. Histograms come from the view's
 # cumulative state; agent errors are read last (see GrowPageCollector.collect).
 SAMPLE_READERS: dict[str, Reader] = {
@@ -105,12 +145,21 @@ SAMPLE_READERS: dict[str, Reader] = {
     catalog.ALLOCATIONS.name: _counter(lambda snapshot: snapshot.pages_allocated_total),
     catalog.DECISIONS.name: _decisions,
     catalog.DEMAND_P95.name: _gauge(lambda gauges: percentile(gauges.capacity_boundaries, 0.95)),
+    catalog.DEMAND_PAGES.name: _gauge(lambda gauges: sum(gauges.capacity_boundaries)),
+    catalog.DEMAND_REQUESTS.name: _demand_requests,
     catalog.COMPRESSION_RATIO.name: _gauge(lambda gauges: gauges.compression_ratio),
     catalog.FRAGMENTATION.name: _gauge(lambda gauges: gauges.fragmentation),
+    catalog.LIVE_TOKENS.name: _gauge(lambda gauges: gauges.live_tokens),
+    catalog.GRANTED_TOKEN_SLOTS.name: _gauge(lambda gauges: gauges.granted_token_slots),
+    catalog.USED_TOKEN_SLOTS.name: _gauge(lambda gauges: gauges.used_token_slots),
+    catalog.LOGICAL_BYTES.name: _gauge(lambda gauges: gauges.logical_bytes),
+    catalog.STORED_BYTES.name: _gauge(lambda gauges: gauges.stored_bytes),
     catalog.POOL_PAGES.name: _pool_pages,
     catalog.REQUESTS_RUNNING.name: _gauge(lambda gauges: gauges.requests_running),
     catalog.OOM_EVENTS.name: _counter(lambda snapshot: snapshot.oom_events_total),
     catalog.BUILD_INFO.name: _build_info,
+    catalog.AGENT_ACTIVE.name: _agent_active,
+    catalog.SAMPLES_DROPPED.name: _samples_dropped,
 }
 
 
@@ -121,9 +170,12 @@ def exposition_unit(spec: catalog.MetricSpec) -> str:
     return spec.unit if spec.unit and base.endswith(f"_{spec.unit}") else ""
 
 
-def empty_family(spec: catalog.MetricSpec) -> Metric:
+Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
+
+
+def empty_family(spec: catalog.MetricSpec) -> Family:
     """The family of ``spec`` with no samples (names, type, help, unit, labels)."""
-    labels = [catalog.MODEL_LABEL, *spec.labels]
+    labels = [catalog.MODEL_LABEL, *spec.exported_labels]
     unit = exposition_unit(spec)
     if spec.type is catalog.MetricType.COUNTER:
         return CounterMetricFamily(spec.name, spec.help, labels=labels, unit=unit)
@@ -135,7 +187,7 @@ def empty_family(spec: catalog.MetricSpec) -> Metric:
 def _histogram_buckets(histogram: HistogramView) -> list[tuple]:
     buckets: list[tuple] = []
     for bound, count, exemplar in zip(histogram.upper_bounds, histogram.cumulative_counts,
-                                      histogram.exemplars):
+                                      histogram.exemplars, strict=True):
         bucket: tuple = (floatToGoString(bound), float(count))
         if exemplar is not None:
             bucket += (Exemplar({"trace_id": exemplar.trace_id, "span_id": exemplar.span_id},
@@ -149,7 +201,7 @@ class GrowPageCollector(Collector):
 
     Args:
         source: the metric state's owner (the telemetry agent).
-        model: value of the ``model`` label on every series.
+        model: value of the ``model_name`` label on every series.
     """
 
     def __init__(self, source: MetricSource, model: str):
@@ -179,19 +231,20 @@ class GrowPageCollector(Collector):
                     self._fault(spec.name)
         try:  # last, so the faults of this very scrape are in it
             errors = self._source.agent_errors()
-            family = empty_family(catalog.AGENT_ERRORS)
+            errors_family = empty_family(catalog.AGENT_ERRORS)
+            assert not isinstance(errors_family, HistogramMetricFamily)  # a counter
             for component, count in sorted(errors.items()):
-                family.add_metric([self._model, component], float(count))
-            families[catalog.AGENT_ERRORS.name] = family
+                errors_family.add_metric([self._model, component], float(count))
+            families[catalog.AGENT_ERRORS.name] = errors_family
         except Exception:
             logger.debug("growpage telemetry: agent errors family failed", exc_info=True)
         for spec in catalog.METRICS:
             if spec.name in families:
                 yield families[spec.name]
 
-    def _family(self, spec: catalog.MetricSpec, view: MetricView) -> Metric:
+    def _family(self, spec: catalog.MetricSpec, view: MetricView) -> Family:
         family = empty_family(spec)
-        if spec.type is catalog.MetricType.HISTOGRAM:
+        if isinstance(family, HistogramMetricFamily):
             histogram = view.histograms[spec.name]
             family.add_metric([self._model], _histogram_buckets(histogram), histogram.sum)
             return family

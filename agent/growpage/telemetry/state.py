@@ -13,6 +13,7 @@ import bisect
 import collections
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from growpage import catalog
@@ -118,15 +119,61 @@ class MetricView:
         snapshot: the latest stats snapshot (counters are its cumulative totals, gauges its
             instantaneous pool state), or None before the first successful poll.
         histograms: by contract metric name.
-        compress_ratio: ``growpage_intra_page_compress_ratio`` for this scrape, or None (no
-            compression has finished yet: the series is absent).
+        compress_ratio: ``growpage_intra_page_compress_ratio``, or None (no compression has
+            finished yet: the series is absent).
         build_info: ``growpage_build_info`` label values by label name.
+        samples_dropped_total: histogram samples lost to full stats windows since start.
     """
 
     snapshot: StatsSnapshot | None
     histograms: Mapping[str, HistogramView]
     compress_ratio: float | None
     build_info: Mapping[str, str]
+    samples_dropped_total: int = 0
+
+
+class CompressRatioWindow:
+    """Bytes in / bytes out of the compressions over the last ``window_s`` seconds of polls.
+
+    Computed when a snapshot is folded, never when a scrape reads it: every scraper (two Prometheus
+    replicas, a curl) sees the same value between two polls. It reads the core's cumulative byte
+    counters at each poll, so no compression is counted twice or lost between scrapes. A window
+    without output bytes keeps the previous value (an idle spell neither drops the signal nor
+    reports a made-up 1.0); None until the first compression (the series is then absent rather than
+    NaN, which would poison ``avg()``).
+
+    Args:
+        window_s: the window's length (catalog.COMPRESS_RATIO_WINDOW_S).
+    """
+
+    def __init__(self, window_s: float = catalog.COMPRESS_RATIO_WINDOW_S):
+        self.window_s = window_s
+        self._points: collections.deque[tuple[float, int, int]] = collections.deque()
+        self.value: float | None = None
+
+    def add(self, now_s: float, bytes_in_total: int, bytes_out_total: int,
+            window_in: int = 0, window_out: int = 0) -> float | None:
+        """Record the cumulative totals at ``now_s``; returns the ratio over the window ending now.
+
+        Args:
+            now_s: monotonic seconds of this poll.
+            bytes_in_total, bytes_out_total: the core's cumulative compression bytes.
+            window_in, window_out: bytes of this poll's window, used only at the first poll to
+                date its compressions after the start (the totals may predate the agent).
+        """
+        if not self._points:
+            self._points.append((now_s, bytes_in_total - window_in, bytes_out_total - window_out))
+        elif bytes_out_total < self._points[-1][2]:  # the core was replaced: start over from here
+            self._points.clear()
+            self._points.append((now_s, 0, 0))
+        self._points.append((now_s, bytes_in_total, bytes_out_total))
+        # Keep the newest point at or before the window's start as the baseline.
+        while len(self._points) > 2 and self._points[1][0] <= now_s - self.window_s:
+            self._points.popleft()
+        _, base_in, base_out = self._points[0]
+        if bytes_out_total - base_out > 0:
+            self.value = (bytes_in_total - base_in) / (bytes_out_total - base_out)
+        return self.value
 
 
 class MetricState:
@@ -142,43 +189,34 @@ class MetricState:
         self.histograms = {spec.name: CumulativeHistogram(spec.buckets) for spec in catalog.METRICS
                            if spec.type is catalog.MetricType.HISTOGRAM}
         self.samples_dropped_total = 0
-        # Compression bytes since the ratio's window last closed (see take_compress_ratio).
-        self._ratio_bytes_in = 0
-        self._ratio_bytes_out = 0
-        self._last_compress_ratio: float | None = None
+        self.compress_ratio = CompressRatioWindow()
 
-    def fold(self, snapshot: StatsSnapshot) -> None:
-        """Add one get-and-reset snapshot: its window samples go into the cumulative histograms."""
+    def fold(self, snapshot: StatsSnapshot, now_s: float | None = None) -> None:
+        """Add one get-and-reset snapshot: its window samples go into the cumulative histograms.
+
+        Args:
+            snapshot: the core's stats since the previous fold.
+            now_s: monotonic seconds of the poll (default: now), for the compress ratio's window.
+        """
         for name, samples in HISTOGRAM_SAMPLES.items():
             self.histograms[name].observe(samples(snapshot))
-        self._ratio_bytes_in += snapshot.window_compress_input_bytes
-        self._ratio_bytes_out += snapshot.window_compress_output_bytes
+        self.compress_ratio.add(time.monotonic() if now_s is None else now_s,
+                                snapshot.compress_input_bytes_total, snapshot.compress_output_bytes_total,
+                                snapshot.window_compress_input_bytes, snapshot.window_compress_output_bytes)
         self.samples_dropped_total += snapshot.samples_dropped
         self.snapshot = snapshot
 
     def add_exemplar(self, metric_name: str, exemplar: LinkedExemplar) -> None:
         self.histograms[metric_name].add_exemplar(exemplar)
 
-    def take_compress_ratio(self) -> float | None:
-        """Close the ratio's window (one per scrape) and return the gauge's value.
-
-        Bytes in / bytes out of the compressions folded since the window last closed. A window
-        without output bytes keeps the previous value and carries its bytes into the next window,
-        so an idle scrape neither drops the signal nor reports a made-up 1.0; None until the first
-        compression (the series is then absent rather than NaN, which would poison ``avg()``).
-        """
-        if self._ratio_bytes_out > 0:
-            self._last_compress_ratio = self._ratio_bytes_in / self._ratio_bytes_out
-            self._ratio_bytes_in = self._ratio_bytes_out = 0
-        return self._last_compress_ratio
-
     def view(self) -> MetricView:
-        """A copy for one scrape (closes the compress ratio's window)."""
+        """A copy for one scrape; reading changes nothing, so every scraper sees the same values."""
         return MetricView(
             snapshot=self.snapshot,
             histograms={name: histogram.view() for name, histogram in self.histograms.items()},
-            compress_ratio=self.take_compress_ratio(),
-            build_info=dict(self.build_info))
+            compress_ratio=self.compress_ratio.value,
+            build_info=dict(self.build_info),
+            samples_dropped_total=self.samples_dropped_total)
 
     def agent_errors(self, own_errors: Mapping[str, int]) -> dict[str, int]:
         """Faults by component: the core's (latest snapshot) plus telemetry's own.
