@@ -12,10 +12,10 @@ import time
 
 import pytest
 from monitoring_paths import RULES_FILE
-from support.promstack import Prometheus, run_prometheus, run_tool, wait_until
 from synthetic_growpage import openmetrics_history
 
 from growpage.monitoring.recording_rules import recording_rule_names
+from support.promstack import Prometheus, run_prometheus, run_tool, wait_until
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,14 +20,18 @@ PODS = (("math-reasoning", "vllm-reasoning-5d8c7b9f4-x2k9q", "enforce"),
         ("chat", "vllm-chat-6f9d8c7b5-p4m2z", "monitor"))
 GAUGE_VALUES = {
     catalog.UTILIZATION.name: 0.55, catalog.INTRA_PAGE_COMPRESS_RATIO.name: 1.97,
-    catalog.DEMAND_P95.name: 300.0, catalog.COMPRESSION_RATIO.name: 1.6, catalog.FRAGMENTATION.name: 0.3,
+    catalog.DEMAND_P95.name: 300.0, catalog.DEMAND_PAGES.name: 600.0, catalog.COMPRESSION_RATIO.name: 1.6,
+    catalog.FRAGMENTATION.name: 0.3, catalog.LIVE_TOKENS.name: 22_000.0,
+    catalog.GRANTED_TOKEN_SLOTS.name: 40_000.0, catalog.USED_TOKEN_SLOTS.name: 31_428.0,
+    catalog.LOGICAL_BYTES.name: 1.6e9, catalog.STORED_BYTES.name: 1.0e9,
     catalog.REQUESTS_RUNNING.name: 3.0, catalog.BUILD_INFO.name: 1.0,
 }
 POOL_PAGES = {"free": 1000.0, "reserved": 500.0, "used": 2500.0}
+AGENT_ACTIVE = {"observer": "active", "enforcer": "active"}
 COUNTER_RATES_PER_S = {  # per label value where the metric has one label
     catalog.COMPRESS_INPUT_BYTES.name: 2.0e6, catalog.COMPRESS_OUTPUT_BYTES.name: 1.0e6,
     catalog.ALLOCATIONS.name: 50.0, catalog.OOM_EVENTS.name: 0.01, catalog.AGENT_ERRORS.name: 0.005,
-    catalog.DECISIONS.name: 2.0,
+    catalog.DECISIONS.name: 2.0, catalog.SAMPLES_DROPPED.name: 0.0,
 }
 HISTOGRAM_OBSERVATIONS = {  # (observations per second, typical value): a log-normal-ish spread
     catalog.ALLOCATION_LATENCY.name: (50.0, 0.004), catalog.LTS_ENTROPY.name: (2.0, 2.6),
@@ -53,12 +57,20 @@ def _series(spec: MetricSpec, labels: dict[str, str], seconds: float, mode: str,
             gauges: Mapping[str, float]) -> Iterator[tuple[str, dict[str, str], float]]:
     """(sample name, labels, value) of one metric of one pod at ``seconds`` since the start."""
     if spec.type is MetricType.INFO:
-        info = {"version": "0.1.0", "engine": "vllm", "engine_version": catalog.MIN_SUPPORTED_VLLM_VERSION,
+        info = {"version": "0.1.0", "home": "vllm", "home_version": catalog.MIN_SUPPORTED_VLLM_VERSION,
                 "mode": mode, "block_size": "16", "base_pages": "128", "device": "cuda"}
+        assert set(info) == set(spec.exported_labels)
         yield spec.name, {**labels, **info}, 1.0
     elif spec.type is MetricType.GAUGE and spec is catalog.POOL_PAGES:
         for state, pages in POOL_PAGES.items():
             yield spec.name, {**labels, "state": state}, pages
+    elif spec is catalog.AGENT_ACTIVE:
+        for component, reason in AGENT_ACTIVE.items():
+            yield spec.name, {**labels, "component": component, "reason": reason}, float(reason == "active")
+    elif spec is catalog.DEMAND_REQUESTS:
+        running = gauges[catalog.REQUESTS_RUNNING.name]
+        for bound in spec.label_values["pages_le"]:
+            yield spec.name, {**labels, "pages_le": bound}, running if float(bound) >= 256 else 0.0
     elif spec.type is MetricType.GAUGE:
         yield spec.name, labels, gauges[spec.name]
     elif spec.type is MetricType.COUNTER:
@@ -107,7 +119,8 @@ def _external_history(times: list[float]) -> list[str]:
     lines = ["# TYPE up gauge"]
     for namespace, pod, _ in PODS:
         lines += [f"up{_labels_text(pod_labels(namespace, pod))} 1 {t:.3f}" for t in times]
-    for metric, mib in ((catalog.DCGM_FB_USED, 40_000), (catalog.DCGM_FB_FREE, 41_000)):
+    lines += _vllm_history(times)
+    for metric, mib in ((catalog.DCGM_FB_USED, 40_000), (catalog.DCGM_FB_FREE, 41_000), (catalog.DCGM_GPU_UTIL, 87)):
         lines.append(f"# TYPE {metric} gauge")
         for gpu, (namespace, pod, _) in enumerate(PODS):
             labels = {"job": "dcgm-exporter", "namespace": "gpu-operator", "pod": f"nvidia-dcgm-exporter-{gpu}",
@@ -115,6 +128,37 @@ def _external_history(times: list[float]) -> list[str]:
                       **{source: {"namespace": namespace, "pod": pod}[target]
                          for target, source in catalog.DCGM_EXPORTED_LABELS.items()}}
             lines += [f"{metric}{_labels_text(labels)} {mib} {t:.3f}" for t in times]
+    return lines
+
+
+def _vllm_history(times: list[float]) -> list[str]:
+    """vLLM's own /metrics for both pods (job vllm), as its ServiceMonitor scrapes them."""
+    lines = []
+    gauges = {catalog.VLLM_KV_CACHE_USAGE: 0.7, catalog.VLLM_REQUESTS_RUNNING: 3, catalog.VLLM_REQUESTS_WAITING: 1}
+    for metric, value in gauges.items():
+        lines.append(f"# TYPE {metric} gauge")
+        for namespace, pod, _ in PODS:
+            labels = {**pod_labels(namespace, pod), "job": catalog.VLLM_SCRAPE_JOB, "engine": "0"}
+            lines += [f"{metric}{_labels_text(labels)} {value} {t:.3f}" for t in times]
+    lines.append(f"# TYPE {catalog.VLLM_PREEMPTIONS.removesuffix('_total')} counter")
+    for namespace, pod, _ in PODS:
+        labels = {**pod_labels(namespace, pod), "job": catalog.VLLM_SCRAPE_JOB, "engine": "0"}
+        lines += [f"{catalog.VLLM_PREEMPTIONS}{_labels_text(labels)} {0.02 * (t - times[0]):.3f} {t:.3f}"
+                  for t in times]
+    for histogram, typical in ((catalog.VLLM_TTFT, 0.2), (catalog.VLLM_ITL, 0.03)):
+        lines.append(f"# TYPE {histogram} histogram")
+        bounds = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+        for namespace, pod, _ in PODS:
+            labels = {**pod_labels(namespace, pod), "job": catalog.VLLM_SCRAPE_JOB, "engine": "0"}
+            for t in times:
+                count = math.floor(5.0 * (t - times[0] + 15))
+                for bound in bounds:
+                    bucket = {**labels, "le": le_value(bound)}
+                    lines.append(f"{histogram}_bucket{_labels_text(bucket)} "
+                                 f"{math.floor(count * _bucket_share(bound, typical))} {t:.3f}")
+                lines.append(f"{histogram}_bucket{_labels_text({**labels, 'le': '+Inf'})} {count} {t:.3f}")
+                lines.append(f"{histogram}_count{_labels_text(labels)} {count} {t:.3f}")
+                lines.append(f"{histogram}_sum{_labels_text(labels)} {count * typical:.3f} {t:.3f}")
     return lines
 
 

@@ -1,5 +1,5 @@
 """End to end: a scrape target breaching an SLO -> real Prometheus with the generated rules -> real
-Alertmanager with the generated routing -> the pager webhook gets the page with its runbook_url.
+Alertmanager with the generated routing -> the ticket webhook gets the alert with its runbook_url.
 
 The target is a loopback HTTP server serving a catalog-generated exposition (utilization 0.3: below
 both the 0.65 SLO and the 0.40 checklist line). ``target_url`` is the seam where the live agent goes.
@@ -14,12 +14,12 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from support.promstack import run_alertmanager, run_prometheus, wait_until
 from synthetic_growpage import exposition
 
 from growpage import catalog
 from growpage.monitoring.alertmanager import PAGER_RECEIVER, TICKET_RECEIVER, RouteTiming, alertmanager_config
 from growpage.monitoring.rules_file import dump_yaml, rule_groups
+from support.promstack import run_alertmanager, run_prometheus, wait_until
 
 POD = {"namespace": "math-reasoning", "pod": "vllm-reasoning-0"}  # what service discovery would add
 FAST = RouteTiming(group_wait="1s", group_interval="1s", page_repeat_interval="1h", ticket_repeat_interval="1h")
@@ -74,10 +74,11 @@ def webhook_receiver() -> Iterator[tuple[str, list[dict]]]:
 
 
 @pytest.mark.slow
-def test_slo_breach_pages_with_runbook_and_inhibits_the_warning(tmp_path):
+def test_over_granting_makes_one_ticket_with_runbook_and_inhibits_the_slo_ticket(tmp_path):
     rules = tmp_path / "rules.yaml"
     rules.write_text(dump_yaml({"groups": rule_groups(for_override="2s")}))  # test variant: short for:
-    body = exposition({catalog.UTILIZATION.name: 0.3})
+    body = exposition({catalog.UTILIZATION.name: 0.3, catalog.LIVE_TOKENS.name: 12_000.0,
+                       catalog.GRANTED_TOKEN_SLOTS.name: 40_000.0})
     with breaching_target(body) as target, webhook_receiver() as (receiver_url, received):
         config = alertmanager_config({PAGER_RECEIVER: f"{receiver_url}/pager",
                                       TICKET_RECEIVER: f"{receiver_url}/ticket"}, FAST)
@@ -88,15 +89,15 @@ def test_slo_breach_pages_with_runbook_and_inhibits_the_warning(tmp_path):
                                alertmanager_url=alertmanager.url) as prometheus:
             wait_until(prometheus.targets_up, timeout_s=15, what="the scrape target to be up")
 
-            def page() -> dict | None:
-                return next((a for n in received if n["path"] == "/pager" for a in n["alerts"]
-                             if a["labels"]["alertname"] == "GrowPageKVUtilizationCritical"), None)
+            def ticket() -> dict | None:
+                return next((a for n in received if n["path"] == "/ticket" for a in n["alerts"]
+                             if a["labels"]["alertname"] == "GrowPageKVOverGranting"), None)
 
-            alert = wait_until(page, timeout_s=40, what="the page at the pager webhook")
+            alert = wait_until(ticket, timeout_s=40, what="the ticket at the ticket webhook")
             assert alert["status"] == "firing"
-            assert alert["labels"]["severity"] == catalog.SEVERITY_PAGE
+            assert alert["labels"]["severity"] == catalog.SEVERITY_TICKET
             assert alert["labels"]["namespace"] == POD["namespace"] and alert["labels"]["pod"] == POD["pod"]
-            assert alert["annotations"]["runbook_url"] == f"{catalog.RUNBOOK_BASE_URL}/GrowPageKVUtilizationCritical.md"
+            assert alert["annotations"]["runbook_url"] == f"{catalog.RUNBOOK_BASE_URL}/GrowPageKVOverGranting.md"
             assert "30%" in alert["annotations"]["description"]
 
             def warning_inhibited() -> bool:
@@ -104,3 +105,5 @@ def test_slo_breach_pages_with_runbook_and_inhibits_the_warning(tmp_path):
                            for a in alertmanager.alerts())
 
             wait_until(warning_inhibited, timeout_s=15, what="GrowPageKVUtilizationLow to be inhibited")
+            # Over-granting wastes capacity but fails no request: nothing reached the pager.
+            assert not [n for n in received if n["path"] == "/pager"]

@@ -18,8 +18,8 @@ from growpage.monitoring.recording_rules import recording_rule_names
 
 COMMITTED = {path.name: json.loads(path.read_text()) for path in (REPO_ROOT / "dashboards").glob("*.json")}
 ALLOWED_METRICS = ({name for spec in catalog.METRICS for name in spec.series_names} | recording_rule_names()
-                   | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE})
-VARIABLES = ("datasource", "namespace", "pod", "model")
+                   | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE, catalog.DCGM_GPU_UTIL, *catalog.VLLM_METRICS})
+VARIABLES = ("datasource", "cluster", "job", "namespace", "pod", catalog.MODEL_LABEL)
 
 
 def _panels(board: dict) -> list[dict]:
@@ -81,7 +81,7 @@ def test_troubleshooting_follows_the_checklist_and_every_panel_links_an_existing
     rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
     numbered = [title for title in rows if re.match(r"\d\.", title)]
     assert [title[0] for title in numbered] == ["1", "2", "3"]
-    assert "40%" in numbered[0] and "20 ms" in numbered[1] and "80%" in numbered[2]
+    assert "40%" in numbered[0] and "20 ms" in numbered[1] and "stranded" in numbered[2]
     for panel in _panels(board):
         links = re.findall(re.escape(catalog.RUNBOOK_BASE_URL) + r"/(\w+)\.md", panel["description"])
         assert links, f"{panel['title']} links no runbook"
@@ -118,3 +118,23 @@ def test_a_broken_query_is_reported_not_raised(backfilled_prometheus):
     board = {"title": "t", "panels": [{"id": 1, "title": "bad", "targets": [{"refId": "A", "expr": "sum(("}]}]}
     [result] = run_panel_queries(backfilled_prometheus.url, [board])
     assert not result.ok and "parse" in result.error
+
+
+def test_troubleshooting_reads_growpage_next_to_vllm_and_dcgm():
+    board = COMMITTED["growpage-troubleshooting.json"]
+    exprs = " ".join(q.expr for q in panel_queries(board))
+    for name in (catalog.VLLM_KV_CACHE_USAGE, catalog.VLLM_REQUESTS_WAITING, catalog.VLLM_PREEMPTIONS,
+                 f"{catalog.VLLM_TTFT}_bucket", f"{catalog.VLLM_ITL}_bucket"):
+        assert name in exprs, name
+    assert "namespace_pod:gpu_utilization:ratio" in exprs
+    # vLLM's series are another job: they are filtered by the pod and model_name, never by $job.
+    for query in panel_queries(board):
+        if "vllm:" in query.expr:
+            assert "$job" not in query.expr and f'{catalog.MODEL_LABEL}=~"${catalog.MODEL_LABEL}"' in query.expr
+
+
+def test_ratios_across_pods_are_sums_of_numerators_never_averages():
+    for board in COMMITTED.values():
+        for query in panel_queries(board):
+            for ratio in (catalog.UTILIZATION.name, catalog.FRAGMENTATION.name, catalog.COMPRESSION_RATIO.name):
+                assert f"avg({ratio}" not in query.expr.replace(" ", ""), query.panel

@@ -9,15 +9,15 @@ import pytest
 import yaml
 from kustomize_render import build, kustomize_command, render_in_python
 from monitoring_paths import DEPLOY_DIR
-from support.promstack import run_tool
 
 from growpage import catalog
 from growpage.config import Mode, load_config
 from growpage.monitoring.dashboards import dashboards
 from growpage.monitoring.rules_file import rule_groups
+from support.promstack import run_tool
 
 KUBERNETES_VERSION = "1.30.0"  # schemas shipped with kubernetes-validate; strict: unknown fields fail
-BUILT_IN_KINDS = {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler"}
+BUILT_IN_KINDS = {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
 OVERLAYS = {"phase1-monitor": Mode.MONITOR, "phase2-namespaces": Mode.ENFORCE,
             "phase3-everywhere": Mode.ENFORCE}
 
@@ -80,7 +80,8 @@ def test_overlay_configures_its_rollout_phase(rendered, overlay):
 
 def test_scrape_objects_match_the_catalog(rendered):
     documents = rendered["phase1-monitor"]
-    service, monitor = _one(documents, "Service"), _one(documents, "ServiceMonitor")
+    service = _one(documents, "Service")
+    monitor = _one(documents, "ServiceMonitor", "vllm-growpage")
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["path"] == catalog.METRICS_PATH
     assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == catalog.SCRAPE_JOB
@@ -90,16 +91,47 @@ def test_scrape_objects_match_the_catalog(rendered):
     assert _container(documents)["ports"][0]["containerPort"] == 8000
 
 
-def test_hpa_and_adapter_serve_the_seed_metric(rendered):
+def test_vllms_own_metrics_are_scraped_as_their_own_job(rendered):
+    documents = rendered["phase1-monitor"]
+    vllm = _one(documents, "ServiceMonitor", "vllm")
+    [endpoint] = vllm["spec"]["endpoints"]
+    assert endpoint["path"] == catalog.VLLM_METRICS_PATH and endpoint["port"] == "http"
+    assert {"targetLabel": "job", "replacement": catalog.VLLM_SCRAPE_JOB} in endpoint["relabelings"]
+    assert vllm["spec"]["selector"]["matchLabels"].items() <= _one(documents, "Service")["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_pod_is_production_ready(rendered, overlay):
+    documents = rendered[overlay]
+    pod = _one(documents, "Deployment")["spec"]["template"]["spec"]
+    container = _container(documents)
+    assert pod["terminationGracePeriodSeconds"] == 60  # gpctl serve drains in 50 s inside it
+    requests = container["resources"]["requests"]
+    assert {"cpu", "memory", "nvidia.com/gpu"} <= set(requests)  # not BestEffort: not evicted first
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health", probe
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # model loading takes minutes
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    [shm] = [v for v in pod["volumes"] if v["name"] == "shm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    pdb = _one(documents, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == _one(documents, "Deployment")["spec"]["selector"]["matchLabels"]
+
+
+def test_hpa_and_adapter_serve_the_allocation_rate_under_a_rate_name(rendered):
     documents = rendered["phase3-everywhere"]
     [metric] = _one(documents, "HorizontalPodAutoscaler")["spec"]["metrics"]
-    assert metric["pods"]["metric"]["name"] == catalog.ALLOCATIONS.name
+    assert metric["pods"]["metric"]["name"] == catalog.HPA_METRIC and not catalog.HPA_METRIC.endswith("_total")
     assert metric["pods"]["target"] == {"type": "AverageValue",
                                         "averageValue": str(catalog.HPA_TARGET_ALLOCATIONS_PER_POD_PER_S)}
     adapter = yaml.safe_load(_one(documents, "ConfigMap", "growpage-prometheus-adapter-rules")["data"]["config.yaml"])
     [rule] = adapter["rules"]
     assert rule["seriesQuery"].startswith(catalog.ALLOCATIONS.name + "{")
-    assert rule["name"]["as"] == catalog.ALLOCATIONS.name and "rate(<<.Series>>" in rule["metricsQuery"]
+    assert rule["name"]["as"] == catalog.HPA_METRIC and "rate(<<.Series>>" in rule["metricsQuery"]
 
 
 def test_prometheus_rule_holds_the_generated_groups_and_passes_promtool(rendered, tmp_path):

@@ -14,10 +14,11 @@ from growpage.monitoring.promql import metric_names
 from growpage.monitoring.recording_rules import recording_rule_names
 from growpage.monitoring.runbook_sections import BEGIN, END, INDEX
 
-SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation")
+SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation", "## Verify the fix", "## Escalation")
+PARAMETERS = ("$NAMESPACE", "$PROMETHEUS", "$ALERTMANAGER")
 PROMQL_BLOCK = re.compile(r"```promql\n(.*?)\n```", re.DOTALL)
 KNOWN_METRICS = ({n for spec in catalog.METRICS for n in spec.series_names} | recording_rule_names()
-                 | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE})
+                 | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE, catalog.DCGM_GPU_UTIL, *catalog.VLLM_METRICS})
 
 
 def _resolve(runbook_url: str):
@@ -47,6 +48,11 @@ def test_runbook_has_the_sections_the_rule_and_the_diagnose_command(rule):
     assert rule.expr in generated and f"`{rule.for_duration}`" in generated
     assert "gpctl diagnose --" in text
     assert "kubectl" in text or rule.severity == catalog.SEVERITY_TICKET
+    # Parameterised: no deployment name or Prometheus address of one cluster baked in.
+    assert all(parameter in text for parameter in PARAMETERS), rule.name
+    assert "vllm-reasoning" not in text and ":9090" not in text, rule.name
+    verify = text[text.index("## Verify the fix"):]
+    assert f"alertname={rule.name}" in verify and "gpctl diagnose" in verify
 
 
 def test_index_lists_every_alert_and_names_the_real_minimum_vllm_version():

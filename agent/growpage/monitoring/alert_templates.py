@@ -18,7 +18,7 @@ _LARGE_PREFIXES = ("k", "M", "G", "T", "P", "E", "Z", "Y")
 
 def _go_g4(value: float) -> str:
     # Go's %.4g and Python's agree on the digits and exponent form we produce.
-    return "%.4g" % value
+    return f"{value:.4g}"
 
 
 def humanize(value: float) -> str:

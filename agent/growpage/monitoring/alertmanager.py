@@ -21,8 +21,11 @@ PLACEHOLDER_WEBHOOK_URLS = {
     TICKET_RECEIVER: "http://growpage-ticket.invalid/webhook",
 }
 RECEIVER_BY_SEVERITY = {catalog.SEVERITY_PAGE: PAGER_RECEIVER, catalog.SEVERITY_TICKET: TICKET_RECEIVER}
-GROUP_BY = ["alertname", "namespace", "pod"]
+# pod last: service-level alerts (SLOs) have none, and group per service.
+GROUP_BY = ["alertname", "namespace", catalog.MODEL_LABEL, "pod"]
 GROWPAGE_ALERTS_MATCHER = 'alertname=~"GrowPage.*"'
+_SERVICE = tuple(catalog.SLO_LABELS)
+_POD = ("namespace", "pod")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,14 +34,19 @@ class InhibitPair:
 
     source: str
     target: str
-    equal: tuple[str, ...] = ("namespace", "pod")
+    equal: tuple[str, ...] = _POD
 
 
 INHIBIT_PAIRS = (
-    InhibitPair("GrowPageKVUtilizationCritical", "GrowPageKVUtilizationLow"),
-    InhibitPair(burn_rate_alert_name("fast"), burn_rate_alert_name("slow")),
-    InhibitPair("GrowPageAllocationLatencyHigh", burn_rate_alert_name("slow")),
-    InhibitPair("GrowPageOOMWithFreeGPUMemory", "GrowPageFragmentationHigh"),
+    # The cause explains the symptom: one ticket for over-granting, not two.
+    InhibitPair("GrowPageKVOverGranting", "GrowPageKVUtilizationLow", _SERVICE),
+    # One latency incident pages once: the fast burn pages, the slow burn and the per-pod p99
+    # ticket (which names the pod and the cause) wait behind it.
+    InhibitPair(burn_rate_alert_name("fast"), burn_rate_alert_name("slow"), _SERVICE),
+    InhibitPair(burn_rate_alert_name("fast"), "GrowPageAllocationLatencyHigh", _SERVICE),
+    InhibitPair("GrowPageAllocationLatencyHigh", burn_rate_alert_name("slow"), _SERVICE),
+    InhibitPair("GrowPageKVPagesStranded", "GrowPageFragmentationHigh"),
+    InhibitPair("GrowPageKVPagesStranded", "GrowPageKVOverGranting"),
     # GrowPageMetricsAbsent has only a job label: a down target explains absent metrics.
     InhibitPair("GrowPageAgentDown", "GrowPageMetricsAbsent", ("job",)),
 )

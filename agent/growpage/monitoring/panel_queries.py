@@ -7,7 +7,8 @@ Used by the tests (backfilled data, a live agent) and usable by hand::
     for result in run_panel_queries("http://localhost:9090", dashboards().values()):
         print(result)
 
-Grafana variables are replaced first: ``$namespace``/``$pod``/``$model`` by ``.*`` (the "All" value),
+Grafana variables are replaced first: ``$cluster``/``$job``/``$namespace``/``$pod``/``$model_name`` by
+``.*`` (the "All" value),
 ``$__rate_interval`` and ``$__range`` by fixed durations.
 """
 
@@ -22,10 +23,10 @@ import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 
 DEFAULT_VARIABLES = {
-    "namespace": ".*", "pod": ".*", "model": ".*",
+    "cluster": ".*", "job": ".*", "namespace": ".*", "pod": ".*", "model_name": ".*",
     "__rate_interval": "5m", "__range": "30m", "__interval": "1m",
 }
-_VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+_VARIABLE = re.compile(r"\$\{(\w+)\}|\$([A-Za-z_]\w*)")  # $1 is a regex group (label_replace), not a variable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Recording rules, named ``level:metric:operations`` (Prometheus naming conventions).
 
 Alerts and dashboards read these instead of repeating long expressions. Levels say which labels
-survive: ``namespace_pod_model`` keeps namespace, pod and model (one vLLM pod serves one model).
+survive: ``namespace_pod_model_name`` keeps namespace, pod and model_name (one vLLM pod serves one
+model); ``namespace_model_name`` is the service, across its pods, where the SLOs are kept (a replaced
+pod must not take its error budget with it). Ratios are sums of numerators over sums of
+denominators, never averages of per-pod ratios.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ import dataclasses
 from growpage import catalog
 from growpage.monitoring.promql import duration_seconds, le_value, selector
 
-RATE_WINDOW = "5m"  # the window of rate-based rules and alerts: 20 scrapes at the usual 15 s
+RATE_WINDOW = catalog.RATE_WINDOW  # the window of rate-based rules and alerts: 20 scrapes at 15 s
 LTS_ROLLOUT_WINDOW = "1h"  # finished requests are sparse: a longer window for the entropy p50
-POD_LEVEL = "namespace, pod, model"
+POD_LEVEL = ", ".join(catalog.POD_LABELS)
+SLO_LEVEL = ", ".join(catalog.SLO_LABELS)
+_POD = "_".join(catalog.POD_LABELS)  # namespace_pod_model_name
+_SLO = "_".join(catalog.SLO_LABELS)  # namespace_model_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,16 +32,23 @@ class RecordingRule:
 
 
 def slo_error_ratio_name(window: str) -> str:
-    """Share of page grants slower than the latency SLO threshold over ``window``."""
-    return f"namespace_pod_model:{catalog.ALLOCATION_LATENCY.name}:slo_error_ratio_rate{window}"
+    """Share of page grants slower than the latency SLO threshold over ``window``, per service."""
+    return f"{_SLO}:{catalog.ALLOCATION_LATENCY.name}:slo_error_ratio_rate{window}"
 
 
-ALLOCATION_P99 = f"namespace_pod_model:{catalog.ALLOCATION_LATENCY.name}:p99_rate{RATE_WINDOW}"
-ALLOCATION_P50 = f"namespace_pod_model:{catalog.ALLOCATION_LATENCY.name}:p50_rate{RATE_WINDOW}"
-COMPRESS_RATIO = f"namespace_pod_model:growpage_compress_input_per_output_bytes:ratio_rate{RATE_WINDOW}"
-THROTTLED_SHARE = f"namespace_pod_model:growpage_decisions_throttled:ratio_rate{RATE_WINDOW}"
-ALLOCATIONS_RATE = f"namespace_pod_model:{catalog.ALLOCATIONS.name.removesuffix('_total')}:rate{RATE_WINDOW}"
+ALLOCATION_P99 = f"{_POD}:{catalog.ALLOCATION_LATENCY.name}:p99_rate{RATE_WINDOW}"
+ALLOCATION_P50 = f"{_POD}:{catalog.ALLOCATION_LATENCY.name}:p50_rate{RATE_WINDOW}"
+COMPRESS_RATIO = (f"{_SLO}:growpage_compress_input_per_output_bytes:ratio_increase"
+                  f"{catalog.COMPRESS_RATIO_RULE_WINDOW}")
+UTILIZATION_SLO = f"{_SLO}:{catalog.UTILIZATION.name}:ratio"
+UTILIZATION_POD = f"{_POD}:{catalog.UTILIZATION.name}:ratio"
+FRAGMENTATION_POD = f"{_POD}:{catalog.FRAGMENTATION.name}:ratio"
+POOL_FREE = f"{_POD}:growpage_pool_pages_free:ratio"
+STRANDED_SLOTS = f"{_POD}:growpage_kv_token_slots_stranded:ratio"
+THROTTLED_SHARE = f"{_POD}:growpage_decisions_throttled:ratio_rate{RATE_WINDOW}"
+ALLOCATIONS_RATE = f"{_POD}:{catalog.ALLOCATIONS.name.removesuffix('_total')}:rate{RATE_WINDOW}"
 GPU_FRAMEBUFFER_USED = "namespace_pod:gpu_framebuffer_used:ratio"
+GPU_UTILIZATION = "namespace_pod:gpu_utilization:ratio"
 LTS_ENTROPY_P50 = f"namespace:{catalog.LTS_ENTROPY.name}:p50_rate{LTS_ROLLOUT_WINDOW}"
 
 
@@ -50,15 +63,20 @@ def slo_windows() -> list[str]:
     return sorted(windows, key=duration_seconds)
 
 
-def _rate_sum(series: str, window: str, level: str = POD_LEVEL) -> str:
-    return f"sum by ({level}) (rate({series}[{window}]))"
+def _rate_sum(series: str, window: str, level: str = POD_LEVEL, function: str = "rate") -> str:
+    return f"sum by ({level}) ({function}({series}[{window}]))"
+
+
+def _sum(series: str, level: str) -> str:
+    return f"sum by ({level}) ({series})"
 
 
 def _slo_error_ratio(window: str) -> RecordingRule:
     histogram = catalog.ALLOCATION_LATENCY.name
     fast = selector(f"{histogram}_bucket", le=le_value(catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S))
     # 1 - good/total: no grants in the window gives NaN, which never alerts (nothing to burn).
-    expr = (f"1 - (\n  {_rate_sum(fast, window)}\n/\n  {_rate_sum(f'{histogram}_count', window)}\n)")
+    expr = (f"1 - (\n  {_rate_sum(fast, window, SLO_LEVEL)}\n/\n"
+            f"  {_rate_sum(f'{histogram}_count', window, SLO_LEVEL)}\n)")
     return RecordingRule(slo_error_ratio_name(window), expr)
 
 
@@ -68,11 +86,24 @@ def _allocation_quantile(record: str, quantile: float) -> RecordingRule:
 
 
 def _compress_ratio() -> RecordingRule:
-    # Only where compressions happened: "> 0" drops pods whose output rate is zero, so an idle
-    # compressor is not reported as ratio 0 (or +Inf) and cannot trip the < 2.0 alert.
-    bytes_in = _rate_sum(catalog.COMPRESS_INPUT_BYTES.name, RATE_WINDOW)
-    bytes_out = _rate_sum(catalog.COMPRESS_OUTPUT_BYTES.name, RATE_WINDOW)
+    # An hour of increases: compressions come in bursts, and a 5m rate vanishes between bursts (which
+    # restarted the alert's `for` each time). "> 0" drops services that did not compress at all, so
+    # an idle compressor is not reported as ratio 0 (or +Inf) and cannot trip the < 2.0 alert.
+    window = catalog.COMPRESS_RATIO_RULE_WINDOW
+    bytes_in = _rate_sum(catalog.COMPRESS_INPUT_BYTES.name, window, SLO_LEVEL, "increase")
+    bytes_out = _rate_sum(catalog.COMPRESS_OUTPUT_BYTES.name, window, SLO_LEVEL, "increase")
     return RecordingRule(COMPRESS_RATIO, f"{bytes_in}\n/\n({bytes_out} > 0)")
+
+
+def _slot_ratio(record: str, numerator: str, denominator: str, level: str, complement: bool = False) -> RecordingRule:
+    ratio = f"{_sum(numerator, level)}\n/\n({_sum(denominator, level)} > 0)"
+    return RecordingRule(record, f"1 - (\n{ratio}\n)" if complement else ratio)
+
+
+def _pool_free() -> RecordingRule:
+    pool = catalog.POOL_PAGES.name
+    return RecordingRule(POOL_FREE, f"{_sum(selector(pool, state='free'), POD_LEVEL)}\n/\n"
+                                    f"({_sum(pool, POD_LEVEL)} > 0)")
 
 
 def _throttled_share() -> RecordingRule:
@@ -83,14 +114,27 @@ def _throttled_share() -> RecordingRule:
     return RecordingRule(THROTTLED_SHARE, f"{throttled}\n/\n({attempts} > 0)")
 
 
+def dcgm_by_pod(expr: str) -> str:
+    """``expr`` over DCGM series with the GPU's user in namespace/pod.
+
+    label_replace with "(.+)" only rewrites when exported_* is set (honorLabels false), so the same
+    expression serves both ServiceMonitor set-ups.
+    """
+    for target, source in catalog.DCGM_EXPORTED_LABELS.items():
+        expr = f'label_replace({expr}, "{target}", "$1", "{source}", "(.+)")'
+    return expr
+
+
 def _gpu_framebuffer_used() -> RecordingRule:
     used, free = catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE
-    ratio = f"{used} / ({used} + {free})"
-    # label_replace with "(.+)" only rewrites when exported_* is set (honorLabels false), so the
-    # same rule serves both ServiceMonitor set-ups. max: the fullest GPU of a multi-GPU pod.
-    for target, source in catalog.DCGM_EXPORTED_LABELS.items():
-        ratio = f'label_replace({ratio}, "{target}", "$1", "{source}", "(.+)")'
-    return RecordingRule(GPU_FRAMEBUFFER_USED, f"max by (namespace, pod) (\n  {ratio}\n)")
+    # max: the fullest GPU of a multi-GPU pod.
+    return RecordingRule(GPU_FRAMEBUFFER_USED,
+                         f"max by (namespace, pod) (\n  {dcgm_by_pod(f'{used} / ({used} + {free})')}\n)")
+
+
+def _gpu_utilization() -> RecordingRule:
+    return RecordingRule(GPU_UTILIZATION,
+                         f"max by (namespace, pod) (\n  {dcgm_by_pod(f'{catalog.DCGM_GPU_UTIL} / 100')}\n)")
 
 
 def _lts_entropy_p50() -> RecordingRule:
@@ -99,13 +143,26 @@ def _lts_entropy_p50() -> RecordingRule:
 
 
 def slo_recording_rules() -> list[RecordingRule]:
-    """What the SLO alerts read: latency error ratios per burn-rate window, the compress ratio."""
-    return [*(_slo_error_ratio(window) for window in slo_windows()), _compress_ratio()]
+    """What the SLO alerts read, per service: latency error ratios per burn-rate window, the compress
+    ratio, utilization."""
+    return [*(_slo_error_ratio(window) for window in slo_windows()), _compress_ratio(),
+            _slot_ratio(UTILIZATION_SLO, catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name, SLO_LEVEL)]
 
 
 def checklist_recording_rules() -> list[RecordingRule]:
-    """What the checklist alerts read: p99 latency, throttled share, GPU framebuffer use."""
-    return [_allocation_quantile(ALLOCATION_P99, 0.99), _throttled_share(), _gpu_framebuffer_used()]
+    """What the checklist alerts read, per pod: p99 latency, utilization, fragmentation, free pages,
+    stranded token slots, throttled share."""
+    live, granted, used = (catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name,
+                           catalog.USED_TOKEN_SLOTS.name)
+    return [
+        _allocation_quantile(ALLOCATION_P99, 0.99),
+        _slot_ratio(UTILIZATION_POD, live, granted, POD_LEVEL),
+        _slot_ratio(FRAGMENTATION_POD, live, used, POD_LEVEL, complement=True),
+        _pool_free(),
+        # Granted slots holding no live token: reserved-but-unwritten pages, tail slack, eviction holes.
+        _slot_ratio(STRANDED_SLOTS, live, granted, POD_LEVEL, complement=True),
+        _throttled_share(),
+    ]
 
 
 def dashboard_recording_rules() -> list[RecordingRule]:
@@ -114,6 +171,8 @@ def dashboard_recording_rules() -> list[RecordingRule]:
         _allocation_quantile(ALLOCATION_P50, 0.5),
         RecordingRule(ALLOCATIONS_RATE, _rate_sum(catalog.ALLOCATIONS.name, RATE_WINDOW)),
         _lts_entropy_p50(),
+        _gpu_framebuffer_used(),
+        _gpu_utilization(),
     ]
 
 

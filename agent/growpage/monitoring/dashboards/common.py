@@ -18,9 +18,16 @@ from growpage.monitoring.promql import selector
 
 DATASOURCE_VARIABLE = "datasource"
 DATASOURCE = {"type": "prometheus", "uid": f"${{{DATASOURCE_VARIABLE}}}"}
-# Every GrowPage series carries these; the variables default to All (regex .*).
-FILTER = 'namespace=~"$namespace", pod=~"$pod", model=~"$model"'
-POD_FILTER = 'namespace=~"$namespace", pod=~"$pod"'
+# Every GrowPage series carries these; the variables default to All (regex .*, which also matches
+# a series without the label: a single-cluster Prometheus has no `cluster`).
+FILTER = (f'cluster=~"$cluster", job=~"$job", namespace=~"$namespace", pod=~"$pod", '
+          f'{catalog.MODEL_LABEL}=~"${catalog.MODEL_LABEL}"')
+POD_FILTER = 'cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"'
+# vLLM's own series: another job (its /metrics), same pods, same model_name label. Recording rules
+# keep only their level's labels (no job), so they are filtered the same way.
+VLLM_FILTER = f'{POD_FILTER}, {catalog.MODEL_LABEL}=~"${catalog.MODEL_LABEL}"'
+RULE_FILTER = VLLM_FILTER
+SERVICE_RULE_FILTER = f'cluster=~"$cluster", namespace=~"$namespace", {catalog.MODEL_LABEL}=~"${catalog.MODEL_LABEL}"'
 RATE = "$__rate_interval"
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11: no legacy migrations run on import
 GRID_COLUMNS = 24
@@ -28,8 +35,13 @@ RATIO_UNIT, SECONDS_UNIT, TIMES_UNIT = "percentunit", "s", "suffix:x"
 
 
 def metric(name: str, extra: str = "", filter_: str = FILTER) -> str:
-    """``name{namespace=~"$namespace", pod=~"$pod", model=~"$model", <extra>}``."""
+    """``name{cluster=~"$cluster", job=~"$job", namespace=~"$namespace", ..., <extra>}``."""
     return selector(name, ", ".join(part for part in (filter_, extra) if part))
+
+
+def rule(name: str, service: bool = False) -> str:
+    """A recording rule's series, filtered by the variables its level keeps (pod, or the service)."""
+    return selector(name, SERVICE_RULE_FILTER if service else RULE_FILTER)
 
 
 def steps(base_color: str, *levels: tuple[float, str]) -> list[dict]:
@@ -108,7 +120,7 @@ def heatmap(title: str, description: str, histogram: str, unit: str) -> Heatmap:
 
 
 def variables() -> g.Templating:
-    """datasource, namespace, pod, model; each label variable narrows the next."""
+    """datasource, cluster, job, namespace, pod, model_name; each label variable narrows the next."""
     def label_variable(name: str, label: str, query: str) -> g.Template:
         variable = g.Template(name=name, label=label, query=query, dataSource=DATASOURCE, multi=True,
                               includeAll=True, allValue=".*", refresh=g.REFRESH_ON_TIME_RANGE_CHANGE,
@@ -116,12 +128,16 @@ def variables() -> g.Templating:
         variable._current = {"selected": True, "text": ["All"], "value": ["$__all"]}  # no setter
         return variable
 
-    info = catalog.BUILD_INFO.name
+    info, model = catalog.BUILD_INFO.name, catalog.MODEL_LABEL
     return g.Templating(list=[
         g.Template(name=DATASOURCE_VARIABLE, label="Data source", query="prometheus", type="datasource"),
-        label_variable("namespace", "Namespace", f"label_values({info}, namespace)"),
-        label_variable("pod", "Pod", f'label_values({info}{{namespace=~"$namespace"}}, pod)'),
-        label_variable("model", "Model", f'label_values({info}{{{POD_FILTER}}}, model)'),
+        label_variable("cluster", "Cluster", f"label_values({info}, cluster)"),
+        label_variable("job", "Job", f'label_values({info}{{cluster=~"$cluster"}}, job)'),
+        label_variable("namespace", "Namespace",
+                       f'label_values({info}{{cluster=~"$cluster", job=~"$job"}}, namespace)'),
+        label_variable("pod", "Pod", f'label_values({info}{{cluster=~"$cluster", job=~"$job", '
+                                     f'namespace=~"$namespace"}}, pod)'),
+        label_variable(model, "Model", f'label_values({info}{{{POD_FILTER}, job=~"$job"}}, {model})'),
     ])
 
 

@@ -14,6 +14,7 @@ from growpage.monitoring.dashboards.common import (
     dashboard,
     heatmap,
     metric,
+    rule,
     stat,
     steps,
     table,
@@ -50,13 +51,13 @@ def _compress_ratio(window: str) -> str:
 def _slo_row() -> list[Cell]:
     utilization, ratio = catalog.SLO_UTILIZATION.objective, catalog.SLO_COMPRESS_RATIO.objective
     objective = catalog.SLO_ALLOCATION_LATENCY.objective
-    busy = f"{metric(catalog.UTILIZATION.name)}\nand on (namespace, pod, model)\n" \
-           f"{metric(catalog.REQUESTS_RUNNING.name)} > 0"
+    # Sum of live tokens over sum of granted slots: an idle pod weighs nothing, a busy one its size.
+    busy = f"sum({metric(catalog.LIVE_TOKENS.name)})\n/\nsum({metric(catalog.GRANTED_TOKEN_SLOTS.name)})"
     budget_left = f"1 - (\n  (1 - (\n{_share_fast(catalog.SLO_COMPLIANCE_WINDOW)}\n  )) / {SLO_ERROR_BUDGET:g}\n)"
     return [
         Cell(stat(f"KV page utilization (SLO >= {utilization:.0%})",
-                  catalog.SLO_UTILIZATION.description + " Mean over pods with running requests.",
-                  f"avg(\n{busy}\n)", RATIO_UNIT, steps("red", (utilization, "green"))), 5, 5),
+                  catalog.SLO_UTILIZATION.description + " Live tokens / granted slots, summed over the pods.",
+                  busy, RATIO_UNIT, steps("red", (utilization, "green"))), 5, 5),
         Cell(stat(f"Compress ratio (SLO >= {ratio:.1f}x)",
                   catalog.SLO_COMPRESS_RATIO.description + " Bytes in / bytes out over the selected range.",
                   _compress_ratio(RANGE), TIMES_UNIT, steps("red", (ratio, "green")), 2), 5, 5),
@@ -86,10 +87,14 @@ def _capacity_row() -> list[Cell]:
         Cell(timeseries("Pool pages by state", catalog.POOL_PAGES.help,
                         targets((f"sum by (state) ({metric(catalog.POOL_PAGES.name)})", "{{state}}")),
                         "short", stacked=True), 8),
-        Cell(timeseries("KV demand p95 (pages)", catalog.DEMAND_P95.help + " The seed's cluster-autoscaling signal.",
-                        targets((metric(catalog.DEMAND_P95.name), "{{namespace}}/{{pod}}")), "short"), 8),
+        Cell(timeseries("KV demand (pages)", catalog.DEMAND_PAGES.help + " The p95 is over every running "
+                        "request of the selection (the seed's cluster-autoscaling signal).",
+                        targets((f"sum by (namespace) ({metric(catalog.DEMAND_PAGES.name)})", "{{namespace}} total"),
+                                (f'histogram_quantile(0.95, sum by (le) (label_replace(sum by (pages_le) '
+                                 f'({metric(catalog.DEMAND_REQUESTS.name)}), "le", "$1", "pages_le", "(.*)")))',
+                                 "p95 per request")), "short"), 8),
         Cell(timeseries("Pages granted per second", catalog.ALLOCATIONS.help + " The HPA scales on it.",
-                        targets((metric(rec.ALLOCATIONS_RATE), "{{namespace}}/{{pod}}")),
+                        targets((rule(rec.ALLOCATIONS_RATE), "{{namespace}}/{{pod}}")),
                         "short"), 8),
     ]
 
@@ -115,7 +120,8 @@ def _decisions_row() -> list[Cell]:
         Cell(timeseries("Compression ratios", "Bytes in / bytes out of compressions (the SLO), and the "
                         "pool-wide logical / stored KV bytes.",
                         targets((_compress_ratio(RATE), "compressions (bytes in / out)"),
-                                (f"avg({metric(catalog.COMPRESSION_RATIO.name)})", "pool (logical / stored)")),
+                                (f"sum({metric(catalog.LOGICAL_BYTES.name)}) / sum({metric(catalog.STORED_BYTES.name)})",
+                                 "pool (logical / stored)")),
                         TIMES_UNIT, steps("red", (catalog.SLO_COMPRESS_RATIO.objective, "green"))), 6),
         Cell(timeseries("Compression throughput", "Bytes read and written by compressions per second.",
                         targets((bytes_rate.format(metric(catalog.COMPRESS_INPUT_BYTES.name), RATE), "in"),

@@ -12,15 +12,18 @@ from growpage.monitoring.dashboards.common import (
     RATIO_UNIT,
     SECONDS_UNIT,
     TIMES_UNIT,
+    VLLM_FILTER,
     Cell,
     dashboard,
     metric,
+    rule,
     runbook_links,
     steps,
     table,
     targets,
     timeseries,
 )
+from growpage.monitoring.promql import selector
 
 UID = "growpage-troubleshooting"
 TITLE = "GrowPage / Troubleshooting"
@@ -36,14 +39,14 @@ def _runbooks_for(panel_title: str, *extra: str) -> str:
 
 def _settings_table() -> Cell:
     info = catalog.BUILD_INFO
-    expr = f"max by (namespace, pod, model, {', '.join(info.labels)}) ({metric(info.name)})"
+    expr = f"max by ({rec.POD_LEVEL}, {', '.join(info.exported_labels)}) ({metric(info.name)})"
     organize = [{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}]
     return Cell(table(
         "Settings in use (growpage_build_info)",
         "What each pod runs: mode, block_size, base_pages, device and versions. Read the block size here "
         f"instead of assuming it. GrowPage's block-size guidance (not a vLLM rule): {_BLOCK_SIZES}. "
         f"vLLM releases do not contain GrowPage; the plugin needs vLLM >= {catalog.MIN_SUPPORTED_VLLM_VERSION}. "
-        + runbook_links("GrowPageKVUtilizationCritical", "GrowPageAllocationLatencyHigh"),
+        + runbook_links("GrowPageKVOverGranting", "GrowPageAllocationLatencyHigh"),
         expr, organize), 24, 6)
 
 
@@ -60,7 +63,7 @@ def _utilization_row() -> list[Cell]:
         Cell(timeseries("1. Request length (tokens)",
                         "Prompt + generated tokens per finished request. Compare with base_pages x block_size "
                         "from the settings table: a grant far above p95 is wasted. "
-                        + runbook_links("GrowPageKVUtilizationCritical"),
+                        + runbook_links("GrowPageKVOverGranting"),
                         targets((quantile.format(0.5, metric(f"{tokens}_bucket"), RATE), "p50"),
                                 (quantile.format(0.95, metric(f"{tokens}_bucket"), RATE), "p95")),
                         "short"), 12),
@@ -74,8 +77,8 @@ def _latency_row() -> list[Cell]:
     burn_targets = []
     for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
         for burn in alert.windows:
-            burn_targets.append((f"{metric(rec.slo_error_ratio_name(burn.long_window))} / {SLO_ERROR_BUDGET:g}",
-                                 f"{burn.long_window} {_POD_LEGEND}"))
+            burn_targets.append((f"{rule(rec.slo_error_ratio_name(burn.long_window), service=True)} / {SLO_ERROR_BUDGET:g}",
+                                 f"{burn.long_window} {{{{namespace}}}} ({{{{model_name}}}})"))
     factors = sorted({burn.factor for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS
                       for burn in alert.windows})
     return [
@@ -95,27 +98,78 @@ def _latency_row() -> list[Cell]:
 
 
 def _oom_row() -> list[Cell]:
-    gpu_low = catalog.CHECKLIST.gpu_framebuffer_used_low
+    limits = catalog.CHECKLIST
     increase = "sum by (namespace, pod) (increase({}[{}]))"
     preempts = metric(catalog.DECISIONS.name, 'decision="preempt"')
-    dcgm_labels = ", ".join(f"{source} -> {target}" for target, source in catalog.DCGM_EXPORTED_LABELS.items())
+    vllm_preempts = selector(catalog.VLLM_PREEMPTIONS, VLLM_FILTER)
     return [
         Cell(timeseries(alerts.PANEL_OOM,
-                        f"Allocation failures. Together with GPU memory below {gpu_low:.0%} they point at "
-                        "fragmentation, not a full GPU. " + _runbooks_for(alerts.PANEL_OOM),
+                        "Allocation failures, GrowPage's and vLLM's own preemptions. With no free page and "
+                        "stranded slots (next panels) they mean pages are lost to grants and slack, not to a "
+                        "full GPU. " + _runbooks_for(alerts.PANEL_OOM),
                         targets((increase.format(metric(catalog.OOM_EVENTS.name), RATE), f"OOM {_POD_LEGEND}"),
-                                (increase.format(preempts, RATE), f"preempt {_POD_LEGEND}")),
+                                (increase.format(preempts, RATE), f"preempt {_POD_LEGEND}"),
+                                (increase.format(vllm_preempts, RATE), f"vLLM preempt {_POD_LEGEND}")),
                         "short", bars=True), 8),
-        Cell(timeseries("3. GPU framebuffer used (DCGM)",
-                        f"{catalog.DCGM_FB_USED} / (used + free) from NVIDIA's DCGM exporter, "
-                        f"joined on namespace/pod ({dcgm_labels} when the exporter is scraped without "
-                        "honorLabels). Empty without the DCGM exporter. " + _runbooks_for(alerts.PANEL_OOM),
-                        targets((f"{rec.GPU_FRAMEBUFFER_USED}{{{POD_FILTER}}}", _POD_LEGEND)), RATIO_UNIT,
-                        steps("green", (gpu_low, "red"))), 8),
+        Cell(timeseries("3. Free pages and stranded slots",
+                        f"Free share of the pool (alert at or under {limits.pool_free_low:.0%}) and share of "
+                        "granted token slots holding no live token (reserved-but-unwritten pages, tail slack, "
+                        f"eviction holes; alert at or above {limits.stranded_slots_high:.0%}). "
+                        + _runbooks_for(alerts.PANEL_OOM),
+                        targets((rule(rec.POOL_FREE), f"free {_POD_LEGEND}"),
+                                (rule(rec.STRANDED_SLOTS), f"stranded {_POD_LEGEND}")),
+                        RATIO_UNIT), 8),
         Cell(timeseries(alerts.PANEL_FRAGMENTATION, catalog.FRAGMENTATION.help + " "
                         + _runbooks_for(alerts.PANEL_FRAGMENTATION),
-                        targets((metric(catalog.FRAGMENTATION.name), _POD_LEGEND)), RATIO_UNIT,
+                        targets((rule(rec.FRAGMENTATION_POD), _POD_LEGEND)), RATIO_UNIT,
                         steps("green", (catalog.CHECKLIST.fragmentation_high, "red"))), 8),
+    ]
+
+
+def _vllm_row() -> list[Cell]:
+    """GrowPage next to vLLM's own metrics and the GPU, joined on the pod (and model_name)."""
+    def vllm(name: str) -> str:
+        return selector(name, VLLM_FILTER)
+
+    def quantile(histogram: str, q: float) -> str:
+        return f"histogram_quantile({q}, sum by (namespace, pod, le) (rate({vllm(f'{histogram}_bucket')}[{RATE}])))"
+
+    granted = metric(catalog.POOL_PAGES.name, 'state=~"reserved|used"')
+    pool_used = f"sum by (namespace, pod) ({granted})\n/\nsum by (namespace, pod) ({metric(catalog.POOL_PAGES.name)})"
+    dcgm = "DCGM exporter series, joined on the pod that uses the GPU (exported_namespace/exported_pod)."
+    runbook = runbook_links("GrowPageKVPagesStranded")
+    return [
+        Cell(timeseries("vLLM KV cache usage vs GrowPage pool",
+                        f"vLLM's {catalog.VLLM_KV_CACHE_USAGE} next to the share of GrowPage's pool that is "
+                        f"granted (reserved + used). {runbook}",
+                        targets((f"max by (namespace, pod) ({vllm(catalog.VLLM_KV_CACHE_USAGE)})",
+                                 f"vLLM {_POD_LEGEND}"), (pool_used, f"GrowPage {_POD_LEGEND}")),
+                        RATIO_UNIT, steps("green", (catalog.CHECKLIST.vllm_kv_cache_usage_full, "red"))), 8),
+        Cell(timeseries("vLLM requests running / waiting",
+                        f"{catalog.VLLM_REQUESTS_RUNNING} and {catalog.VLLM_REQUESTS_WAITING}: a queue while "
+                        f"pages are stranded is capacity GrowPage holds back. {runbook}",
+                        targets((f"sum by (namespace, pod) ({vllm(catalog.VLLM_REQUESTS_RUNNING)})",
+                                 f"running {_POD_LEGEND}"),
+                                (f"sum by (namespace, pod) ({vllm(catalog.VLLM_REQUESTS_WAITING)})",
+                                 f"waiting {_POD_LEGEND}")), "short"), 8),
+        Cell(timeseries("vLLM preemptions per second",
+                        f"rate({catalog.VLLM_PREEMPTIONS}): vLLM evicting running requests for want of KV "
+                        f"blocks. {runbook}",
+                        targets((f"sum by (namespace, pod) (rate({vllm(catalog.VLLM_PREEMPTIONS)}[{RATE}]))",
+                                 _POD_LEGEND)), "ops"), 8),
+        Cell(timeseries("vLLM time to first token / inter-token latency p99",
+                        "What users feel: GrowPage's grant latency adds to both. "
+                        + runbook_links("GrowPageAllocationLatencyHigh"),
+                        targets((quantile(catalog.VLLM_TTFT, 0.99), f"TTFT {_POD_LEGEND}"),
+                                (quantile(catalog.VLLM_ITL, 0.99), f"ITL {_POD_LEGEND}")), SECONDS_UNIT), 8),
+        Cell(timeseries("GPU utilization (DCGM)", f"{catalog.DCGM_GPU_UTIL} / 100. {dcgm} {runbook}",
+                        targets((rule(rec.GPU_UTILIZATION), _POD_LEGEND)), RATIO_UNIT), 8),
+        Cell(timeseries("GPU framebuffer used (DCGM)",
+                        f"{catalog.DCGM_FB_USED} / (used + free). vLLM reserves its KV cache at start-up "
+                        "(gpu_memory_utilization), so this sits near that setting whatever the pool does: "
+                        f"context, not an OOM signal. {dcgm} {runbook}",
+                        targets((rule(rec.GPU_FRAMEBUFFER_USED), _POD_LEGEND)),
+                        RATIO_UNIT), 8),
     ]
 
 
@@ -124,17 +178,22 @@ def _more_checks_row() -> list[Cell]:
     up = f'up{{job="{catalog.SCRAPE_JOB}", {POD_FILTER}}}'
     return [
         Cell(timeseries(alerts.PANEL_COMPRESS, _runbooks_for(alerts.PANEL_COMPRESS),
-                        targets((metric(rec.COMPRESS_RATIO), _POD_LEGEND)), TIMES_UNIT,
+                        targets((rule(rec.COMPRESS_RATIO, service=True), "{{namespace}} ({{model_name}})")), TIMES_UNIT,
                         steps("red", (catalog.SLO_COMPRESS_RATIO.objective, "green"))), 6),
         Cell(timeseries(alerts.PANEL_THROTTLED, "Share of growth attempts refused by max_growth_rate. "
                         + _runbooks_for(alerts.PANEL_THROTTLED),
-                        targets((metric(rec.THROTTLED_SHARE), _POD_LEGEND)), RATIO_UNIT,
+                        targets((rule(rec.THROTTLED_SHARE), _POD_LEGEND)), RATIO_UNIT,
                         steps("green", (catalog.CHECKLIST.throttle_saturation, "red"))), 6),
         Cell(timeseries(alerts.PANEL_ERRORS, catalog.AGENT_ERRORS.help + " " + _runbooks_for(alerts.PANEL_ERRORS),
                         targets((errors, "{{component}} " + _POD_LEGEND)), "short", bars=True), 6),
         Cell(timeseries(alerts.PANEL_SCRAPE, f"1 when Prometheus scrapes {catalog.METRICS_PATH}, 0 when it fails. "
                         + _runbooks_for(alerts.PANEL_SCRAPE),
                         targets((up, _POD_LEGEND)), "short", steps("red", (1.0, "green"))), 6),
+        Cell(timeseries(alerts.PANEL_ACTIVE, catalog.AGENT_ACTIVE.help + " "
+                        + _runbooks_for(alerts.PANEL_ACTIVE),
+                        targets((f"max by (namespace, pod, component, reason) ({metric(catalog.AGENT_ACTIVE.name)})",
+                                 "{{component}} {{reason}} " + _POD_LEGEND)), "short",
+                        steps("red", (1.0, "green"))), 24),
     ]
 
 
@@ -145,7 +204,8 @@ def troubleshooting_dashboard() -> dict:
          "base_pages too large, or requests mostly short", _utilization_row()),
         (f"2. Allocation latency above {catalog.CHECKLIST.allocation_latency_p99_critical_s * 1000:g} ms: "
          "block size vs GPU", _latency_row()),
-        (f"3. OOM while GPU memory is below {catalog.CHECKLIST.gpu_framebuffer_used_low:.0%} used: "
-         "fragmentation", _oom_row()),
+        ("3. OOM or preemption while pages are stranded: no free page, most granted slots empty",
+         _oom_row()),
+        ("vLLM and the GPU, next to GrowPage", _vllm_row()),
         ("More checks: compression, throttling, the agent itself", _more_checks_row()),
     ])
