@@ -8,10 +8,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import diagnose_scenarios as scenarios
 import pytest
 from typer.testing import CliRunner
-
-import diagnose_scenarios as scenarios
 
 
 @pytest.fixture

@@ -45,8 +45,11 @@ class Scenario:
     requests_running: float = 24.0
     errors_per_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
     build: Mapping[str, str] = dataclasses.field(default_factory=lambda: {
-        "version": "0.1.0", "engine": "vllm", "engine_version": "0.32.1", "mode": "enforce",
+        "version": "0.1.0", "home": "vllm", "home_version": "0.32.1", "mode": "enforce",
         "block_size": "32", "base_pages": "64", "device": "cuda"})
+    granted_token_slots: float = 100_000.0  # live tokens = utilization x this; used = live / (1 - fragmentation)
+    components: Mapping[str, str] = dataclasses.field(default_factory=lambda: {
+        "observer": "active", "enforcer": "active"})
     drop: frozenset[str] = frozenset()  # metric names (catalog names) the agent does not export
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     gpu_framebuffer_used_mib: tuple[float, ...] = (60000.0,)
@@ -67,8 +70,10 @@ LATENCY = Scenario(
     latency_shares={0.005: 0.5, 0.01: 0.2, 0.015: 0.15, 0.02: 0.05, 0.05: 0.08, 0.1: 0.02},
     decisions_per_s={**HEALTHY.decisions_per_s, "allocate": 10.0, "throttled": 15.0},
     build={**HEALTHY.build, "block_size": "16"})
+# Preemptions while the pool has no free page and two thirds of its granted slots hold no live token.
 OOM_FRAGMENTATION = Scenario(
     oom_per_s=0.1, decisions_per_s={**HEALTHY.decisions_per_s, "preempt": 0.2}, fragmentation=(0.55, 0.62),
+    utilization=(0.36, 0.34), pool_pages={"free": 20.0, "reserved": 1500.0, "used": 2480.0},
     build={**HEALTHY.build, "mode": "monitor", "block_size": "16", "base_pages": "128"},
     compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0, compress_ratio_gauge=0.0,
     gpu_model="NVIDIA A100-SXM4-80GB", gpu_framebuffer_used_mib=(48000.0, 50000.0),
@@ -80,7 +85,8 @@ PHASE_TWO_CANDIDATE = Scenario(
     entropy_shares={2.5: 0.2, 3.0: 0.5, 3.5: 0.3}, build={**HEALTHY.build, "mode": "monitor"},
     compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0, compress_ratio_gauge=0.0)
 MIXED = OVER_GRANTING.replace(latency_shares=LATENCY.latency_shares, oom_per_s=0.1,
-                              fragmentation=(0.55, 0.62), gpu_framebuffer_used_mib=(48000.0,))
+                              fragmentation=(0.55, 0.62), gpu_framebuffer_used_mib=(48000.0,),
+                              pool_pages=OOM_FRAGMENTATION.pool_pages)
 NO_LATENCY_HISTOGRAM = HEALTHY.replace(drop=frozenset({catalog.ALLOCATION_LATENCY.name}))
 IDLE = HEALTHY.replace(grants_per_s=0.0, requests_running=0.0, utilization=(0.0,),
                        decisions_per_s=dict.fromkeys(catalog.DECISION_KINDS, 0.0), finished_per_s=0.0,
@@ -124,7 +130,7 @@ def samples(scenario: Scenario, elapsed_s: float, sample_index: int = 0,
             extra_labels: Mapping[str, str] | None = None) -> list[Series]:
     """Series an agent running ``scenario`` exports ``elapsed_s`` after the first snapshot."""
     uptime_s = UPTIME_AT_START_S + elapsed_s
-    labels = {"model": MODEL, **(extra_labels or {})}
+    labels = {catalog.MODEL_LABEL: MODEL, **(extra_labels or {})}
     c = catalog
 
     def pick(values: Sequence[float]) -> float:
@@ -148,6 +154,12 @@ def samples(scenario: Scenario, elapsed_s: float, sample_index: int = 0,
         *gauge(c.DEMAND_P95, 80.0),
         *gauge(c.COMPRESSION_RATIO, 1.4),
         *gauge(c.FRAGMENTATION, pick(scenario.fragmentation)),
+        *gauge(c.LIVE_TOKENS, pick(scenario.utilization) * scenario.granted_token_slots),
+        *gauge(c.GRANTED_TOKEN_SLOTS, scenario.granted_token_slots),
+        *gauge(c.USED_TOKEN_SLOTS, pick(scenario.utilization) * scenario.granted_token_slots
+               / (1 - pick(scenario.fragmentation))),
+        *[row for component, reason in scenario.components.items()
+          for row in gauge(c.AGENT_ACTIVE, float(reason == "active"), component=component, reason=reason)],
         *[row for state, pages in scenario.pool_pages.items() for row in gauge(c.POOL_PAGES, pages, state=state)],
         *_histogram(c.LTS_ENTROPY, scenario.entropy_shares, scenario.finished_per_s * uptime_s, labels),
         *_histogram(c.STS_DENSITY, {0.5: 0.6, 0.75: 0.4}, scenario.finished_per_s * 10 * uptime_s, labels),
@@ -234,7 +246,11 @@ def openmetrics_backfill(targets: Mapping[tuple[str, str], Scenario], start_s: f
         scrape = {"job": catalog.SCRAPE_JOB, "instance": f"{pod}:8000", "namespace": namespace, "pod": pod}
         for index, at in enumerate(times):
             elapsed = at - start_s
-            rows = [*samples(scenario, elapsed, index, scrape), *dcgm_samples(scenario, index, scrape),
+            # As dcgm-exporter's own ServiceMonitor stores them (honorLabels false): namespace/pod
+            # name the exporter's pod, exported_namespace/exported_pod the pod using the GPU.
+            exporter = {"job": "dcgm-exporter", "instance": "10.0.0.9:9400", "namespace": "gpu-operator",
+                        "pod": "nvidia-dcgm-exporter-x2k9q", "exported_namespace": namespace, "exported_pod": pod}
+            rows = [*samples(scenario, elapsed, index, scrape), *dcgm_samples(scenario, index, exporter),
                     Series("up", "gauge", "up", scrape, 1.0)]
             for row in rows:
                 family = row.family.removesuffix("_total") if row.type == "counter" else row.family

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import diagnose_scenarios as scenarios
 import pytest
 
-import diagnose_scenarios as scenarios
 from gpctl.main import app
 from support.promstack import free_port
 
@@ -80,7 +80,7 @@ def test_prometheus_without_growpage_series(runner, metrics_server):
     (b"\xff\xfe\x00binary", ("not UTF-8",)),
     (b"<html><body>saved the wrong page</body></html>\n", ("not a Prometheus exposition",)),
     (b"node_load1 0.5\n", ("no growpage_* or DCGM_FI_DEV_FB_USED series",)),
-    (b'growpage_requests_running{model="m" 3\n', ("not a Prometheus exposition",)),
+    (b'growpage_requests_running{model_name="m" 3\n', ("not a Prometheus exposition",)),
 ])
 def test_bad_snapshot_files(runner, tmp_path, content, fragments):
     path = tmp_path / "snapshot.prom"

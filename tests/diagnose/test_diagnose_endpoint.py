@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import tarfile
 
+import diagnose_scenarios as scenarios
 import pytest
 
-import diagnose_scenarios as scenarios
 from gpctl.main import app
 
 

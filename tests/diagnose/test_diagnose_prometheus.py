@@ -13,9 +13,9 @@ import shutil
 import time
 from pathlib import Path
 
+import diagnose_scenarios as scenarios
 import pytest
 
-import diagnose_scenarios as scenarios
 from gpctl.main import app
 from support.promstack import run_prometheus, run_tool
 
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.whi
 REASONING = scenarios.LATENCY.replace(
     build={**scenarios.LATENCY.build, "mode": "monitor"}, entropy_shares=scenarios.PHASE_TWO_CANDIDATE.entropy_shares,
     compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0, compress_ratio_gauge=0.0)
+REASONING_GPU = scenarios.LATENCY.gpu_model
 TARGETS = {("chat", "chat-0"): scenarios.HEALTHY, ("chat", "chat-1"): scenarios.HEALTHY,
            ("batch", "batch-0"): scenarios.OVER_GRANTING, ("reasoning", "reasoning-0"): REASONING}
 
@@ -157,3 +158,31 @@ def test_bundle_records_queries(runner, recorded, tmp_path: Path):
         queries = json.loads(archive.extractfile("raw/prometheus-queries.json").read())
     assert all(entry["time"] == end_s for entry in queries)
     assert any("growpage_kv_page_utilization" in entry["query"] for entry in queries)
+
+
+def test_dcgm_joins_through_exported_labels_for_a_namespace_and_pod(runner, recorded):
+    # The runbooks' own command: --namespace NS --pod POD. dcgm-exporter's series carry the GPU's user
+    # in exported_namespace/exported_pod; joining on namespace would find the exporter's namespace.
+    url, end_s = recorded
+    result, document = diagnose_json(runner, url, end_s, "--namespace", "reasoning", "--pod", "reasoning-0")
+    assert result.exit_code in (1, 2), result.output
+    checks = by_id(document)
+    assert checks["allocation-latency"]["evidence"]["gpu"] == REASONING_GPU
+    assert checks["oom-fragmentation"]["evidence"]["gpu_framebuffer_used_max"] is not None
+
+
+def test_the_selection_and_its_breakdown_agree_on_the_framebuffer(runner, recorded):
+    url, end_s = recorded
+    _, document = diagnose_json(runner, url, end_s, "--namespace", "chat")
+    oom = by_id(document)["oom-fragmentation"]
+    per_pod = [scope["evidence"]["gpu_framebuffer_used_max"] for scope in oom["breakdown"]["scopes"].values()]
+    assert oom["evidence"]["gpu_framebuffer_used_max"] is not None and None not in per_pod
+    assert oom["evidence"]["gpu_framebuffer_used_max"] == max(per_pod)
+
+
+def test_a_relabeled_dcgm_is_joined_through_dcgm_label(runner, recorded):
+    url, end_s = recorded
+    _, document = diagnose_json(runner, url, end_s, "--namespace", "chat", "--dcgm-label", "pod=no_such_label",
+                                "--dcgm-label", "namespace=no_such_label")
+    # Nothing maps the GPU's user any more: the framebuffer is unknown, never another pod's.
+    assert by_id(document)["oom-fragmentation"]["evidence"]["gpu_framebuffer_used_max"] is None

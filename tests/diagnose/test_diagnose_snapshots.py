@@ -7,13 +7,15 @@ import json
 import os
 import tarfile
 
+import diagnose_scenarios as scenarios
 import jsonschema
 import pytest
 from rich.console import Console
 
-import diagnose_scenarios as scenarios
 from gpctl.main import app
+from growpage import catalog
 from growpage.diagnose.checks import run_checks
+from growpage.diagnose.checks.advice import setting_of
 from growpage.diagnose.render import render_text
 from growpage.diagnose.schema import REPORT_SCHEMA
 from growpage.diagnose.sources import snapshot
@@ -29,7 +31,9 @@ BRANCHES = {
                       {"slo-utilization": "warning", "over-granting": "critical"}),
     "latency": (scenarios.LATENCY, "critical", 2,
                 {"slo-allocation-latency": "warning", "allocation-latency": "critical", "rollout": "warning"}),
-    "oom-fragmentation": (scenarios.OOM_FRAGMENTATION, "critical", 2, {"oom-fragmentation": "critical"}),
+    # Stranded pages are over-granted pages: both checks see them.
+    "oom-fragmentation": (scenarios.OOM_FRAGMENTATION, "critical", 2,
+                          {"slo-utilization": "warning", "over-granting": "critical", "oom-fragmentation": "critical"}),
     "agent-errors": (scenarios.AGENT_ERRORS, "warning", 1, {"agent-health": "warning"}),
     "compress-int8": (scenarios.COMPRESS_INT8, "warning", 1, {"slo-compress-ratio": "warning"}),
     "phase-two-candidate": (scenarios.PHASE_TWO_CANDIDATE, "ok", 0, {}),
@@ -118,10 +122,14 @@ def test_oom_fragmentation_evidence_from_separate_dcgm_snapshots(runner, write_s
     check = checks_by_id(document)["oom-fragmentation"]
     evidence = check["evidence"]
     assert evidence["value"] == pytest.approx(6) and evidence["preemptions"] == pytest.approx(12)
-    assert evidence["gpu_framebuffer_used_max"] == pytest.approx(50000 / 81920, abs=1e-6)
+    assert evidence["gpu_framebuffer_used_max"] == pytest.approx(50000 / 81920, abs=1e-6)  # context only
     assert evidence["fragmentation_max"] == 0.62
+    assert evidence["pool_free_fraction_min"] == pytest.approx(20 / 4000)
+    assert evidence["stranded_slots_max"] == pytest.approx(0.66)
+    assert "pages are stranded" in check["summary"]
     text = " ".join(check["remediation"])
-    assert "vLLM >= 0.32.0" in text and "v0.6.3 GrowPage patch" in text and "No vLLM release contains" in text
+    # It runs vLLM 0.32.1 in monitor mode: enforce is advised, an upgrade is not.
+    assert "Run mode=enforce (now monitor)" in text and "Upgrade" not in text
 
 
 def test_agent_errors_by_component(runner, write_snapshots):
@@ -203,3 +211,49 @@ def test_bundle_holds_raw_data_and_report_and_replays(runner, write_snapshots, t
     replay = runner.invoke(app, ["diagnose", "--output", "json", "--snapshot", str(bundle)])
     assert replay.exit_code == 2
     assert [c["status"] for c in json.loads(replay.stdout)["checks"]] == [c["status"] for c in report["checks"]]
+
+
+@pytest.mark.parametrize("branch", ["oom-fragmentation", "mixed", "latency"])
+def test_one_recommendation_per_setting_across_the_whole_report(runner, write_snapshots, branch):
+    _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(BRANCHES[branch][0])))
+    steps = [step for check in document["checks"] for step in check["remediation"]]
+    settings = [setting_of(step) for step in steps if setting_of(step)]
+    assert len(settings) == len(set(settings)), steps
+    text = " ".join(steps)
+    assert not ("--block-size 32" in text and "Lower block_size" in text)
+
+
+def test_nan_and_inf_are_unknown_and_said_so(runner, write_snapshots, tmp_path):
+    paths = write_snapshots(scenarios.OOM_FRAGMENTATION)
+    for path in paths:  # the agent exports garbage for two counters
+        text = path.read_text()
+        lines = []
+        for line in text.splitlines():
+            if line.startswith(catalog.OOM_EVENTS.name + "{"):
+                line = line.rsplit(" ", 1)[0] + " +Inf"
+            if line.startswith(catalog.COMPRESS_OUTPUT_BYTES.name + "{"):
+                line = line.rsplit(" ", 1)[0] + " NaN"
+            lines.append(line)
+        path.write_text("\n".join(lines) + "\n")
+    _, document = run_json(runner, "--snapshot", *map(str, paths))
+    checks = checks_by_id(document)
+    rendered = json.dumps(document)
+    assert "inf OOM" not in rendered.lower() and "reached inf" not in rendered
+    assert any("NaN or Inf" in note and catalog.OOM_EVENTS.name in note for note in document["notes"])
+    compress = checks["slo-compress-ratio"]
+    assert compress["status"] == "unknown" and "NaN or Inf" in compress["evidence"]["reason"]
+    assert "no compressions" not in compress["summary"]
+    assert checks["agent-health"]["status"] == "warning"
+    assert catalog.OOM_EVENTS.name in checks["agent-health"]["evidence"]["non_finite"]
+
+
+def test_an_inactive_component_is_an_agent_health_finding(runner, write_snapshots):
+    scenario = scenarios.HEALTHY.replace(components={"observer": "active", "enforcer": "full_cudagraph"})
+    _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenario)))
+    health = checks_by_id(document)["agent-health"]
+    assert health["status"] == "warning" and "enforcer (full_cudagraph)" in health["summary"]
+    assert health["evidence"]["inactive_components"] == {"enforcer": "full_cudagraph"}
+    off = scenarios.HEALTHY.replace(components={"observer": "mode_off", "enforcer": "mode_off"},
+                                    build={**scenarios.HEALTHY.build, "mode": "off"})
+    _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(off)))
+    assert "inactive" not in checks_by_id(document)["agent-health"]["summary"]

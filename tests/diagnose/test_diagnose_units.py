@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import pytest
@@ -104,17 +103,17 @@ def test_openmetrics_exposition_with_the_time_line_parses():
 def test_counter_increase_handles_resets_and_late_series():
     def exposition(time_s, body):
         return parse_exposition(body, "x", time_s)
-    series = [exposition(0, 'growpage_oom_events_total{model="m"} 10\n'),
-              exposition(30, 'growpage_oom_events_total{model="m"} 15\n'
-                             'growpage_oom_events_total{model="n"} 2\n'),
-              exposition(60, 'growpage_oom_events_total{model="m"} 3\n'  # restart: 3 new events
-                             'growpage_oom_events_total{model="n"} 2\n')]
+    series = [exposition(0, 'growpage_oom_events_total{model_name="m"} 10\n'),
+              exposition(30, 'growpage_oom_events_total{model_name="m"} 15\n'
+                             'growpage_oom_events_total{model_name="n"} 2\n'),
+              exposition(60, 'growpage_oom_events_total{model_name="m"} 3\n'  # restart: 3 new events
+                             'growpage_oom_events_total{model_name="n"} 2\n')]
     assert counter_increase(series, "growpage_oom_events_total", lambda labels: True) == 5 + 2 + 3
 
 
 def test_histogram_increase_sums_series_per_bucket():
-    body = ('growpage_request_tokens_bucket{{model="{m}",le="256.0"}} {a}\n'
-            'growpage_request_tokens_bucket{{model="{m}",le="+Inf"}} {b}\n')
+    body = ('growpage_request_tokens_bucket{{model_name="{m}",le="256.0"}} {a}\n'
+            'growpage_request_tokens_bucket{{model_name="{m}",le="+Inf"}} {b}\n')
     first = parse_exposition(body.format(m="a", a=1, b=2) + body.format(m="b", a=0, b=0), "x", 0)
     second = parse_exposition(body.format(m="a", a=4, b=8) + body.format(m="b", a=1, b=1), "x", 60)
     counts = histogram_increase([first, second], "growpage_request_tokens", lambda labels: True)
@@ -214,20 +213,33 @@ def test_fast_grants_with_a_mismatched_block_size_are_ok_with_advice():
     assert finding.status is Status.OK and finding.resolved_severity is Severity.INFO
 
 
-def test_oom_with_high_fragmentation_and_room_on_the_gpu_is_critical_and_never_cites_the_seed_patch():
-    scope = Scope("s", oom_events=3.0, decisions={"preempt": 4.0}, fragmentation=gauge(0.6),
-                  gpu_framebuffer_used_max=0.6, build_infos=(BuildInfo(mode="monitor", block_size=16),))
+def test_stranded_pages_are_critical_whatever_the_framebuffer_says():
+    # vLLM's framebuffer is always ~90 % full (its KV cache is reserved at start-up): not a signal.
+    scope = Scope("s", oom_events=60.0, fragmentation=gauge(0.66), gpu_framebuffer_used_max=0.92,
+                  pool_free_fraction_min=0.005, stranded_slots_max=0.7,
+                  build_infos=(BuildInfo(engine="vllm", engine_version="0.31.2", mode="monitor", block_size=16),))
     finding = oom_fragmentation(scope, WINDOW, T)
-    assert finding.status is Status.CRITICAL
+    assert finding.status is Status.CRITICAL and "genuinely full" not in finding.summary
     text = " ".join(finding.remediation)
-    assert f"vLLM >= {catalog.MIN_SUPPORTED_VLLM_VERSION}" in text
+    assert f"Upgrade to vLLM >= {catalog.MIN_SUPPORTED_VLLM_VERSION} (now 0.31.2)" in text
     assert "No vLLM release contains GrowPage" in text
-    assert "mode=enforce" in text
+    assert "Run mode=enforce (now monitor)" in text
 
 
-def test_oom_with_a_full_gpu_is_a_capacity_warning():
-    scope = Scope("s", oom_events=3.0, fragmentation=gauge(0.6), gpu_framebuffer_used_max=0.95)
-    assert oom_fragmentation(scope, WINDOW, T).status is Status.WARNING
+def test_a_pool_full_of_live_tokens_is_a_capacity_warning_without_advice_it_already_follows():
+    scope = Scope("s", oom_events=3.0, fragmentation=gauge(0.1), pool_free_fraction_min=0.0,
+                  stranded_slots_max=0.08,
+                  build_infos=(BuildInfo(engine="vllm", engine_version="0.32.1", mode="enforce", block_size=16),))
+    finding = oom_fragmentation(scope, WINDOW, T)
+    assert finding.status is Status.WARNING and "genuinely full" in finding.summary
+    text = " ".join(finding.remediation)
+    assert "mode=enforce" not in text and "Upgrade" not in text  # it enforces, on a supported vLLM
+
+
+def test_failures_with_free_pages_are_not_blamed_on_fragmentation():
+    scope = Scope("s", oom_events=3.0, fragmentation=gauge(0.66), pool_free_fraction_min=0.4, stranded_slots_max=0.7)
+    finding = oom_fragmentation(scope, WINDOW, T)
+    assert finding.status is Status.WARNING and "still had 40 % free pages" in finding.summary
 
 
 def test_rollout_flags_phase_two_candidates_as_advice_and_throttling_as_warning():

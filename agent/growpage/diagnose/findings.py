@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Outcome of one check, and the overall verdict."""
 
     OK = "ok"
@@ -21,7 +21,7 @@ class Status(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
-class Severity(str, enum.Enum):
+class Severity(enum.StrEnum):
     """How urgently a finding asks for action (the label an alert of this kind would carry).
 
     ``info`` is an OK (or unknown) check that still has advice worth reading, e.g. a namespace

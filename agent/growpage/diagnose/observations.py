@@ -56,7 +56,7 @@ class Window:
 
 
 def format_time(unix_s: float) -> str:
-    moment = datetime.datetime.fromtimestamp(unix_s, tz=datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(unix_s, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -80,7 +80,7 @@ class GaugeStats:
     max: float
     last: float
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | None]:
         return {"mean": round_number(self.mean), "min": round_number(self.min), "max": round_number(self.max),
                 "last": round_number(self.last)}
 
@@ -160,9 +160,11 @@ class BuildInfo:
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str]) -> BuildInfo:
+        """From exported labels: ``home``/``home_version`` (agents before them: ``engine``...)."""
         return cls(
-            version=labels.get("version") or None, engine=labels.get("engine") or None,
-            engine_version=labels.get("engine_version") or None, mode=labels.get("mode") or None,
+            version=labels.get("version") or None, engine=labels.get("home") or labels.get("engine") or None,
+            engine_version=labels.get("home_version") or labels.get("engine_version") or None,
+            mode=labels.get("mode") or None,
             block_size=_int_or_none(labels.get("block_size")),
             base_pages=_int_or_none(labels.get("base_pages")), device=labels.get("device") or None)
 
@@ -203,6 +205,12 @@ class Scope:
     requests_running_max: float | None = None
     agent_errors: Mapping[str, float] | None = None
     build_infos: tuple[BuildInfo, ...] = ()
+    # Share of granted token slots holding no live token, highest in the window.
+    stranded_slots_max: float | None = None
+    # Components that were not active at the latest reading: component -> reason.
+    inactive_components: Mapping[str, str] | None = None
+    # Metrics whose only samples were NaN or +-Inf: read as unknown, and the report says so.
+    non_finite: tuple[str, ...] = ()
     gpu_framebuffer_used_max: float | None = None  # DCGM used / (used + free), highest in window
     gpu_models: tuple[str, ...] = ()
     # Health of the data path: endpoint response time, or Prometheus sample age and targets.
@@ -225,7 +233,7 @@ class Scope:
         """Whether any GrowPage series reached this scope (the build info or any metric)."""
         values = [getattr(self, field.name) for field in dataclasses.fields(self)
                   if field.name not in {"name", "gpu_framebuffer_used_max", "gpu_models", "response_time_s",
-                                        "sample_age_s", "targets_total", "targets_down"}]
+                                        "sample_age_s", "targets_total", "targets_down", "non_finite"}]
         return any(value not in (None, ()) for value in values)
 
 
@@ -239,6 +247,11 @@ class Observations:
     breakdown_label: str | None = None  # "namespace" or "pod"
     breakdown: Mapping[str, Scope] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
+
+
+def is_finite(value: float | None) -> bool:
+    """A number that is data: not None, NaN or +-Inf."""
+    return value is not None and math.isfinite(value)
 
 
 def round_number(value: float | None) -> float | None:

@@ -8,6 +8,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+from growpage import catalog
 from growpage.diagnose.checks import run_checks
 from growpage.diagnose.errors import DiagnoseError
 from growpage.diagnose.findings import Report
@@ -33,6 +34,19 @@ def parse_duration_s(text: str, option: str) -> float:
     return seconds
 
 
+def parse_label_map(pairs: list[str] | tuple[str, ...], option: str) -> tuple[tuple[str, str], ...]:
+    """``["namespace=exported_namespace", "pod=kubernetes_pod_name"]`` -> pairs, defaults kept for
+    targets not given; raises DiagnoseError on anything else."""
+    mapping = dict(catalog.DCGM_EXPORTED_LABELS)
+    for pair in pairs:
+        target, sep, source = pair.partition("=")
+        if not sep or target not in catalog.DCGM_EXPORTED_LABELS or not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", source):
+            raise DiagnoseError(f"{option} {pair!r} is not TARGET=LABEL with TARGET one of "
+                                f"{', '.join(catalog.DCGM_EXPORTED_LABELS)} (e.g. {option} pod=kubernetes_pod_name)")
+        mapping[target] = source
+    return tuple(mapping.items())
+
+
 def parse_time_s(text: str, option: str) -> float:
     """Unix seconds, or ISO 8601 (``2024-05-01T10:00:00Z``; no zone means UTC) -> unix seconds."""
     try:
@@ -45,7 +59,7 @@ def parse_time_s(text: str, option: str) -> float:
         raise DiagnoseError(f"{option} {text!r} is neither unix seconds nor ISO 8601 "
                             "(e.g. 2024-05-01T10:00:00Z)") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
+        moment = moment.replace(tzinfo=datetime.UTC)
     return moment.timestamp()
 
 
@@ -63,6 +77,12 @@ class DiagnoseRequest:
     pod: str | None = None
     snapshots: tuple[Path, ...] = ()
     timeout_s: float = 10.0
+    # target -> source label naming the GPU's user in DCGM series; None: catalog.DCGM_EXPORTED_LABELS.
+    dcgm_labels: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def dcgm_label_map(self) -> dict[str, str]:
+        return dict(catalog.DCGM_EXPORTED_LABELS if self.dcgm_labels is None else self.dcgm_labels)
 
     def __post_init__(self) -> None:
         chosen = [name for name, value in (("--endpoint", self.endpoint), ("--prometheus", self.prometheus),
@@ -94,11 +114,12 @@ def require_modules(request: DiagnoseRequest) -> None:
 def collect(request: DiagnoseRequest) -> SourceResult:
     require_modules(request)
     if request.endpoint:
-        return endpoint.observe(request.endpoint, request.dcgm, request.duration_s, request.timeout_s)
+        return endpoint.observe(request.endpoint, request.dcgm, request.duration_s, request.timeout_s,
+                                dcgm_labels=request.dcgm_label_map)
     if request.prometheus:
         return prometheus.observe(request.prometheus, request.since_s, request.at_s, request.namespace,
-                                  request.pod, request.timeout_s)
-    return snapshot.observe(request.snapshots)
+                                  request.pod, request.timeout_s, dcgm_labels=request.dcgm_label_map)
+    return snapshot.observe(request.snapshots, dcgm_labels=request.dcgm_label_map)
 
 
 def diagnose(request: DiagnoseRequest) -> tuple[Report, SourceResult]:

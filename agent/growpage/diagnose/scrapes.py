@@ -9,6 +9,7 @@ agent started and the window says so.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -20,13 +21,39 @@ LabelFilter = Callable[[Mapping[str, str]], bool]
 SeriesKey = tuple[tuple[str, str], ...]
 
 
+def dcgm_user_labels(labels: Mapping[str, str], mapping: Mapping[str, str]) -> dict[str, str]:
+    """A DCGM sample's labels with the GPU's user in namespace/pod.
+
+    ``mapping`` is target -> source label (catalog.DCGM_EXPORTED_LABELS by default): where the source
+    label is set (the exporter scraped with honorLabels false, or relabeled), it names the pod that
+    uses the GPU; where it is not, namespace/pod already do.
+    """
+    joined = dict(labels)
+    for target, source_label in mapping.items():
+        if labels.get(source_label):
+            joined[target] = labels[source_label]
+    return joined
+
+
+def _relabeled(dcgm: Sequence[Exposition], mapping: Mapping[str, str]) -> list[Exposition]:
+    return [dataclasses.replace(e, samples=tuple(dataclasses.replace(sample, labels=dcgm_user_labels(sample.labels, mapping))
+                                                 for sample in e.samples)) for e in dcgm]
+
+
 def observations_from_expositions(
     agent: Sequence[Exposition], dcgm: Sequence[Exposition], source: Mapping[str, object],
     response_time_s: float | None = None, notes: tuple[str, ...] = (), sample_noun: str = "scrapes",
+    dcgm_labels: Mapping[str, str] | None = None,
 ) -> Observations:
-    """Observations over the span of ``agent`` expositions (sorted by time; at least one)."""
+    """Observations over the span of ``agent`` expositions (sorted by time; at least one).
+
+    Args:
+        dcgm_labels: target -> source label naming the GPU's user in DCGM series (default
+            catalog.DCGM_EXPORTED_LABELS).
+    """
     agent = sorted(agent, key=lambda exposition: exposition.time_s)
-    dcgm = sorted(dcgm, key=lambda exposition: exposition.time_s)
+    mapping = catalog.DCGM_EXPORTED_LABELS if dcgm_labels is None else dcgm_labels
+    dcgm = _relabeled(sorted(dcgm, key=lambda exposition: exposition.time_s), mapping)
     assert agent, "callers check that at least one agent exposition exists"
     kind = "lifetime" if len(agent) == 1 else sample_noun
     window = Window(agent[0].time_s, agent[-1].time_s, kind, num_samples=len(agent))
@@ -34,11 +61,16 @@ def observations_from_expositions(
     # Federated or hand-merged snapshots may carry the scrape's namespace label: break down by it.
     namespaces = sorted({sample.labels["namespace"] for exposition in agent for sample in exposition.samples
                          if sample.name.startswith("growpage_") and sample.labels.get("namespace")})
+    def in_namespace(namespace: str) -> LabelFilter:
+        return lambda labels: labels.get("namespace") == namespace
+
     breakdown = {
-        namespace: build_scope(namespace, agent, dcgm,
-                               lambda labels, namespace=namespace: labels.get("namespace") == namespace)
+        namespace: build_scope(namespace, agent, dcgm, in_namespace(namespace))
         for namespace in namespaces
     }
+    if overall.non_finite:
+        notes = (*notes, f"NaN or Inf values read as unknown (no value), never as data: "
+                         f"{', '.join(overall.non_finite)}")
     return Observations(source=source, window=window, overall=overall,
                         breakdown_label="namespace" if breakdown else None, breakdown=breakdown, notes=notes)
 
@@ -58,6 +90,9 @@ def build_scope(name: str, agent: Sequence[Exposition], dcgm: Sequence[Expositio
         decisions=decisions,
         oom_events=counter_increase(agent, catalog.OOM_EVENTS.name, keep),
         fragmentation=gauge_stats(agent, catalog.FRAGMENTATION.name, keep),
+        stranded_slots_max=_stranded_slots_max(agent, keep),
+        inactive_components=_inactive_components(agent, keep),
+        non_finite=_non_finite(agent, keep),
         pool_free_fraction_min=_pool_free_fraction_min(agent, keep),
         pool_pages_last=_pool_pages_last(agent, keep),
         lts_entropy=histogram_increase(agent, catalog.LTS_ENTROPY.name, keep),
@@ -74,8 +109,45 @@ def build_scope(name: str, agent: Sequence[Exposition], dcgm: Sequence[Expositio
 
 
 def _series(exposition: Exposition, name: str, keep: LabelFilter) -> dict[SeriesKey, float]:
+    # NaN and +-Inf are no data: "inf OOM events" or "fragmentation reached inf" would be read as
+    # facts. They are dropped here, and _non_finite names the metrics that had only those.
     return {tuple(sorted(sample.labels.items())): sample.value for sample in exposition.samples
-            if sample.name == name and keep(sample.labels) and not math.isnan(sample.value)}
+            if sample.name == name and keep(sample.labels) and math.isfinite(sample.value)}
+
+
+def _non_finite(expositions: Sequence[Exposition], keep: LabelFilter) -> tuple[str, ...]:
+    """GrowPage series names that carried NaN or +-Inf samples."""
+    return tuple(sorted({sample.name for exposition in expositions for sample in exposition.samples
+                         if sample.name.startswith("growpage_") and keep(sample.labels)
+                         and not math.isfinite(sample.value)}))
+
+
+def _stranded_slots_max(expositions: Sequence[Exposition], keep: LabelFilter) -> float | None:
+    """Highest share of granted token slots without a live token, over the expositions.
+
+    From the numerators (sum of live tokens over sum of granted slots); agents that predate them
+    give 1 - utilization.
+    """
+    shares = []
+    for exposition in expositions:
+        live = sum(_series(exposition, catalog.LIVE_TOKENS.name, keep).values())
+        granted = sum(_series(exposition, catalog.GRANTED_TOKEN_SLOTS.name, keep).values())
+        if granted > 0:
+            shares.append(1 - live / granted)
+    if shares:
+        return max(shares)
+    utilization = gauge_stats(expositions, catalog.UTILIZATION.name, keep)
+    return 1 - utilization.min if utilization is not None else None
+
+
+def _inactive_components(expositions: Sequence[Exposition], keep: LabelFilter) -> dict[str, str] | None:
+    """component -> reason for components not active in the newest exposition that reports any."""
+    for exposition in reversed(expositions):
+        states = _series(exposition, catalog.AGENT_ACTIVE.name, keep)
+        if states:
+            return {dict(key).get("component", ""): dict(key).get("reason", "")
+                    for key, value in sorted(states.items()) if value < 1}
+    return None
 
 
 def gauge_stats(expositions: Sequence[Exposition], name: str, keep: LabelFilter) -> GaugeStats | None:

@@ -15,8 +15,15 @@ import typer
 from rich.console import Console
 
 from gpctl.errors import print_error
-from growpage.diagnose import EXIT_CANNOT_DIAGNOSE, DiagnoseError, DiagnoseRequest, diagnose as run_diagnosis
-from growpage.diagnose import parse_duration_s, parse_time_s
+from growpage.diagnose import (
+    EXIT_CANNOT_DIAGNOSE,
+    DiagnoseError,
+    DiagnoseRequest,
+    parse_duration_s,
+    parse_label_map,
+    parse_time_s,
+)
+from growpage.diagnose import diagnose as run_diagnosis
 from growpage.diagnose.bundle import check_writable, write_bundle
 from growpage.diagnose.render import render_text, to_json
 
@@ -24,7 +31,7 @@ _SOURCES = "Sources (choose one)"
 _ADVANCED = "Advanced"
 
 
-class OutputFormat(str, enum.Enum):
+class OutputFormat(enum.StrEnum):
     """How ``diagnose`` prints its report."""
 
     TEXT = "text"
@@ -84,8 +91,16 @@ def diagnose(
                           "e.g. an incident's end."),
     ] = None,
     timeout: Annotated[
-        str, typer.Option(metavar="DURATION", rich_help_panel=_ADVANCED, help="Per HTTP request."),
+        str, typer.Option(metavar="DURATION", rich_help_panel=_ADVANCED,
+                          help="Per HTTP request, from connecting to the last byte."),
     ] = "10s",
+    dcgm_label: Annotated[
+        list[str] | None,
+        typer.Option(metavar="TARGET=LABEL", rich_help_panel=_ADVANCED, show_default=False,
+                     help="The DCGM label naming the GPU's user, when relabeling differs from "
+                          "dcgm-exporter's exported_namespace/exported_pod, e.g. pod=kubernetes_pod_name. "
+                          "Repeatable."),
+    ] = None,
 ) -> None:
     """Walk the troubleshooting checklist: SLOs, over-granting, allocation latency, OOM and
     fragmentation, rollout, agent health; evidence and a fix for each finding.
@@ -104,7 +119,8 @@ def diagnose(
             endpoint=endpoint, dcgm=dcgm, duration_s=parse_duration_s(duration, "--duration"),
             prometheus=prometheus, since_s=parse_duration_s(since, "--since"),
             at_s=parse_time_s(at, "--at") if at is not None else None, namespace=namespace, pod=pod,
-            snapshots=snapshots, timeout_s=parse_duration_s(timeout, "--timeout"))
+            snapshots=snapshots, timeout_s=parse_duration_s(timeout, "--timeout"),
+            dcgm_labels=parse_label_map(dcgm_label or [], "--dcgm-label"))
         if bundle is not None:
             check_writable(bundle)
         progress = Console(stderr=True, highlight=False)

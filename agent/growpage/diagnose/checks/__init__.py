@@ -10,7 +10,10 @@ while a breakdown scope that is merely unknown (e.g. a namespace without traffic
 
 from __future__ import annotations
 
+import dataclasses
+
 from growpage import catalog
+from growpage.diagnose.checks import advice
 from growpage.diagnose.checks.base import Check, Thresholds
 from growpage.diagnose.checks.health import agent_health
 from growpage.diagnose.checks.latency import allocation_latency
@@ -50,7 +53,14 @@ def runbook_url(check_id: str) -> str:
 def run_checks(observations: Observations, thresholds: Thresholds | None = None) -> Report:
     """Evaluate :data:`CHECKS` over ``observations``: the report, its verdict and its exit code."""
     thresholds = thresholds or Thresholds.from_catalog()
-    findings = tuple(_evaluate(check, observations, thresholds) for check in CHECKS)
+    window = observations.window
+    overall = reconcile([check.evaluate(observations.overall, window, thresholds) for check in CHECKS])
+    breakdowns: list[dict[str, ScopeFinding]] = [{} for _ in CHECKS]
+    for name, scope in observations.breakdown.items():
+        for index, found in enumerate(reconcile([check.evaluate(scope, window, thresholds) for check in CHECKS])):
+            breakdowns[index][name] = found
+    findings = tuple(_finding(check, overall[index], breakdowns[index], observations)
+                     for index, check in enumerate(CHECKS))
     notes = list(observations.notes)
     if observations.window.kind == "lifetime":
         notes.append("One snapshot: counters are totals since the agent started, not rates; pass two "
@@ -59,10 +69,30 @@ def run_checks(observations: Observations, thresholds: Thresholds | None = None)
                   findings=findings, notes=tuple(notes))
 
 
-def _evaluate(check: Check, observations: Observations, thresholds: Thresholds) -> Finding:
-    overall = check.evaluate(observations.overall, observations.window, thresholds)
-    breakdown = {name: check.evaluate(scope, observations.window, thresholds)
-                 for name, scope in observations.breakdown.items()}
+def reconcile(found: list[ScopeFinding]) -> list[ScopeFinding]:
+    """One recommendation per setting across the checks of one scope.
+
+    The most severe finding (then checklist order) keeps its step for a setting; the same setting's
+    steps in other findings are dropped, so a report never says "set --block-size 32" and "lower
+    block_size" together.
+    """
+    order = sorted(range(len(found)), key=lambda i: (-_SEVERITY_RANK[found[i].resolved_severity], i))
+    claimed: dict[str, str] = {}
+    result = list(found)
+    for index in order:
+        kept = []
+        for step in found[index].remediation:
+            setting = advice.setting_of(step)
+            if setting is not None and claimed.setdefault(setting, step) != step:
+                continue
+            kept.append(step)
+        if len(kept) != len(found[index].remediation):
+            result[index] = dataclasses.replace(found[index], remediation=tuple(kept))
+    return result
+
+
+def _finding(check: Check, overall: ScopeFinding, breakdown: dict[str, ScopeFinding],
+             observations: Observations) -> Finding:
     problems = {name: found for name, found in breakdown.items()
                 if found.status in (Status.WARNING, Status.CRITICAL)}
     # OK scopes with advice (e.g. a phase-2 candidate namespace) contribute their steps too.

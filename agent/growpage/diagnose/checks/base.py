@@ -74,6 +74,13 @@ def unknown(metric: str, reason: str, window: Window, threshold: Any = None) -> 
     return ScopeFinding(Status.UNKNOWN, reason, evidence(metric, None, threshold, window, reason=reason))
 
 
+def missing(scope: Scope, metric: str, window: Window, what: str | None = None, threshold: Any = None) -> ScopeFinding:
+    """Unknown because ``metric`` has no usable value: absent, or only NaN/Inf (which is said)."""
+    if metric in scope.non_finite:
+        return unknown(metric, f"{metric} is NaN or Inf: read as unknown, not as a value", window, threshold)
+    return unknown(metric, f"{what or metric} not found", window, threshold)
+
+
 def is_idle(scope: Scope) -> bool:
     """No page was granted and no request ran: ratios of nothing are not findings."""
     return scope.page_allocations == 0 and not scope.requests_running_max

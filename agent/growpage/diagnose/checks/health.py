@@ -13,10 +13,19 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     errors = {component: count for component, count in (scope.agent_errors or {}).items() if count > 0}
     total = sum(errors.values())
     build = [info.to_dict() for info in scope.build_infos]
+    inactive = scope.inactive_components or {}
     proof = evidence(metric, total, 0, window, errors_by_component=errors, build_info=build,
                      response_time_s=scope.response_time_s, sample_age_s=scope.sample_age_s,
-                     targets_total=scope.targets_total, targets_down=scope.targets_down)
+                     targets_total=scope.targets_total, targets_down=scope.targets_down,
+                     inactive_components=dict(inactive), non_finite=list(scope.non_finite))
     problems, steps = [], []
+    mode = scope.build_value("mode")
+    if inactive and mode != "off":
+        listing = ", ".join(f"{component} ({reason})" for component, reason in sorted(inactive.items()))
+        problems.append(f"inactive while the mode is {mode or 'unknown'}: {listing}")
+        steps.append("The pod serves with vLLM's default paging and its GrowPage metrics describe nothing: "
+                     "see runbook GrowPageAgentInactive.md for each reason (e.g. full_cudagraph, "
+                     "unsupported_backend, async_scheduling).")
     if total > 0:
         since = " since start" if window.kind == "lifetime" else ""
         listing = ", ".join(f"{name} {count:,.0f}" for name, count in sorted(errors.items()))
@@ -36,6 +45,10 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     if scope.sample_age_s is not None and scope.sample_age_s > t.diagnose.scrape_stale_s:
         problems.append(f"newest sample {scope.sample_age_s:,.0f}s old")
         steps.append(f"The agent stopped being scraped: check Prometheus' targets page (job {catalog.SCRAPE_JOB}).")
+    if scope.non_finite:
+        problems.append(f"NaN/Inf values read as unknown: {', '.join(scope.non_finite)}")
+        steps.append("The agent exported NaN or Inf: the checks that need those metrics say unknown; "
+                     "report it with a --bundle.")
     if problems:
         return ScopeFinding(Status.WARNING, "; ".join(problems), proof, tuple(steps))
     reading = ""

@@ -7,22 +7,12 @@ by ``max_growth_rate``, and pool exhaustion (denied grants, free pages near 0).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from growpage import catalog
-from growpage.diagnose.checks.base import Thresholds, evidence, ms, pct, throttle_share, unknown
+from growpage.diagnose.checks import advice
+from growpage.diagnose.checks.advice import recommended_block_size
+from growpage.diagnose.checks.base import Thresholds, evidence, missing, ms, pct, throttle_share, unknown
 from growpage.diagnose.findings import ScopeFinding, Severity, Status
 from growpage.diagnose.observations import Scope, Window
-
-
-def recommended_block_size(gpu_names: tuple[str, ...], by_gpu: Mapping[str, int]) -> tuple[str | None, int | None]:
-    """``(GPU family, block size)`` for the first name that mentions a known family (e.g. "H100")."""
-    for name in gpu_names:
-        # Longest key first, so a future "H100 NVL" entry wins over "H100".
-        for family in sorted(by_gpu, key=len, reverse=True):
-            if family.upper() in name.upper():
-                return family, by_gpu[family]
-    return None, None
 
 
 def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
@@ -30,13 +20,12 @@ def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFind
     limit_s = t.checklist.allocation_latency_p99_critical_s
     histogram = scope.allocation_latency
     if histogram is None:
-        return unknown(metric, f"{metric} not found", window, limit_s)
+        return missing(scope, metric, window, threshold=limit_s)
     if histogram.count <= 0:
         return unknown(metric, f"no page grants ({window.describe()}): nothing to time", window, limit_s)
     p99_s = histogram.quantile(0.99)
     block_size = scope.build_value("block_size")
-    # DCGM's modelName is the real GPU; build info's device may only say "cuda".
-    gpu_names = scope.gpu_models or tuple(str(device) for device in scope.build_values("device"))
+    gpu_names = advice.gpu_names(scope)
     family, recommended = recommended_block_size(gpu_names, t.block_size_by_gpu)
     throttled = throttle_share(scope)
     denied = (scope.decisions or {}).get("denied")
@@ -47,7 +36,7 @@ def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFind
         recommended_block_size=recommended, throttled_share=throttled,
         throttle_saturation_threshold=t.checklist.throttle_saturation, denied=denied,
         pool_free_fraction_min=free_min, pool_free_low_threshold=t.diagnose.pool_free_low_fraction)
-    block_step = _block_size_step(block_size, family, recommended)
+    block_step = advice.block_size_step(scope, t)
     if p99_s is not None and p99_s <= limit_s:
         summary = f"p99 {ms(p99_s)} <= {ms(limit_s)}"
         if block_step:
@@ -78,10 +67,3 @@ def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFind
         steps.append("growpage_build_info has no block_size: cannot compare the page size with the GPU.")
     cause_text = f"; likely: {', '.join(causes)}" if causes else ""
     return ScopeFinding(Status.CRITICAL, f"p99 {ms(p99_s)} > {ms(limit_s)}{cause_text}", proof, tuple(steps))
-
-
-def _block_size_step(block_size: int | None, family: str | None, recommended: int | None) -> str | None:
-    if block_size is None or recommended is None or block_size == recommended:
-        return None
-    return (f"Set vLLM --block-size {recommended} (now {block_size}): GrowPage's recommendation for {family} "
-            "(GrowPage guidance, not a vLLM rule).")

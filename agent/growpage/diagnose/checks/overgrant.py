@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from growpage import catalog
-from growpage.diagnose.checks.base import Thresholds, evidence, idle_reason, is_idle, pct, unknown
+from growpage.diagnose.checks.base import Thresholds, evidence, idle_reason, is_idle, missing, pct, unknown
 from growpage.diagnose.findings import ScopeFinding, Status
 from growpage.diagnose.observations import Scope, Window
 
@@ -30,7 +30,7 @@ def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     metric = catalog.UTILIZATION.name
     limit = t.checklist.utilization_sustained_low
     if scope.utilization is None:
-        return unknown(metric, f"{metric} not found", window, limit)
+        return missing(scope, metric, window, threshold=limit)
     if is_idle(scope):
         return unknown(metric, idle_reason(window), window, limit)
     highest = scope.utilization.max
@@ -54,7 +54,8 @@ def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     lengths = (f"; p50/p90/p99 request {p50:.0f}/{p90:.0f}/{p99:.0f} tokens" if p50 is not None else "")
     grant = f" vs a {grant_tokens:,}-token grant ({base_pages} x {block_size})" if grant_tokens else ""
     summary = f"utilization never above {highest:.2f} (< {limit}){one_sample}{lengths}{grant}"
-    # Sustained below the checklist limit is the critical GrowPageKVUtilizationCritical condition;
+    # Sustained below the checklist limit is the GrowPageKVOverGranting condition (diagnose rates it
+    # critical: it is the checklist's verdict, not a page);
     # a single snapshot cannot show "sustained", so it only warns.
     status = Status.WARNING if window.num_samples == 1 else Status.CRITICAL
     return ScopeFinding(status, summary, proof, _remediation(base_pages, block_size, p50, suggested, t))

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from growpage import catalog
-from growpage.diagnose.checks.base import Thresholds, evidence, idle_reason, is_idle, ms, pct, pct_floor, unknown
+from growpage.diagnose.checks.base import (
+    Thresholds,
+    evidence,
+    idle_reason,
+    is_idle,
+    missing,
+    ms,
+    pct,
+    pct_floor,
+    unknown,
+)
 from growpage.diagnose.findings import ScopeFinding, Status
 from growpage.diagnose.observations import Scope, Window
 
@@ -14,8 +24,7 @@ INT8_RATIO_CEILING = 256 / 128.125
 def utilization(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     metric = catalog.UTILIZATION.name
     if scope.utilization is None:
-        return unknown(metric, f"{metric} not found: is the agent older than metrics contract v1?", window,
-                       t.utilization_slo)
+        return missing(scope, metric, window, threshold=t.utilization_slo)
     if is_idle(scope):
         return unknown(metric, idle_reason(window), window, t.utilization_slo)
     stats = scope.utilization
@@ -38,6 +47,10 @@ def compress_ratio(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     metric = catalog.INTRA_PAGE_COMPRESS_RATIO.name
     mode = scope.build_value("mode")
     bytes_in, bytes_out = scope.compress_input_bytes, scope.compress_output_bytes
+    unreadable = [name for name in (catalog.COMPRESS_INPUT_BYTES.name, catalog.COMPRESS_OUTPUT_BYTES.name)
+                  if name in scope.non_finite]
+    if unreadable:  # a NaN counter is not "no compressions"
+        return missing(scope, unreadable[0], window, threshold=t.compress_ratio_slo)
     if bytes_out is not None and bytes_out > 0 and bytes_in is not None:
         ratio, how = bytes_in / bytes_out, "input bytes / output bytes (counters)"
         metric = f"{catalog.COMPRESS_INPUT_BYTES.name} / {catalog.COMPRESS_OUTPUT_BYTES.name}"
@@ -72,11 +85,13 @@ def allocation_latency_slo(scope: Scope, window: Window, t: Thresholds) -> Scope
     metric = catalog.ALLOCATION_LATENCY.name
     histogram = scope.allocation_latency
     if histogram is None:
-        return unknown(metric, f"{metric} not found", window, t.latency_slo_objective)
+        return missing(scope, metric, window, threshold=t.latency_slo_objective)
     if histogram.count <= 0:
         return unknown(metric, f"no page grants ({window.describe()}): diagnose while the deployment serves, "
                        "or widen the window", window, t.latency_slo_objective)
     within = histogram.fraction_at_or_below(t.latency_slo_threshold_s)
+    if within is None:  # fraction_at_or_below is None only for an empty histogram, handled above
+        return unknown(metric, f"no page grants ({window.describe()})", window, t.latency_slo_objective)
     on_bound = any(abs(bound - t.latency_slo_threshold_s) < 1e-12 for bound, _ in histogram.buckets)
     proof = evidence(
         metric, within, t.latency_slo_objective, window, latency_threshold_s=t.latency_slo_threshold_s,

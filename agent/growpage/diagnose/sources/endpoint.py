@@ -7,7 +7,7 @@ is validated before waiting, so a wrong URL fails in seconds, not after ``--dura
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from growpage import catalog
 from growpage.diagnose.errors import DiagnoseError
@@ -20,8 +20,13 @@ DCGM_METRICS_PATH = "/metrics"
 
 
 def observe(endpoint_url: str, dcgm_url: str | None = None, duration_s: float = 15.0,
-            timeout_s: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> SourceResult:
-    """Scrape twice ``duration_s`` apart; raises DiagnoseError when the agent cannot be read."""
+            timeout_s: float = 10.0, sleep: Callable[[float], None] = time.sleep,
+            dcgm_labels: Mapping[str, str] | None = None) -> SourceResult:
+    """Scrape twice ``duration_s`` apart; raises DiagnoseError when the agent cannot be read.
+
+    Args:
+        dcgm_labels: target -> source label naming the GPU's user in DCGM series.
+    """
     agent_url = http.with_default_path(http.check_url(endpoint_url, "--endpoint"), catalog.METRICS_PATH)
     dcgm_url = http.with_default_path(http.check_url(dcgm_url, "--dcgm"), DCGM_METRICS_PATH) if dcgm_url else None
     with http.make_client(timeout_s) as client:
@@ -35,7 +40,8 @@ def observe(endpoint_url: str, dcgm_url: str | None = None, duration_s: float = 
             if dcgm_url:
                 dcgm.append(_scrape_dcgm(client, dcgm_url))
     source = {"kind": "endpoint", "target": agent_url, "dcgm": dcgm_url, "duration_s": duration_s}
-    observations = observations_from_expositions(agent, dcgm, source, response_time_s=max(response_times_s))
+    observations = observations_from_expositions(agent, dcgm, source, response_time_s=max(response_times_s),
+                                                 dcgm_labels=dcgm_labels)
     raw = [(f"raw/agent-{i + 1}.prom", with_snapshot_time(e.text, e.time_s)) for i, e in enumerate(agent)]
     raw += [(f"raw/dcgm-{i + 1}.prom", with_snapshot_time(e.text, e.time_s)) for i, e in enumerate(dcgm)]
     return SourceResult(observations=observations, raw_files=tuple(raw))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import time
 import urllib.parse
+import zlib
 from typing import TYPE_CHECKING
 
+from growpage import catalog
 from growpage.diagnose.errors import DiagnoseError
 
 if TYPE_CHECKING:
@@ -30,22 +32,44 @@ def make_client(timeout_s: float) -> httpx.Client:
     import httpx  # noqa: PLC0415 (imported when diagnose runs: other gpctl commands do not need it)
 
     timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
-    return httpx.Client(timeout=timeout, follow_redirects=True, headers={"User-Agent": "gpctl-diagnose"})
+    # gzip or nothing: the capped reader inflates gzip itself, with the same cap.
+    return httpx.Client(timeout=timeout, follow_redirects=True,
+                        headers={"User-Agent": "gpctl-diagnose", "Accept-Encoding": "gzip"})
 
 
 def get(client: httpx.Client, url: str, what: str, params: dict[str, str] | None = None,
-        accept: str = "text/plain;version=0.0.4;q=1.0, */*;q=0.1") -> HttpResponse:
-    """GET ``url``; ``what`` names the thing for messages ("the agent", "Prometheus")."""
+        accept: str = "text/plain;version=0.0.4;q=1.0, */*;q=0.1",
+        max_bytes: int = catalog.DIAGNOSE_THRESHOLDS.max_response_bytes) -> HttpResponse:
+    """GET ``url``; ``what`` names the thing for messages ("the agent", "Prometheus").
+
+    The body is streamed: reading stops at ``max_bytes`` and at an overall deadline of the client's
+    read timeout from the start of the request. Per-read timeouts alone let a server that trickles
+    a byte a second hold diagnose forever, and an unbounded body can exhaust its memory: diagnose
+    must survive the agent it diagnoses.
+    """
     import httpx  # noqa: PLC0415
 
+    deadline_s = client.timeout.read or 10.0
     started = time.perf_counter()
     try:
-        response = client.get(url, params=params, headers={"Accept": accept})
+        with client.stream("GET", url, params=params, headers={"Accept": accept}) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise DiagnoseError(_too_large(what, url, max_bytes))
+            chunks, received = [], 0
+            for chunk in response.iter_raw():
+                received += len(chunk)
+                if received > max_bytes:
+                    raise DiagnoseError(_too_large(what, url, max_bytes))
+                if time.perf_counter() - started > deadline_s:
+                    raise httpx.ReadTimeout("overall deadline")
+                chunks.append(chunk)
+            body = _decode(response, b"".join(chunks), what, url, max_bytes)
     except httpx.ConnectError as error:
         raise DiagnoseError(f"cannot connect to {what} at {url} ({_reason(error)}): is it running, "
                             "and are the host and port right?") from None
     except httpx.TimeoutException:
-        raise DiagnoseError(f"{what} at {url} did not answer within {client.timeout.read:g}s: check that "
+        raise DiagnoseError(f"{what} at {url} did not answer within {deadline_s:g}s: check that "
                             "it is up and not overloaded, or raise --timeout") from None
     except httpx.InvalidURL as error:
         raise DiagnoseError(f"invalid URL {url!r} ({error}): use http://HOST:PORT[/path]") from None
@@ -53,8 +77,23 @@ def get(client: httpx.Client, url: str, what: str, params: dict[str, str] | None
         raise DiagnoseError(f"request to {what} at {url} failed ({_reason(error)})") from None
     elapsed_s = time.perf_counter() - started
     return HttpResponse(url=str(response.url), status_code=response.status_code,
-                        content_type=response.headers.get("content-type", ""), text=response.text,
+                        content_type=response.headers.get("content-type", ""), text=body,
                         elapsed_s=elapsed_s, received_at_s=time.time())
+
+
+def _decode(response: httpx.Response, raw: bytes, what: str, url: str, max_bytes: int) -> str:
+    """The body as text, gunzipped (bounded too: a small gzip can expand without limit)."""
+    if "gzip" in response.headers.get("content-encoding", "").lower():
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        raw = inflater.decompress(raw, max_bytes + 1)
+        if len(raw) > max_bytes or inflater.unconsumed_tail:
+            raise DiagnoseError(_too_large(what, url, max_bytes))
+    return raw.decode(response.charset_encoding or "utf-8", errors="replace")
+
+
+def _too_large(what: str, url: str, max_bytes: int) -> str:
+    return (f"{what} at {url} sent more than {max_bytes // (1024 * 1024)} MiB: not a metrics page "
+            "diagnose can read (a GrowPage exposition is a few tens of KiB); check the URL")
 
 
 def check_url(url: str, option: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -25,7 +26,20 @@ if TYPE_CHECKING:
     import httpx
 
 OVERALL = "all"
-_BUILD_LABELS = ("version", "engine", "engine_version", "mode", "block_size", "base_pages", "device")
+# Exported names, and the ones agents used before home/home_version (BuildInfo reads either).
+_BUILD_LABELS = (*catalog.BUILD_INFO.exported_labels, "engine", "engine_version")
+# Scope field -> the metric it is read from, to name the metrics whose values were NaN or +-Inf.
+_FIELD_METRICS = {
+    "utilization": catalog.UTILIZATION.name, "fragmentation": catalog.FRAGMENTATION.name,
+    "intra_page_compress_ratio": catalog.INTRA_PAGE_COMPRESS_RATIO.name,
+    "compress_input_bytes": catalog.COMPRESS_INPUT_BYTES.name,
+    "compress_output_bytes": catalog.COMPRESS_OUTPUT_BYTES.name, "page_allocations": catalog.ALLOCATIONS.name,
+    "oom_events": catalog.OOM_EVENTS.name, "decisions": catalog.DECISIONS.name,
+    "agent_errors": catalog.AGENT_ERRORS.name, "allocation_latency": catalog.ALLOCATION_LATENCY.name,
+    "lts_entropy": catalog.LTS_ENTROPY.name, "request_tokens": catalog.REQUEST_TOKENS.name,
+    "requests_running_max": catalog.REQUESTS_RUNNING.name, "pool_free_fraction_min": catalog.POOL_PAGES.name,
+    "stranded_slots_max": catalog.LIVE_TOKENS.name,
+}
 _QUERY_THREADS = 8  # queries are independent; a handful in flight keeps a 60-query run well under 1 s
 _MIN_SUBQUERY_STEP_S = 15  # subqueries (ratios over time) sample at the common scrape interval or coarser
 
@@ -83,8 +97,14 @@ class _Client:
 
 
 def observe(base_url: str, since_s: float, at_s: float | None = None, namespace: str | None = None,
-            pod: str | None = None, timeout_s: float = 10.0) -> SourceResult:
-    """Query Prometheus at ``at_s`` (default: now) over the ``since_s`` before it."""
+            pod: str | None = None, timeout_s: float = 10.0,
+            dcgm_labels: Mapping[str, str] | None = None) -> SourceResult:
+    """Query Prometheus at ``at_s`` (default: now) over the ``since_s`` before it.
+
+    Args:
+        dcgm_labels: target -> source label naming the GPU's user in DCGM series (default
+            catalog.DCGM_EXPORTED_LABELS).
+    """
     base_url = http.check_url(base_url, "--prometheus").rstrip("/")
     at_s = round(time.time() if at_s is None else at_s, 3)
     window_s = max(1, int(round(since_s)))
@@ -94,15 +114,18 @@ def observe(base_url: str, since_s: float, at_s: float | None = None, namespace:
     with http.make_client(timeout_s) as client:
         prom = _Client(client, base_url, at_s)
         _require_growpage_series(prom, queries, namespace, pod)
-        scopes = _collect(prom, queries)
+        scopes = _collect(prom, queries, catalog.DCGM_EXPORTED_LABELS if dcgm_labels is None else dcgm_labels)
     window = Window(at_s - window_s, at_s, "range")
     overall = scopes.pop(OVERALL, None) or Scope(name=OVERALL)
     breakdown = {name: scope for name, scope in scopes.items() if scope.has_growpage_data}
     source = {"kind": "prometheus", "target": base_url, "since_s": window_s, "at": at_s,
               "selector": "{" + ",".join(matchers) + "}"}
+    notes = [f"Prometheus warning: {w}" for w in sorted(prom.warnings)]
+    if overall.non_finite:
+        notes.append(f"NaN or Inf values read as unknown (no value), never as data: {', '.join(overall.non_finite)}")
     observations = Observations(source=source, window=window, overall=overall,
                                 breakdown_label=breakdown_label if breakdown else None, breakdown=breakdown,
-                                notes=tuple(f"Prometheus warning: {w}" for w in sorted(prom.warnings)))
+                                notes=tuple(notes))
     raw = (("raw/prometheus-queries.json", json.dumps(prom.recorded, indent=1)),)
     return SourceResult(observations=observations, raw_files=raw)
 
@@ -127,7 +150,16 @@ def _comma(matchers: Sequence[str]) -> str:
     return "".join("," + matcher for matcher in matchers)
 
 
-def _collect(prom: _Client, q: _Queries) -> dict[str, Scope]:
+def _dcgm_joined(expr: str, mapping: Mapping[str, str], agents: str) -> str:
+    """``expr`` over DCGM series, relabeled to the pod using the GPU and kept only for the pods in
+    ``agents`` (the selection's GrowPage pods): the exporter's own namespace/pod are not the GPU's user,
+    so the selection's --namespace/--pod matchers cannot go on the DCGM selector itself."""
+    for target, source_label in mapping.items():
+        expr = f'label_replace({expr}, "{target}", "$1", "{source_label}", "(.+)")'
+    return f"(({expr}) and on (namespace, pod) max by (namespace, pod) ({agents}))"
+
+
+def _collect(prom: _Client, q: _Queries, dcgm_labels: Mapping[str, str]) -> dict[str, Scope]:
     """Run every query twice (overall, then by the breakdown label) and assemble one Scope per name."""
     c = catalog
     r, sub = q.range, q.subquery
@@ -141,7 +173,9 @@ def _collect(prom: _Client, q: _Queries) -> dict[str, Scope]:
         return f"sum {{by}} (increase({q.select(name)}{r}))"
 
     pool, free = q.select(c.POOL_PAGES.name), q.select(c.POOL_PAGES.name, 'state="free"')
-    used, unused = q.select(c.DCGM_FB_USED), q.select(c.DCGM_FB_FREE)
+    agents = q.select(c.BUILD_INFO.name)
+    used, unused = c.DCGM_FB_USED, c.DCGM_FB_FREE
+    live, granted = q.select(c.LIVE_TOKENS.name), q.select(c.GRANTED_TOKEN_SLOTS.name)
     info = f"last_over_time({q.select(c.BUILD_INFO.name)}{r})"
     templates: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
     for field, name in (("utilization", c.UTILIZATION.name), ("fragmentation", c.FRAGMENTATION.name),
@@ -163,9 +197,15 @@ def _collect(prom: _Client, q: _Queries) -> dict[str, Scope]:
     templates[("pool_pages_last",)] = (f"sum {{by}} (last_over_time({pool}{r}))", ("state",))
     templates[("requests_running_max",)] = (f"max {{by}} (max_over_time({q.select(c.REQUESTS_RUNNING.name)}{r}))", ())
     templates[("build_infos",)] = (f"max {{by}} ({info})", _BUILD_LABELS)
-    templates[("gpu_framebuffer_used_max",)] = (
-        f"max {{by}} (max_over_time(({used} / ({used} + {unused})){sub}))", ())
-    templates[("gpu_models",)] = (f"count {{by}} (last_over_time({used}{r}))", (c.DCGM_MODEL_NAME_LABEL,))
+    framebuffer = _dcgm_joined(f"{used} / ({used} + {unused})", dcgm_labels, agents)
+    templates[("gpu_framebuffer_used_max",)] = (f"max {{by}} (max_over_time({framebuffer}{sub}))", ())
+    templates[("gpu_models",)] = (
+        f"count {{by}} ({_dcgm_joined(f'last_over_time({used}{r})', dcgm_labels, f'last_over_time({agents}{r})')})",
+        (c.DCGM_MODEL_NAME_LABEL,))
+    templates[("stranded_slots_max",)] = (
+        f"max {{by}} (max_over_time((1 - sum {{by}} ({live}) / (sum {{by}} ({granted}) > 0)){sub}))", ())
+    templates[("inactive_components",)] = (
+        f"max {{by}} (last_over_time({q.select(c.AGENT_ACTIVE.name)}{r}) < 1)", ("component", "reason"))
     # Targets whose scrape exported GrowPage in the window, by job/instance: works with any job name.
     up = q.select("up")
     templates[("targets_total",)] = (f"count {{by}} ({up} and on (job, instance) {info})", ())
@@ -181,9 +221,9 @@ def _collect(prom: _Client, q: _Queries) -> dict[str, Scope]:
         results = list(pool_executor.map(lambda job: prom.vector(job[2]), jobs))
     # values[scope][key] = list of (labels, value)
     values: dict[str, dict[tuple[str, ...], list[tuple[dict[str, str], float]]]] = {}
-    for (key, breakdown, _, _), rows in zip(jobs, results):
+    for (key, breakdown, _, _), rows in zip(jobs, results, strict=True):
         for labels, value in rows:
-            scope = labels.pop(q.breakdown_label, "") if breakdown else OVERALL
+            scope = labels.pop(q.breakdown_label, "") if breakdown and q.breakdown_label else OVERALL
             if scope:
                 values.setdefault(scope, {}).setdefault(key, []).append((labels, value))
     return {scope: _scope(scope, found) for scope, found in values.items()}
@@ -191,16 +231,18 @@ def _collect(prom: _Client, q: _Queries) -> dict[str, Scope]:
 
 def _scope(name: str, found: Mapping[tuple[str, ...], list[tuple[dict[str, str], float]]]) -> Scope:
     def one(key: tuple[str, ...]) -> float | None:
-        rows = [value for _, value in found.get(key, ()) if value == value]  # drop NaN
+        rows = [value for _, value in found.get(key, ()) if math.isfinite(value)]  # NaN/Inf are no data
         return rows[0] if rows else None
 
     def by_label(key: tuple[str, ...], label: str) -> dict[str, float] | None:
-        rows = found.get(key)
+        rows = [(labels, value) for labels, value in found.get(key, ()) if math.isfinite(value)]
         return {labels.get(label, ""): value for labels, value in rows} if rows else None
 
     def gauge(field: str) -> GaugeStats | None:
-        stats = {stat: one((field, stat)) for stat in ("mean", "min", "max", "last")}
-        return GaugeStats(**stats) if None not in stats.values() else None
+        mean, low, high, last = (one((field, stat)) for stat in ("mean", "min", "max", "last"))
+        if mean is None or low is None or high is None or last is None:
+            return None
+        return GaugeStats(mean=mean, min=low, max=high, last=last)
 
     def histogram(field: str) -> HistogramCounts | None:
         buckets = by_label((field, "buckets"), "le")
@@ -221,6 +263,12 @@ def _scope(name: str, found: Mapping[tuple[str, ...], list[tuple[dict[str, str],
         decisions=by_label(("decisions",), "decision"),
         oom_events=one(("oom_events",)),
         fragmentation=gauge("fragmentation"),
+        stranded_slots_max=one(("stranded_slots_max",)),
+        inactive_components=({labels.get("component", ""): labels.get("reason", "")
+                              for labels, _ in found[("inactive_components",)]}
+                             if ("inactive_components",) in found else None),
+        non_finite=tuple(sorted({_FIELD_METRICS[key[0]] for key, rows in found.items()
+                                 if key[0] in _FIELD_METRICS and any(not math.isfinite(v) for _, v in rows)})),
         pool_free_fraction_min=one(("pool_free_fraction_min",)),
         pool_pages_last=by_label(("pool_pages_last",), "state"),
         lts_entropy=histogram("lts_entropy"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from growpage import catalog
@@ -23,8 +23,12 @@ from growpage.diagnose.sources.result import SourceResult
 BUNDLE_EXPOSITION_SUFFIXES = (".prom", ".om")  # report.txt in a bundle is not an exposition
 
 
-def observe(paths: Sequence[Path]) -> SourceResult:
-    """Observations from ``paths``; raises DiagnoseError naming the file for unreadable input."""
+def observe(paths: Sequence[Path], dcgm_labels: Mapping[str, str] | None = None) -> SourceResult:
+    """Observations from ``paths``; raises DiagnoseError naming the file for unreadable input.
+
+    Args:
+        dcgm_labels: target -> source label naming the GPU's user in DCGM series.
+    """
     if not paths:
         raise DiagnoseError("--snapshot needs at least one file")
     texts: list[tuple[str, str, float]] = []  # (origin, text, time)
@@ -40,7 +44,7 @@ def observe(paths: Sequence[Path]) -> SourceResult:
     if not agent:
         raise DiagnoseError("no snapshot has growpage_* series: add a saved "
                             f"{catalog.METRICS_PATH} exposition next to the DCGM one")
-    for earlier, later in zip(agent, agent[1:]):
+    for earlier, later in zip(agent, agent[1:], strict=False):
         if later.time_s == earlier.time_s:
             raise DiagnoseError(
                 f"snapshots {earlier.origin} and {later.origin} have the same time ({later.time_s:.3f}): "
@@ -50,7 +54,8 @@ def observe(paths: Sequence[Path]) -> SourceResult:
               "files": [e.origin for e in expositions]}
     raw = tuple((f"raw/{i + 1:02d}-{Path(e.origin.split(':')[-1]).name}", with_snapshot_time(e.text, e.time_s))
                 for i, e in enumerate(sorted(expositions, key=lambda e: e.time_s)))
-    return SourceResult(observations_from_expositions(agent, dcgm, source, sample_noun="snapshots"),
+    return SourceResult(observations_from_expositions(agent, dcgm, source, sample_noun="snapshots",
+                                                      dcgm_labels=dcgm_labels),
                         raw_files=raw)
 
 
@@ -71,7 +76,10 @@ def _read_bundle(path: Path) -> list[tuple[str, str, float]]:
         with tarfile.open(path) as bundle:
             for member in bundle.getmembers():
                 if member.isfile() and member.name.endswith(BUNDLE_EXPOSITION_SUFFIXES):
-                    data = bundle.extractfile(member).read()
+                    member_file = bundle.extractfile(member)
+                    if member_file is None:
+                        continue
+                    data = member_file.read()
                     origin = f"{path}:{member.name}"
                     found.append((origin, _decode(data, origin), _time_of_text(data, member.mtime)))
     except (tarfile.TarError, OSError) as error:
