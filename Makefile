@@ -1,15 +1,20 @@
 # The two commands of README.md. Each one sets up whatever is missing first.
-.PHONY: run test setup bench-core bench-engine bench-quick bench-all vllm-venv test-vllm
+.PHONY: run test lint setup bench-core bench-engine bench-quick bench-all bench-vllm
 
 setup:
 	@./scripts/setup.sh
 
-# The main job: the packaged model on the reference engine with GrowPage on, next to full KV.
+# The main job: vLLM's CPU build on the packaged model, alone and then with GrowPage enforce.
 run: setup
 	.venv/bin/gpctl demo --output bench-results/demo.json
 
-test: setup
+# Lint and types first (seconds), then every test, vLLM's included.
+test: setup lint
 	.venv/bin/python -m pytest -q
+
+lint: setup
+	.venv/bin/ruff check agent cli tests
+	.venv/bin/mypy
 
 bench-core: setup
 	.venv/bin/gpctl bench core --output bench-results/core.json
@@ -24,10 +29,6 @@ bench-quick: setup
 bench-all: setup
 	.venv/bin/gpctl bench all --threads 1 --output-dir bench-results/full
 
-# GrowPage inside vLLM's CPU build, in its own environment (not part of `make test`: see
-# docs/VLLM_PLUGIN.md). Each engine start takes about a minute here.
-vllm-venv: setup
-	@./scripts/setup-vllm.sh
-
-test-vllm: vllm-venv
-	.venv-vllm/bin/python -m pytest -q tests/vllm_plugin
+# GrowPage inside vLLM: vLLM alone vs monitor vs enforce (three engine starts, ~6 minutes).
+bench-vllm: setup
+	.venv/bin/gpctl bench vllm --threads 1 --output bench-results/vllm.json

@@ -11,14 +11,15 @@ how closely GrowPage's greedy answers agree with the full-KV ones.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from growpage.agreement import token_agreement
 from growpage.config import GrowPageConfig
+from growpage.core.quantiles import percentile
 from growpage.engine.engine import EngineConfig, LLMEngine
 from growpage.engine.request import Request
 from growpage.engine.sampling import SamplingParams
@@ -128,23 +129,15 @@ def run_workload(engine: LLMEngine, workload, label: str, console: Console | Non
 
 def agreement(reference: list[Request], candidate: list[Request]) -> tuple[float, float, float]:
     """(share of identical answers, mean tokens before first divergence, mean matched fraction)."""
-    identical, prefixes, fractions = 0, [], []
-    for ref, cand in zip(reference, candidate):
-        a, b = ref.output_token_ids, cand.output_token_ids
-        matched = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        identical += a == b
-        prefixes.append(matched)
-        fractions.append(matched / max(len(a), 1))
-    count = max(len(reference), 1)
-    return identical / count, statistics.fmean(prefixes or [0]), statistics.fmean(fractions or [0])
+    result = token_agreement([r.output_token_ids for r in reference], [c.output_token_ids for c in candidate])
+    return result.identical_share, result.mean_prefix_tokens, result.mean_matched_share
 
 
 def summarize(full: RunResult, growpage: RunResult, console: Console) -> dict:
     same, prefix_tokens, matched = agreement(full.requests, growpage.requests)
     stats = growpage.stats
-    latencies = sorted(stats.allocation_latencies_s) or [0.0]
-    p50 = latencies[len(latencies) // 2]
-    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    p50 = percentile(stats.allocation_latencies_s, 0.5) or 0.0
+    p99 = percentile(stats.allocation_latencies_s, 0.99) or 0.0
     tokens = {r.label: sum(len(q.output_token_ids) for q in r.requests) for r in (full, growpage)}
     saved = stats.compress_input_bytes_total - stats.compress_output_bytes_total
     table = Table(title="GrowPage vs full KV, same workload, greedy")

@@ -5,10 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import pytest
-
-from growpage.bench.vllm import VARIANTS, VllmBenchSettings, _growpage_config, run_vllm_bench
-from growpage.errors import GrowPageError
+from growpage.bench.vllm import VARIANTS, VllmBenchSettings, _growpage_config
 
 
 def test_variants_are_vllm_alone_monitor_and_enforce_with_the_same_workload():
@@ -25,11 +22,3 @@ def test_quick_settings_put_the_kv_space_under_pressure():
     quick = VllmBenchSettings.quick()
     full_blocks = -(-(16 + quick.pressure_tokens) // quick.block_size)
     assert quick.pressure_requests * full_blocks > quick.kv_blocks  # vLLM alone must queue or preempt
-
-
-def test_a_python_without_vllm_is_one_clear_error(tmp_path):
-    python = tmp_path / "python"
-    python.write_text("#!/bin/sh\nexit 3\n")
-    python.chmod(0o755)
-    with pytest.raises(GrowPageError, match="vLLM is not installed"):
-        run_vllm_bench(str(tmp_path), VllmBenchSettings.quick(), python=str(python))

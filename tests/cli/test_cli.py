@@ -177,9 +177,9 @@ def _has_vllm() -> bool:
 
 @pytest.mark.skipif(_has_vllm(), reason="vLLM is installed in this interpreter")
 def test_bench_vllm_without_vllm_says_how_to_get_it(runner):
-    result = runner.invoke(app, ["bench", "vllm", "--quick", "--vllm-python", sys.executable])
+    result = runner.invoke(app, ["bench", "vllm", "--quick"])
     assert result.exit_code == 2
-    assert "make vllm-venv" in result.output and "Traceback" not in result.output
+    assert "make setup" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("command", ["quality", "serving", "all"])

@@ -12,7 +12,6 @@ from growpage.core.kv_store import PageFormat
 from growpage.core.manager import SlotStatus
 from growpage.core.methods import METHOD_NAMES, build_method
 from growpage.core.pool import PageState
-
 from support.factories import LAYERS, Driver, dense_attention, make_manager
 
 

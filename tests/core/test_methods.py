@@ -10,8 +10,16 @@ import torch
 
 from growpage.config import GrowPageConfig
 from growpage.core.evict import max_pool_scores
-from growpage.core.methods import (METHOD_NAMES, build_method, fixed_budget_decide, full_kv_decide,
-                                   random_decide, uniform_quantization_decide, without_lts, without_sts)
+from growpage.core.methods import (
+    METHOD_NAMES,
+    build_method,
+    fixed_budget_decide,
+    full_kv_decide,
+    random_decide,
+    uniform_quantization_decide,
+    without_lts,
+    without_sts,
+)
 from growpage.core.policy import Action, BoundaryState, Reason, Refusal, decide
 
 CONFIG = GrowPageConfig(mode="enforce", base_pages=8)
@@ -84,6 +92,6 @@ def test_max_pool_spreads_a_heavy_hitter_to_its_neighbours():
     positions = torch.tensor([4, 0, 1, 2, 3, 5, 6])
     scores = torch.tensor([0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0])  # position 2 is the heavy hitter
     pooled = max_pool_scores(positions, scores, kernel=3)
-    by_position = dict(zip(positions.tolist(), pooled.tolist()))
+    by_position = dict(zip(positions.tolist(), pooled.tolist(), strict=True))
     assert by_position[1] == by_position[2] == by_position[3] == 9.0
     assert by_position[0] == by_position[4] == by_position[5] == 0.0

@@ -5,8 +5,15 @@ import dataclasses
 import pytest
 
 from growpage.config import GrowPageConfig
-from growpage.core.policy import (Action, BoundaryState, Reason, Refusal, capacity_boundary_pages,
-                                  decide, refill_growth_budget)
+from growpage.core.policy import (
+    Action,
+    BoundaryState,
+    Reason,
+    Refusal,
+    capacity_boundary_pages,
+    decide,
+    refill_growth_budget,
+)
 
 CONFIG = GrowPageConfig(base_pages=10)
 EPS = 1e-6

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from engine_cases import phases
 
 

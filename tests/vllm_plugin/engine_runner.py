@@ -43,7 +43,7 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
             extra = batch.get("extra_args") or [None] * count
             max_tokens = batch["max_tokens"] if isinstance(batch["max_tokens"], list) else [batch["max_tokens"]] * count
             params = [SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, extra_args=args)
-                      for tokens, args in zip(max_tokens, extra)]
+                      for tokens, args in zip(max_tokens, extra, strict=True)]
             started = time.monotonic()
             outputs = llm.generate(batch["prompts"], params, use_tqdm=False)
             result["batches"][batch["name"]] = {

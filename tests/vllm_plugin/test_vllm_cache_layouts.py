@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cache_layouts import available_vllm_isas, lossy_write, probed, row_major_write, transposed_write, vllm_cpu_writer
 
-from cache_layouts import (available_vllm_isas, lossy_write, probed, row_major_write, transposed_write,
-                           vllm_cpu_writer)
 from growpage.vllm_plugin import keys as kv_keys
 
 BLOCK, HEADS, HEAD_DIM = 32, 3, 64  # the packaged model's geometry (block 32 as the tests run vLLM)

@@ -23,7 +23,7 @@ def _requests(run: dict, namespace: str | None = CAPPED) -> dict[tuple[tuple[int
 
 
 def _identical_prefix(reference: list[int], candidate: list[int]) -> int:
-    for index, (a, b) in enumerate(zip(reference, candidate)):
+    for index, (a, b) in enumerate(zip(reference, candidate, strict=False)):
         if a != b:
             return index
     return min(len(reference), len(candidate))
@@ -51,7 +51,7 @@ def test_enforce_with_a_cap_that_never_bites_is_identical_to_off(vllm_runs):
     off, enforce = vllm_runs["off"], vllm_runs["enforce_cap"]
     assert rows(enforce, "A_short") == rows(off, "A_short")
     records = _requests(enforce)
-    for prompt, got in zip(rows(enforce, "A_short", "prompt_token_ids"), rows(enforce, "A_short")):
+    for prompt, got in zip(rows(enforce, "A_short", "prompt_token_ids"), rows(enforce, "A_short"), strict=True):
         record = records[(tuple(prompt), len(got))]  # enforced, and never at its cap
         assert record["compactions"] == 0 and record["peak_blocks"] <= CAP_BLOCKS, record
 
@@ -62,7 +62,7 @@ def test_enforce_caps_blocks_and_is_identical_until_the_first_compaction(vllm_ru
     reference, capped = rows(off, "A_capped"), rows(enforce, "A_capped")
     prompts, texts = rows(enforce, "A_capped", "prompt_token_ids"), rows(enforce, "A_capped", "texts")
     assert len(prompts) == len(PROMPTS)
-    for prompt, ref, got, text in zip(prompts, reference, capped, texts):
+    for prompt, ref, got, text in zip(prompts, reference, capped, texts, strict=True):
         record = records[(tuple(prompt), len(got))]
         assert record["peak_blocks"] <= CAP_BLOCKS, record
         assert record["compactions"] >= 1 and record["num_preemptions"] == 0, record
@@ -88,8 +88,8 @@ def test_prefix_shared_prompts_keep_shared_blocks_intact(vllm_runs):
     prompts = rows(enforce, "P_capped", "prompt_token_ids")
     # at some boundary a request held blocks shared with its neighbours, and kept them
     outputs = rows(enforce, "P_capped")
-    assert any(records[(tuple(p), len(g))]["max_shared_blocks"] > 0 for p, g in zip(prompts, outputs)), records
-    for prompt, ref, got in zip(prompts, rows(off, "P_capped"), outputs):
+    assert any(records[(tuple(p), len(g))]["max_shared_blocks"] > 0 for p, g in zip(prompts, outputs, strict=True)), records
+    for prompt, ref, got in zip(prompts, rows(off, "P_capped"), outputs, strict=True):
         record = records[(tuple(prompt), len(got))]
         assert len(got) == MAX_TOKENS
         at = record["first_compaction_at"]

@@ -6,18 +6,28 @@ import types
 
 import pytest
 import torch
-
 from cache_layouts import probed, row_major_write, transposed_write
 
 from growpage.core.policy import Action
 from growpage.vllm_plugin import keys as kv_keys
-from growpage.vllm_plugin.keys import move_tokens
-from growpage.vllm_plugin.compaction import (choose_keep, compaction_target_tokens,
-                                             physical_slot_mapping, physical_slots, protected_tokens,
-                                             slot_positions)
+from growpage.vllm_plugin.compaction import (
+    choose_keep,
+    compaction_target_tokens,
+    physical_slot_mapping,
+    physical_slots,
+    protected_tokens,
+    slot_positions,
+)
 from growpage.vllm_plugin.compactor import WorkerCompactor
-from growpage.vllm_plugin.enforcer import (DROPPED_ATTRIBUTE, OUTPUT_ATTRIBUTE, READINGS_ATTRIBUTE,
-                                           READY_ATTRIBUTE, SchedulerEnforcer, enforced_action)
+from growpage.vllm_plugin.enforcer import (
+    DROPPED_ATTRIBUTE,
+    OUTPUT_ATTRIBUTE,
+    READINGS_ATTRIBUTE,
+    READY_ATTRIBUTE,
+    SchedulerEnforcer,
+    enforced_action,
+)
+from growpage.vllm_plugin.keys import move_tokens
 from growpage.vllm_plugin.settings import split_settings
 
 BLOCK = 4
@@ -72,12 +82,12 @@ def test_move_tokens_copies_keys_and_values_in_either_layout(write):
     def token(c: torch.Tensor, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         return kv_keys.read_token(c, slot, layout), kv_keys.read_token(c, slot, layout, value=True)
 
-    for s, d in zip(src.tolist(), dst.tolist()):
-        for got, want in zip(token(cache, d), token(before, s)):
+    for s, d in zip(src.tolist(), dst.tolist(), strict=True):
+        for got, want in zip(token(cache, d), token(before, s), strict=True):
             assert torch.equal(got, want)
     untouched = [slot for slot in range(num_blocks * BLOCK) if slot not in dst.tolist()]
     for slot in untouched:
-        assert all(torch.equal(a, b) for a, b in zip(token(cache, slot), token(before, slot)))
+        assert all(torch.equal(a, b) for a, b in zip(token(cache, slot), token(before, slot), strict=True))
 
 
 def test_quantize_and_defer_degrade_to_what_vllm_can_do():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+
 import pytest
 
 from support.vllm_guard import require_vllm_plugin

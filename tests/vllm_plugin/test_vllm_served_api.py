@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from support.vllm_guard import require_vllm_plugin
 
 require_vllm_plugin()
 
 import httpx
+
 from growpage import catalog
 from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import GrowPageError

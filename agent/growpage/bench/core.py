@@ -30,6 +30,7 @@ from growpage.config import GrowPageConfig
 from growpage.core import attention as attn
 from growpage.core.manager import GrowPageManager, SlotStatus
 from growpage.core.policy import BoundaryState, decide
+from growpage.core.quantiles import percentile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,8 +186,8 @@ def bench_grants(settings: CoreBenchSettings) -> dict:
         manager._grant_one(manager.requests["grower"])
         latencies.append(time.perf_counter() - start)
     latencies.sort()
-    return {"grant_latency_p50_us": round(_percentile(latencies, 0.50) * 1e6, 2),
-            "grant_latency_p99_us": round(_percentile(latencies, 0.99) * 1e6, 2),
+    return {"grant_latency_p50_us": round(_required(percentile(latencies, 0.50)) * 1e6, 2),
+            "grant_latency_p99_us": round(_required(percentile(latencies, 0.99)) * 1e6, 2),
             "grants_measured": len(latencies)}
 
 
@@ -207,26 +208,19 @@ def bench_compression(settings: CoreBenchSettings) -> dict:
                 if plan is None:
                     break
                 tokens = int(plan.keep.numel())
-                samples.append(_median_time(lambda p=plan: manager._evict(request, p), 1, settings.device))
+                samples.append(_median_time(lambda p=plan, m=manager, r=request: m._evict(r, p), 1, settings.device))
             else:
                 plan = manager._plan_quantize(request)
                 if plan is None:
                     break
                 tokens = len(plan.pages) * manager.config.block_size
-                samples.append(_median_time(lambda p=plan: manager._quantize(request, p), 1, settings.device))
+                samples.append(_median_time(lambda p=plan, m=manager, r=request: m._quantize(r, p), 1, settings.device))
         if samples:
             seconds = statistics.median(samples)
             results[f"{label}_tokens_per_s"] = round(tokens / seconds)
             results[f"{label}_ms_per_event"] = round(seconds * 1e3, 3)
             results[f"{label}_tokens_per_event"] = tokens
     return results
-
-
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, math.ceil(fraction * len(sorted_values)) - 1))
-    return sorted_values[index]
 
 
 def run_core_bench(settings: CoreBenchSettings) -> dict:
@@ -248,3 +242,7 @@ def run_core_bench(settings: CoreBenchSettings) -> dict:
         "grants": bench_grants(settings),
         "compression": bench_compression(settings),
     }
+
+
+def _required(value: float | None) -> float:
+    return float("nan") if value is None else value

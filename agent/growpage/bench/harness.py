@@ -100,12 +100,3 @@ def build_engine(loaded: Loaded, method_name: str, *, base_pages: int, num_pages
     return engine, method
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) by linear interpolation; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -113,7 +113,7 @@ def decision_timeline(timeline: dict, path: Path) -> Path:
             pages.scatter(tokens_at_step[event["step"]], event["pages_after"],
                           color=colours.get(event["kind"], "black"), label=event["kind"], zorder=3)
     handles, labels = pages.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
+    unique = dict(zip(labels, handles, strict=True))
     pages.legend(unique.values(), unique.keys(), fontsize=8)
     pages.set_ylabel("pages")
     pages.set_xlabel("tokens in the request (prompt + generated)")

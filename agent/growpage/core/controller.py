@@ -29,8 +29,7 @@ from typing import Protocol
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.methods import GROWPAGE, KVMethod
-from growpage.core.policy import (Action, BoundaryState, Decision, Reason, capacity_boundary_pages,
-                                  refill_growth_budget)
+from growpage.core.policy import Action, BoundaryState, Decision, Reason, capacity_boundary_pages, refill_growth_budget
 from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder, StatsSnapshot
 
 _LOGGER = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ import enum
 
 import torch
 
-from growpage.kv_size import kv_token_bytes
 from growpage.core import quantize as q
+from growpage.kv_size import kv_token_bytes
 
 
 class PageFormat(enum.IntEnum):
@@ -143,7 +143,7 @@ class KVStore:
         self.positions[page_index, slot_index] = torch.tensor(positions, dtype=torch.int32,
                                                               device=self.device)
         self.scores[page_index, slot_index] = 0.0
-        for page, slot in zip(pages, slots):
+        for page, slot in zip(pages, slots, strict=True):
             self.fill[page] = max(self.fill[page], slot + 1)
 
     def write_group(self, pages: list[int], fmt: PageFormat, values: torch.Tensor,

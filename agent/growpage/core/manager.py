@@ -33,12 +33,12 @@ import torch
 from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
 from growpage.core.controller import BoundaryCall, ControlledRequest, GrowthController, PoolView, Reading
+from growpage.core.devices import device_name
 from growpage.core.evict import max_pool_scores, select_keep, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
 from growpage.core.methods import GROWPAGE, KVMethod, TokenScore
-from growpage.core.policy import Action, Reason
+from growpage.core.policy import Action
 from growpage.core.pool import PagePool
-from growpage.core.devices import device_name
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.errors import GrowPageError
@@ -340,7 +340,7 @@ class GrowPageManager:
         low = positions.min(dim=1).values.tolist()
         high = positions.max(dim=1).values.tolist()
         recent_start = request.logical_length - self.config.recent_window_tokens
-        eligible = [page for page, lo, hi in zip(candidates, low, high)
+        eligible = [page for page, lo, hi in zip(candidates, low, high, strict=True)
                     if lo >= self.config.sink_tokens and hi < recent_start]
         if len(eligible) < group:
             return None

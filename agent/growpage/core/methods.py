@@ -36,8 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from growpage.config import GrowPageConfig
-from growpage.core.policy import (Action, BoundaryState, Decision, Reason, Refusal, allocation_refusal,
-                                  decide)
+from growpage.core.policy import Action, BoundaryState, Decision, Reason, Refusal, allocation_refusal, decide
 
 DecideFn = Callable[[BoundaryState, GrowPageConfig], Decision]
 
@@ -180,9 +179,9 @@ def _growpage(name: str, family: str, decide_fn: DecideFn) -> KVMethod:
 
 def build_method(name: str, seed: int = 0) -> KVMethod:
     """The method called ``name`` (see :data:`METHOD_NAMES`); ``seed`` drives random choices."""
-    window = dict(token_score=TokenScore.WINDOW, pool_kernel=7)
-    on_demand = dict(reserve_base_pages=False)  # the systems they model allocate as vLLM does
-    capped = dict(evict_to_budget=True, compress_prompt=True, **on_demand)
+    window: dict[str, Any] = dict(token_score=TokenScore.WINDOW, pool_kernel=7)
+    on_demand: dict[str, Any] = dict(reserve_base_pages=False)  # the systems they model allocate as vLLM does
+    capped: dict[str, Any] = dict(evict_to_budget=True, compress_prompt=True, **on_demand)
     builders: dict[str, Callable[[], KVMethod]] = {
         "full_kv": lambda: KVMethod("full_kv", "full", full_kv_decide, reserve_base_pages=False),
         "streaming_llm": lambda: KVMethod("streaming_llm", "fixed_budget", fixed_budget_decide,

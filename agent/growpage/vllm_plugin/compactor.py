@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from growpage.config import GrowPageConfig
-from growpage.vllm_plugin.compaction import (choose_keep, physical_slot_mapping, physical_slots, slot_positions)
-from growpage.vllm_plugin.keys import BlockLayout, move_tokens
+from growpage.vllm_plugin.compaction import choose_keep, physical_slot_mapping, physical_slots, slot_positions
 from growpage.vllm_plugin.enforcer import OUTPUT_ATTRIBUTE
+from growpage.vllm_plugin.keys import BlockLayout, move_tokens
 
 
 class CompactionError(RuntimeError):

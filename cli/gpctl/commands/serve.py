@@ -60,9 +60,6 @@ def serve(
                                                        "('' trusts none).")] = "x-growpage-namespace",
     shutdown_timeout: Annotated[float, typer.Option(min=0, help="Seconds running requests get after SIGTERM "
                                                                 "(a second signal exits at once).")] = 50.0,
-    vllm_python: Annotated[Path | None, typer.Option(envvar="GROWPAGE_VLLM_PYTHON",
-                                                     help="--engine vllm: the Python that has vLLM "
-                                                          "(e.g. .venv-vllm/bin/python). Default: this one.")] = None,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics/growpage."""
     public_names = _public_names(public)
@@ -73,7 +70,7 @@ def serve(
     if engine == "vllm":
         raise typer.Exit(_serve_vllm(model, host, port, mode, config, base_pages, block_size, max_num_seqs,
                                      max_num_batched_tokens, served_model_name, metrics_port, listen,
-                                     no_prefix_caching, vllm_python, api_key, max_model_len, shutdown_timeout))
+                                     no_prefix_caching, api_key, max_model_len, shutdown_timeout))
     if engine != "reference":
         raise GrowPageError(f"--engine {engine} is unknown; use --engine reference or --engine vllm")
 
@@ -129,17 +126,17 @@ def _public_names(public: str) -> tuple[str, ...]:
 def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, config: Path | None,
                 base_pages: int | None, block_size: int | None, max_num_seqs: int, max_num_batched_tokens: int,
                 served_model_name: str | None, metrics_port: int | None, metrics_host: str, no_prefix_caching: bool,
-                vllm_python: Path | None, api_key: str | None, max_model_len: int | None,
+                api_key: str | None, max_model_len: int | None,
                 shutdown_timeout: float) -> int:
     """Start vLLM's OpenAI server with the GrowPage plugin as a child; returns its exit status."""
     import sys
 
     from growpage.config import load_config
     from growpage.engine.model_prep import resolve_model_dir
-    from growpage.vllm_plugin.serve import check_vllm_python, serve
+    from growpage.vllm_plugin.serve import check_vllm_installed, serve
 
-    python = str(vllm_python) if vllm_python is not None else sys.executable
-    check_vllm_python(python)
+    python = sys.executable
+    check_vllm_installed()
     overrides = {key: value for key, value in (("mode", mode), ("base_pages", base_pages)) if value is not None}
     growpage_config = load_config(config, overrides=overrides)  # validated here, before a minute of start-up
     growpage: dict = {"mode": growpage_config.mode.value, "base_pages": growpage_config.base_pages,

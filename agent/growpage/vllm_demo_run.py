@@ -1,0 +1,136 @@
+"""The child of ``gpctl demo``: runs vLLM's engine in this process and reports each step.
+
+Started by :func:`growpage.vllm_demo.run_vllm_demo` as ``python -m growpage.vllm_demo_run SPEC``,
+once per variant (vLLM registers plugins once per process; on CPU it spawns processes, so this
+runs behind a ``__main__`` guard in a fresh interpreter).
+The engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the scheduler's block
+pool, queues and GrowPage's enforcer can be read between steps. Prints one JSON line per progress
+report (``PROGRESS_PREFIX``) and one per finished variant (``RESULT_PREFIX``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from typing import Any
+
+PROGRESS_PREFIX = "GROWPAGE_DEMO_PROGRESS "
+RESULT_PREFIX = "GROWPAGE_DEMO_RESULT "
+
+
+def _growpage_config(variant: str, spec: dict) -> dict:
+    if variant == "vllm":
+        return {"mode": "off", "exporter_port": -1}
+    return {"mode": "enforce", "exporter_port": -1, **spec["growpage"]}
+
+
+def _timed_allocations(latencies: list[float]) -> Any:
+    """Wrap ``KVCacheManager.allocate_slots`` (outermost, both variants) to time each call that
+    grants new blocks: the same grant-latency measurement for vLLM alone and with GrowPage."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    original = KVCacheManager.allocate_slots
+
+    @functools.wraps(original)
+    def allocate_slots(self, request, *args, **kwargs):
+        free_before = self.block_pool.get_num_free_blocks()
+        started = time.perf_counter()
+        result = original(self, request, *args, **kwargs)
+        elapsed = time.perf_counter() - started
+        granted = free_before - self.block_pool.get_num_free_blocks()
+        if result is not None and granted > 0:
+            latencies.append(elapsed / granted)
+        return result
+
+    KVCacheManager.allocate_slots = allocate_slots
+    return original
+
+
+def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    from growpage.core.quantiles import percentile
+
+    os.environ["GROWPAGE_MODE"] = "off" if variant == "vllm" else "enforce"
+    latencies: list[float] = []
+    original = _timed_allocations(latencies)
+    try:
+        llm = LLM(model=spec["model_dir"], gpu_memory_utilization=0.3, enforce_eager=True,
+                  block_size=spec["block_size"], max_model_len=spec["max_model_len"],
+                  max_num_seqs=len(prompts), max_num_batched_tokens=1024, seed=0,
+                  num_gpu_blocks_override=spec["kv_blocks"],
+                  additional_config={"growpage": _growpage_config(variant, spec)})
+        engine = llm.llm_engine
+        scheduler = engine.engine_core.engine_core.scheduler
+        pool = scheduler.kv_cache_manager.block_pool
+        params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
+        for index, prompt in enumerate(prompts):
+            engine.add_request(f"{variant}-{index}", prompt, params)
+        outputs: dict[str, list[int]] = {}
+        preemptions: dict[str, int] = {}
+        peak_running = steps = 0
+        started = last_report = time.perf_counter()
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    outputs[output.request_id] = list(output.outputs[0].token_ids)
+            steps += 1
+            for request in list(scheduler.running) + list(scheduler.waiting):
+                preemptions[request.request_id] = max(preemptions.get(request.request_id, 0),
+                                                      request.num_preemptions)
+            peak_running = max(peak_running, len(scheduler.running))
+            now = time.perf_counter()
+            if now - last_report >= spec["report_interval_s"] or not engine.has_unfinished_requests():
+                last_report = now
+                _emit(PROGRESS_PREFIX, {
+                    "variant": variant, "elapsed_s": round(now - started, 1), "finished": len(outputs),
+                    "requests": len(prompts), "running": len(scheduler.running),
+                    "waiting": len(scheduler.waiting), "blocks_free": pool.get_num_free_blocks(),
+                    "blocks_total": pool.num_gpu_blocks - 1, "preemptions": sum(preemptions.values()),
+                    "decisions": _decisions(scheduler)})
+        elapsed = time.perf_counter() - started
+        enforcer = scheduler.__dict__.get("_growpage_enforcer")
+        stats = enforcer.controller.stats if enforcer else None
+        generated = sum(len(tokens) for tokens in outputs.values())
+        return {
+            "variant": variant, "tokens_per_s": generated / elapsed, "generated_tokens": generated,
+            "elapsed_s": elapsed, "steps": steps, "peak_running": peak_running,
+            "preemptions": sum(preemptions.values()), "decisions": _decisions(scheduler),
+            "compressed_bytes_in": stats.compress_input_bytes_total if stats else 0,
+            "compressed_bytes_out": stats.compress_output_bytes_total if stats else 0,
+            "grant_latency_p50_s": percentile(latencies, 0.5),
+            "grant_latency_p99_s": percentile(latencies, 0.99),
+            "blocks_free_at_end": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
+            "outputs": {rid.split("-", 1)[1]: tokens for rid, tokens in outputs.items()},
+        }
+    finally:
+        KVCacheManager.allocate_slots = original
+
+
+def _decisions(scheduler: Any) -> dict[str, int]:
+    enforcer = scheduler.__dict__.get("_growpage_enforcer")
+    if not enforcer:
+        return {}
+    return {kind: count for kind, count in enforcer.controller.stats.decisions_total.items() if count}
+
+
+def _emit(prefix: str, record: dict) -> None:
+    print(prefix + json.dumps(record), flush=True)
+
+
+def main(spec: dict) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler is read between steps
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False) for text in spec["prompts"]]
+    _emit(RESULT_PREFIX, run_variant(spec["variant"], spec, prompts))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

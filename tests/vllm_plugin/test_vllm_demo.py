@@ -1,0 +1,59 @@
+"""The main job (`make run`): vLLM alone, then vLLM + GrowPage, on the packaged model under KV pressure."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from support.vllm_guard import require_vllm_plugin
+
+require_vllm_plugin()
+
+from growpage.vllm_demo import VllmDemoSettings, prompts_for, run_vllm_demo  # noqa: E402
+
+# Smaller than --quick: two engine starts plus a few seconds of decoding each.
+SETTINGS = VllmDemoSettings(requests=5, max_tokens=64, kv_blocks=12, base_pages=2, report_interval_s=0.5)
+
+
+@pytest.fixture(scope="module")
+def demo_run(prepared_model_dir):
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=80, force_terminal=False, color_system=None)
+    summary = run_vllm_demo(str(prepared_model_dir), SETTINGS, console=console)
+    return summary, buffer.getvalue()
+
+
+def test_the_workload_needs_more_kv_than_the_space_holds():
+    # each request needs at least 2 blocks of 32 for its prompt and 64 new tokens: vLLM alone must queue or preempt
+    assert SETTINGS.requests * 3 > SETTINGS.kv_blocks - 1
+    assert len(set(prompts_for(SETTINGS))) == SETTINGS.requests
+
+
+def test_both_runs_finish_every_request_and_return_every_block(demo_run):
+    summary, _ = demo_run
+    for name, variant in summary["variants"].items():
+        assert variant["generated_tokens"] == SETTINGS.requests * SETTINGS.max_tokens, name
+    assert summary["blocks_leaked"] == {"vllm": 0, "growpage": 0}
+
+
+def test_growpage_decides_inside_vllm_and_preempts_no_more_than_vllm_alone(demo_run):
+    summary, _ = demo_run
+    base, grow = summary["variants"]["vllm"], summary["variants"]["growpage"]
+    assert base["decisions"] == {}  # vLLM alone runs no GrowPage code
+    assert sum(grow["decisions"].values()) > 0
+    assert grow["preemptions"] <= base["preemptions"]
+    assert 0.0 <= summary["mean_matched_share"] <= 1.0
+
+
+def test_progress_and_table_read_well_in_80_columns_without_a_tty(demo_run):
+    _, output = demo_run
+    lines = output.splitlines()
+    assert any(line.startswith("vLLM alone") and "blocks" in line for line in lines)
+    assert any(line.startswith("+GrowPage") for line in lines)
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert "…" not in output  # no truncated header or cell
+    for measure in ("tokens/s", "peak running", "preemptions", "decisions", "KV compressed", "grant p99",
+                    "same answer"):
+        assert measure in output
