@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from gpctl.commands import alerts, bench, dashboards, demo, diagnose, kv_size, model, serve
+from gpctl.commands import alerts, bench, calibrate, dashboards, demo, diagnose, kv_size, model, serve
 from gpctl.errors import GrowPageGroup
 from growpage import __version__
 
@@ -51,6 +51,7 @@ app.add_typer(model.app, name="model")
 app.command(name="diagnose")(diagnose.diagnose)
 app.add_typer(dashboards.app, name="dashboards")
 app.add_typer(alerts.app, name="alerts")
+app.command(name="calibrate")(calibrate.calibrate)
 
 
 def main() -> None:
