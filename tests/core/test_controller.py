@@ -36,11 +36,11 @@ def test_ceil_div_counts_pages_for_tokens():
 
 
 def test_grant_is_on_demand_or_reserving_by_method():
-    reserving = make_controller(method=build_method("growpage"))
-    on_demand = make_controller(method=build_method("growpage_overcommit"))
+    reserving = make_controller(method=build_method("growpage_reserving"))
+    on_demand = make_controller()  # GrowPage's default, as vLLM admits
     # 20 prompt tokens + the first generated one fit in 2 pages of 16.
     assert on_demand.grant_pages(20) == 2
-    assert reserving.grant_pages(20) == (4 if reserving.method.reserve_base_pages else 2)
+    assert reserving.grant_pages(20) == 4
     assert reserving.grant_pages(200) == ceil_div(201, 16)  # a long prompt gets what it needs
 
 

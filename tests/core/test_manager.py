@@ -159,7 +159,9 @@ def test_fully_cached_prompt_still_computes_its_last_token():
 
 
 def test_throttle_refuses_growth_until_time_passes(clock):
-    manager = make_manager(clock=clock, max_growth_rate=0.25, density_threshold=1.0,
+    # reserving admission: the 4 granted pages fill before the first growth
+    manager = make_manager(clock=clock, method=build_method("growpage_reserving"), max_growth_rate=0.25,
+                           density_threshold=1.0,
                            lts_grow_threshold=0.0, growth_coefficient=0.0)
     driver = Driver(manager)
     driver.admit("a", 4)
@@ -246,7 +248,7 @@ def test_faults_inside_growpage_are_counted_and_fall_back(monkeypatch):
 
 
 def test_gauges_follow_the_contract_definitions():
-    manager = make_manager(mode="off", base_pages=4)
+    manager = make_manager(mode="off", base_pages=4, method=build_method("growpage_reserving"))
     driver = Driver(manager)
     driver.admit("a", 6)  # 4 pages reserved (16 slots), 6 tokens written over 2 pages
     driver.step([("a", 6)])
@@ -310,7 +312,8 @@ def test_no_page_leaks_under_random_workloads(seed, mode, bits, method):
 
 
 def test_listeners_see_the_lifecycle_and_their_faults_are_contained():
-    manager = make_manager(density_threshold=1.0, lts_grow_threshold=100.0, growth_coefficient=0.0)
+    manager = make_manager(density_threshold=1.0, lts_grow_threshold=100.0, growth_coefficient=0.0,
+                           method=build_method("growpage_reserving"))
     seen = []
 
     class Recorder:
@@ -341,3 +344,23 @@ def test_listeners_see_the_lifecycle_and_their_faults_are_contained():
     assert ("decision", "evict") in seen
     assert seen[-1] == ("finish", "finished", 18)
     assert manager.make_stats().agent_errors_total["listener"] >= 3
+
+
+def test_pool_pressure_compresses_another_request_instead_of_preempting():
+    manager = make_manager(num_pages=12, base_pages=3, density_threshold=1.0, lts_grow_threshold=0.0)
+    driver = Driver(manager)
+    driver.admit("big", 4)
+    driver.step([("big", 4)])
+    while manager.requests["big"].pages_held < 9:  # broad demand: it grows while the pool has pages
+        driver.step([("big", 1)])
+    driver.admit("small", 4)
+    driver.step([("small", 4)])
+    free_before = manager.pool.num_free
+    freed = manager.relieve_pressure(3, exclude="small")
+    big = manager.requests["big"]
+    assert freed >= 3 and manager.pool.num_free == free_before + freed
+    assert big.pages_held >= big.base_pages  # the floor protects a running request
+    events = manager.make_stats().decision_events
+    assert any(e.request_id == "big" and e.reason == "pool_pressure" and e.kind == "evict" for e in events)
+    assert manager.pool.num_free + manager.pool.num_reserved + manager.pool.num_used == 12
+    driver.step([("big", 1), ("small", 1)])  # both still decode

@@ -55,7 +55,7 @@ def test_monitor_decides_at_block_boundaries_and_counts_no_errors(runs):
     assert sum(errors.values()) == 0, errors
     lts = _samples(metrics, "growpage_lts_entropy_count")
     assert sum(lts.values()) >= len(rows(runs["monitor"], "A"))  # every finished request had observed attention
-    assert 'engine="vllm"' in metrics and f'mode="{runs["monitor"]["growpage"]["mode"]}"' in metrics
+    assert 'home="vllm"' in metrics and f'mode="{runs["monitor"]["growpage"]["mode"]}"' in metrics
 
 
 _samples = samples

@@ -29,7 +29,7 @@ from growpage.engine.sampling import SamplingParams
 
 @dataclasses.dataclass(frozen=True)
 class ServingSettings:
-    methods: tuple[str, ...] = ("full_kv", "growpage", "growpage_overcommit", "h2o", "zipage")
+    methods: tuple[str, ...] = ("full_kv", "growpage", "growpage_reserving", "h2o", "zipage")
     pool_fractions: tuple[float, ...] = (0.15, 0.3, 0.6)
     reasoning: int = 6
     reasoning_max_tokens: int = 128
@@ -44,7 +44,7 @@ class ServingSettings:
 
     @classmethod
     def quick(cls) -> ServingSettings:
-        return cls(methods=("full_kv", "growpage", "growpage_overcommit"), pool_fractions=(0.25, 1.0), reasoning=4,
+        return cls(methods=("full_kv", "growpage", "growpage_reserving"), pool_fractions=(0.25, 1.0), reasoning=4,
                    reasoning_max_tokens=64, summaries=2, summary_max_tokens=16)
 
     def tasks(self) -> list[Task]:

@@ -37,7 +37,8 @@ from growpage.core.devices import device_name
 from growpage.core.evict import max_pool_scores, select_keep, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
 from growpage.core.methods import GROWPAGE, KVMethod, TokenScore
-from growpage.core.policy import Action
+from growpage.core.policy import Action, Reason
+from growpage.core.pressure import ReclaimCandidate, plan_reclaim
 from growpage.core.pool import PagePool
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.summaries import SummaryBank, summarize_attention
@@ -323,6 +324,41 @@ class GrowPageManager:
                                                    pages_after=request.pages_held, bytes_in=bytes_in,
                                                    bytes_out=bytes_out, started_perf_s=started)
 
+    def relieve_pressure(self, pages_needed: int, exclude: str | None = None) -> int:
+        """Compress other running requests so ``pages_needed`` pages come free, before the engine
+        preempts anyone (lowest LTS first, never below ``base_pages``: :mod:`growpage.core.pressure`).
+
+        Returns:
+            Pages returned to the pool (may be fewer than asked; then preemption is the last resort).
+        """
+        if not self.method.family == "growpage" or pages_needed <= 0:
+            return 0
+        candidates = []
+        with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):
+            self._refresh_readings(list(self.requests.values()))
+            for request in self.requests.values():
+                if request.request_id == exclude or request.mode is not Mode.ENFORCE or request.reserved:
+                    continue
+                if request.pages_held > request.base_pages:
+                    candidates.append(ReclaimCandidate(request.request_id, request.pages_held, request.base_pages,
+                                                       request.control.lts_entropy, needs_page=False))
+        freed = 0
+        for item in plan_reclaim(pages_needed, candidates):
+            request = self.requests[item.request_id]
+            free_before, pages_before = self.pool.num_free, request.pages_held
+            started = time.perf_counter()
+            with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):
+                # the first page a compaction empties stays the request's next page: free one more
+                plan = self._plan_evict(request, pages_to_free=item.pages_gained + 1)
+                if plan is None:
+                    continue
+                bytes_in, bytes_out = self._evict(request, plan)
+                self.controller.record_prompt_eviction(
+                    request.request_id, pages_before=pages_before, pages_after=request.pages_held,
+                    bytes_in=bytes_in, bytes_out=bytes_out, started_perf_s=started, reason=Reason.POOL_PRESSURE)
+            freed += self.pool.num_free - free_before
+        return freed
+
     # ---- compression ----------------------------------------------------------------------------
     def _private_pages(self, request: RequestKV, fmt: PageFormat) -> list[int]:
         return [p for p in request.pages if self.store.format[p] is fmt and not self.pool.is_shared(p)]
@@ -363,14 +399,16 @@ class GrowPageManager:
             return torch.rand(positions.shape, generator=self._random_scores).to(positions.device)
         return max_pool_scores(positions, scores, self.method.pool_kernel)
 
-    def _plan_evict(self, request: RequestKV) -> _EvictPlan | None:
+    def _plan_evict(self, request: RequestKV, pages_to_free: int | None = None) -> _EvictPlan | None:
         """Drop the lowest-ranked unprotected tokens of one format group to free pages.
 
         Full-precision tokens go first (compaction is exact); quantized groups are compacted only
         when the full-precision group cannot free a page (their survivors are re-quantized).
+        ``pages_to_free`` defaults to what the method frees at a boundary.
         """
-        pages_to_free = self.method.pages_to_free(request.pages_held, request.base_pages,
-                                                  self.config.evict_min_pages)
+        if pages_to_free is None:
+            pages_to_free = self.method.pages_to_free(request.pages_held, request.base_pages,
+                                                      self.config.evict_min_pages)
         for fmt in (PageFormat.FULL, PageFormat.INT8, PageFormat.INT4):
             pages = self._private_pages(request, fmt)
             if not pages:

@@ -15,9 +15,11 @@ zipage             cap in pages; at the cap compress a quarter of it in one even
                    Zipage's Compressed PagedAttention) with SnapKV-style scores
 uniform_int8/int4  no cap; quantize every full page outside the sinks and the recent window as
                    soon as there are enough (KIVI-style FP16 residual window), else grow
-growpage           the growth contract (:func:`growpage.core.policy.decide`)
-growpage_overcommit  the same contract, admitted on demand like vLLM (no ``base_pages``
-                   reservation): compression, not preemption, is what catches an over-committed pool
+growpage           the growth contract (:func:`growpage.core.policy.decide`), admitted on demand like
+                   vLLM: compression under pool pressure, not preemption, catches a full pool, and
+                   ``base_pages`` is the floor that protects a running request
+growpage_reserving the same contract with reserving admission (``base_pages`` reserved per request
+                   at admission: never over-committed, fewer requests running)
 ablations          growpage without STS (density read as 0), without LTS (entropy read as the
                    grow threshold), without quantization, and a random feasible action
 =================  =============================================================================
@@ -67,9 +69,9 @@ class KVMethod:
             event (Zipage's amortised compression); 0 frees just enough.
         compress_prompt: once the prompt is cached, evict it down to the budget (SnapKV compresses
             after prefill; without this a long prompt would stay whole until its first boundary).
-        reserve_base_pages: admission reserves ``base_pages`` (GrowPage's grant, its admission
-            control); False allocates on demand from the prompt's pages, as vLLM does (every
-            baseline: the systems they model run on vLLM's allocator).
+        reserve_base_pages: admission reserves ``base_pages`` per request (the reserving variant);
+            False allocates on demand from the prompt's pages, as vLLM does (GrowPage's default
+            and every baseline: the systems they model run on vLLM's allocator).
         config_overrides: GrowPageConfig fields the method fixes (e.g. quantization bits).
     """
 
@@ -82,7 +84,7 @@ class KVMethod:
     evict_to_budget: bool = False
     evict_fraction: float = 0.0
     compress_prompt: bool = False
-    reserve_base_pages: bool = True
+    reserve_base_pages: bool = False
     config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -180,10 +182,9 @@ def _growpage(name: str, family: str, decide_fn: DecideFn) -> KVMethod:
 def build_method(name: str, seed: int = 0) -> KVMethod:
     """The method called ``name`` (see :data:`METHOD_NAMES`); ``seed`` drives random choices."""
     window: dict[str, Any] = dict(token_score=TokenScore.WINDOW, pool_kernel=7)
-    on_demand: dict[str, Any] = dict(reserve_base_pages=False)  # the systems they model allocate as vLLM does
-    capped: dict[str, Any] = dict(evict_to_budget=True, compress_prompt=True, **on_demand)
+    capped: dict[str, Any] = dict(evict_to_budget=True, compress_prompt=True)
     builders: dict[str, Callable[[], KVMethod]] = {
-        "full_kv": lambda: KVMethod("full_kv", "full", full_kv_decide, reserve_base_pages=False),
+        "full_kv": lambda: KVMethod("full_kv", "full", full_kv_decide),
         "streaming_llm": lambda: KVMethod("streaming_llm", "fixed_budget", fixed_budget_decide,
                                           token_score=TokenScore.RECENCY, **capped),
         "h2o": lambda: KVMethod("h2o", "fixed_budget", fixed_budget_decide, **capped),
@@ -191,11 +192,11 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
         "zipage": lambda: KVMethod("zipage", "fixed_budget", fixed_budget_decide, evict_fraction=0.25,
                                    **window, **capped),
         "uniform_int8": lambda: KVMethod("uniform_int8", "quantization", uniform_quantization_decide,
-                                         config_overrides={"quantization_bits": 8}, **on_demand),
+                                         config_overrides={"quantization_bits": 8}),
         "uniform_int4": lambda: KVMethod("uniform_int4", "quantization", uniform_quantization_decide,
-                                         config_overrides={"quantization_bits": 4}, **on_demand),
+                                         config_overrides={"quantization_bits": 4}),
         "growpage": lambda: _growpage("growpage", "growpage", decide),
-        "growpage_overcommit": lambda: KVMethod("growpage_overcommit", "growpage", decide, **on_demand),
+        "growpage_reserving": lambda: KVMethod("growpage_reserving", "growpage", decide, reserve_base_pages=True),
         "growpage_no_sts": lambda: _growpage("growpage_no_sts", "ablation", without_sts),
         "growpage_no_lts": lambda: _growpage("growpage_no_lts", "ablation", without_lts),
         "growpage_no_quant": lambda: _growpage("growpage_no_quant", "ablation", without_quantization),
@@ -208,6 +209,6 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
 
 
 METHOD_NAMES = ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8", "uniform_int4",
-                "growpage", "growpage_overcommit", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random")
+                "growpage", "growpage_reserving", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random")
 
 GROWPAGE = build_method("growpage")

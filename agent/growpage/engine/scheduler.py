@@ -103,6 +103,8 @@ class Scheduler:
             status = self.manager.ensure_slots(request.request_id, num_tokens)
             if status is not SlotStatus.PREEMPT:
                 return status
+            if self.manager.relieve_pressure(1, exclude=request.request_id):
+                continue  # others compressed instead: preemption is the last resort
             victim = self.running[-1]
             if victim is request and len(self.running) == 1:
                 # Alone and still no page: it can never fit this pool. Finish it rather than

@@ -285,8 +285,9 @@ class SchedulerEnforcer:
                                      config.recent_window_tokens)
         target = None
         if shareable and self.worker_ready:
-            target = compaction_target_tokens(physical, tracked.allowed_blocks, block_size,
-                                              config.evict_min_pages, protected)
+            # never below the floor (base_pages) that protects a running request
+            target = compaction_target_tokens(physical, max(tracked.allowed_blocks, self._floor_blocks(request)),
+                                              block_size, config.evict_min_pages, protected)
         pool_free = pool.get_num_free_blocks()
         call = self.controller.decide(
             request.request_id, pages_held=held, pool=PoolView(pool_free, reserve_blocks),
@@ -362,6 +363,7 @@ class SchedulerEnforcer:
             if value:
                 dropped[request.request_id] = value
         payload = {"plans": {k: dataclasses.asdict(v) for k, v in self._plans.items()}, "dropped": dropped,
+                   "enforcer_state": "active" if self.worker_ready else "waiting_for_worker",
                    "decisions": self._decisions, "degraded": self._degraded,
                    "pages_granted": self._pages_granted, "errors": self._errors}
         setattr(output, OUTPUT_ATTRIBUTE, payload)

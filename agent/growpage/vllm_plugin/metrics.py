@@ -29,7 +29,7 @@ class DegradedDecisionsCollector:
         family = CounterMetricFamily(
             DEGRADED_METRIC, "Page-boundary decisions vLLM applied differently than decided (quantize and "
             "defer cannot be per-request in vLLM), by decided and enforced kind.",
-            labels=("model", "decided", "enforced"))
+            labels=("model_name", "decided", "enforced"))
         try:
             for (decided, enforced), count in sorted(dict(self._observer.degraded_total).items()):
                 family.add_metric((self._model, decided, enforced), float(count))

@@ -108,6 +108,8 @@ class VllmObserver:
         self.engine_version = engine_version
         self.device = torch.device("cpu")  # the KV cache's, once seen
         self.stats = self.controller.stats
+        # active until the first write shows the cache layout cannot be read (note_kv_write)
+        self.stats.set_component_state("observer", "active")
         self.summaries = SummaryBank(config, max_requests)
         self.observed_layers = self.controller.observed_layers
         self.num_layers = num_layers
@@ -183,6 +185,9 @@ class VllmObserver:
 
     def _record_enforcement(self, payload: dict) -> None:
         """Count what the scheduler-side enforcer decided and did (it has no exporter of its own)."""
+        state = payload.get("enforcer_state")
+        if state:
+            self.stats.set_component_state("enforcer", str(state))
         for _ in range(int(payload.get("errors", 0))):
             self.stats.record_error(PLUGIN_COMPONENT)
         granted = int(payload.get("pages_granted", 0))

@@ -22,12 +22,13 @@ import functools
 import logging
 from typing import Any
 
-from growpage.vllm_plugin.enforcer import DROPPED_ATTRIBUTE, SchedulerEnforcer
+from growpage.vllm_plugin.enforcer import DROPPED_ATTRIBUTE, OUTPUT_ATTRIBUTE, SchedulerEnforcer
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
 _WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
 _ENFORCER_ATTRIBUTE = "_growpage_enforcer"
+_INACTIVE_ATTRIBUTE = "_growpage_enforcer_inactive"  # why a deployment that enforces has no enforcer
 _DELAY_CACHE_BLOCKS_INDEX = 4  # allocate_slots(request, num_new_tokens, a, b, c, delay_cache_blocks, ...)
 
 
@@ -36,39 +37,48 @@ def enforcer_of(scheduler: Any) -> SchedulerEnforcer | None:
     enforcer = scheduler.__dict__.get(_ENFORCER_ATTRIBUTE, False)
     if enforcer is False:
         enforcer = None
+        inactive: str | None = None
         try:
-            enforcer = _build_enforcer(scheduler)
+            enforcer, inactive = _build_enforcer(scheduler)
         except Exception:
+            inactive = "start_failed"
             logger.exception("growpage: cannot start enforcement in the scheduler; vLLM's own paging runs")
         scheduler.__dict__[_ENFORCER_ATTRIBUTE] = enforcer
+        scheduler.__dict__[_INACTIVE_ATTRIBUTE] = inactive
     return enforcer
 
 
-def _build_enforcer(scheduler: Any) -> SchedulerEnforcer | None:
+def inactive_reason(scheduler: Any) -> str | None:
+    """Why a deployment that runs mode=enforce has no enforcer (None: it has one, or does not enforce)."""
+    return scheduler.__dict__.get(_INACTIVE_ATTRIBUTE)
+
+
+def _build_enforcer(scheduler: Any) -> tuple[SchedulerEnforcer | None, str | None]:
+    """The enforcer, or None and why not (None when the deployment does not enforce at all)."""
     from growpage.config import Mode
     from growpage.vllm_plugin.settings import settings_from_vllm_config
 
     config, settings = settings_from_vllm_config(scheduler.vllm_config)
     if config.mode is not Mode.ENFORCE:
-        return None
+        return None, None
     if getattr(scheduler.scheduler_config, "async_scheduling", False):
         logger.warning("growpage: mode=enforce needs synchronous scheduling; async scheduling is on, so "
                        "requests are monitored only (start vLLM with --no-async-scheduling to enforce)")
-        return None
+        return None, "async_scheduling"
     parallel = scheduler.vllm_config.parallel_config
     ranks = getattr(parallel, "tensor_parallel_size", 1) * getattr(parallel, "pipeline_parallel_size", 1)
     if ranks > 1:  # only rank 0 builds a compactor today: every rank would have to move the same tokens
         logger.warning("growpage: mode=enforce supports one worker (TP=PP=1); this deployment has %d, so "
                        "requests are monitored only", ranks)
-        return None
+        return None, "tensor_parallel"
     managers = scheduler.kv_cache_manager.coordinator.single_type_managers
     if len(managers) != 1:
         logger.warning("growpage: mode=enforce supports one KV cache group (full attention); this model has "
                        "%d, so requests are monitored only", len(managers))
-        return None
+        return None, "hybrid_kv_cache"
     logger.info("growpage: enforcing KV budgets in the scheduler (base_pages=%d, block_size=%d)",
                 config.base_pages, config.block_size)
-    return SchedulerEnforcer(config, settings)
+    return SchedulerEnforcer(config, settings), None
 
 
 def install_scheduler_hooks() -> bool:
@@ -92,6 +102,8 @@ def install_scheduler_hooks() -> bool:
         output = original_schedule(self, *args, **kwargs)
         if enforcer is not None:
             enforcer.guarded("step payload", enforcer.after_schedule, self, output)
+        elif inactive_reason(self) is not None:  # the worker's exporter says why enforce does nothing
+            setattr(output, OUTPUT_ATTRIBUTE, {"enforcer_state": inactive_reason(self)})
         return output
 
     @functools.wraps(original_allocate)
