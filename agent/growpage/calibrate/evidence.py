@@ -41,9 +41,10 @@ class ModelEvidence:
     block_sizes: tuple[int, ...] = ()
     mode: str | None = None
 
-    def histograms(self) -> dict[catalog.MetricSpec, HistogramCounts | None]:
-        return {catalog.LTS_ENTROPY: self.lts_entropy, catalog.STS_DENSITY: self.sts_density,
-                catalog.REQUEST_TOKENS: self.request_tokens}
+    def histograms(self) -> tuple[tuple[catalog.MetricSpec, HistogramCounts | None], ...]:
+        """``(spec, histogram)`` in :data:`DISTRIBUTIONS` order."""
+        return ((catalog.LTS_ENTROPY, self.lts_entropy), (catalog.STS_DENSITY, self.sts_density),
+                (catalog.REQUEST_TOKENS, self.request_tokens))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,11 @@ class Evidence:
     source: Mapping[str, Any]  # kind, target, and source details (JSON values)
     window: Window
     models: Mapping[str, ModelEvidence]
+
+    @property
+    def wider(self) -> str:
+        """How to read a longer window from this source ("" when it already reads everything)."""
+        return str(self.source.get("wider", ""))
 
     @property
     def where(self) -> str:

@@ -102,7 +102,7 @@ def to_json(calibration: Calibration, evidence: Evidence, command: str, written:
     """The summary for scripts: the values, the evidence behind each, and where the file went."""
     document: dict[str, Any] = {
         "model": calibration.model,
-        "source": {key: value for key, value in evidence.source.items() if key != "where"},
+        "source": {key: value for key, value in evidence.source.items() if key not in ("where", "wider")},
         "window": evidence.window.to_dict(),
         "block_size": calibration.block_size,
         "block_size_from": calibration.block_size_from,

@@ -118,4 +118,5 @@ def run(request: CalibrateRequest) -> tuple[Calibration, Evidence]:
     """
     evidence = collect(request)
     model = evidence.for_model(request.model_name)
-    return calibrate(model, request.quantiles, request.block_size, request.min_samples, evidence.where), evidence
+    return (calibrate(model, request.quantiles, request.block_size, request.min_samples, evidence.where, evidence.wider),
+            evidence)

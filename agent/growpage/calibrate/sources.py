@@ -44,8 +44,8 @@ def from_endpoint(url: str, duration_s: float | None = None, timeout_s: float = 
             if index:
                 sleep(duration_s or 0.0)
             expositions.append(_scrape(client, target))
-    source = {"kind": "endpoint", "target": target, "where": f"the agent at {target}",
-              "duration_s": duration_s}
+    source = {"kind": "endpoint", "target": target, "where": f"the agent at {target}", "duration_s": duration_s,
+              "wider": "" if duration_s is None else "a longer --duration, or none (everything since the agent started)"}
     return evidence_from_expositions(expositions, source, "scrapes")
 
 
@@ -77,7 +77,8 @@ def from_snapshots(paths: Sequence[Path]) -> Evidence:
         raise GrowPageError("two snapshots have the same time: increases need different times; add a "
                             "'# growpage-snapshot-time: <unix seconds>' first line to each file")
     source = {"kind": "snapshot", "target": ", ".join(str(path) for path in paths),
-              "where": f"snapshot {paths[0]}" if len(paths) == 1 else f"snapshots {', '.join(map(str, paths))}"}
+              "where": f"snapshot {paths[0]}" if len(paths) == 1 else f"snapshots {', '.join(map(str, paths))}",
+              "wider": "" if len(paths) == 1 else "snapshots further apart, or only the newest (totals since the agent started)"}
     return evidence_from_expositions(expositions, source, "snapshots")
 
 
@@ -144,7 +145,7 @@ def from_prometheus(base_url: str, since_s: float, at_s: float | None = None, na
     window = Window(at_s - window_s, at_s, "range")
     scope = f"{selector}, " if matchers else ""
     source = {"kind": "prometheus", "target": base_url, "selector": selector, "since_s": window_s, "at": at_s,
-              "where": f"Prometheus at {base_url} ({scope}{window.describe()})"}
+              "where": f"Prometheus at {base_url} ({scope}{window.describe()})", "wider": "a longer --since"}
     return Evidence(source=source, window=window, models=found)
 
 

@@ -101,9 +101,9 @@ def min_base_pages(block_size: int) -> int:
     return _DEFAULTS.evict_min_pages + math.ceil(protected / block_size)
 
 
-def check_samples(evidence: ModelEvidence, min_samples: int, where: str) -> None:
+def check_samples(evidence: ModelEvidence, min_samples: int, where: str, wider: str = "") -> None:
     """Raise GrowPageError, one line saying how to fix it, when a distribution is missing or thin."""
-    for spec, histogram in evidence.histograms().items():
+    for spec, histogram in evidence.histograms():
         if histogram is None:
             raise GrowPageError(
                 f"{spec.name} is missing from {where}{_for_model(evidence.model)}: run GrowPage in monitor "
@@ -113,7 +113,7 @@ def check_samples(evidence: ModelEvidence, min_samples: int, where: str) -> None
             raise GrowPageError(
                 f"only {histogram.count:g} {spec.name} samples{_for_model(evidence.model)} in {where}, "
                 f"need --min-samples {min_samples}{mode}: let more requests run with GrowPage in monitor "
-                "mode, read a longer window (--since, or one scrape since agent start), or lower --min-samples")
+                f"mode, {f'read {wider}, ' if wider else ''}or lower --min-samples")
 
 
 def _for_model(model: str) -> str:
@@ -121,7 +121,7 @@ def _for_model(model: str) -> str:
 
 
 def calibrate(evidence: ModelEvidence, quantiles: Quantiles, block_size: int | None = None,
-              min_samples: int = DEFAULT_MIN_SAMPLES, where: str = "the source") -> Calibration:
+              min_samples: int = DEFAULT_MIN_SAMPLES, where: str = "the source", wider: str = "") -> Calibration:
     """Settings for one model from its distributions.
 
     Args:
@@ -130,12 +130,13 @@ def calibrate(evidence: ModelEvidence, quantiles: Quantiles, block_size: int | N
         block_size: overrides the build info's ``block_size`` (``--block-size``).
         min_samples: fewest observations a distribution needs.
         where: the source, for messages.
+        wider: how to read a longer window from this source, for the too-few-samples message.
 
     Raises:
         GrowPageError: a distribution is missing or has fewer than ``min_samples`` observations, or
             the block size is unknown or ambiguous.
     """
-    check_samples(evidence, min_samples, where)
+    check_samples(evidence, min_samples, where, wider)
     size, size_from = _block_size(evidence, block_size, where)
     lts, density, tokens = evidence.lts_entropy, evidence.sts_density, evidence.request_tokens
     assert lts is not None and density is not None and tokens is not None  # check_samples raised otherwise
