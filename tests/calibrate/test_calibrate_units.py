@@ -12,6 +12,7 @@ import yaml
 
 from growpage import catalog
 from growpage.calibrate import Calibration, Evidence, ModelEvidence, Quantiles, calibrate, render_yaml, write_config
+from growpage.calibrate.output import count_text
 from growpage.calibrate.thresholds import min_base_pages
 from growpage.config import GrowPageConfig, load_config
 from growpage.diagnose.observations import HistogramCounts, Window
@@ -170,3 +171,7 @@ def test_the_file_states_its_evidence_and_loads(tmp_path):
     assert (config.lts_grow_threshold, config.rollout_entropy_threshold, config.density_threshold,
             config.base_pages, config.block_size) == (2.9167, 3.5, 0.875, 20, 16)
     assert [p.name for p in tmp_path.iterdir()] == ["out.yaml"]  # no temporary file left behind
+
+
+def test_sample_counts_read_as_counts():
+    assert [count_text(c) for c in (1_234_567.0, 100.0, 1079.278, 0.0)] == ["1234567", "100", "1079.3", "0"]

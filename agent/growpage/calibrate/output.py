@@ -38,11 +38,14 @@ def check_writable(path: Path) -> None:
 def _explain(setting: Setting, calibration: Calibration) -> str:
     quantile = f"q{setting.quantile:g} of {setting.metric}"
     if setting.name == "base_pages":
-        quantile = (f"ceil({quantile} = {setting.observed:.6g} tokens / block_size {calibration.block_size})")
-    elif round(setting.observed, 6) != setting.value:
-        quantile += f" = {setting.observed:.6g}"
+        quantile = f"ceil({quantile} = {setting.observed:.6g} tokens / block_size {calibration.block_size})"
     notes = "".join(f"; {note}" for note in setting.notes)
-    return f"#   {setting.name}: {setting.value}  <- {quantile}, {setting.samples:g} samples{notes}"
+    return f"#   {setting.name}: {setting.value}  <- {quantile}, {count_text(setting.samples)} samples{notes}"
+
+
+def count_text(count: float) -> str:
+    """``1234567`` stays whole; Prometheus' extrapolated ``1079.278`` keeps one decimal (never 1.2e+06)."""
+    return str(int(count)) if float(count).is_integer() else f"{count:.1f}"
 
 
 def render_yaml(calibration: Calibration, evidence: Evidence, command: str,
@@ -58,7 +61,7 @@ def render_yaml(calibration: Calibration, evidence: Evidence, command: str,
         + (f" {evidence.source['selector']}" if evidence.source.get("selector", "{}") != "{}" else ""),
         f"# Window: {evidence.window.describe()}",
         f"# Model: {model}; block_size {calibration.block_size} from {calibration.block_size_from}",
-        "# Samples: " + ", ".join(f"{name} {count:g}" for name, count in _samples(calibration).items()),
+        "# Samples: " + ", ".join(f"{name} {count_text(count)}" for name, count in _samples(calibration).items()),
         "# Quantiles from histogram buckets, linear inside the bucket (as histogram_quantile):",
         *(_explain(setting, calibration) for setting in calibration.settings),
     ]
