@@ -62,13 +62,19 @@ def test_enforce_caps_blocks_and_is_identical_until_the_first_compaction(vllm_ru
     reference, capped = rows(off, "A_capped"), rows(enforce, "A_capped")
     prompts, texts = rows(enforce, "A_capped", "prompt_token_ids"), rows(enforce, "A_capped", "texts")
     assert len(prompts) == len(PROMPTS)
+    batch = [records[(tuple(prompt), len(got))] for prompt, got in zip(prompts, capped, strict=True)]
+    # The capped requests decode in one batch. CPU attention kernels (AMX in particular) are not
+    # batch-invariant: compacting one request changes the work split of the others' attention, so
+    # every request must match vLLM alone until the batch's first compaction.
+    first_compaction_step = min(r["first_compaction_at"] - r["num_prompt_tokens"] for r in batch)
     for prompt, ref, got, text in zip(prompts, reference, capped, texts, strict=True):
         record = records[(tuple(prompt), len(got))]
         assert record["peak_blocks"] <= CAP_BLOCKS, record
         assert record["compactions"] >= 1 and record["num_preemptions"] == 0, record
         assert len(got) == MAX_TOKENS
-        # the token sampled from the last uncompacted position is the last one that must match
-        must_match = record["first_compaction_at"] - record["num_prompt_tokens"] + 1
+        # tokens sampled before the batch's first compaction must match; the step that compacts
+        # already attends to the compacted KV, so its token may differ
+        must_match = first_compaction_step
         assert 0 < must_match < MAX_TOKENS
         assert got[:must_match] == ref[:must_match], (record, _identical_prefix(ref, got))
         _assert_coherent(got, ref)

@@ -185,5 +185,5 @@ def test_prometheus_scrapes_growpage_metrics(server: Served, tmp_path: Path):
         assert all(series["metric"].get(catalog.MODEL_LABEL) for series in result), result[:3]
         build = prom.query(f'{catalog.BUILD_INFO.name}{{job="{catalog.SCRAPE_JOB}", namespace="{NAMESPACE}"}}')
         assert [float(series["value"][1]) for series in build] == [1.0], build
-        assert build[0]["metric"].get("engine") == "vllm", build
+        assert build[0]["metric"].get("home") == "vllm", build
         assert not prom.query('{__name__=~"vllm:.+"}')

@@ -38,8 +38,8 @@ from growpage.core.evict import max_pool_scores, select_keep, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
 from growpage.core.methods import GROWPAGE, KVMethod, TokenScore
 from growpage.core.policy import Action, Reason
-from growpage.core.pressure import ReclaimCandidate, plan_reclaim
 from growpage.core.pool import PagePool
+from growpage.core.pressure import ReclaimCandidate, plan_reclaim
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.errors import GrowPageError
