@@ -83,13 +83,15 @@ def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console |
     spec = {"model_dir": model_dir, "prompts": prompts_for(settings),
             "block_size": settings.block_size, "kv_blocks": settings.kv_blocks, "max_tokens": settings.max_tokens,
             "max_model_len": min(2048, (settings.kv_blocks - 1) * settings.block_size),
-            "growpage": settings.growpage_config(), "report_interval_s": settings.report_interval_s}
+            "report_interval_s": settings.report_interval_s}
     console.print(f"GrowPage demo on vLLM {_vllm_version()} (CPU): {settings.requests} reasoning requests x "
                   f"{settings.max_tokens} tokens, KV space {settings.kv_blocks - 1} blocks of "
                   f"{settings.block_size} tokens.")
     console.print("Each run starts an engine first (about a minute here).")
     show = _progress_printer(console)
-    results = {variant: _run_child({**spec, "variant": variant}, show, timeout_s) for variant in VARIANTS}
+    configs = {"vllm": None, "growpage": settings.growpage_config()}
+    results = {variant: run_child({**spec, "variant": variant, "growpage": configs[variant]}, show, timeout_s)
+               for variant in VARIANTS}
     return summarize(results, settings, console)
 
 
@@ -99,7 +101,12 @@ def _vllm_version() -> str:
     return vllm.__version__
 
 
-def _run_child(spec: dict, on_progress: Callable[[dict], None], timeout_s: float) -> dict:
+def run_child(spec: dict, on_progress: Callable[[dict], None], timeout_s: float) -> dict:
+    """Run one engine (:mod:`growpage.vllm_demo_run`) on ``spec``; returns its result record.
+
+    Raises:
+        GrowPageError: the run failed (with the child's last error line).
+    """
     env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     process = subprocess.Popen([sys.executable, "-m", "growpage.vllm_demo_run", json.dumps(spec)],
@@ -120,7 +127,7 @@ def _run_child(spec: dict, on_progress: Callable[[dict], None], timeout_s: float
     if process.returncode != 0 or result is None:
         lines = [line for line in stderr.splitlines() if line.strip()] or ["no output"]
         errors = [line for line in lines if "Error" in line] or lines[-1:]
-        raise GrowPageError(f"the vLLM demo's {LABELS[spec['variant']]} run failed (exit "
+        raise GrowPageError(f"the vLLM run {LABELS.get(spec['variant'], spec['variant'])!r} failed (exit "
                             f"{process.returncode}): {errors[-1].strip()}")
     return result
 
@@ -130,7 +137,8 @@ def _progress_printer(console: Console) -> Callable[[dict], None]:
 
     def show(report: dict) -> None:
         used = report["blocks_total"] - report["blocks_free"]
-        console.print(f"{SHORT_LABELS[report['variant']]:<10} {report['elapsed_s']:>4.0f}s "
+        console.print(f"{SHORT_LABELS.get(report['variant'], report['variant'])[:10]:<10} "
+                      f"{report['elapsed_s']:>4.0f}s "
                       f"done {report['finished']:>2}/{report['requests']:<2} "
                       f"run {report['running']:>2} wait {report['waiting']:>2} "
                       f"blocks {used:>3}/{report['blocks_total']:<3} "

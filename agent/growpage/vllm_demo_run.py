@@ -21,8 +21,9 @@ PROGRESS_PREFIX = "GROWPAGE_DEMO_PROGRESS "
 RESULT_PREFIX = "GROWPAGE_DEMO_RESULT "
 
 
-def _growpage_config(variant: str, spec: dict) -> dict:
-    if variant == "vllm":
+def _growpage_config(spec: dict) -> dict:
+    """``spec["growpage"]`` is GrowPage's config for this run, or None for vLLM alone."""
+    if spec.get("growpage") is None:
         return {"mode": "off", "exporter_port": -1}
     return {"mode": "enforce", "exporter_port": -1, **spec["growpage"]}
 
@@ -55,7 +56,8 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
 
     from growpage.core.quantiles import percentile
 
-    os.environ["GROWPAGE_MODE"] = "off" if variant == "vllm" else "enforce"
+    config = _growpage_config(spec)
+    os.environ["GROWPAGE_MODE"] = config["mode"]  # off: register() returns at once, no GrowPage code runs
     latencies: list[float] = []
     original = _timed_allocations(latencies)
     try:
@@ -63,7 +65,7 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
                   block_size=spec["block_size"], max_model_len=spec["max_model_len"],
                   max_num_seqs=len(prompts), max_num_batched_tokens=1024, seed=0,
                   num_gpu_blocks_override=spec["kv_blocks"],
-                  additional_config={"growpage": _growpage_config(variant, spec)})
+                  additional_config={"growpage": config})
         engine = llm.llm_engine
         scheduler = engine.engine_core.engine_core.scheduler
         pool = scheduler.kv_cache_manager.block_pool

@@ -5,20 +5,29 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from growpage.bench.vllm import VARIANTS, VllmBenchSettings, _growpage_config
+from growpage.bench.vllm import VARIANTS, VllmBenchSettings, _summary
 
 
-def test_variants_are_vllm_alone_monitor_and_enforce_with_the_same_workload():
-    settings = dataclasses.asdict(VllmBenchSettings(base_pages=3, growpage={"observed_heads": 2}))
-    assert VARIANTS == ("vllm", "monitor", "enforce")
-    assert _growpage_config("vllm", settings)["mode"] == "off"
-    for variant in ("monitor", "enforce"):
-        config = _growpage_config(variant, settings)
-        assert config["mode"] == variant and config["base_pages"] == 3 and config["observed_heads"] == 2
-    json.dumps(settings)  # the child receives it as JSON
+def test_variants_are_vllm_alone_growpage_and_the_attainable_limit():
+    assert VARIANTS == ("vllm", "growpage", "limit")
+    settings = VllmBenchSettings(base_pages=3, growpage={"observed_heads": 2})
+    config = settings.growpage_config()
+    assert config["mode"] == "enforce" and config["base_pages"] == 3 and config["observed_heads"] == 2
+    assert settings.growpage_config("monitor")["mode"] == "monitor"
+    json.dumps(dataclasses.asdict(settings))  # the JSON result carries it
 
 
-def test_quick_settings_put_the_kv_space_under_pressure():
-    quick = VllmBenchSettings.quick()
-    full_blocks = -(-(16 + quick.pressure_tokens) // quick.block_size)
-    assert quick.pressure_requests * full_blocks > quick.kv_blocks  # vLLM alone must queue or preempt
+def test_the_kv_space_is_under_pressure_and_the_limit_holds_everyone():
+    for settings in (VllmBenchSettings(), VllmBenchSettings.quick()):
+        prompt_tokens = 60
+        full_blocks = -(-(prompt_tokens + settings.max_tokens) // settings.block_size)
+        assert settings.requests * full_blocks > 2 * (settings.kv_blocks - 1)  # vLLM alone must queue or preempt
+        assert settings.limit_blocks(prompt_tokens) - 1 >= settings.requests * full_blocks
+    assert len(VllmBenchSettings().seeds) >= 2  # a second trace guards against tuning to one
+
+
+def test_summary_reports_each_seed():
+    traces = [{"seed": 0, "growpage_vs_vllm": 1.5, "captured_gain_share": 0.5, "preemptions": {"vllm": 3}},
+              {"seed": 1, "growpage_vs_vllm": 1.4, "captured_gain_share": 0.4, "preemptions": {"vllm": 2}}]
+    summary = _summary(traces, {"monitor_vs_vllm": 0.99})
+    assert summary["growpage_vs_vllm_by_seed"] == {0: 1.5, 1: 1.4} and summary["monitor_vs_vllm"] == 0.99

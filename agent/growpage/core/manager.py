@@ -119,7 +119,6 @@ class _EvictPlan:
     fmt: PageFormat
     pages: list[int]
     keep: torch.Tensor  # [N] bool over the group's tokens
-    num_candidates: int
 
 
 class GrowPageManager:
@@ -422,9 +421,7 @@ class GrowPageManager:
                                self.config.sink_tokens, self.config.recent_window_tokens)
             if keep is None:
                 continue
-            recent_start = request.logical_length - self.config.recent_window_tokens
-            candidates = int(((positions >= self.config.sink_tokens) & (positions < recent_start)).sum())
-            return _EvictPlan(fmt=fmt, pages=pages, keep=keep, num_candidates=candidates)
+            return _EvictPlan(fmt=fmt, pages=pages, keep=keep)
         return None
 
     def _reclaim(self, request: RequestKV, emptied: list[int]) -> None:
@@ -456,10 +453,11 @@ class GrowPageManager:
         emptied = self.store.write_group(plan.pages, plan.fmt, values[:, keep], positions[keep].clone(),
                                          scores[keep].clone())
         self._reclaim(request, emptied)
+        # bytes before / after, over the compacted group (as inside vLLM): protected tokens count on
+        # both sides, so the ratio is finite even when every unprotected token goes
         token_bytes = self.store.token_bytes(plan.fmt)
-        dropped = int((~keep).sum())
-        bytes_in = round(plan.num_candidates * token_bytes)
-        bytes_out = round((plan.num_candidates - dropped) * token_bytes)
+        bytes_in = round(keep.numel() * token_bytes)
+        bytes_out = round(int(keep.sum()) * token_bytes)
         self.stats.record_compression(bytes_in, bytes_out)
         return bytes_in, bytes_out
 
