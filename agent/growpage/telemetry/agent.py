@@ -161,7 +161,7 @@ class TelemetryAgent:
             return
         with self._lock:
             try:
-                self._state.fold(snapshot)
+                self._state.fold(snapshot, now_s=self._clock())
             except Exception:
                 self._fault("folding a stats snapshot failed; its samples are lost")
         if snapshot.samples_dropped and not self._warned_dropped:
