@@ -107,7 +107,7 @@ def test_int8_includes_one_fp16_scale_per_layer_kv_and_head_per_page():
 
 
 def test_int8_compression_ratio_is_below_two_once_scales_are_counted():
-    # SEED-NOTES: FP16 -> INT8 with per-head scales per 16-token page is ~1.998x, not 2.0x.
+    # FP16 -> INT8 with per-head scales per 16-token page is ~1.998x, not 2.0x.
     fp16 = estimate_kv_size(1, 1, 128, tokens=16)
     int8 = estimate_kv_size(1, 1, 128, tokens=16, dtype="int8")
     assert fp16.bytes_per_page / int8.bytes_per_page == pytest.approx(4096 / 2050)

@@ -74,7 +74,7 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
             engine.add_request(f"{variant}-{index}", prompt, params)
         outputs: dict[str, list[int]] = {}
         preemptions: dict[str, int] = {}
-        peak_running = steps = 0
+        peak_running = steps = running_steps = 0
         started = last_report = time.perf_counter()
         while engine.has_unfinished_requests():
             for output in engine.step():
@@ -85,6 +85,7 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
                 preemptions[request.request_id] = max(preemptions.get(request.request_id, 0),
                                                       request.num_preemptions)
             peak_running = max(peak_running, len(scheduler.running))
+            running_steps += len(scheduler.running)
             now = time.perf_counter()
             if now - last_report >= spec["report_interval_s"] or not engine.has_unfinished_requests():
                 last_report = now
@@ -101,6 +102,7 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
         return {
             "variant": variant, "tokens_per_s": generated / elapsed, "generated_tokens": generated,
             "elapsed_s": elapsed, "steps": steps, "peak_running": peak_running,
+            "mean_running": running_steps / max(steps, 1),
             "preemptions": sum(preemptions.values()), "decisions": _decisions(scheduler),
             "compressed_bytes_in": stats.compress_input_bytes_total if stats else 0,
             "compressed_bytes_out": stats.compress_output_bytes_total if stats else 0,

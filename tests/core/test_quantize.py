@@ -55,7 +55,7 @@ def test_outliers_are_clipped_to_range_not_wrapped():
 
 
 def test_int8_cannot_reach_two_x_once_scales_are_counted():
-    # SEED-NOTES: FP16 -> INT8 with per-head per-page scales is just under 2.0x.
+    # FP16 -> INT8 with per-head per-page scales is just under 2.0x.
     layers, tokens, heads, dim = 30, 16, 3, 64
     fp16_bytes = layers * tokens * 2 * heads * dim * 2
     int8 = q.quantized_bytes(layers, tokens, heads, dim, 8)

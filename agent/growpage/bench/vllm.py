@@ -111,7 +111,7 @@ def _spec(model_dir: str, settings: VllmBenchSettings, prompts: list[str], max_t
           variant: str, growpage: dict | None) -> dict:
     return {"model_dir": model_dir, "prompts": prompts, "variant": variant, "growpage": growpage,
             "block_size": settings.block_size, "kv_blocks": kv_blocks, "max_tokens": max_tokens,
-            "max_model_len": 2048, "report_interval_s": 5.0}
+            "max_model_len": min(2048, (kv_blocks - 1) * settings.block_size), "report_interval_s": 5.0}
 
 
 def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable[[str], None] | None,

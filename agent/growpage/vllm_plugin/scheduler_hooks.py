@@ -19,6 +19,7 @@ one worker (tensor or pipeline parallel: only rank 0 has a compactor today).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from typing import Any
 
@@ -29,7 +30,6 @@ logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log
 _WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
 _ENFORCER_ATTRIBUTE = "_growpage_enforcer"
 _INACTIVE_ATTRIBUTE = "_growpage_enforcer_inactive"  # why a deployment that enforces has no enforcer
-_DELAY_CACHE_BLOCKS_INDEX = 4  # allocate_slots(request, num_new_tokens, a, b, c, delay_cache_blocks, ...)
 
 
 def enforcer_of(scheduler: Any) -> SchedulerEnforcer | None:
@@ -90,6 +90,10 @@ def install_scheduler_hooks() -> bool:
         return False
     original_schedule = Scheduler.schedule
     original_allocate = KVCacheManager.allocate_slots
+    allocate_signature = inspect.signature(original_allocate)
+    if "delay_cache_blocks" not in allocate_signature.parameters:
+        raise RuntimeError("this vLLM's KVCacheManager.allocate_slots has no delay_cache_blocks; "
+                           "GrowPage's enforce needs it (see SUPPORTED_VLLM_SPEC)")
     original_preempt = Scheduler._preempt_request
     original_free = Scheduler._free_request
     original_update = Scheduler.update_from_output
@@ -111,15 +115,14 @@ def install_scheduler_hooks() -> bool:
         dropped = getattr(request, DROPPED_ATTRIBUTE, 0)
         if not dropped:
             return original_allocate(self, request, num_new_tokens, *args, **kwargs)
-        # NOTE: physical accounting; a compacted request's blocks no longer match its hash chain.
-        if len(args) > _DELAY_CACHE_BLOCKS_INDEX:
-            args = (*args[:_DELAY_CACHE_BLOCKS_INDEX], True, *args[_DELAY_CACHE_BLOCKS_INDEX + 1:])
-        else:
-            kwargs["delay_cache_blocks"] = True
+        # NOTE: physical accounting; a compacted request's blocks no longer match its hash chain,
+        # so they are never cached (delay_cache_blocks, bound by name whatever its position).
+        bound = allocate_signature.bind(self, request, num_new_tokens, *args, **kwargs)
+        bound.arguments["delay_cache_blocks"] = True
         logical = request.num_computed_tokens
         request.num_computed_tokens = logical - dropped
         try:
-            return original_allocate(self, request, num_new_tokens, *args, **kwargs)
+            return original_allocate(*bound.args, **bound.kwargs)
         finally:
             request.num_computed_tokens = logical
 
