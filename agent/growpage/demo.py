@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from growpage.agreement import token_agreement
+from growpage.chat import chat_token_ids, user_turn
 from growpage.config import GrowPageConfig
 from growpage.core.quantiles import percentile
 from growpage.engine.engine import EngineConfig, LLMEngine
@@ -77,11 +78,8 @@ def build_workload(engine: LLMEngine, settings: DemoSettings) -> list[tuple[list
         for prompts, max_tokens, kind in ((REASONING_PROMPTS, settings.reasoning_max_tokens, "reasoning"),
                                           (SUMMARY_PROMPTS, settings.summary_max_tokens, "summary")):
             if index < len(prompts):
-                ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompts[index]}],
-                                                           add_generation_prompt=True, tokenize=True)
-                if hasattr(ids, "input_ids"):
-                    ids = ids["input_ids"]
-                items.append((list(ids), SamplingParams(max_tokens=max_tokens, temperature=0.0), kind))
+                ids = chat_token_ids(engine.tokenizer, user_turn(prompts[index]))
+                items.append((ids, SamplingParams(max_tokens=max_tokens, temperature=0.0), kind))
     return items
 
 

@@ -130,9 +130,10 @@ def main(spec: dict) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler is read between steps
     from transformers import AutoTokenizer
 
+    from growpage.chat import chat_text, user_turn
+
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False) for text in spec["prompts"]]
+    prompts = [chat_text(tokenizer, user_turn(text)) for text in spec["prompts"]]
     _emit(RESULT_PREFIX, run_variant(spec["variant"], spec, prompts))
 
 

@@ -18,6 +18,7 @@ import time
 import torch
 
 from growpage import __version__
+from growpage.chat import chat_token_ids, user_turn
 from growpage.config import GrowPageConfig
 from growpage.engine.engine import EngineConfig, LLMEngine
 from growpage.engine.sampling import SamplingParams
@@ -47,9 +48,7 @@ def _engine(model, tokenizer, model_dir: str, mode: str, batch: int) -> LLMEngin
 
 
 def _prompts(tokenizer, batch: int) -> list[list[int]]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                        tokenize=True)
-    ids = list(ids["input_ids"] if hasattr(ids, "input_ids") else ids)
+    ids = chat_token_ids(tokenizer, user_turn(PROMPT))
     return [ids + [1 + i] for i in range(batch)]  # distinct prompts, equal lengths
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from growpage.chat import chat_token_ids, user_turn
 from growpage.config import GrowPageConfig
 from growpage.core.methods import KVMethod, build_method
 from growpage.engine.engine import EngineConfig, LLMEngine
@@ -46,9 +47,7 @@ def load(model_dir: str, threads: int | None = None) -> Loaded:
 
 
 def chat_ids(loaded: Loaded, prompt: str) -> list[int]:
-    ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                               add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "input_ids") else ids)
+    return chat_token_ids(loaded.tokenizer, user_turn(prompt))
 
 
 def prepare(model_dir: str, settings, loaded: Loaded | None = None) -> tuple[Loaded, list, dict[str, list[int]]]:

@@ -147,9 +147,9 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
 
 
 def _prompt_tokens(tokenizer, prompt: str) -> int:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True)
-    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    from growpage.chat import chat_token_ids, user_turn
+
+    return len(chat_token_ids(tokenizer, user_turn(prompt)))
 
 
 def _overhead(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], None] | None,

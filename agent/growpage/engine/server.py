@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from growpage.chat import chat_token_ids
 from growpage.engine.async_engine import AsyncEngine, EngineFailure, ShuttingDown
 from growpage.engine.engine import RequestOutput
 from growpage.engine.http_guard import GuardMiddleware
@@ -184,11 +185,8 @@ def create_app(async_engine: AsyncEngine, metrics: MetricsHandler | None = None,
             return missing
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         check_length("".join(m["content"] for m in messages))
-        prompt_ids = await asyncio.to_thread(engine.tokenizer.apply_chat_template, messages,
-                                             add_generation_prompt=True, tokenize=True)
-        if hasattr(prompt_ids, "input_ids"):  # newer tokenizers return a BatchEncoding
-            prompt_ids = prompt_ids["input_ids"]
-        return await _serve(http, body, list(prompt_ids), chat=True)
+        prompt_ids = await asyncio.to_thread(chat_token_ids, engine.tokenizer, messages)
+        return await _serve(http, body, prompt_ids, chat=True)
 
     def sampling_params(body, num_prompt_tokens: int):
         """The body's sampling parameters, ``max_tokens`` checked against the context as vLLM does."""
