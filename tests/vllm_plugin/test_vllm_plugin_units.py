@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import types
 
 import pytest
@@ -201,3 +202,33 @@ def test_a_cache_layout_that_does_not_round_trip_turns_observation_off_and_says_
     assert not observer.ready_to_compact
     assert observer.stats.component_states["observer"] == "unsupported_cache_layout"
     assert observer.stats.agent_errors_total["plugin"] == 1
+
+
+def test_an_enforced_deployment_ignores_client_mode_and_namespace_by_default():
+    import collections
+
+    from growpage.vllm_plugin.namespaces import ClientPolicy, namespace_body
+    from growpage.vllm_plugin.settings import honours
+
+    def xargs(body: bytes | None) -> dict:
+        return json.loads(body)["vllm_xargs"]
+
+    assert not honours("auto", Mode.ENFORCE) and honours("auto", Mode.MONITOR) and honours("honour", Mode.ENFORCE)
+    strict = ClientPolicy(honour_mode=False, honour_namespace=False)
+    counts: collections.Counter = collections.Counter()
+    opt_out = json.dumps({"prompt": "hi", "user": "free-tier",
+                          "vllm_xargs": {"growpage_mode": "off", "growpage_namespace": "unenforced"}}).encode()
+    # no gateway header: the client's mode and namespace are removed, nothing takes their place
+    assert xargs(namespace_body(opt_out, None, strict, counts)) == {}
+    # the gateway's header is the only namespace source
+    assert xargs(namespace_body(opt_out, "gold", strict, counts)) == {"growpage_namespace": "gold"}
+    assert counts["mode_ignored"] == 2 and counts["namespace_ignored"] == 1
+    # a deployment that honours clients keeps today's behaviour, and counts it
+    lenient_counts: collections.Counter = collections.Counter()
+    assert namespace_body(opt_out, None, ClientPolicy(), lenient_counts) is None
+    assert lenient_counts["mode_honoured"] == 1 and lenient_counts["namespace_honoured"] == 1
+
+
+def test_client_choice_settings_are_validated():
+    with pytest.raises(ConfigError, match="client_mode"):
+        split_settings({"client_mode": "sometimes"}, env={})

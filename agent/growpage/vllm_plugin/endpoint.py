@@ -59,6 +59,16 @@ class GrowPageEndpoint:
             additional = json.loads(additional)
         config, settings = split_settings(additional.get(ADDITIONAL_CONFIG_KEY),
                                           block_size=getattr(args, "block_size", None))
+        from growpage.vllm_plugin.namespaces import CURRENT_POLICY, ClientPolicy
+        from growpage.vllm_plugin.settings import honours
+
+        CURRENT_POLICY["policy"] = ClientPolicy(honour_mode=honours(settings.client_mode, config.mode),
+                                                honour_namespace=honours(settings.client_namespaces, config.mode),
+                                                header=settings.namespace_header)
+        logger.info("growpage: client mode choices %s, client namespaces %s, trusted header %r",
+                    "honoured" if CURRENT_POLICY["policy"].honour_mode else "ignored",
+                    "honoured" if CURRENT_POLICY["policy"].honour_namespace else "ignored",
+                    settings.namespace_header or None)
         if settings.exporter_enabled and settings.exporter_port > 0:
             self.upstream_url = f"http://127.0.0.1:{settings.exporter_port}{catalog.METRICS_PATH}"
         logger.info("growpage: /metrics/growpage relays %s (mode=%s)", self.upstream_url, config.mode.value)

@@ -4,30 +4,63 @@ vLLM hands the engine only ``vllm_xargs`` (as ``SamplingParams.extra_args``), so
 endpoint plugin adds :class:`NamespaceMiddleware`: for a JSON ``POST`` to a generation route it
 writes the namespace into ``vllm_xargs.growpage_namespace``, where the scheduler and worker read it.
 Precedence: the ``x-growpage-namespace`` header (set by a trusted gateway), then a
-``growpage_namespace`` the client put in ``vllm_xargs``, then the OpenAI ``user`` field. The
+``growpage_namespace`` the client put in ``vllm_xargs``, then the OpenAI ``user`` field.
+
+The operator decides what a client may choose (:class:`ClientPolicy`, from the plugin settings
+``client_mode``, ``client_namespaces`` and ``namespace_header``): on an enforced deployment, by
+default, a client can neither lower its mode (``vllm_xargs.growpage_mode`` is removed) nor pick its
+namespace (its ``growpage_namespace`` and ``user`` are not used); only the gateway's header names
+the namespace. What was honoured and ignored is counted (:attr:`NamespaceMiddleware.counts`). The
 middleware is plain ASGI (no framework import) and leaves any other request byte for byte.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from growpage.vllm_plugin.settings import NAMESPACE_ARG
+from growpage.vllm_plugin.settings import MODE_ARG, NAMESPACE_ARG
+
+logger = logging.getLogger("vllm.growpage")
 
 NAMESPACE_HEADER = "x-growpage-namespace"
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages")
 MAX_NAMESPACE_CHARS = 128
+# Set once by the endpoint plugin's init_state (the middleware is built before the settings are read).
+CURRENT_POLICY: dict[str, ClientPolicy] = {}
 
 
-def namespace_body(body: bytes, header_namespace: str | None) -> bytes | None:
-    """The request body with ``vllm_xargs.growpage_namespace`` set, or None to pass it unchanged.
+@dataclasses.dataclass(frozen=True)
+class ClientPolicy:
+    """What a client may choose for itself (see the module docstring).
+
+    Attributes:
+        honour_mode: keep a client's ``vllm_xargs.growpage_mode``.
+        honour_namespace: use a client's ``vllm_xargs.growpage_namespace`` or ``user``.
+        header: the trusted gateway's namespace header, or ``""`` for none.
+    """
+
+    honour_mode: bool = True
+    honour_namespace: bool = True
+    header: str = NAMESPACE_HEADER
+
+
+def namespace_body(body: bytes, header_namespace: str | None, policy: ClientPolicy = ClientPolicy(),
+                   counts: collections.Counter | None = None) -> bytes | None:
+    """The request body with ``vllm_xargs.growpage_namespace`` set (and a client's mode or
+    namespace removed where the policy says so), or None to pass it unchanged.
 
     Args:
         body: the JSON request body.
-        header_namespace: the ``x-growpage-namespace`` header's value, if any.
+        header_namespace: the trusted header's value, if any.
+        policy: what the client may choose.
+        counts: receives ``mode_honoured``/``mode_ignored``, ``namespace_honoured``/``namespace_ignored``.
     """
+    counts = counts if counts is not None else collections.Counter()
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -38,15 +71,31 @@ def namespace_body(body: bytes, header_namespace: str | None) -> bytes | None:
     if xargs is not None and not isinstance(xargs, dict):
         return None
     xargs = dict(xargs or {})
+    changed = False
+    if MODE_ARG in xargs:
+        counts["mode_honoured" if policy.honour_mode else "mode_ignored"] += 1
+        if not policy.honour_mode:
+            del xargs[MODE_ARG]
+            changed = True
+    client_namespace = xargs.get(NAMESPACE_ARG) or (payload.get("user") if isinstance(payload.get("user"), str)
+                                                    else None)
+    if client_namespace and not header_namespace:
+        counts["namespace_honoured" if policy.honour_namespace else "namespace_ignored"] += 1
+    if not policy.honour_namespace and NAMESPACE_ARG in xargs:
+        del xargs[NAMESPACE_ARG]
+        changed = True
     if header_namespace:
         namespace = header_namespace
-    elif xargs.get(NAMESPACE_ARG):
-        return None
-    elif isinstance(payload.get("user"), str) and payload["user"]:
+    elif policy.honour_namespace and xargs.get(NAMESPACE_ARG):
+        namespace = None  # the client's own choice stands
+    elif policy.honour_namespace and isinstance(payload.get("user"), str) and payload["user"]:
         namespace = payload["user"]
     else:
+        namespace = None
+    if namespace is None and not changed:
         return None
-    xargs[NAMESPACE_ARG] = namespace[:MAX_NAMESPACE_CHARS]
+    if namespace is not None:
+        xargs[NAMESPACE_ARG] = namespace[:MAX_NAMESPACE_CHARS]
     payload["vllm_xargs"] = xargs
     return json.dumps(payload).encode()
 
@@ -62,8 +111,15 @@ def _header(headers: Iterable[tuple[bytes, bytes]], name: str) -> str | None:
 class NamespaceMiddleware:
     """ASGI middleware: see the module docstring. Faults leave the request as it came."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]):
+    def __init__(self, app: Callable[..., Awaitable[None]], policy: ClientPolicy | None = None):
         self.app = app
+        self._policy = policy
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    @property
+    def policy(self) -> ClientPolicy:
+        """The policy given, else the one the endpoint plugin resolved from the deployment's settings."""
+        return self._policy or CURRENT_POLICY.get("policy") or ClientPolicy()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if (scope.get("type") != "http" or scope.get("method") != "POST"
@@ -79,9 +135,12 @@ class NamespaceMiddleware:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        policy = self.policy
         try:
-            rewritten = namespace_body(body, _header(scope.get("headers", ()), NAMESPACE_HEADER))
+            header = _header(scope.get("headers", ()), policy.header) if policy.header else None
+            rewritten = namespace_body(body, header, policy, self.counts)
         except Exception:
+            logger.debug("growpage: namespace middleware left a request unchanged", exc_info=True)
             rewritten = None
         if rewritten is not None:
             body = rewritten

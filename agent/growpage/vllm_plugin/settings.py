@@ -14,12 +14,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from growpage.config import GrowPageConfig, load_config
+from growpage.config import GrowPageConfig, Mode, load_config
 from growpage.errors import ConfigError
 
 ADDITIONAL_CONFIG_KEY = "growpage"
 DEFAULT_EXPORTER_PORT = 9464
 NAMESPACE_ARG = "growpage_namespace"  # SamplingParams.extra_args key (``vllm_xargs`` over HTTP)
+CLIENT_CHOICES = ("auto", "honour", "ignore")
 MODE_ARG = "growpage_mode"  # a request may ask for less than the deployment runs
 
 
@@ -39,12 +40,22 @@ class PluginSettings:
         exporter_host: listen address of that exporter.
         observed_heads: query heads sampled per observed layer (evenly spaced).
         fault_injection: test hook; ``"observe"`` makes every observation raise (fault isolation).
+        client_mode: honour a request's ``vllm_xargs.growpage_mode`` (which can only lower the
+            mode): ``honour``, ``ignore``, or ``auto`` (ignore when the deployment enforces).
+        client_namespaces: honour a namespace the client chose (``vllm_xargs.growpage_namespace``
+            or the OpenAI ``user`` field): ``honour``, ``ignore``, or ``auto`` (ignore when the
+            deployment enforces, so a client cannot pick an unenforced namespace).
+        namespace_header: the header a trusted gateway sets to the namespace; always honoured
+            (the gateway must overwrite it); ``""`` trusts no header.
     """
 
     exporter_port: int = DEFAULT_EXPORTER_PORT
     exporter_host: str = "0.0.0.0"
     observed_heads: int = 4
     fault_injection: str = ""
+    client_mode: str = "auto"
+    client_namespaces: str = "auto"
+    namespace_header: str = "x-growpage-namespace"
 
     def __post_init__(self) -> None:
         if not isinstance(self.exporter_port, int) or not -1 <= self.exporter_port <= 65535:
@@ -52,6 +63,10 @@ class PluginSettings:
                               "try 9464, 0 for a free port or -1 to disable the exporter")
         if not isinstance(self.observed_heads, int) or self.observed_heads < 1:
             raise ConfigError(f"observed_heads must be an int >= 1, got {self.observed_heads!r}; try 4")
+        for name in ("client_mode", "client_namespaces"):
+            if getattr(self, name) not in CLIENT_CHOICES:
+                raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
+                                  "auto ignores clients when the deployment enforces")
 
     @property
     def exporter_enabled(self) -> bool:
@@ -59,6 +74,11 @@ class PluginSettings:
 
 
 PLUGIN_FIELDS = tuple(f.name for f in dataclasses.fields(PluginSettings))
+
+
+def honours(choice: str, deployment_mode: Mode) -> bool:
+    """Whether a client choice setting (``honour``/``ignore``/``auto``) honours clients."""
+    return choice == "honour" or (choice == "auto" and deployment_mode is not Mode.ENFORCE)
 
 
 def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None,

@@ -70,7 +70,10 @@ def serve(
     if engine == "vllm":
         raise typer.Exit(_serve_vllm(model, host, port, mode, config, base_pages, block_size, max_num_seqs,
                                      max_num_batched_tokens, served_model_name, metrics_port, listen,
-                                     no_prefix_caching, api_key, max_model_len, shutdown_timeout))
+                                     no_prefix_caching, api_key, max_model_len, shutdown_timeout,
+                                     client_choices={"client_mode": _choice(allow_mode_override),
+                                                     "client_namespaces": _choice(client_namespaces),
+                                                     "namespace_header": namespace_header or ""}))
     if engine != "reference":
         raise GrowPageError(f"--engine {engine} is unknown; use --engine reference or --engine vllm")
 
@@ -123,11 +126,16 @@ def _public_names(public: str) -> tuple[str, ...]:
     return () if names == ("none",) else names
 
 
+def _choice(flag: bool | None) -> str:
+    """A --x/--no-x flag as the vLLM plugin's client-choice setting (unset: ``auto``)."""
+    return "auto" if flag is None else ("honour" if flag else "ignore")
+
+
 def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, config: Path | None,
                 base_pages: int | None, block_size: int | None, max_num_seqs: int, max_num_batched_tokens: int,
                 served_model_name: str | None, metrics_port: int | None, metrics_host: str, no_prefix_caching: bool,
                 api_key: str | None, max_model_len: int | None,
-                shutdown_timeout: float) -> int:
+                shutdown_timeout: float, client_choices: dict[str, str] | None = None) -> int:
     """Start vLLM's OpenAI server with the GrowPage plugin as a child; returns its exit status."""
     import sys
 
@@ -140,7 +148,7 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
     overrides = {key: value for key, value in (("mode", mode), ("base_pages", base_pages)) if value is not None}
     growpage_config = load_config(config, overrides=overrides)  # validated here, before a minute of start-up
     growpage: dict = {"mode": growpage_config.mode.value, "base_pages": growpage_config.base_pages,
-                      "exporter_host": metrics_host}
+                      "exporter_host": metrics_host, **(client_choices or {})}
     if growpage_config.enforce_namespaces:
         growpage["enforce_namespaces"] = list(growpage_config.enforce_namespaces)
     if metrics_port is not None:
