@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 PROMETHEUS = "prometheus"
@@ -54,7 +55,7 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
             value = predicate()
             if value:
                 return value
-        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+        except (OSError, urllib.error.URLError, ValueError, KeyError, httpx.HTTPError) as exc:  # not up yet
             last_error = exc
         time.sleep(interval_s)
     raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}"

@@ -207,19 +207,18 @@ class SchedulerEnforcer:
         """The pool's headroom against this step's growth and the oldest waiting request."""
         pool = scheduler.kv_cache_manager.block_pool
         waiting = next(iter(scheduler.waiting), None)
-        floors = sum(self._floor_blocks(r) for r in scheduler.running)
+        # base_pages is every running request's floor; a longer prompt is compressed too under
+        # pressure (ranked by the attention the observer saw, the final prefill query's first, as
+        # SnapKV ranks a prompt by its last queries); shared prefix blocks are never touched
+        floors = self.config.base_pages * len(scheduler.running)
         max_seqs = getattr(getattr(scheduler, "scheduler_config", None), "max_num_seqs", None)
         return measure_pressure(
             free_pages=pool.get_num_free_blocks(), total_pages=getattr(pool, "num_gpu_blocks", 1 << 30) - 1,
             growth_pages=growth_blocks, running_floor_pages=floors,
             waiting_prompt_pages=(self.controller.prompt_pages(waiting.num_prompt_tokens)
                                   if waiting is not None else None),
-            waiting_floor_pages=self._floor_blocks(waiting) if waiting is not None else 0,
+            waiting_floor_pages=self.config.base_pages if waiting is not None else 0,
             batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs)
-
-    def _floor_blocks(self, request: Any) -> int:
-        """Blocks a running request keeps under pressure: ``base_pages``, or its prompt's if larger."""
-        return max(self.config.base_pages, self.controller.prompt_pages(request.num_prompt_tokens))
 
     def _reclaim(self, scheduler: Any, decoding: list, deficit: int) -> None:
         """Compress running requests (lowest LTS first) so vLLM need not preempt (core.pressure)."""
@@ -232,7 +231,7 @@ class SchedulerEnforcer:
                 continue
             protected = protected_tokens(physical, shared_blocks * block_size, config.sink_tokens,
                                          config.recent_window_tokens)
-            floor = max(self._floor_blocks(request), -(-protected // block_size) + 1)
+            floor = max(config.base_pages, -(-protected // block_size) + 1)
             control = self.controller.requests.get(request.request_id)
             eligible[request.request_id] = (request, tracked, blocks, physical, shared_blocks)
             candidates.append(ReclaimCandidate(request.request_id, len(blocks), floor,
@@ -286,7 +285,7 @@ class SchedulerEnforcer:
         target = None
         if shareable and self.worker_ready:
             # never below the floor (base_pages) that protects a running request
-            target = compaction_target_tokens(physical, max(tracked.allowed_blocks, self._floor_blocks(request)),
+            target = compaction_target_tokens(physical, max(tracked.allowed_blocks, config.base_pages),
                                               block_size, config.evict_min_pages, protected)
         pool_free = pool.get_num_free_blocks()
         call = self.controller.decide(
