@@ -159,6 +159,8 @@ app.command("all", help="quality and serving in one run, one model load (JSON + 
 def vllm(
     quick: Annotated[bool, typer.Option("--quick", help="Small workload: a smoke run (about 4 minutes).")] = False,
     model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
+    base_pages: Annotated[int | None, typer.Option(min=1, help="GrowPage's floor per request, in blocks "
+                                                               "(default 4; 2 for the second table in docs).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="OMP threads of the vLLM engines.")] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
 ) -> None:
@@ -170,6 +172,8 @@ def vllm(
 
     settings = VllmBenchSettings.quick() if quick else VllmBenchSettings()
     settings = dataclasses.replace(settings, threads=threads)
+    if base_pages is not None:
+        settings = dataclasses.replace(settings, base_pages=base_pages)
     console = Console(stderr=True)
     try:
         result = run_vllm_bench(str(model) if model else None, settings, log=lambda line: console.log(line))
