@@ -62,3 +62,15 @@ def test_a_layout_that_does_not_round_trip_is_refused():
     cache = torch.zeros(2, HEADS, BLOCK, 2 * HEAD_DIM)
     assert kv_keys.probe_layout(lossy_write, cache, HEADS, BLOCK, HEAD_DIM) is None
     assert kv_keys.probe_layout(row_major_write, cache.transpose(2, 3), HEADS, BLOCK, HEAD_DIM) is None
+
+
+@pytest.mark.parametrize(("name", "write", "dtype"), WRITERS, ids=[w[0] for w in WRITERS])
+def test_batched_reads_match_one_request_at_a_time(name, write, dtype):
+    cache, _, _, _, _ = _filled(write, dtype, 96, 8, [4, 1, 3])
+    layout = probed(write, 8, HEADS, BLOCK, HEAD_DIM, dtype)
+    rows = torch.tensor([[4, 1, 3], [6, 0, 0], [2, 5, 7]])  # padded rows: callers mask past each length
+    heads = torch.tensor([1, 2])
+    batched = kv_keys.read_keys_batched(cache, rows, heads, layout)
+    for request, length in enumerate((70, 20, 96)):
+        single = kv_keys.read_keys(cache, rows[request], length, heads, layout)
+        assert torch.equal(batched[request, :, :length], single)

@@ -128,6 +128,30 @@ def read_keys(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int, kv_
     return keys.permute(1, 0, 2, 3).reshape(heads, num_blocks * block_size, head_dim)[:, :seq_len]
 
 
+def read_keys_batched(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads: torch.Tensor,
+                      layout: BlockLayout) -> torch.Tensor:
+    """Keys of several requests in one gather (no Python loop over requests).
+
+    Args:
+        kv_cache: one layer's cache (block axis first, contiguous).
+        block_rows: ``[R, M]`` block ids, each request's first ``M`` blocks (entries past a
+            request's own blocks may be anything in range: callers mask by sequence length).
+        kv_heads: ``[H]`` long, the KV heads to read.
+        layout: from :func:`probe_layout`.
+
+    Returns:
+        ``[R, H, M * block_size, head_dim]`` in the cache dtype.
+    """
+    flat = kv_cache.reshape(-1)
+    block_numel = flat.numel() // kv_cache.shape[0]
+    index = layout.key_index.index_select(0, kv_heads.to(layout.key_index.device))  # [H, bs, hd]
+    rows = block_rows.long().to(kv_cache.device).clamp(0, kv_cache.shape[0] - 1)
+    offsets = rows[:, :, None, None, None] * block_numel + index[None, None]  # [R, M, H, bs, hd]
+    keys = flat[offsets]
+    num_requests, num_blocks, heads, block_size, head_dim = keys.shape
+    return keys.permute(0, 2, 1, 3, 4).reshape(num_requests, heads, num_blocks * block_size, head_dim)
+
+
 def read_token(kv_cache: torch.Tensor, slot: int, layout: BlockLayout, value: bool = False) -> torch.Tensor:
     """``[num_kv_heads, head_dim]``: the K (or V) of one cache slot (for checks)."""
     block, offset = divmod(slot, layout.block_size)

@@ -289,30 +289,38 @@ class VllmObserver:
                                    for i in range(num_rows)}
         heads = self._sampled_heads(impl.num_heads)
         kv_heads = heads // max(1, impl.num_heads // impl.num_kv_heads)
-        rows, probs_list, lengths = [], [], []
+        batch_rows, rows, lengths, observed = [], [], [], []
         for i in range(num_rows):
             tracked = self.requests.get(req_ids[i])
             seq_len = int(seq_lens[i])
             if tracked is None or seq_len + dropped.get(req_ids[i], 0) < tracked.prompt_tokens:
                 continue  # a non-final prefill chunk
-            q = query[starts[i + 1] - 1].index_select(0, heads).float()  # [H, hd]
-            k = kv_keys.read_keys(kv_cache, metadata.block_table[i], seq_len, kv_heads, self._layout).float()
-            logits = torch.einsum("hd,hkd->hk", q, k) * impl.scale
-            probs = torch.softmax(logits, dim=-1)
-            probs_list.append(probs)
-            if self.compactor is not None and tracked.mode is Mode.ENFORCE:
-                self.compactor.add_scores(tracked.request_id, probs.mean(0))
+            batch_rows.append(i)
             rows.append(tracked.row)
             lengths.append(seq_len)
+            observed.append(tracked)
         if not rows:
             return
+        # One gather and one softmax for every observed request (padded to the longest; no host sync
+        # per request): [R, H, hd] newest queries against [R, H, K, hd] keys.
+        block_size = self._layout.block_size
         max_len = max(lengths)
-        probs = torch.zeros(len(rows), len(heads), max_len)
-        positions = torch.full((len(rows), max_len), -1, dtype=torch.long)
-        for n, (p, length) in enumerate(zip(probs_list, lengths, strict=True)):
-            probs[n, :, :length] = p
-            positions[n, :length] = torch.arange(length)
-        bin_mass, entropy = summarize_attention(probs, positions, torch.tensor(lengths),
+        index = torch.tensor(batch_rows, dtype=torch.long)
+        last_tokens = torch.tensor([starts[i + 1] - 1 for i in batch_rows], dtype=torch.long)
+        q = query.index_select(0, last_tokens.to(query.device)).index_select(1, heads.to(query.device)).float()
+        block_rows = metadata.block_table.index_select(0, index.to(metadata.block_table.device))
+        block_rows = block_rows[:, :-(-max_len // block_size)]
+        k = kv_keys.read_keys_batched(kv_cache, block_rows, kv_heads, self._layout).float()[:, :, :max_len]
+        lengths_t = torch.tensor(lengths, dtype=torch.long)
+        positions = torch.arange(max_len).expand(len(rows), max_len)
+        valid = positions < lengths_t[:, None]
+        logits = torch.einsum("rhd,rhkd->rhk", q, k) * impl.scale
+        probs = torch.softmax(logits.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+        if self.compactor is not None:
+            for n, tracked in enumerate(observed):
+                if tracked.mode is Mode.ENFORCE:
+                    self.compactor.add_scores(tracked.request_id, probs[n, :, :lengths[n]].mean(0))
+        bin_mass, entropy = summarize_attention(probs, positions.masked_fill(~valid, -1), lengths_t,
                                                 self.config.sts_num_bins)
         self._step.append(_LayerObservation(rows, bin_mass, entropy))
 
