@@ -340,6 +340,9 @@ class SchedulerEnforcer:
         tracked.compactions += 1
         if tracked.first_compaction_at is None:
             tracked.first_compaction_at = request.num_computed_tokens
+        if self.log_path:  # every compaction, as it happens (a finished request's record may come late)
+            self._log({"compaction": request.request_id, "namespace": tracked.namespace,
+                       "decode_step": request.num_computed_tokens - request.num_prompt_tokens})
         tracked.tokens_evicted += physical - target
         self._plans[request.request_id] = CompactionPlan(
             physical_tokens=physical, keep_tokens=target, logical_length=request.num_computed_tokens,
