@@ -13,8 +13,9 @@ import torch
 from growpage.vllm_plugin import keys as kv_keys
 
 
-def transposed_write(key, value, cache, slot_mapping) -> None:
-    """The CPU ``vec`` layout: per (block, head), K as ``[head_dim, block_size]`` then V row-major."""
+def _write(key, value, cache, slot_mapping, keys_transposed: bool) -> None:
+    """Per (block, head): K (``[head_dim, block_size]`` if transposed, else ``[block_size, head_dim]``)
+    then V (``[block_size, head_dim]``)."""
     num_blocks, heads, block_size, two_head_dim = cache.shape
     head_dim = two_head_dim // 2
     flat = cache.view(num_blocks, heads, block_size * two_head_dim)
@@ -22,21 +23,22 @@ def transposed_write(key, value, cache, slot_mapping) -> None:
         if slot < 0:
             continue
         block, offset = divmod(slot, block_size)
-        flat[block, :, :block_size * head_dim].view(heads, head_dim, block_size)[:, :, offset] = key[token]
+        keys = flat[block, :, :block_size * head_dim]
+        if keys_transposed:
+            keys.view(heads, head_dim, block_size)[:, :, offset] = key[token]
+        else:
+            keys.view(heads, block_size, head_dim)[:, offset] = key[token]
         flat[block, :, block_size * head_dim:].view(heads, block_size, head_dim)[:, offset] = value[token]
+
+
+def transposed_write(key, value, cache, slot_mapping) -> None:
+    """The CPU ``vec`` layout: per (block, head), K as ``[head_dim, block_size]`` then V row-major."""
+    _write(key, value, cache, slot_mapping, keys_transposed=True)
 
 
 def row_major_write(key, value, cache, slot_mapping) -> None:
     """Per (block, head), K then V, both ``[block_size, head_dim]``."""
-    num_blocks, heads, block_size, two_head_dim = cache.shape
-    head_dim = two_head_dim // 2
-    flat = cache.view(num_blocks, heads, block_size * two_head_dim)
-    for token, slot in enumerate(slot_mapping.tolist()):
-        if slot < 0:
-            continue
-        block, offset = divmod(slot, block_size)
-        flat[block, :, :block_size * head_dim].view(heads, block_size, head_dim)[:, offset] = key[token]
-        flat[block, :, block_size * head_dim:].view(heads, block_size, head_dim)[:, offset] = value[token]
+    _write(key, value, cache, slot_mapping, keys_transposed=False)
 
 
 def lossy_write(key, value, cache, slot_mapping) -> None:

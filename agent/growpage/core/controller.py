@@ -226,9 +226,8 @@ class GrowthController:
         self.stats.record_decision(event)
         return event
 
-    def record_prompt_eviction(self, request_id: str, *, pages_before: int, pages_after: int, bytes_in: int,
-                               bytes_out: int, started_perf_s: float,
-                               reason: Reason = Reason.PROMPT_BUDGET) -> DecisionEvent:
+    def record_eviction(self, request_id: str, *, pages_before: int, pages_after: int, bytes_in: int,
+                        bytes_out: int, started_perf_s: float, reason: Reason) -> DecisionEvent:
         """An eviction outside a boundary: a fixed-budget method compressed a cached prompt down to
         its budget (``PROMPT_BUDGET``), or pool pressure compressed a running request so the pool
         holds this step (``POOL_PRESSURE``)."""

@@ -319,9 +319,9 @@ class GrowPageManager:
             if plan is None:
                 return
             bytes_in, bytes_out = self._evict(request, plan)
-            self.controller.record_prompt_eviction(request_id, pages_before=pages_before,
-                                                   pages_after=request.pages_held, bytes_in=bytes_in,
-                                                   bytes_out=bytes_out, started_perf_s=started)
+            self.controller.record_eviction(request_id, pages_before=pages_before, pages_after=request.pages_held,
+                                            bytes_in=bytes_in, bytes_out=bytes_out, started_perf_s=started,
+                                            reason=Reason.PROMPT_BUDGET)
 
     def relieve_pressure(self, pages_needed: int, exclude: str | None = None) -> int:
         """Compress other running requests so ``pages_needed`` pages come free, before the engine
@@ -352,7 +352,7 @@ class GrowPageManager:
                 if plan is None:
                     continue
                 bytes_in, bytes_out = self._evict(request, plan)
-                self.controller.record_prompt_eviction(
+                self.controller.record_eviction(
                     request.request_id, pages_before=pages_before, pages_after=request.pages_held,
                     bytes_in=bytes_in, bytes_out=bytes_out, started_perf_s=started, reason=Reason.POOL_PRESSURE)
             freed += self.pool.num_free - free_before

@@ -247,7 +247,7 @@ class SchedulerEnforcer:
             self._compact(scheduler, request, tracked, blocks, physical, target, shared_blocks)
             tracked.allowed_blocks = max(tracked.allowed_blocks, reclaim.pages_after)
             self.controller.stats.record_compression(physical * token_bytes, target * token_bytes)
-            self.controller.record_prompt_eviction(
+            self.controller.record_eviction(
                 request.request_id, pages_before=held, pages_after=reclaim.pages_after,
                 bytes_in=physical * token_bytes, bytes_out=target * token_bytes, started_perf_s=started,
                 reason=Reason.POOL_PRESSURE)

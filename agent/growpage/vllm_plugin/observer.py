@@ -126,6 +126,7 @@ class VllmObserver:
         self.telemetry: Any = None
         self._telemetry_failed = False
         self.steps_observed = 0
+        self._heads_by_count: dict[int, torch.Tensor] = {}
         # Stage 2: physical state of enforced requests (None unless the deployment runs enforce).
         self.compactor = WorkerCompactor(config) if config.mode is Mode.ENFORCE else None
         self.degraded_total: dict[tuple[str, str], int] = {}
@@ -325,8 +326,13 @@ class VllmObserver:
         self._step.append(_LayerObservation(rows, bin_mass, entropy))
 
     def _sampled_heads(self, num_heads: int) -> torch.Tensor:
-        count = min(self.settings.observed_heads, num_heads)
-        return torch.tensor(sorted({i * num_heads // count for i in range(count)}), dtype=torch.long)
+        """The sampled query heads, evenly spaced (built once per head count: this runs every layer)."""
+        heads = self._heads_by_count.get(num_heads)
+        if heads is None:
+            count = min(self.settings.observed_heads, num_heads)
+            heads = torch.tensor(sorted({i * num_heads // count for i in range(count)}), dtype=torch.long)
+            self._heads_by_count[num_heads] = heads
+        return heads
 
     # ---- end of step ----------------------------------------------------------------------------------
     def end_step(self) -> None:
