@@ -77,3 +77,52 @@ def probed(write, num_blocks: int, heads: int, block_size: int, head_dim: int,
     layout = kv_keys.probe_layout(write, cache, heads, block_size, head_dim)
     assert layout is not None
     return layout
+
+
+def flash_write(key, value, cache, slot_mapping) -> None:
+    """The cache update of vLLM's ``FLASH_ATTN``, ``FLASHINFER`` and ``TRITON_ATTN`` (unquantized), in
+    torch: ``kv_cache.transpose(1, 2).split(head_size, dim=-1)`` gives ``[blocks, slots, heads, dim]``
+    K and V views of the logical ``[blocks, heads, slots, 2 * dim]`` cache, and
+    ``reshape_and_cache_flash`` stores token ``t`` at ``(slot // block_size, slot % block_size)``
+    through those views' strides, whatever the deployment's ``KVCacheLayout``."""
+    head_dim = key.shape[-1]
+    key_cache, value_cache = cache.transpose(1, 2).split(head_dim, dim=-1)
+    block_size = key_cache.shape[1]
+    written = slot_mapping >= 0
+    slots = slot_mapping[written].long()
+    key_cache[slots // block_size, slots % block_size] = key[: slot_mapping.numel()][written]
+    value_cache[slots // block_size, slots % block_size] = value[: slot_mapping.numel()][written]
+
+
+# The call each GPU backend makes, as its source spells it (checked against the installed vLLM).
+FLASH_WRITE_SOURCE = "kv_cache.transpose(1, 2).split("
+
+
+def vllm_layer_caches(layout_name: str, num_layers: int, num_blocks: int, heads: int, block_size: int,
+                      head_dim: int, dtype: torch.dtype, device: str = "cpu") -> list[torch.Tensor]:
+    """Per-layer caches exactly as vLLM's worker builds them for ``layout_name`` (one ``int8``
+    allocation viewed through ``create_kv_cache_views``), zeroed."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheTensor,
+        compute_layout_strides,
+        create_kv_cache_views,
+    )
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_dim, dtype=dtype)
+    layout = KVCacheLayout[layout_name]
+    strides = compute_layout_strides(spec, num_blocks, num_layers, layout)
+    size = spec.page_size_bytes * num_blocks * num_layers
+    tensor = KVCacheTensor(size=size, layers=[f"model.layers.{i}.self_attn.attn" for i in range(num_layers)],
+                           layer_stride=strides[0], block_stride=strides[1])
+    return create_kv_cache_views(torch.zeros(size, dtype=torch.int8, device=device), spec, num_blocks, layout,
+                                 tensor)
+
+
+def cuda_flash_write(key, value, cache, slot_mapping) -> None:
+    """vLLM's real ``reshape_and_cache_flash`` CUDA kernel, called as its CUDA backends call it."""
+    key_cache, value_cache = cache.transpose(1, 2).split(key.shape[-1], dim=-1)
+    scale = torch.ones((), dtype=torch.float32, device=cache.device)
+    torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "auto",
+                                                   scale, scale)

@@ -222,9 +222,10 @@ def test_worker_compactor_moves_survivors_truncates_and_makes_inputs_physical():
     runner = types.SimpleNamespace(
         requests={"r": types.SimpleNamespace(block_ids=([5, 2, 7],))}, kv_caches=[cache],
         input_batch=types.SimpleNamespace(req_id_to_index={"r": 0}, req_ids=["r"], num_reqs=1,
+                                          num_computed_tokens_cpu=[12],
                                           block_table=types.SimpleNamespace(block_tables=[table])),
         query_start_loc=types.SimpleNamespace(cpu=torch.tensor([0, 1])), seq_lens=torch.tensor([13]),
-        optimistic_seq_lens_cpu=torch.tensor([13]), positions=torch.tensor([12]))
+        optimistic_seq_lens_cpu=torch.tensor([13]))
     compactor = WorkerCompactor(config)
     scores = torch.zeros(12)
     scores[3] = 5.0  # token 3 is a heavy hitter; 4 tokens must go
@@ -295,19 +296,29 @@ def test_the_worker_records_what_the_scheduler_decided_enforced_and_degraded():
             if s.name.endswith("_total")] == [("quantize", "allocate", 1.0)]
 
 
-@pytest.mark.parametrize(("async_scheduling", "tensor_parallel", "groups", "enforced"), [
-    (False, 1, 1, True), (True, 1, 1, False), (False, 2, 1, False), (False, 1, 2, False)])
-def test_enforcement_starts_only_where_it_is_safe(async_scheduling, tensor_parallel, groups, enforced):
-    from growpage.vllm_plugin.scheduler_hooks import enforcer_of
+@pytest.mark.parametrize(("async_scheduling", "tensor_parallel", "pipeline_parallel", "groups", "cudagraph",
+                          "blocker"), [
+    (False, 1, 1, 1, "NONE", None), (False, 2, 1, 1, "PIECEWISE", None),  # TP: every rank compacts its heads
+    (True, 1, 1, 1, "NONE", "async_scheduling"), (False, 1, 2, 1, "NONE", "pipeline_parallel"),
+    (False, 1, 1, 2, "NONE", "hybrid_kv_cache"), (False, 1, 1, 1, "FULL_AND_PIECEWISE", "full_cudagraph"),
+    (False, 1, 1, 1, "FULL_DECODE_ONLY", "full_cudagraph")])
+def test_enforcement_starts_only_where_it_is_safe(async_scheduling, tensor_parallel, pipeline_parallel, groups,
+                                                  cudagraph, blocker):
+    from vllm.config.compilation import CUDAGraphMode
+
+    from growpage.vllm_plugin.scheduler_hooks import enforcer_of, inactive_reason
 
     vllm_config = types.SimpleNamespace(
         additional_config={"growpage": {"mode": "enforce", "base_pages": 3, "recent_window_tokens": 2}},
         cache_config=types.SimpleNamespace(block_size=BLOCK),
-        parallel_config=types.SimpleNamespace(tensor_parallel_size=tensor_parallel, pipeline_parallel_size=1))
+        compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode[cudagraph]),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=tensor_parallel,
+                                              pipeline_parallel_size=pipeline_parallel))
     manager = types.SimpleNamespace(coordinator=types.SimpleNamespace(single_type_managers=[object()] * groups))
     scheduler = types.SimpleNamespace(vllm_config=vllm_config, kv_cache_manager=manager,
                                       scheduler_config=types.SimpleNamespace(async_scheduling=async_scheduling))
-    assert (enforcer_of(scheduler) is not None) is enforced
+    assert (enforcer_of(scheduler) is None) is (blocker is not None)
+    assert inactive_reason(scheduler) == blocker
     monitor = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
         additional_config={"growpage": {"mode": "monitor"}}, cache_config=vllm_config.cache_config))
     assert enforcer_of(monitor) is None

@@ -18,14 +18,15 @@ from ``positions - dropped`` for compacted requests; ``positions`` stay logical,
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from growpage.config import GrowPageConfig
 from growpage.vllm_plugin.compaction import choose_keep, physical_slot_mapping, physical_slots, slot_positions
-from growpage.vllm_plugin.enforcer import OUTPUT_ATTRIBUTE
-from growpage.vllm_plugin.keys import BlockLayout, move_tokens
+from growpage.vllm_plugin.enforcer import ENFORCE_LOG_ENV, OUTPUT_ATTRIBUTE, append_enforce_log
+from growpage.vllm_plugin.keys import BlockLayout, move_tokens_in_layers
 
 
 class CompactionError(RuntimeError):
@@ -35,12 +36,20 @@ class CompactionError(RuntimeError):
 class WorkerCompactor:
     """Per-request physical state in one worker (see the module docstring).
 
+    With tensor parallelism every rank holds a compactor and applies the same plans to its own KV
+    heads: the number of survivors and their slots are the plan's, so every rank's block table and
+    ``slot_mapping`` agree; which tokens survive is chosen from the heads that rank observed (keys
+    carry their RoPE position, so per-rank keep sets are as exact as per-head ones).
+
     Args:
         config: GrowPage's config (``block_size``, ``sink_tokens``, ``recent_window_tokens``).
+        rank: this worker's tensor-parallel rank (for the enforce log).
     """
 
-    def __init__(self, config: GrowPageConfig):
+    def __init__(self, config: GrowPageConfig, rank: int = 0):
         self.config = config
+        self.rank = rank
+        self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
         self.block_size = config.block_size
         self.dropped: dict[str, int] = {}
         self.kept_positions: dict[str, torch.Tensor] = {}
@@ -51,11 +60,12 @@ class WorkerCompactor:
 
     # ---- scores (from the observer) ----------------------------------------------------------------
     def add_scores(self, request_id: str, attention: torch.Tensor) -> None:
-        """Accumulate one observation: ``[P]`` attention mass per physical slot (mean over heads)."""
+        """Accumulate one observation: ``[P]`` attention mass per physical slot (mean over heads),
+        kept on the attention's device (no host copy per step)."""
         current = self.scores.get(request_id)
         length = attention.numel()
         if current is None or current.numel() < length:
-            grown = torch.zeros(length, dtype=torch.float32)
+            grown = torch.zeros(length, dtype=torch.float32, device=attention.device)
             if current is not None:
                 grown[:current.numel()] = current
             current = grown
@@ -117,6 +127,8 @@ class WorkerCompactor:
         block_row = torch.tensor(block_ids[:held_blocks], dtype=torch.long)
         positions = slot_positions(self.kept_positions.get(request_id), physical, previous)
         scores = self.scores.get(request_id)
+        if scores is not None:
+            scores = scores.cpu()  # one copy per compaction, which is rare (a boundary under pressure)
         keep_index = choose_keep(positions, scores, keep, int(plan["logical_length"]),
                                  int(plan["shared_prefix_tokens"]), self.config.sink_tokens,
                                  self.config.recent_window_tokens)
@@ -126,11 +138,11 @@ class WorkerCompactor:
         dst = physical_slots(block_row, torch.arange(keep), block_size)
         moving = src != dst
         src, dst = src[moving], dst[moving]
-        for cache in _unique_caches(runner):
-            move_tokens(cache, src, dst, layout)
-            self.bytes_moved += 2 * src.numel() * cache[0, :, 0].numel() * cache.element_size()
+        self.bytes_moved += move_tokens_in_layers(_unique_caches(runner), src, dst, layout)
         self.tokens_moved += int(src.numel())
         self.compactions += 1
+        append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
+                                           "moved": int(src.numel())})
         self.kept_positions[request_id] = positions[keep_index]
         if scores is not None:
             padded = torch.zeros(physical)
@@ -163,7 +175,9 @@ class WorkerCompactor:
             runner.seq_lens[row] -= dropped
             runner.optimistic_seq_lens_cpu[row] -= dropped
             start, end = starts[row], starts[row + 1]
-            positions = runner.positions[start:end].cpu()
+            # the runner's positions for this row, from host state (reading them back from the device
+            # would stall the step on a GPU): computed tokens, then this step's
+            positions = int(batch.num_computed_tokens_cpu[row]) + torch.arange(end - start, dtype=torch.long)
             for table in batch.block_table.block_tables:
                 num_blocks = int(table.num_blocks_per_row[row])
                 block_row = table.block_table.cpu[row, :num_blocks]

@@ -411,11 +411,18 @@ class SchedulerEnforcer:
                        "max_shared_blocks": tracked.max_shared_blocks})
 
     def _log(self, record: dict) -> None:
-        try:
-            with open(self.log_path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-        except OSError:
-            logger.warning("growpage: cannot write %s", self.log_path)
+        append_enforce_log(self.log_path, record)
+
+
+def append_enforce_log(path: str | None, record: dict) -> None:
+    """One JSON line in ``$GROWPAGE_VLLM_ENFORCE_LOG`` (tests and benchmarks; no-op when unset)."""
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+    except OSError:
+        logger.warning("growpage: cannot write %s", path)
 
 
 def _token_bytes(scheduler: Any) -> int:

@@ -1,22 +1,32 @@
-"""Where an attention backend keeps each token's K and V inside a block, learned from the backend.
+"""Where an attention backend keeps each token's K and V, learned from the backend.
 
-vLLM's paged caches differ by backend and by kernel ISA: the CPU backend's ``vec`` kernels store K
-transposed (``[head_dim, block_size]`` per block and head), its ``amx`` kernels pack K for AMX
-tiles, ``vec16`` differs again, and GPU backends order ``[block, slot, head, dim]``. Rather than
-hard-coding one reader per layout, the observer *probes* the layout once per process: it asks the
-backend's own cache-update method (the one vLLM calls every step) to write probe keys and values
-into a one-block scratch cache, each element carrying its own coordinates in base-64 digits (small
-integers, exact in bf16/fp16/fp32), and reads back where each landed. The result, a
-:class:`BlockLayout`, is two index maps from ``(head, slot, dim)`` to an element offset inside a
-block. Reading keys and moving tokens are then one gather/scatter on the cache's own device,
-whatever the layout. A layout that does not round-trip exactly (a quantized FP8 cache, a
-non-contiguous cache) gives ``None``: the observer stays off in that process, and says so.
+vLLM hands every attention layer a logical ``[blocks, heads, slots, content]`` view of one shared
+KV allocation; what lies where differs by backend, by kernel ISA and by the deployment's
+``KVCacheLayout``:
+
+- the CPU backend's ``vec`` kernels store K transposed (``[head_dim, block_size]`` per block and
+  head), its ``amx`` kernels pack K for AMX tiles, ``vec16`` differs again;
+- ``FLASH_ATTN``, ``FLASHINFER`` and ``TRITON_ATTN`` split the content axis into K and V halves
+  (``reshape_and_cache_flash``), and the layout's stride order decides whether a block's interior
+  is head-major (``LBHNC``) or slot-major (``LBNHC``), and whether blocks of different layers
+  interleave (``BLHNC``, ``BLNHC``, ``BHLNC``) or each layer is one region (``L...``).
+
+Rather than hard-coding one reader per combination, the observer *probes* the layout once per
+process: it asks the backend's own cache-update method (the one vLLM calls every step) to write
+probe keys and values into a one-block scratch cache with the real cache's stride order, each
+element carrying its own coordinates in base-64 digits (small integers, exact in bf16/fp16/fp32),
+and reads back where each landed. The result, a :class:`BlockLayout`, maps ``(head, slot, dim)`` to
+an element offset from a block's first element in the cache's *storage*, plus the block stride, so
+reading keys and moving tokens are one gather/scatter on the storage, on the cache's own device,
+whatever the layout and for every layer sharing the allocation at once. A layout that does not
+round-trip exactly (an FP8 or NVFP4 cache, a write that cannot target the scratch) gives ``None``:
+the observer stays off in that process, and says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -28,22 +38,39 @@ CacheWrite = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], 
 
 @dataclasses.dataclass(frozen=True)
 class BlockLayout:
-    """Element offsets of K and V inside one block of a cache whose first axis is the block.
+    """Element offsets of K and V inside one block, in the cache's storage.
 
     Attributes:
-        key_index: ``[num_kv_heads, block_size, head_dim]`` long, offsets into ``block.view(-1)``.
+        key_index: ``[num_kv_heads, block_size, head_dim]`` long, offsets from the block's base
+            (``storage_offset + block * block_stride``) in the cache's storage.
         value_index: the same for V.
+        block_stride: elements between consecutive blocks of one layer (``kv_cache.stride(0)``).
     """
 
     key_index: torch.Tensor
     value_index: torch.Tensor
+    block_stride: int
 
     @property
     def block_size(self) -> int:
         return int(self.key_index.shape[1])
 
+    @property
+    def token_elements(self) -> int:
+        """K and V elements of one token in one layer (all KV heads)."""
+        return 2 * int(self.key_index.shape[0]) * int(self.key_index.shape[2])
+
     def to(self, device: torch.device) -> BlockLayout:
-        return BlockLayout(self.key_index.to(device), self.value_index.to(device))
+        return BlockLayout(self.key_index.to(device), self.value_index.to(device), self.block_stride)
+
+
+def _scratch_like(cache_like: torch.Tensor) -> torch.Tensor:
+    """One block shaped like ``cache_like``, zeroed, with its axes in the same physical order."""
+    order = sorted(range(cache_like.dim()), key=lambda axis: (-cache_like.stride(axis), axis))
+    physical = torch.zeros([1 if axis == 0 else cache_like.shape[axis] for axis in order],
+                           dtype=cache_like.dtype, device=cache_like.device)
+    inverse = [order.index(axis) for axis in range(cache_like.dim())]
+    return physical.permute(*inverse)
 
 
 def probe_layout(write: CacheWrite, cache_like: torch.Tensor, num_kv_heads: int, block_size: int,
@@ -51,19 +78,19 @@ def probe_layout(write: CacheWrite, cache_like: torch.Tensor, num_kv_heads: int,
     """Learn the block layout from the backend's own write (see the module docstring).
 
     Args:
-        write: the backend's cache update, called on a scratch cache shaped like ``cache_like``
-            with one block.
-        cache_like: one layer's real cache (block axis first); only its shape, dtype and device
-            are used.
+        write: the backend's cache update, called on a one-block scratch cache with the axes of
+            ``cache_like`` in the same physical order.
+        cache_like: one layer's real cache, block axis first; its shape, strides, dtype and
+            device are used, never its contents.
         num_kv_heads, block_size, head_dim: the cache's geometry.
 
     Returns:
         The layout, or None when the probe does not round-trip exactly.
     """
-    if not cache_like.is_contiguous():
+    if cache_like.dim() < 2 or cache_like.stride(-1) != 1 or min(cache_like.stride()) < 1:
         return None
     device = cache_like.device
-    scratch = torch.zeros((1, *cache_like.shape[1:]), dtype=cache_like.dtype, device=device)
+    scratch = _scratch_like(cache_like)
     count = num_kv_heads * block_size * head_dim
     # coordinate of (slot, head, dim), in the [tokens, heads, head_dim] order vLLM writes
     coordinates = torch.arange(count, device=device).view(num_kv_heads, block_size, head_dim).permute(1, 0, 2)
@@ -71,6 +98,9 @@ def probe_layout(write: CacheWrite, cache_like: torch.Tensor, num_kv_heads: int,
     num_digits = 1
     while DIGIT_BASE ** num_digits < count:
         num_digits += 1
+    # a logical element of one block -> its offset from the block's base in the real storage
+    inner_shape = torch.tensor(cache_like.shape[1:], device=device)
+    inner_strides = torch.tensor(cache_like.stride()[1:], device=device)
     indices = []
     for writes_key in (True, False):
         found: torch.Tensor | None = None
@@ -79,8 +109,11 @@ def probe_layout(write: CacheWrite, cache_like: torch.Tensor, num_kv_heads: int,
             probe = ((coordinates // DIGIT_BASE ** digit) % DIGIT_BASE + 1).to(cache_like.dtype)
             zeros = torch.zeros_like(probe)
             scratch.zero_()
-            write(probe if writes_key else zeros, zeros if writes_key else probe, scratch, slots)
-            flat = scratch.reshape(-1).float()
+            try:
+                write(probe if writes_key else zeros, zeros if writes_key else probe, scratch, slots)
+            except Exception:
+                return None  # the backend cannot write this layout from a scratch block
+            flat = scratch.contiguous().reshape(-1).float()  # logical order
             written = flat.nonzero().flatten()
             if positions is None:
                 positions, found = written, torch.zeros(written.numel(), dtype=torch.long, device=device)
@@ -94,15 +127,25 @@ def probe_layout(write: CacheWrite, cache_like: torch.Tensor, num_kv_heads: int,
         assert found is not None and positions is not None
         if not torch.equal(torch.sort(found).values, torch.arange(count, device=device)):
             return None  # not a permutation: values were transformed (quantized, scaled)
+        offsets = torch.zeros_like(positions)
+        remainder = positions.clone()
+        for axis in range(inner_shape.numel() - 1, -1, -1):  # unravel, then dot with the real strides
+            offsets += (remainder % inner_shape[axis]) * inner_strides[axis]
+            remainder = remainder // inner_shape[axis]
         index = torch.empty(count, dtype=torch.long, device=device)
-        index[found] = positions
+        index[found] = offsets
         indices.append(index.view(num_kv_heads, block_size, head_dim))
-    return BlockLayout(key_index=indices[0], value_index=indices[1])
+    return BlockLayout(key_index=indices[0], value_index=indices[1], block_stride=int(cache_like.stride(0)))
 
 
-def _blocks(kv_cache: torch.Tensor) -> torch.Tensor:
-    """``[num_blocks, elements per block]``, a view: writes reach the cache."""
-    return kv_cache.view(kv_cache.shape[0], -1)
+def storage_of(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``kv_cache`` as one 1-D tensor of its dtype (a view: writes land)."""
+    elements = kv_cache.untyped_storage().nbytes() // kv_cache.element_size()
+    return torch.as_strided(kv_cache, (elements,), (1,), 0)
+
+
+def _block_bases(kv_cache: torch.Tensor, blocks: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    return kv_cache.storage_offset() + blocks.long().to(kv_cache.device) * layout.block_stride
 
 
 def read_keys(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int, kv_heads: torch.Tensor,
@@ -119,13 +162,8 @@ def read_keys(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int, kv_
     Returns:
         ``[H, seq_len, head_dim]`` in the cache dtype (a copy; the cache is never written).
     """
-    block_size = layout.block_size
-    num_blocks = -(-seq_len // block_size)
-    blocks = _blocks(kv_cache).index_select(0, block_row[:num_blocks].long().to(kv_cache.device))
-    index = layout.key_index.index_select(0, kv_heads.to(layout.key_index.device))  # [H, bs, hd]
-    keys = blocks[:, index]  # [n, H, bs, hd]
-    heads, head_dim = index.shape[0], index.shape[2]
-    return keys.permute(1, 0, 2, 3).reshape(heads, num_blocks * block_size, head_dim)[:, :seq_len]
+    num_blocks = -(-seq_len // layout.block_size)
+    return read_keys_batched(kv_cache, block_row[None, :num_blocks], kv_heads, layout)[0, :, :seq_len]
 
 
 def read_keys_batched(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads: torch.Tensor,
@@ -133,7 +171,7 @@ def read_keys_batched(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads
     """Keys of several requests in one gather (no Python loop over requests).
 
     Args:
-        kv_cache: one layer's cache (block axis first, contiguous).
+        kv_cache: one layer's cache (block axis first).
         block_rows: ``[R, M]`` block ids, each request's first ``M`` blocks (entries past a
             request's own blocks may be anything in range: callers mask by sequence length).
         kv_heads: ``[H]`` long, the KV heads to read.
@@ -142,12 +180,10 @@ def read_keys_batched(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads
     Returns:
         ``[R, H, M * block_size, head_dim]`` in the cache dtype.
     """
-    flat = kv_cache.reshape(-1)
-    block_numel = flat.numel() // kv_cache.shape[0]
     index = layout.key_index.index_select(0, kv_heads.to(layout.key_index.device))  # [H, bs, hd]
     rows = block_rows.long().to(kv_cache.device).clamp(0, kv_cache.shape[0] - 1)
-    offsets = rows[:, :, None, None, None] * block_numel + index[None, None]  # [R, M, H, bs, hd]
-    keys = flat[offsets]
+    offsets = _block_bases(kv_cache, rows, layout)[:, :, None, None, None] + index[None, None]  # [R, M, H, bs, hd]
+    keys = storage_of(kv_cache)[offsets]
     num_requests, num_blocks, heads, block_size, head_dim = keys.shape
     return keys.permute(0, 2, 1, 3, 4).reshape(num_requests, heads, num_blocks * block_size, head_dim)
 
@@ -156,7 +192,15 @@ def read_token(kv_cache: torch.Tensor, slot: int, layout: BlockLayout, value: bo
     """``[num_kv_heads, head_dim]``: the K (or V) of one cache slot (for checks)."""
     block, offset = divmod(slot, layout.block_size)
     index = (layout.value_index if value else layout.key_index)[:, offset]
-    return _blocks(kv_cache)[block][index]
+    base = kv_cache.storage_offset() + block * layout.block_stride
+    return storage_of(kv_cache)[base + index]
+
+
+def _token_offsets(slots: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """``[N, 2, H, hd]``: K then V storage offsets of ``slots`` from the layer's base."""
+    block, offset = slots // layout.block_size, slots % layout.block_size
+    kv = torch.stack([layout.key_index[:, offset], layout.value_index[:, offset]])  # [2, H, N, hd]
+    return block[:, None, None, None] * layout.block_stride + kv.permute(2, 0, 1, 3)
 
 
 def move_tokens(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
@@ -164,19 +208,40 @@ def move_tokens(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torc
     """Copy K and V of ``src_slots`` into ``dst_slots`` in one layer's cache (gather, then scatter).
 
     Args:
-        kv_cache: one layer's cache (block axis first, contiguous).
+        kv_cache: one layer's cache (block axis first).
         src_slots, dst_slots: ``[N]`` slot ids (``block * block_size + offset``); every source is
             read before any destination is written, so the two may overlap.
         layout: from :func:`probe_layout`.
     """
-    if src_slots.numel() == 0:
-        return
-    blocks = _blocks(kv_cache)
-    block_size = layout.block_size
-    src_slots, dst_slots = src_slots.long().to(kv_cache.device), dst_slots.long().to(kv_cache.device)
-    src_block, src_offset = (src_slots // block_size)[:, None, None], src_slots % block_size
-    dst_block, dst_offset = (dst_slots // block_size)[:, None, None], dst_slots % block_size
-    moved = [blocks[src_block, index[:, src_offset].transpose(0, 1)]
-             for index in (layout.key_index, layout.value_index)]  # each [N, H, hd]
-    for index, tokens in zip((layout.key_index, layout.value_index), moved, strict=True):
-        blocks[dst_block, index[:, dst_offset].transpose(0, 1)] = tokens
+    move_tokens_in_layers([kv_cache], src_slots, dst_slots, layout)
+
+
+def move_tokens_in_layers(kv_caches: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor,
+                          layout: BlockLayout) -> int:
+    """:func:`move_tokens` in every layer: one gather and one scatter per shared allocation.
+
+    vLLM carves every layer's cache out of one allocation; layers that share a storage (and the
+    layout's strides) move together, whatever the layer stride, so a compaction costs two indexed
+    copies on the device instead of two per layer.
+
+    Returns:
+        Bytes moved (K and V, every layer).
+    """
+    if src_slots.numel() == 0 or not kv_caches:
+        return 0
+    groups: dict[tuple[int, tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+    for cache in kv_caches:
+        key = (cache.untyped_storage().data_ptr(), tuple(cache.stride()), cache.dtype)
+        groups.setdefault(key, []).append(cache)
+    moved = 0
+    for caches in groups.values():
+        device = caches[0].device
+        device_layout = layout if layout.key_index.device == device else layout.to(device)
+        src = _token_offsets(src_slots.long().to(device), device_layout).reshape(-1)
+        dst = _token_offsets(dst_slots.long().to(device), device_layout).reshape(-1)
+        bases = torch.tensor([c.storage_offset() for c in caches], dtype=torch.long, device=device)
+        storage = storage_of(caches[0])
+        tokens = storage[bases[:, None] + src[None, :]]
+        storage[bases[:, None] + dst[None, :]] = tokens
+        moved += tokens.numel() * tokens.element_size()
+    return moved
