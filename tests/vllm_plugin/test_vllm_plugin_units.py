@@ -232,3 +232,56 @@ def test_an_enforced_deployment_ignores_client_mode_and_namespace_by_default():
 def test_client_choice_settings_are_validated():
     with pytest.raises(ConfigError, match="client_mode"):
         split_settings({"client_mode": "sometimes"}, env={})
+
+
+def test_cuda_serving_defaults_to_piecewise_graphs_unless_the_operator_chose():
+    from growpage.vllm_plugin.serve import serve_command
+
+    argv, _ = serve_command("m", cpu=False, python="python")
+    flag = argv.index("--compilation-config")
+    assert json.loads(argv[flag + 1]) == {"cudagraph_mode": "PIECEWISE"} and "--enforce-eager" not in argv
+    chosen, _ = serve_command("m", cpu=False, python="python", extra_args=["--enforce-eager"])
+    assert "--compilation-config" not in chosen
+    cpu, _ = serve_command("m", cpu=True, python="python")
+    assert "--enforce-eager" in cpu and "--compilation-config" not in cpu
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("NONE", None), ("PIECEWISE", None), ("FULL", "full_cudagraph"),
+                                              ("FULL_DECODE_ONLY", "full_cudagraph"),
+                                              ("FULL_AND_PIECEWISE", "full_cudagraph")])
+def test_full_cuda_graphs_are_named_as_the_reason_the_observer_is_off(mode, reason):
+    pytest.importorskip("vllm.config.compilation")
+    from vllm.config.compilation import CUDAGraphMode
+
+    from growpage.vllm_plugin.support import REMEDIES, cudagraph_conflict
+
+    assert cudagraph_conflict(types.SimpleNamespace(cudagraph_mode=CUDAGraphMode[mode])) == reason
+    assert cudagraph_conflict(None) is None
+    if reason:
+        assert "PIECEWISE" in REMEDIES[reason]
+
+
+def test_an_observer_disabled_at_start_up_exports_why_and_observes_nothing():
+    observer = _observer()
+    observer.disable("full_cudagraph", "test")
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=[]))
+    observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[]))
+    assert not observer.wants_layer("model.layers.0.self_attn.attn") and not observer.ready_to_compact
+    assert observer.stats.component_states["observer"] == "full_cudagraph"
+
+
+def test_workers_of_an_unwrapped_backend_report_it(monkeypatch):
+    from growpage.vllm_plugin import backend, runner_hooks
+
+    monkeypatch.setattr(backend, "_OBSERVERS", {})
+    vllm_config = types.SimpleNamespace(
+        additional_config={"growpage": {"mode": "monitor", "exporter_port": -1}},
+        cache_config=types.SimpleNamespace(block_size=32),
+        model_config=types.SimpleNamespace(get_num_layers=lambda parallel: 30, served_model_name="m", model="m"),
+        parallel_config=None, scheduler_config=types.SimpleNamespace(max_num_seqs=4),
+        compilation_config=None)
+    flex = types.SimpleNamespace(backend=types.SimpleNamespace(get_name=lambda: "FLEX_ATTENTION"))
+    runner = types.SimpleNamespace(vllm_config=vllm_config, attn_groups=[[flex]])
+    observer = runner_hooks._adopt_unobserved_worker(runner)
+    assert observer is not None and observer.stats.component_states["observer"] == "unsupported_backend"
+    assert backend.observer_built() and backend.current_observer() is observer

@@ -2,17 +2,18 @@
 
 vLLM calls :func:`register` once in every process it starts (front-end, EngineCore, each worker; on
 CPU each is spawned and re-imports). ``register`` only checks the vLLM version, overrides the
-``CPU_ATTN`` attention backend with :class:`~growpage.vllm_plugin.backend.GrowPageCPUAttentionBackend`
-and wraps the scheduler's methods (inert unless a scheduler's deployment runs ``mode=enforce``);
+attention backends GrowPage observes (``CPU_ATTN``; on CUDA ``FLASH_ATTN``, ``FLASHINFER``, ``TRITON_ATTN``)
+with subclasses from :mod:`~growpage.vllm_plugin.backend`, wraps the model runner, and wraps the scheduler's methods (inert unless a scheduler's deployment runs ``mode=enforce``);
 everything per process (the observer, the runner hook, the metrics exporter) starts lazily on first
 use in the worker that runs attention, keyed by pid, so a forked child never shares a parent's port
 or thread. Modules, one way::
 
     versions.py   supported vLLM releases; the start-up check
     settings.py   GrowPageConfig + plugin settings from additional_config["growpage"] / GROWPAGE_*
-    keys.py       reading one request's cached keys out of the CPU paged KV cache (layout-checked)
+    keys.py       any backend's paged KV layout, probed; reading keys and moving tokens on the device
     observer.py   per-worker Stage 1 monitor: summaries, boundary decisions, stats source
-    backend.py    CPU_ATTN subclass feeding the observer (outputs untouched)
+    backend.py    CPU_ATTN / FLASH_ATTN / FLASHINFER / TRITON_ATTN subclasses feeding the observer
+    support.py    what a deployment needs to observe and enforce (cudagraph mode, parallelism), as reasons
     runner_hooks.py  wraps the model runner: request lifecycle, batch row -> req id, Stage 2 inputs
     compaction.py    Stage 2 arithmetic without vLLM: physical/logical lengths, keep sets, moving K/V
     enforcer.py      Stage 2 in the scheduler: boundary decisions, freeing blocks, compaction plans
@@ -81,18 +82,28 @@ def _mark_loaded(pid: int) -> None:
         logger.warning("growpage: cannot write the load log %s", path)
 
 
-BACKEND_CLASS_PATH = "growpage.vllm_plugin.backend.GrowPageCPUAttentionBackend"
-
-
 def _install_backend() -> None:
-    """Point ``CPU_ATTN`` at :class:`GrowPageCPUAttentionBackend` (CPU platforms only)."""
+    """Point vLLM's backends GrowPage observes at its subclasses (same names, same kernels).
+
+    CPU: ``CPU_ATTN``. CUDA: ``FLASH_ATTN``, ``FLASHINFER``, ``TRITON_ATTN`` (whichever vLLM selects).
+    Elsewhere, or when vLLM selects another backend, the worker's runner hook reports the observer
+    inactive with ``reason="unsupported_backend"`` instead of running silently unobserved.
+    """
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        logger.warning("growpage: Stage 1 observation needs the CPU attention backend in this release; "
-                       "on %s the plugin loads but observes nothing (see docs/VLLM_PLUGIN.md)",
-                       current_platform.device_name)
-        return
+    from growpage.vllm_plugin.backend import CUDA_BACKENDS, class_path
+    from growpage.vllm_plugin.runner_hooks import install_runner_hooks
+
+    if current_platform.is_cpu():
+        names: tuple[str, ...] = ("CPU_ATTN",)
+    elif current_platform.is_cuda():
+        names = CUDA_BACKENDS
+    else:
+        names = ()
+        logger.warning("growpage: no observed attention backend for %s; the agent reports itself inactive "
+                       "(reason unsupported_backend) and vLLM runs unchanged", current_platform.device_name)
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_CLASS_PATH)
+    for name in names:
+        register_backend(AttentionBackendEnum[name], class_path(name))
+    install_runner_hooks()  # also in workers whose backend is not observed: they say so

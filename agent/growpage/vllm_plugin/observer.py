@@ -78,6 +78,23 @@ class _LayerObservation:
     entropy: torch.Tensor
 
 
+@dataclasses.dataclass
+class _StepRows:
+    """The requests one step observes and the index tensors every observed layer reuses."""
+
+    rows: list[int]  # summary rows
+    lengths: list[int]  # physical tokens in the cache, this step's included
+    observed: list[TrackedRequest]
+    max_len: int
+    last_tokens: torch.Tensor  # [R] each request's newest query token in the batch
+    block_rows: torch.Tensor  # [R, M] block-table rows, cut to the longest request
+    lengths_t: torch.Tensor  # [R]
+    valid: torch.Tensor  # [R, max_len] key slots inside each request
+    key_positions: torch.Tensor  # [R, max_len] slot index, -1 past the request
+    enforced: bool  # some observed request is enforced: accumulate compaction scores
+    token_mass: torch.Tensor | None = None  # [R, max_len] attention summed over observed layers
+
+
 def layer_index(layer_name: str) -> int | None:
     """``model.layers.7.self_attn.attn`` -> 7."""
     match = _LAYER_INDEX.search(layer_name)
@@ -94,11 +111,13 @@ class VllmObserver:
         max_requests: summary rows (vLLM's ``max_num_seqs``).
         model: the served model name (the ``model`` label).
         engine_version: vLLM's version (``growpage_build_info``).
+        rank: this worker's tensor-parallel rank. Every rank observes its own heads and compacts;
+            only rank 0 serves metrics (the others would repeat its counts).
         clock: monotonic seconds.
     """
 
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, *, num_layers: int,
-                 max_requests: int, model: str, engine_version: str,
+                 max_requests: int, model: str, engine_version: str, rank: int = 0,
                  clock: Callable[[], float] = time.monotonic):
         self.controller = GrowthController(config, num_layers=num_layers, clock=clock, logger=logger)
         self.config = self.controller.config
@@ -106,6 +125,8 @@ class VllmObserver:
         self.clock = clock
         self.model = model
         self.engine_version = engine_version
+        self.rank = rank
+        self.exports = rank == 0
         self.device = torch.device("cpu")  # the KV cache's, once seen
         self.stats = self.controller.stats
         # active until the first write shows the cache layout cannot be read (note_kv_write)
@@ -119,6 +140,8 @@ class VllmObserver:
         self._in_step = False
         self._step: list[_LayerObservation] = []
         self._step_seq_lens: dict[str, int] | None = None
+        self._step_batch: tuple[list[str], list[int], list[int], torch.Tensor] | None = None
+        self._step_plan: _StepRows | bool | None = None  # False: nobody to observe this step
         self._layout: kv_keys.BlockLayout | None = None
         self._layout_failed = False
         self.num_pages = 0
@@ -128,7 +151,7 @@ class VllmObserver:
         self.steps_observed = 0
         self._heads_by_count: dict[int, torch.Tensor] = {}
         # Stage 2: physical state of enforced requests (None unless the deployment runs enforce).
-        self.compactor = WorkerCompactor(config) if config.mode is Mode.ENFORCE else None
+        self.compactor = WorkerCompactor(config, rank) if config.mode is Mode.ENFORCE else None
         self.degraded_total: dict[tuple[str, str], int] = {}
         self.pending_readings: dict[str, tuple[float, float]] = {}
 
@@ -140,6 +163,13 @@ class VllmObserver:
     def fault(self, what: str) -> None:
         """Count a caught fault (component ``plugin``); log the first one with its traceback."""
         self.controller.fault(PLUGIN_COMPONENT, f"{what} failed; vLLM carries on unchanged")
+
+    def disable(self, reason: str, why: str) -> None:
+        """Stop observing in this process for good, and say so (``growpage_agent_active`` = 0 with
+        ``reason``, one error log line); vLLM runs unchanged and the exporter keeps serving."""
+        self._layout_failed = True
+        self.stats.set_component_state("observer", reason)
+        logger.error("growpage: attention observation is off in pid %d (%s): %s", os.getpid(), reason, why)
 
     def guarded(self, what: str, function: Callable, *args, **kwargs) -> Any:
         try:
@@ -154,6 +184,8 @@ class VllmObserver:
         self._in_step = True
         self._step = []
         self._step_seq_lens = None
+        self._step_batch = None
+        self._step_plan = None
         for request_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self._release(request_id, "finished")
         for request_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
@@ -265,6 +297,8 @@ class VllmObserver:
         self.stats.set_component_state("observer", "active")
         self.num_pages = int(kv_cache.shape[0])
         self.device = kv_cache.device
+        if self.summaries.device != kv_cache.device:  # summaries live beside the cache (nothing observed yet)
+            self.summaries = SummaryBank(self.config, self.summaries.max_requests, kv_cache.device)
         self.token_bytes = kv_token_bytes(self.num_layers, num_kv_heads, head_dim, kv_cache.element_size())
 
     def observe_layer(self, impl: Any, query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any) -> None:
@@ -274,22 +308,42 @@ class VllmObserver:
             impl: vLLM's attention impl (``num_heads``, ``num_kv_heads``, ``scale``).
             query: ``[num_tokens, num_heads, head_dim]`` with RoPE applied.
             kv_cache: ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]``.
-            metadata: ``CPUAttentionMetadata`` (``query_start_loc``, ``seq_lens``, ``block_table``).
+            metadata: the backend's attention metadata (read only where the runner's host-side
+                batch state is missing; see :meth:`_batch_view`).
         """
         if self.settings.fault_injection == "observe":
             raise RuntimeError("growpage fault injection: observe")
         if self._layout is None:
             return
-        req_ids = list(self.runner.input_batch.req_ids)
-        starts = metadata.query_start_loc.tolist()
-        seq_lens = metadata.seq_lens.tolist()
-        num_rows = min(len(req_ids), len(seq_lens), len(starts) - 1)
-        dropped = self.compactor.dropped if self.compactor is not None else {}
-        if self._step_seq_lens is None:  # logical lengths (seq_lens are physical for compacted requests)
-            self._step_seq_lens = {req_ids[i]: int(seq_lens[i]) + dropped.get(req_ids[i], 0)
-                                   for i in range(num_rows)}
+        plan = self._step_rows(metadata, kv_cache.device, query.device)
+        if plan is None:
+            return
         heads = self._sampled_heads(impl.num_heads)
         kv_heads = heads // max(1, impl.num_heads // impl.num_kv_heads)
+        # One gather and one softmax for every observed request (padded to the longest), all on the
+        # cache's device: [R, H, hd] newest queries against [R, H, K, hd] keys.
+        q = query.index_select(0, plan.last_tokens).index_select(1, heads.to(query.device)).float()
+        k = kv_keys.read_keys_batched(kv_cache, plan.block_rows, kv_heads, self._layout).float()
+        k = k[:, :, :plan.max_len]
+        logits = torch.einsum("rhd,rhkd->rhk", q.to(kv_cache.device), k) * impl.scale
+        probs = torch.softmax(logits.masked_fill(~plan.valid[:, None, :], float("-inf")), dim=-1)
+        if plan.enforced:  # compaction scores: attention per token, summed over layers (end_step)
+            mass = probs.mean(1)
+            plan.token_mass = mass if plan.token_mass is None else plan.token_mass + mass
+        bin_mass, entropy = summarize_attention(probs, plan.key_positions, plan.lengths_t, self.config.sts_num_bins)
+        self._step.append(_LayerObservation(plan.rows, bin_mass, entropy))
+
+    def _step_rows(self, metadata: Any, device: torch.device, query_device: torch.device) -> _StepRows | None:
+        """Who this step observes, and their index tensors, built at the step's first observed layer
+        and reused by the others (the batch is the same in every layer)."""
+        if self._step_plan is not None:
+            return self._step_plan or None
+        assert self._layout is not None
+        req_ids, starts, seq_lens, block_table = self._batch_view(metadata)
+        num_rows = min(len(req_ids), len(seq_lens), len(starts) - 1)
+        dropped = self.compactor.dropped if self.compactor is not None else {}
+        # logical lengths (seq_lens are physical for compacted requests)
+        self._step_seq_lens = {req_ids[i]: int(seq_lens[i]) + dropped.get(req_ids[i], 0) for i in range(num_rows)}
         batch_rows, rows, lengths, observed = [], [], [], []
         for i in range(num_rows):
             tracked = self.requests.get(req_ids[i])
@@ -301,29 +355,50 @@ class VllmObserver:
             lengths.append(seq_len)
             observed.append(tracked)
         if not rows:
-            return
-        # One gather and one softmax for every observed request (padded to the longest; no host sync
-        # per request): [R, H, hd] newest queries against [R, H, K, hd] keys.
-        block_size = self._layout.block_size
+            self._step_plan = False
+            return None
         max_len = max(lengths)
-        index = torch.tensor(batch_rows, dtype=torch.long)
-        last_tokens = torch.tensor([starts[i + 1] - 1 for i in batch_rows], dtype=torch.long)
-        q = query.index_select(0, last_tokens.to(query.device)).index_select(1, heads.to(query.device)).float()
-        block_rows = metadata.block_table.index_select(0, index.to(metadata.block_table.device))
-        block_rows = block_rows[:, :-(-max_len // block_size)]
-        k = kv_keys.read_keys_batched(kv_cache, block_rows, kv_heads, self._layout).float()[:, :, :max_len]
-        lengths_t = torch.tensor(lengths, dtype=torch.long)
-        positions = torch.arange(max_len).expand(len(rows), max_len)
+        index = torch.tensor(batch_rows, dtype=torch.long, device=block_table.device)
+        block_rows = block_table.index_select(0, index)[:, :-(-max_len // self._layout.block_size)]
+        lengths_t = torch.tensor(lengths, dtype=torch.long, device=device)
+        positions = torch.arange(max_len, device=device).expand(len(rows), max_len)
         valid = positions < lengths_t[:, None]
-        logits = torch.einsum("rhd,rhkd->rhk", q, k) * impl.scale
-        probs = torch.softmax(logits.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
-        if self.compactor is not None:
-            for n, tracked in enumerate(observed):
-                if tracked.mode is Mode.ENFORCE:
-                    self.compactor.add_scores(tracked.request_id, probs[n, :, :lengths[n]].mean(0))
-        bin_mass, entropy = summarize_attention(probs, positions.masked_fill(~valid, -1), lengths_t,
-                                                self.config.sts_num_bins)
-        self._step.append(_LayerObservation(rows, bin_mass, entropy))
+        self._step_plan = _StepRows(
+            rows=rows, lengths=lengths, observed=observed, max_len=max_len,
+            last_tokens=torch.tensor([starts[i + 1] - 1 for i in batch_rows], dtype=torch.long, device=query_device),
+            block_rows=block_rows, lengths_t=lengths_t, valid=valid, key_positions=positions.masked_fill(~valid, -1),
+            enforced=self.compactor is not None and any(t.mode is Mode.ENFORCE for t in observed))
+        return self._step_plan
+
+    def _batch_view(self, metadata: Any) -> tuple[list[str], list[int], list[int], torch.Tensor]:
+        """This step's request ids, query starts, physical ``seq_lens`` and block table, read once
+        per step.
+
+        Starts and lengths come from the model runner's host mirrors (``query_start_loc.cpu``,
+        ``optimistic_seq_lens_cpu``, which the compactor keeps physical), so a GPU step never waits
+        on a device-to-host copy; the block table is the backend's own (``FLASH_ATTN``,
+        ``TRITON_ATTN``, ``CPU_ATTN``) or, where the metadata has none (``FLASHINFER``), the
+        runner's table for the first KV cache group. Metadata fields are the fallback.
+        """
+        if self._step_batch is not None:
+            return self._step_batch
+        runner = self.runner
+        batch = runner.input_batch
+        req_ids = list(batch.req_ids)
+        num_reqs = len(req_ids)
+        host_starts = getattr(getattr(runner, "query_start_loc", None), "cpu", None)
+        host_lens = getattr(runner, "optimistic_seq_lens_cpu", None)
+        if isinstance(host_starts, torch.Tensor) and isinstance(host_lens, torch.Tensor):
+            starts = host_starts[:num_reqs + 1].tolist()
+            seq_lens = host_lens[:num_reqs].tolist()
+        else:
+            starts = metadata.query_start_loc.tolist()
+            seq_lens = metadata.seq_lens.tolist()
+        block_table = getattr(metadata, "block_table", None)
+        if not isinstance(block_table, torch.Tensor):
+            block_table = batch.block_table.block_tables[0].get_device_tensor(num_reqs)
+        self._step_batch = (req_ids, starts, seq_lens, block_table)
+        return self._step_batch
 
     def _sampled_heads(self, num_heads: int) -> torch.Tensor:
         """The sampled query heads, evenly spaced (built once per head count: this runs every layer)."""
@@ -337,12 +412,19 @@ class VllmObserver:
     # ---- end of step ----------------------------------------------------------------------------------
     def end_step(self) -> None:
         self._in_step = False
+        plan = self._step_plan
+        if isinstance(plan, _StepRows) and plan.token_mass is not None and self.compactor is not None:
+            for n, tracked in enumerate(plan.observed):
+                if tracked.mode is Mode.ENFORCE:
+                    self.compactor.add_scores(tracked.request_id, plan.token_mass[n, :plan.lengths[n]])
+        self._step_plan = None
         if self._step:
             rows = self._step[0].rows
             same = [o for o in self._step if o.rows == rows]
             bin_mass = torch.stack([o.bin_mass for o in same]).mean(0)
             entropy = torch.stack([o.entropy for o in same]).mean(0)
-            self.summaries.observe(torch.tensor(rows, dtype=torch.long), bin_mass, entropy)
+            self.summaries.observe(torch.tensor(rows, dtype=torch.long, device=self.summaries.device),
+                                   bin_mass.to(self.summaries.device), entropy.to(self.summaries.device))
             self.steps_observed += 1
         self._step = []
         if self._step_seq_lens:
@@ -425,7 +507,7 @@ class VllmObserver:
             stored_bytes=live * self.token_bytes, tracked=[t.request_id for t in tracked])
 
     def _ensure_telemetry(self) -> None:
-        if self.telemetry is not None or self._telemetry_failed:
+        if self.telemetry is not None or self._telemetry_failed or not self.exports:
             return
         try:
             from growpage.telemetry import TelemetryAgent

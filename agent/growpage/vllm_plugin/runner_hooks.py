@@ -24,6 +24,26 @@ logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log
 _WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
 
 
+def _adopt_unobserved_worker(runner) -> object | None:
+    """A worker whose attention backend is not one GrowPage wraps built no observer while the model
+    loaded. Build one now, off but exporting why (``unsupported_backend``), so the agent is never
+    silently inert. Faults here are swallowed: vLLM must run."""
+    try:
+        from growpage.vllm_plugin.backend import observer_for
+        from growpage.vllm_plugin.support import REMEDIES, UNSUPPORTED_BACKEND
+
+        observer = observer_for(runner.vllm_config)
+        if observer is not None:
+            backends = sorted({group.backend.get_name() for groups in getattr(runner, "attn_groups", ())
+                               for group in groups if hasattr(getattr(group, "backend", None), "get_name")})
+            observer.disable(UNSUPPORTED_BACKEND, f"vLLM runs attention backend(s) {backends or 'unknown'}, "
+                                                  f"which GrowPage does not wrap; {REMEDIES[UNSUPPORTED_BACKEND]}")
+        return observer
+    except Exception:
+        logger.exception("growpage: cannot start the observer of an unobserved worker; vLLM carries on")
+        return None
+
+
 def install_runner_hooks() -> bool:
     """Wrap the runner's methods once. Returns False when they already were."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -36,9 +56,11 @@ def install_runner_hooks() -> bool:
 
     @functools.wraps(original)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        from growpage.vllm_plugin.backend import current_observer
+        from growpage.vllm_plugin.backend import current_observer, observer_built
 
         observer = current_observer()
+        if observer is None and not observer_built():
+            observer = _adopt_unobserved_worker(self)
         if observer is not None:
             observer.guarded("step start", observer.begin_step, self, scheduler_output)
             if observer.compactor is not None:

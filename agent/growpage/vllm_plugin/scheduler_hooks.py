@@ -57,25 +57,19 @@ def _build_enforcer(scheduler: Any) -> tuple[SchedulerEnforcer | None, str | Non
     """The enforcer, or None and why not (None when the deployment does not enforce at all)."""
     from growpage.config import Mode
     from growpage.vllm_plugin.settings import settings_from_vllm_config
+    from growpage.vllm_plugin.support import REMEDIES, enforce_blocker
 
     config, settings = settings_from_vllm_config(scheduler.vllm_config)
     if config.mode is not Mode.ENFORCE:
         return None, None
-    if getattr(scheduler.scheduler_config, "async_scheduling", False):
-        logger.warning("growpage: mode=enforce needs synchronous scheduling; async scheduling is on, so "
-                       "requests are monitored only (start vLLM with --no-async-scheduling to enforce)")
-        return None, "async_scheduling"
-    parallel = scheduler.vllm_config.parallel_config
-    ranks = getattr(parallel, "tensor_parallel_size", 1) * getattr(parallel, "pipeline_parallel_size", 1)
-    if ranks > 1:  # only rank 0 builds a compactor today: every rank would have to move the same tokens
-        logger.warning("growpage: mode=enforce supports one worker (TP=PP=1); this deployment has %d, so "
-                       "requests are monitored only", ranks)
-        return None, "tensor_parallel"
-    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-    if len(managers) != 1:
-        logger.warning("growpage: mode=enforce supports one KV cache group (full attention); this model has "
-                       "%d, so requests are monitored only", len(managers))
-        return None, "hybrid_kv_cache"
+    vllm_config = scheduler.vllm_config
+    blocker = enforce_blocker(scheduler.scheduler_config, vllm_config.parallel_config,
+                              getattr(vllm_config, "compilation_config", None),
+                              len(scheduler.kv_cache_manager.coordinator.single_type_managers))
+    if blocker is not None:
+        logger.warning("growpage: mode=enforce cannot run in this deployment (%s), so requests are monitored "
+                       "only; to enforce, %s", blocker, REMEDIES[blocker])
+        return None, blocker
     logger.info("growpage: enforcing KV budgets in the scheduler (base_pages=%d, block_size=%d)",
                 config.base_pages, config.block_size)
     return SchedulerEnforcer(config, settings), None

@@ -44,7 +44,9 @@ def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
         growpage: ``additional_config["growpage"]`` (mode, base_pages, exporter_port, ...); validated
             here so a typo fails before vLLM spends a minute starting.
         cpu: add this machine's CPU settings (``--gpu-memory-utilization 0.3 --enforce-eager
-            --block-size 32``); None: when no CUDA device is visible.
+            --block-size 32``); None: when no CUDA device is visible. On CUDA, piecewise CUDA graphs
+            unless ``extra_args`` choose a compilation mode (full graphs would hide attention from
+            the observer).
         extra_args: more ``vllm serve`` flags, passed through.
         python: the interpreter that has vLLM.
 
@@ -62,6 +64,9 @@ def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
             "--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: dict(growpage)})]
     if cpu:
         argv += ["--gpu-memory-utilization", "0.3", "--enforce-eager", "--block-size", "32"]
+    elif not any(arg.startswith(("--compilation-config", "-cc", "-O", "--enforce-eager")) for arg in extra_args):
+        # full CUDA graphs replay decode attention without GrowPage's observer (see support.py)
+        argv += ["--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE"})]
     argv += list(extra_args)
     env = dict(os.environ)
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
