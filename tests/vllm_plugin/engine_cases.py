@@ -18,10 +18,21 @@ PREFIX_PROMPTS = [SHARED_PREFIX + q for q in ("What do you sell?", "How much is 
 MONITOR = {"base_pages": 2, "recent_window_tokens": 16, "sink_tokens": 4}
 CAP_BLOCKS = 2
 CAPPED = "capped"
+TP_RANKS = 3
+TP_THREADS_BIND = "0|1|0"
 PREEMPT_BLOCKS = 12  # 8 requests x 2 blocks do not fit: vLLM preempts
 # Every boundary evicts: no growth past base_pages, low LTS is always "narrow demand".
 EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens": 16, "sink_tokens": 4,
             "growth_coefficient": 0.0, "lts_grow_threshold": 100.0}
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
 
 
 def _free_port() -> int:
@@ -60,6 +71,21 @@ def phases(which: str | None = None) -> list[dict]:
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
     ]
+    # Tensor parallelism: the packaged model's 9 query / 3 KV heads split over 3 ranks (2 does not
+    # divide them); vLLM's CPU build binds one CPU per worker, and this machine has 2, so two share.
+    gpus = _cuda_devices()
+    if gpus == 0 or gpus >= TP_RANKS:
+        engines.append({"name": "enforce_tp3", "batches": [batch], "scrape": True,
+                        "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()},
+                        "engine": {"tensor_parallel_size": TP_RANKS},
+                        "env": {} if gpus else {"VLLM_CPU_OMP_THREADS_BIND": TP_THREADS_BIND}})
+    if gpus:  # CUDA graphs: vLLM's default mode, then piecewise (what gpctl serve and deploy/ pass)
+        small = {"name": "main", "prompts": PROMPTS, "max_tokens": SHORT_TOKENS}
+        for name, compilation in (("monitor_cudagraph_default", {}),
+                                  ("monitor_piecewise", {"cudagraph_mode": "PIECEWISE"})):
+            engines.append({"name": name, "batches": [small], "scrape": True,
+                            "growpage": {"mode": "monitor", "exporter_port": _free_port(), **MONITOR},
+                            "engine": {"enforce_eager": False, "compilation_config": compilation}})
     if which == "all":
         engines.insert(1, {"name": "monitor", "batches": [batch], "scrape": True,
                            "growpage": {"mode": "monitor", "exporter_port": _free_port(), **MONITOR}})

@@ -2,7 +2,7 @@
 
 Started by ``conftest.py`` (a fresh interpreter keeps pytest's process free of vLLM state). Usage:
 ``python engine_runner.py SPEC.json``; the spec lists ``phases``, each an engine config and batches:
-``{"name", "growpage", "engine": {LLM kwargs}, "batches": [{"name", "prompts", "max_tokens" (one or
+``{"name", "growpage", "engine": {LLM kwargs}, "env": {variables for this engine}, "batches": [{"name", "prompts", "max_tokens" (one or
 one per prompt), "extra_args" (one per prompt)}], "scrape": bool}``. Per phase it prints ``GROWPAGE_PHASE {...}``.
 """
 
@@ -31,16 +31,25 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
     enforce_log = os.path.join(tmp, f"enforce-{name}.log")
     os.environ["GROWPAGE_VLLM_LOAD_LOG"] = load_log  # spawned EngineCore and worker inherit these
     os.environ["GROWPAGE_VLLM_ENFORCE_LOG"] = enforce_log
+    saved_env = {key: os.environ.get(key) for key in phase.get("env", {})}
+    os.environ.update(phase.get("env", {}))  # e.g. one CPU per tensor-parallel worker
     # float32: vLLM's CPU kernels then take the `vec` path, whose outputs repeat exactly from engine
     # to engine; bf16 on AMX CPUs does not (runs were seen to part at near-ties), and these tests
     # compare token ids across engines. AMX itself is covered by the layout tests and the demo test.
-    engine = {"dtype": "float32", "gpu_memory_utilization": 0.3, "enforce_eager": True, "block_size": 32,
+    # On CUDA, float16 (FlashAttention has no float32 kernels).
+    import torch
+
+    engine = {"dtype": "float16" if torch.cuda.is_available() else "float32", "gpu_memory_utilization": 0.3, "enforce_eager": True, "block_size": 32,
               "max_model_len": 1024,
               "max_num_seqs": 16, "max_num_batched_tokens": 512, "seed": 0, "num_gpu_blocks_override": 256,
               **phase.get("engine", {})}
     started = time.monotonic()
     llm = LLM(model=model, additional_config={"growpage": phase["growpage"]}, **engine)
     result = {"name": name, "growpage": phase["growpage"], "start_s": time.monotonic() - started, "batches": {}}
+    try:
+        result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
+    except AttributeError:
+        result["cudagraph_mode"] = "unknown"
     try:
         for batch in phase["batches"]:
             count = len(batch["prompts"])
@@ -61,6 +70,11 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
         del llm
         gc.collect()
         time.sleep(1.0)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     result["loads"] = _lines(load_log)
     result["enforce_log"] = [json.loads(line) for line in _lines(enforce_log, split=False)]
     return result

@@ -11,7 +11,7 @@ from support.vllm_guard import require_vllm_plugin
 
 require_vllm_plugin()
 
-from engine_cases import CAP_BLOCKS, CAPPED, MAX_TOKENS, PREEMPT_TOKENS, PROMPTS, rows, samples
+from engine_cases import CAP_BLOCKS, CAPPED, MAX_TOKENS, PREEMPT_TOKENS, PROMPTS, TP_RANKS, rows, samples
 
 pytestmark = pytest.mark.slow
 
@@ -134,3 +134,26 @@ def test_forced_preemption_recomputes_and_frees_every_block(vllm_runs):
         _assert_coherent(ids)
     _assert_no_leak(run)
     assert "growpage:" not in "\n".join(line for line in run["stderr"].splitlines() if "failed" in line)
+
+
+def test_tensor_parallel_ranks_compact_their_own_heads_to_the_same_plan(vllm_runs):
+    """TP=3: every rank applies every plan; capped rows stay identical to the same prompts monitored
+    in the same engine until the first compaction, hold the cap, stay coherent, and leak nothing."""
+    run = vllm_runs["enforce_tp3"]
+    records = _requests(run)
+    plans = [r for r in run["enforce_log"] if "compaction" in r]
+    applied = [r for r in run["enforce_log"] if "worker_compaction" in r]
+    assert plans, run["enforce_log"]
+    by_rank = {rank: sorted(r["worker_compaction"] for r in applied if r["rank"] == rank) for rank in range(TP_RANKS)}
+    assert all(by_rank[rank] == by_rank[0] for rank in by_rank) and len(by_rank[0]) >= len(PROMPTS), by_rank
+    capped, monitored = rows(run, "A_capped"), rows(run, "A")  # A = the first two prompts, not enforced
+    must_match = _strictly_identical_tokens(run)
+    for got, ref in zip(capped[:2], monitored, strict=True):
+        assert got[:must_match] == ref[:must_match], _identical_prefix(ref, got)
+    for prompt, got in zip(rows(run, "A_capped", "prompt_token_ids"), capped, strict=True):
+        record = records[(tuple(prompt), len(got))]
+        assert record["peak_blocks"] <= CAP_BLOCKS and record["compactions"] >= 1, record
+        _assert_coherent(got)
+    _assert_no_leak(run)
+    assert sum(samples(run["metrics"], "growpage_agent_errors_total").values()) == 0
+    assert 'component="enforcer",' in run["metrics"] and 'reason="tensor_parallel"' not in run["metrics"]

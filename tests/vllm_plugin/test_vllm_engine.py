@@ -70,3 +70,16 @@ def test_metrics_pass_promtool(runs, tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "growpage_" in runs["monitor"]["metrics"]
     assert "vllm:" not in runs["monitor"]["metrics"]
+
+
+def test_full_cuda_graphs_turn_the_observer_off_visibly_and_piecewise_keeps_it(vllm_runs):
+    """CUDA only (the phases exist where a GPU does): never silently inert under CUDA graphs."""
+    if "monitor_piecewise" not in vllm_runs:
+        pytest.skip("CUDA graphs exist only on CUDA")
+    piecewise = samples(vllm_runs["monitor_piecewise"]["metrics"], "growpage_agent_active")
+    assert any('component="observer"' in k and 'reason="active"' in k and v == 1 for k, v in piecewise.items())
+    default_run = vllm_runs["monitor_cudagraph_default"]
+    observer = {k: v for k, v in samples(default_run["metrics"], "growpage_agent_active").items()
+                if 'component="observer"' in k}
+    expected = 'reason="full_cudagraph"' if "FULL" in default_run["cudagraph_mode"].upper() else 'reason="active"'
+    assert len(observer) == 1 and expected in next(iter(observer)), (default_run["cudagraph_mode"], observer)
