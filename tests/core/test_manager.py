@@ -364,3 +364,30 @@ def test_pool_pressure_compresses_another_request_instead_of_preempting():
     assert any(e.request_id == "big" and e.reason == "pool_pressure" and e.kind == "evict" for e in events)
     assert manager.pool.num_free + manager.pool.num_reserved + manager.pool.num_used == 12
     driver.step([("big", 1), ("small", 1)])  # both still decode
+
+
+def test_eviction_rewrites_only_from_the_page_of_the_first_dropped_token():
+    # Tokens ahead of the first dropped one stay where they are: their pages are neither read nor
+    # rewritten (less copying; quantized pages keep their exact codes), and attention stays exact.
+    manager = make_manager(density_threshold=1.0, lts_grow_threshold=100.0, growth_coefficient=0.0, base_pages=6)
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    written: list[tuple[list[int], list[int]]] = []
+    write_group = manager.store.write_group
+
+    def recording(pages, fmt, values, positions, scores):
+        group = [p for p in manager.requests["a"].pages if manager.store.format[p] is fmt]
+        written.append((list(pages), group))
+        return write_group(pages, fmt, values, positions, scores)
+
+    manager.store.write_group = recording
+    outputs, queries = run_until(driver, "a", lambda: manager.stats.decisions_total["evict"] >= 3)
+    assert written
+    for pages, group in written:
+        assert pages == group[len(group) - len(pages):]  # a suffix of the group
+        assert group[0] not in pages  # the first page holds the sinks: never dropped, never rewritten
+    check_against_dense(driver, outputs, queries, "a", None)
+    for _ in range(6):
+        outputs, queries = driver.step([("a", 1)])
+    check_against_dense(driver, outputs, queries, "a", None)

@@ -208,6 +208,9 @@ def bench_compression(settings: CoreBenchSettings) -> dict:
                 if plan is None:
                     break
                 tokens = int(plan.keep.numel())
+                per_page = manager.store.tokens_per_page[plan.fmt]
+                first_dropped = int((~plan.keep).nonzero()[0, 0])
+                results["evict_tokens_rewritten_per_event"] = tokens - first_dropped // per_page * per_page
                 samples.append(_median_time(lambda p=plan, m=manager, r=request: m._evict(r, p), 1, settings.device))
             else:
                 plan = manager._plan_quantize(request)

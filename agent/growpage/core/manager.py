@@ -330,7 +330,7 @@ class GrowPageManager:
         Returns:
             Pages returned to the pool (may be fewer than asked; then preemption is the last resort).
         """
-        if not self.method.family == "growpage" or pages_needed <= 0:
+        if not self.method.relieves_pressure or pages_needed <= 0:
             return 0
         candidates = []
         with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):
@@ -447,11 +447,22 @@ class GrowPageManager:
         return bytes_in, bytes_out
 
     def _evict(self, request: RequestKV, plan: _EvictPlan) -> tuple[int, int]:
-        values = self.store.read_all_layers(plan.pages, torch.float32)
+        # Tokens before the first dropped one stay where they are: only the pages from the one
+        # holding it onward are read and rewritten (a group's pages are chronological and full but
+        # the last). That is less copying, and untouched quantized pages keep their codes and scales
+        # instead of being re-quantized from their own dequantized values.
         positions, scores, _ = self._group_tokens(plan.pages, plan.fmt)
         keep = plan.keep
-        emptied = self.store.write_group(plan.pages, plan.fmt, values[:, keep], positions[keep].clone(),
-                                         scores[keep].clone())
+        dropped = (~keep).nonzero()
+        first_page = int(dropped[0, 0]) // self.store.tokens_per_page[plan.fmt] if dropped.numel() else len(plan.pages)
+        tail_pages = plan.pages[first_page:]
+        start = first_page * self.store.tokens_per_page[plan.fmt]
+        kept_tail = keep[start:]
+        emptied = []
+        if tail_pages:
+            values = self.store.read_all_layers(tail_pages, torch.float32)
+            emptied = self.store.write_group(tail_pages, plan.fmt, values[:, kept_tail],
+                                             positions[start:][kept_tail].clone(), scores[start:][kept_tail].clone())
         self._reclaim(request, emptied)
         # bytes before / after, over the compacted group (as inside vLLM): protected tokens count on
         # both sides, so the ratio is finite even when every unprotected token goes
