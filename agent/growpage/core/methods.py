@@ -21,7 +21,9 @@ growpage           the growth contract (:func:`growpage.core.policy.decide`), ad
 growpage_reserving the same contract with reserving admission (``base_pages`` reserved per request
                    at admission: never over-committed, fewer requests running)
 ablations          growpage without STS (density read as 0), without LTS (entropy read as the
-                   grow threshold), without quantization, and a random feasible action
+                   grow threshold), without quantization, a random feasible action (all of them
+                   still relieve pool pressure), and without the pressure input (no compression
+                   of other requests before the engine preempts)
 =================  =============================================================================
 
 Simplifications, stated: scores come from GrowPage's observed layers (3 of 30, newest query), not
@@ -73,6 +75,8 @@ class KVMethod:
             False allocates on demand from the prompt's pages, as vLLM does (GrowPage's default
             and every baseline: the systems they model run on vLLM's allocator).
         config_overrides: GrowPageConfig fields the method fixes (e.g. quantization bits).
+        relieves_pressure: before the engine preempts, compress other running requests (lowest LTS
+            first, never below their floor); GrowPage and its ablations do, baselines do not.
     """
 
     name: str
@@ -86,6 +90,7 @@ class KVMethod:
     compress_prompt: bool = False
     reserve_base_pages: bool = False
     config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    relieves_pressure: bool = False
 
     @property
     def score_decay(self) -> float:
@@ -175,8 +180,8 @@ def random_decide(rng: random.Random) -> DecideFn:
     return choose
 
 
-def _growpage(name: str, family: str, decide_fn: DecideFn) -> KVMethod:
-    return KVMethod(name=name, family=family, decide=decide_fn)
+def _growpage(name: str, family: str, decide_fn: DecideFn, relieves_pressure: bool = True) -> KVMethod:
+    return KVMethod(name=name, family=family, decide=decide_fn, relieves_pressure=relieves_pressure)
 
 
 def build_method(name: str, seed: int = 0) -> KVMethod:
@@ -196,12 +201,14 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
         "uniform_int4": lambda: KVMethod("uniform_int4", "quantization", uniform_quantization_decide,
                                          config_overrides={"quantization_bits": 4}),
         "growpage": lambda: _growpage("growpage", "growpage", decide),
-        "growpage_reserving": lambda: KVMethod("growpage_reserving", "growpage", decide, reserve_base_pages=True),
+        "growpage_reserving": lambda: KVMethod("growpage_reserving", "growpage", decide, reserve_base_pages=True,
+                                               relieves_pressure=True),
         "growpage_no_sts": lambda: _growpage("growpage_no_sts", "ablation", without_sts),
         "growpage_no_lts": lambda: _growpage("growpage_no_lts", "ablation", without_lts),
         "growpage_no_quant": lambda: _growpage("growpage_no_quant", "ablation", without_quantization),
         "growpage_random": lambda: KVMethod("growpage_random", "ablation", random_decide(random.Random(seed)),
-                                            token_score=TokenScore.ACCUMULATED),
+                                            token_score=TokenScore.ACCUMULATED, relieves_pressure=True),
+        "growpage_no_pressure": lambda: _growpage("growpage_no_pressure", "ablation", decide, relieves_pressure=False),
     }
     if name not in builders:
         raise ValueError(f"unknown KV method {name!r}; choose one of: {', '.join(METHOD_NAMES)}")
@@ -209,6 +216,7 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
 
 
 METHOD_NAMES = ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8", "uniform_int4",
-                "growpage", "growpage_reserving", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random")
+                "growpage", "growpage_reserving", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random",
+                "growpage_no_pressure")
 
 GROWPAGE = build_method("growpage")
