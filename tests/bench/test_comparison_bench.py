@@ -64,10 +64,32 @@ def test_serving_runs_every_method_at_every_pool_and_plots(loaded, quality, tmp_
         assert run["output_tokens"] == expected_tokens  # ignore_eos: every method does the same work
         assert run["tokens_per_s"] > 0 and run["itl_p99_ms"] >= run["itl_p50_ms"] > 0
         assert run["peak_running"] >= 1
+        full = next(r for r in serving["runs"] if r["method"] == "full_kv" and r["pool_pages"] == run["pool_pages"])
+        assert set(run["final_answers"]) == {a["task"] for a in serving["arrivals"] if a["task"].startswith("reasoning")}
+        same = sum(run["final_answers"][t] == full["final_answers"][t] for t in full["final_answers"])
+        assert run["answer_agreement"] == round(same / len(full["final_answers"]), 3)
     written = plots.write_all({"quality": quality, "serving": serving}, tmp_path)
     assert {p.name for p in written} == {"quality_pareto.png", "decision_timeline.png",
                                          "serving_throughput_latency.png", "serving_throughput_pool.png"}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+
+
+def test_a_budget_pool_gives_every_method_the_same_memory_and_growpage_lives_within_it(loaded):
+    # 8 reasoning sequences of ~11 pages each outlive the retrieval ones: about 90 pages wanted
+    # from a 6 x 10 + 19 = 79-page pool
+    settings = QualitySettings(methods=("full_kv", "h2o", "growpage"), budgets=(6,), reasoning=4,
+                               reasoning_max_tokens=100, retrieval_context_tokens=(256,), retrieval_depths=(0.5,),
+                               retrieval_max_tokens=12, summaries=0, pool="budget")
+    result = run_quality_bench(loaded.model_dir, settings, loaded=loaded)
+    full, h2o, growpage = result["results"]
+    # GrowPage shares the pool instead of capping each request: under that pressure it compresses
+    # (here, other requests too, before anyone is preempted) and holds fewer bytes than full KV
+    # with free memory; H2O caps every request at its budget
+    assert growpage["kv_bytes_mean"] < full["kv_bytes_mean"], (growpage, full)
+    assert growpage["decisions"].get("evict", 0) + growpage["decisions"].get("quantize", 0) >= 1
+    assert h2o["kv_bytes_mean"] < full["kv_bytes_mean"]
+    with pytest.raises(ValueError, match="pool"):
+        QualitySettings(pool="tiny")
 
 
 def test_pareto_front_keeps_only_undominated_points():

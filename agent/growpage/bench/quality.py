@@ -3,10 +3,13 @@
 1. Reference: full KV, greedy, on every task; retrieval tasks full KV fails are dropped (a
    benchmark of what compression loses needs something to lose). A teacher-forced full-KV pass
    gives the reference NLL.
-2. Every other method at every budget (``base_pages``), in one engine per (method, budget) with a
-   pool large enough that no request ever waits for a page: each task runs twice in one batch,
+2. Every other method at every budget (``base_pages``), in one engine per (method, budget): each
+   task runs twice in one batch,
    free greedy (agreement, final answer) and teacher-forced on the reference output (NLL, and the
-   exact step of first divergence).
+   exact step of first divergence). The pool is either large enough that no request ever waits
+   for a page (``pool="ample"``: quality when memory is free), or the budget's worth of pages per
+   request plus room for the longest prompt (``pool="budget"``: every method gets the same
+   memory; fixed budgets cap each request, GrowPage shares the pool and compresses under pressure).
 3. Per request, KV bytes held (used + reserved pages x page bytes) sampled after every step: mean
    over its life and peak, exact.
 
@@ -53,6 +56,11 @@ class QualitySettings:
     seed: int = 0
     timeline_task: str = "reasoning-0"
     threads: int | None = None
+    pool: str = "ample"  # or "budget" (see the module docstring)
+
+    def __post_init__(self) -> None:
+        if self.pool not in ("ample", "budget"):
+            raise ValueError(f"pool must be 'ample' or 'budget', not {self.pool!r}")
 
     @classmethod
     def quick(cls) -> QualitySettings:
@@ -106,7 +114,11 @@ def _run(loaded: harness.Loaded, method: str, budget: int, tasks: list[Task], pr
          timeline_task: str | None = None) -> _Run:
     longest = max(len(prompts[t.task_id]) + t.max_tokens for t in tasks)
     sequences = len(tasks) * (2 if free and references else 1)
-    num_pages = sequences * (math.ceil(longest / settings.block_size) + budget + 2)
+    if settings.pool == "budget" and method != "full_kv":
+        # equal memory for every method: the budget per sequence, plus room to prefill the longest
+        num_pages = sequences * budget + math.ceil(longest / settings.block_size) + 2
+    else:
+        num_pages = sequences * (math.ceil(longest / settings.block_size) + budget + 2)
     clock = harness.StepClock(settings.seconds_per_step)
     engine, _ = harness.build_engine(loaded, method, base_pages=budget, num_pages=num_pages,
                                      block_size=settings.block_size, max_num_seqs=sequences,

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from growpage.bench import harness
-from growpage.bench.workloads import Task, poisson_trace, reasoning_tasks, summary_tasks
+from growpage.bench.workloads import Task, final_answer, has_final_answer, poisson_trace, reasoning_tasks, summary_tasks
 from growpage.core.methods import build_method
 from growpage.core.quantiles import percentile
 from growpage.engine.sampling import SamplingParams
@@ -31,6 +31,9 @@ from growpage.engine.sampling import SamplingParams
 class ServingSettings:
     methods: tuple[str, ...] = ("full_kv", "growpage", "growpage_reserving", "h2o", "zipage")
     pool_fractions: tuple[float, ...] = (0.15, 0.3, 0.6)
+    # When set, pools fit about this many full-KV requests each (the trace's mean full-KV pages per
+    # request times k) instead of ``pool_fractions`` of the whole trace's demand.
+    pool_requests: tuple[float, ...] = ()
     reasoning: int = 6
     reasoning_max_tokens: int = 128
     summaries: int = 3
@@ -57,8 +60,20 @@ def full_kv_demand_pages(prompt_lengths: list[int], max_tokens: list[int], block
     return sum(math.ceil((p + m) / block_size) for p, m in zip(prompt_lengths, max_tokens, strict=True))
 
 
+def _add_answer_agreement(runs: list[dict]) -> None:
+    """Each run's final answers against full KV's at the same pool (the tasks that have one)."""
+    reference = {run["pool_pages"]: run["final_answers"] for run in runs if run["method"] == "full_kv"}
+    for run in runs:
+        theirs = reference.get(run["pool_pages"])
+        if theirs is None or not theirs:
+            run["answer_agreement"] = None
+            continue
+        same = sum(run["final_answers"].get(task) == answer for task, answer in theirs.items())
+        run["answer_agreement"] = round(same / len(theirs), 3)
+
+
 def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompts: dict[str, list[int]],
-           settings: ServingSettings) -> dict:
+           settings: ServingSettings, tasks: list[Task]) -> dict:
     engine, _ = harness.build_engine(loaded, method, base_pages=settings.base_pages, num_pages=num_pages,
                                      block_size=settings.block_size, max_num_seqs=settings.max_num_seqs,
                                      max_num_batched_tokens=512, seed=settings.seed)
@@ -104,7 +119,21 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompt
         "requests_truncated": truncated,
         "decisions": harness.decision_counts(snapshot),
         "steps": engine.num_steps,
+        # what a user reads off each answer (reasoning tasks), compared with full KV's afterwards
+        "final_answers": {t.task_id: final_answer(t.kind, _answer_text(loaded, engine, requests[t.task_id]))
+                          for t in tasks if has_final_answer(t.kind) and t.task_id in requests},
     }
+
+
+def _answer_text(loaded: harness.Loaded, engine, request) -> str:
+    """The text a user would have received: up to the first end-of-sequence token. The trace runs
+    with ``ignore_eos`` so every method does the same work; what the model writes after its own
+    end of answer is not an answer."""
+    token_ids = list(request.output_token_ids)
+    ends = [i for i, token in enumerate(token_ids) if token in engine.eos_token_ids]
+    if ends:
+        token_ids = token_ids[:ends[0]]
+    return loaded.tokenizer.decode(token_ids, skip_special_tokens=True)
 
 
 def run_serving_bench(model_dir: str, settings: ServingSettings,
@@ -119,14 +148,18 @@ def run_serving_bench(model_dir: str, settings: ServingSettings,
     # Every pool must fit the largest request alone at full KV and a GrowPage grant, or runs
     # would finish requests early instead of measuring them.
     floor = max(largest, settings.base_pages) + 1
-    pools = sorted({max(floor, round(f * demand)) for f in settings.pool_fractions})
+    sizes = ([k * demand / len(tasks) for k in settings.pool_requests] if settings.pool_requests
+             else [f * demand for f in settings.pool_fractions])
+    pools = sorted({max(floor, round(size)) for size in sizes})
     runs = []
     for pool in pools:
         for method in settings.methods:
             progress(f"{method} with a {pool}-page pool")
-            run = _serve(loaded, method, pool, arrivals, prompts, settings)
+            run = _serve(loaded, method, pool, arrivals, prompts, settings, tasks)
             run["pool_fraction_of_demand"] = round(pool / demand, 3)
+            run["pool_full_kv_requests"] = round(pool * len(tasks) / demand, 2)
             runs.append(run)
+    _add_answer_agreement(runs)
     return {
         "benchmark": "serving",
         "settings": dataclasses.asdict(settings),

@@ -70,7 +70,7 @@ def engine(
 
 
 def _comparison(which: str, quick: bool, model: Path | None, threads: int | None, output_dir: Path,
-                methods: list[str] | None) -> dict:
+                methods: list[str] | None, overrides: dict | None = None) -> dict:
     import dataclasses
 
     import torch
@@ -88,7 +88,8 @@ def _comparison(which: str, quick: bool, model: Path | None, threads: int | None
     model_dir = str(resolve_model_dir(model))
     console = Console(stderr=True)
     loaded = harness.load(model_dir, threads)
-    result: dict = {"command": f"gpctl bench {which}" + (" --quick" if quick else ""),
+    result: dict = {"command": f"gpctl bench {which}" + (" --quick" if quick else "")
+                    + "".join(f" --{k.replace('_', '-')} {v}" for k, v in (overrides or {}).items()),
                     "threads": torch.get_num_threads()}
     for name, settings_type, run in (("quality", QualitySettings, run_quality_bench),
                                      ("serving", ServingSettings, run_serving_bench)):
@@ -97,6 +98,8 @@ def _comparison(which: str, quick: bool, model: Path | None, threads: int | None
         settings = settings_type.quick() if quick else settings_type()
         if methods:  # full_kv is the reference everything is compared with: always run it
             settings = dataclasses.replace(settings, methods=tuple(dict.fromkeys(["full_kv", *methods])))
+        known = {field.name for field in dataclasses.fields(settings)}
+        settings = dataclasses.replace(settings, **{k: v for k, v in (overrides or {}).items() if k in known})
         result[name] = run(model_dir, settings, progress=lambda m, name=name: console.log(f"{name}: {m}"),
                            loaded=loaded)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -121,12 +124,13 @@ def _print_comparison(result: dict) -> None:
     if "serving" in result:
         table = Table(title=f"serving (full-KV demand {result['serving']['full_kv_demand_pages']} pages)")
         for column in ("pool", "method", "tokens/s", "ITL p50 ms", "ITL p99 ms", "queue p50 s", "preempt",
-                       "peak running"):
+                       "peak running", "answers"):
             table.add_column(column, justify="left" if column == "method" else "right")
         for r in result["serving"]["runs"]:
             table.add_row(str(r["pool_pages"]), r["method"], f"{r['tokens_per_s']:.1f}", f"{r['itl_p50_ms']:.0f}",
                           f"{r['itl_p99_ms']:.0f}", f"{r['queueing_p50_s']:.2f}", str(r["preemptions"]),
-                          str(r["peak_running"]))
+                          str(r["peak_running"]),
+                          "—" if r.get("answer_agreement") is None else f"{r['answer_agreement']:.0%}")
         console.print(table)
         console.print(f"verdict: {json.dumps(result['serving']['verdict'])}")
     for plot in result.get("plots", []):
@@ -141,8 +145,27 @@ def _comparison_command(which: str):
         output_dir: Annotated[Path, typer.Option(help="Where the JSON and PNG plots go.")] = Path("bench-results"),
         method: Annotated[list[str] | None, typer.Option(
             help="Only these methods (repeatable; full_kv is always run as the reference).")] = None,
+        seed: Annotated[int | None, typer.Option(help="Workload seed: task numbers and arrival times "
+                                                      "(confirm a result on a second seed).")] = None,
+        reasoning: Annotated[int | None, typer.Option(min=1, help="serving: reasoning requests in the trace.")] = None,
+        summaries: Annotated[int | None, typer.Option(min=0, help="serving: summary requests in the trace.")] = None,
+        pool_requests: Annotated[list[float] | None, typer.Option(
+            min=1, help="serving: pool sizes as the number of full-KV requests each fits (repeatable).")] = None,
+        base_pages: Annotated[int | None, typer.Option(min=1, help="serving: GrowPage's floor and the fixed "
+                                                                   "methods' cap, in pages.")] = None,
+        retrieval_depth: Annotated[list[float] | None, typer.Option(
+            min=0.0, max=1.0, help="quality: pass-key depths (repeatable; each at every context length).")] = None,
+        pool: Annotated[str | None, typer.Option(
+            help="quality: 'ample' (no request waits: quality when memory is free) or 'budget' (every "
+                 "method gets the budget's pages per request: equal memory).")] = None,
     ) -> None:
-        _print_comparison(_comparison(which, quick, model, threads, output_dir, method))
+        if pool is not None and pool not in ("ample", "budget"):
+            raise typer.BadParameter(f"{pool!r} is not a pool; use ample or budget", param_hint="--pool")
+        overrides = {"seed": seed, "reasoning": reasoning, "summaries": summaries, "base_pages": base_pages,
+                     "pool_requests": tuple(pool_requests) if pool_requests else None,
+                     "retrieval_depths": tuple(retrieval_depth) if retrieval_depth else None, "pool": pool}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        _print_comparison(_comparison(which, quick, model, threads, output_dir, method, overrides))
 
     return command
 
