@@ -360,10 +360,28 @@ def test_pool_pressure_compresses_another_request_instead_of_preempting():
     big = manager.requests["big"]
     assert freed >= 3 and manager.pool.num_free == free_before + freed
     assert big.pages_held >= big.base_pages  # the floor protects a running request
-    events = manager.make_stats().decision_events
-    assert any(e.request_id == "big" and e.reason == "pool_pressure" and e.kind == "evict" for e in events)
+    events = [e for e in manager.make_stats().decision_events if e.reason == "pool_pressure"]
+    # INT8 first: old pages are halved and no token is lost, before anything is evicted
+    assert events and events[0].request_id == "big" and events[0].kind == "quantize", events
+    assert any(manager.store.format[p] is PageFormat.INT8 for p in big.pages)
     assert manager.pool.num_free + manager.pool.num_reserved + manager.pool.num_used == 12
     driver.step([("big", 1), ("small", 1)])  # both still decode
+
+
+def test_without_quantization_pressure_relief_evicts():
+    manager = make_manager(num_pages=12, base_pages=3, density_threshold=1.0, lts_grow_threshold=0.0,
+                           method=build_method("growpage_no_quant"))
+    driver = Driver(manager)
+    driver.admit("big", 4)
+    driver.step([("big", 4)])
+    while manager.requests["big"].pages_held < 9:
+        driver.step([("big", 1)])
+    driver.admit("small", 4)
+    driver.step([("small", 4)])
+    assert manager.relieve_pressure(3, exclude="small") >= 3
+    events = [e for e in manager.make_stats().decision_events if e.reason == "pool_pressure"]
+    assert events and all(e.kind == "evict" for e in events)
+    assert all(manager.store.format[p] is PageFormat.FULL for p in manager.requests["big"].pages)
 
 
 def test_eviction_rewrites_only_from_the_page_of_the_first_dropped_token():

@@ -227,13 +227,14 @@ class GrowthController:
         return event
 
     def record_eviction(self, request_id: str, *, pages_before: int, pages_after: int, bytes_in: int,
-                        bytes_out: int, started_perf_s: float, reason: Reason) -> DecisionEvent:
-        """An eviction outside a boundary: a fixed-budget method compressed a cached prompt down to
-        its budget (``PROMPT_BUDGET``), or pool pressure compressed a running request so the pool
-        holds this step (``POOL_PRESSURE``)."""
+                        bytes_out: int, started_perf_s: float, reason: Reason,
+                        kind: Action = Action.EVICT) -> DecisionEvent:
+        """A compression outside a boundary: a fixed-budget method compressed a cached prompt down
+        to its budget (``PROMPT_BUDGET``), or pool pressure compressed a running request so the pool
+        holds this step (``POOL_PRESSURE``; ``kind`` QUANTIZE when it quantized old pages first)."""
         request = self.requests[request_id]
         event = DecisionEvent(
-            request_id=request_id, namespace=request.namespace, kind=Action.EVICT.value, refusal=None,
+            request_id=request_id, namespace=request.namespace, kind=kind.value, refusal=None,
             reason=reason.value, enforced=True, pages_before=pages_before, pages_after=pages_after,
             sts_density=request.sts_density, lts_entropy=request.lts_entropy,
             capacity_boundary_pages=float(request.base_pages), bytes_in=bytes_in, bytes_out=bytes_out,

@@ -344,19 +344,38 @@ class GrowPageManager:
         freed = 0
         for item in plan_reclaim(pages_needed, candidates):
             request = self.requests[item.request_id]
-            free_before, pages_before = self.pool.num_free, request.pages_held
-            started = time.perf_counter()
+            free_before = self.pool.num_free
             with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):
-                # the first page a compaction empties stays the request's next page: free one more
-                plan = self._plan_evict(request, pages_to_free=item.pages_gained + 1)
-                if plan is None:
-                    continue
-                bytes_in, bytes_out = self._evict(request, plan)
-                self.controller.record_eviction(
-                    request.request_id, pages_before=pages_before, pages_after=request.pages_held,
-                    bytes_in=bytes_in, bytes_out=bytes_out, started_perf_s=started, reason=Reason.POOL_PRESSURE)
+                self._relieve(request, item.pages_gained)
             freed += self.pool.num_free - free_before
         return freed
+
+    def _relieve(self, request: RequestKV, pages: int) -> None:
+        """Free ``pages`` pages of ``request`` for the pool: quantize its oldest full pages first
+        (when the method quantizes: INT8 halves them and drops no token), then evict the
+        lowest-ranked tokens for what is still missing."""
+        gained = 0
+        while self.method.quantizes_under_pressure and gained < pages:
+            plan = self._plan_quantize(request)
+            if plan is None:
+                break
+            pages_before, free_before, started = request.pages_held, self.pool.num_free, time.perf_counter()
+            bytes_in, bytes_out = self._quantize(request, plan, keep_next_page=False)
+            gained += self.pool.num_free - free_before
+            self.controller.record_eviction(
+                request.request_id, pages_before=pages_before, pages_after=request.pages_held, bytes_in=bytes_in,
+                bytes_out=bytes_out, started_perf_s=started, reason=Reason.POOL_PRESSURE, kind=Action.QUANTIZE)
+        if gained >= pages:
+            return
+        pages_before, started = request.pages_held, time.perf_counter()
+        # the first page a compaction empties stays the request's next page: free one more
+        plan = self._plan_evict(request, pages_to_free=pages - gained + 1)
+        if plan is None:
+            return
+        bytes_in, bytes_out = self._evict(request, plan)
+        self.controller.record_eviction(
+            request.request_id, pages_before=pages_before, pages_after=request.pages_held,
+            bytes_in=bytes_in, bytes_out=bytes_out, started_perf_s=started, reason=Reason.POOL_PRESSURE)
 
     # ---- compression ----------------------------------------------------------------------------
     def _private_pages(self, request: RequestKV, fmt: PageFormat) -> list[int]:
@@ -424,25 +443,26 @@ class GrowPageManager:
             return _EvictPlan(fmt=fmt, pages=pages, keep=keep)
         return None
 
-    def _reclaim(self, request: RequestKV, emptied: list[int]) -> None:
+    def _reclaim(self, request: RequestKV, emptied: list[int], keep_next_page: bool = True) -> None:
         """The first page a compression empties becomes the request's next page (that is the room
-        it compressed for); any others go back to the pool."""
+        it compressed for) unless ``keep_next_page`` is False (pressure relief: the pool needs it);
+        any others go back to the pool."""
         for index, page in enumerate(emptied):
             request.pages.remove(page)
             self.store.clear(page)
-            if index == 0:
+            if index == 0 and keep_next_page:
                 self.pool.mark_reserved(page)
                 request.reserved.append(page)
             else:
                 self.pool.release(page)
 
-    def _quantize(self, request: RequestKV, plan: _QuantizePlan) -> tuple[int, int]:
+    def _quantize(self, request: RequestKV, plan: _QuantizePlan, keep_next_page: bool = True) -> tuple[int, int]:
         bytes_in = sum(self.store.stored_bytes(p) for p in plan.pages)
         values = self.store.read_all_layers(plan.pages, torch.float32)
         positions, scores, _ = self._group_tokens(plan.pages, PageFormat.FULL)
         emptied = self.store.write_group(plan.pages, plan.fmt, values, positions.clone(), scores.clone())
         bytes_out = sum(self.store.stored_bytes(p) for p in plan.pages if p not in emptied)
-        self._reclaim(request, emptied)
+        self._reclaim(request, emptied, keep_next_page)
         self.stats.record_compression(bytes_in, bytes_out)
         return bytes_in, bytes_out
 

@@ -22,8 +22,9 @@ growpage_reserving the same contract with reserving admission (``base_pages`` re
                    at admission: never over-committed, fewer requests running)
 ablations          growpage without STS (density read as 0), without LTS (entropy read as the
                    grow threshold), without quantization, a random feasible action (all of them
-                   still relieve pool pressure), and without the pressure input (no compression
-                   of other requests before the engine preempts)
+                   still relieve pool pressure), without the pressure input (no compression of
+                   other requests before the engine preempts), and with the published thresholds
+                   instead of calibrated ones
 =================  =============================================================================
 
 Simplifications, stated: scores come from GrowPage's observed layers (3 of 30, newest query), not
@@ -77,6 +78,8 @@ class KVMethod:
         config_overrides: GrowPageConfig fields the method fixes (e.g. quantization bits).
         relieves_pressure: before the engine preempts, compress other running requests (lowest LTS
             first, never below their floor); GrowPage and its ablations do, baselines do not.
+        quantizes_under_pressure: relief quantizes a request's oldest full pages before it evicts
+            (no token lost); False for the no-quantization ablation.
     """
 
     name: str
@@ -91,6 +94,7 @@ class KVMethod:
     reserve_base_pages: bool = False
     config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     relieves_pressure: bool = False
+    quantizes_under_pressure: bool = True
 
     @property
     def score_decay(self) -> float:
@@ -205,10 +209,14 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
                                                relieves_pressure=True),
         "growpage_no_sts": lambda: _growpage("growpage_no_sts", "ablation", without_sts),
         "growpage_no_lts": lambda: _growpage("growpage_no_lts", "ablation", without_lts),
-        "growpage_no_quant": lambda: _growpage("growpage_no_quant", "ablation", without_quantization),
+        "growpage_no_quant": lambda: dataclasses.replace(
+            _growpage("growpage_no_quant", "ablation", without_quantization), quantizes_under_pressure=False),
         "growpage_random": lambda: KVMethod("growpage_random", "ablation", random_decide(random.Random(seed)),
                                             token_score=TokenScore.ACCUMULATED, relieves_pressure=True),
         "growpage_no_pressure": lambda: _growpage("growpage_no_pressure", "ablation", decide, relieves_pressure=False),
+        # the published defaults, whatever a calibrated config says (benchmarks run calibrated)
+        "growpage_uncalibrated": lambda: KVMethod("growpage_uncalibrated", "ablation", decide, relieves_pressure=True,
+                                                  config_overrides=PUBLISHED_THRESHOLDS),
     }
     if name not in builders:
         raise ValueError(f"unknown KV method {name!r}; choose one of: {', '.join(METHOD_NAMES)}")
@@ -217,6 +225,11 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
 
 METHOD_NAMES = ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8", "uniform_int4",
                 "growpage", "growpage_reserving", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random",
-                "growpage_no_pressure")
+                "growpage_no_pressure", "growpage_uncalibrated")
+
+# The contract's thresholds as published (for another model): GrowPageConfig's defaults.
+PUBLISHED_THRESHOLDS: Mapping[str, Any] = {
+    name: GrowPageConfig.__dataclass_fields__[name].default
+    for name in ("density_threshold", "lts_grow_threshold", "rollout_entropy_threshold")}
 
 GROWPAGE = build_method("growpage")
