@@ -109,3 +109,33 @@ def test_verdict_reads_the_largest_pool_where_full_kv_preempts():
     assert result["pool_pages"] == 40 and result["tokens_per_s_ratio"] == 2.1
     assert result["meets_2x_throughput"] and result["itl_p99_no_worse"]
     assert verdict(runs[2:])["pool_pages"] is None
+
+
+def test_a_calibration_trace_feeds_gpctl_calibrate_and_the_benchmarks_read_its_thresholds(loaded, tmp_path):
+    """The rollout's monitoring phase end to end: monitor mode on the reference engine, its
+    /metrics/growpage saved, gpctl calibrate on the snapshot, the config back into a benchmark."""
+    from typer.testing import CliRunner
+
+    from gpctl.main import app
+    from growpage.bench.calibration import CalibrationSettings, run_calibration_trace
+    from growpage.bench.harness import CALIBRATED_KEYS, build_engine, thresholds_from
+
+    settings = CalibrationSettings(reasoning=3, reasoning_max_tokens=40, retrieval_context_tokens=(128,),
+                                   retrieval_depths=(0.5,), retrieval_max_tokens=8, summaries=1,
+                                   summary_max_tokens=8, max_num_seqs=4, base_pages=6)
+    snapshot = tmp_path / "snapshot.prom"
+    summary = run_calibration_trace(loaded.model_dir, settings, snapshot, loaded=loaded)
+    assert summary["requests"] == 5 and snapshot.read_text().startswith("# growpage-snapshot-time: ")
+    assert "growpage_lts_entropy_bucket" in snapshot.read_text()
+    config = tmp_path / "calibrated.yaml"
+    result = CliRunner().invoke(app, ["calibrate", "--snapshot", str(snapshot), "--min-samples", "1",
+                                      "--output", str(config)])
+    assert result.exit_code == 0, result.output
+    thresholds = thresholds_from(str(config))
+    assert set(thresholds) == set(CALIBRATED_KEYS) and "calibrated by gpctl calibrate" in config.read_text()
+    engine, _ = build_engine(loaded, "growpage", base_pages=6, num_pages=32, block_size=16, max_num_seqs=2,
+                             thresholds=thresholds)
+    assert engine.manager.config.lts_grow_threshold == thresholds["lts_grow_threshold"]
+    pinned, _ = build_engine(loaded, "growpage_uncalibrated", base_pages=6, num_pages=32, block_size=16,
+                             max_num_seqs=2, thresholds=thresholds)
+    assert pinned.manager.config.lts_grow_threshold == 2.1  # the ablation keeps the published value

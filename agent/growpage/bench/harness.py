@@ -85,13 +85,36 @@ class StepClock:
         return self.steps * self.seconds_per_step
 
 
+# The thresholds a calibrated config file sets for the benchmarks (``gpctl calibrate``'s output);
+# base_pages stays each benchmark's own variable.
+CALIBRATED_KEYS = ("lts_grow_threshold", "density_threshold", "rollout_entropy_threshold")
+
+
+def thresholds_from(path: str | None) -> dict[str, float]:
+    """The calibrated thresholds of a GrowPage config file (empty: the published defaults).
+
+    Raises:
+        ConfigError: the file is missing or invalid (one line, says which key).
+    """
+    if not path:
+        return {}
+    from growpage.config import load_config
+
+    config = load_config(path, env={})
+    return {key: float(getattr(config, key)) for key in CALIBRATED_KEYS}
+
+
 def build_engine(loaded: Loaded, method_name: str, *, base_pages: int, num_pages: int, block_size: int,
                  max_num_seqs: int, clock: Callable[[], float] | None = None,
-                 max_num_batched_tokens: int = 2048, seed: int = 0) -> tuple[LLMEngine, KVMethod]:
-    """An engine whose manager runs ``method_name`` (GrowPage off for ``full_kv``)."""
+                 max_num_batched_tokens: int = 2048, seed: int = 0, mode: str | None = None,
+                 thresholds: dict[str, float] | None = None) -> tuple[LLMEngine, KVMethod]:
+    """An engine whose manager runs ``method_name`` (GrowPage off for ``full_kv``), with
+    ``thresholds`` (from :func:`thresholds_from`) over the defaults; a method that pins its own
+    (``growpage_uncalibrated``) keeps them."""
     method = build_method(method_name, seed=seed)
-    mode = "off" if method.family == "full" else "enforce"
-    config = GrowPageConfig(mode=mode, base_pages=base_pages, block_size=block_size, kv_dtype="float16")
+    mode = mode or ("off" if method.family == "full" else "enforce")
+    config = GrowPageConfig(mode=mode, base_pages=base_pages, block_size=block_size, kv_dtype="float16",
+                            **(thresholds or {}))
     engine = LLMEngine(EngineConfig(model_dir=loaded.model_dir, num_pages=num_pages, max_num_seqs=max_num_seqs,
                                     max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False),
                        config, model=loaded.model, tokenizer=loaded.tokenizer, method=method,

@@ -57,6 +57,8 @@ class QualitySettings:
     timeline_task: str = "reasoning-0"
     threads: int | None = None
     pool: str = "ample"  # or "budget" (see the module docstring)
+    # a GrowPage config file whose thresholds (gpctl calibrate's output) replace the published ones
+    thresholds_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.pool not in ("ample", "budget"):
@@ -122,7 +124,8 @@ def _run(loaded: harness.Loaded, method: str, budget: int, tasks: list[Task], pr
     clock = harness.StepClock(settings.seconds_per_step)
     engine, _ = harness.build_engine(loaded, method, base_pages=budget, num_pages=num_pages,
                                      block_size=settings.block_size, max_num_seqs=sequences,
-                                     clock=clock, seed=settings.seed)
+                                     clock=clock, seed=settings.seed,
+                                     thresholds=harness.thresholds_from(settings.thresholds_file))
     page_bytes = settings.block_size * harness.kv_bytes_per_token(loaded)
     free_requests, forced_requests = {}, {}
     for task in tasks:
@@ -282,6 +285,7 @@ def run_quality_bench(model_dir: str, settings: QualitySettings,
     return {
         "benchmark": "quality",
         "settings": dataclasses.asdict(settings),
+        "thresholds": harness.thresholds_from(settings.thresholds_file) or "published defaults",
         "kv_bytes_per_token_fp16": harness.kv_bytes_per_token(loaded),
         "tasks": [{"task": t.task_id, "kind": t.kind, "prompt_tokens": len(prompts[t.task_id]),
                    "reference_tokens": len(references[t.task_id]),

@@ -44,6 +44,8 @@ class ServingSettings:
     max_num_seqs: int = 32
     seed: int = 0
     threads: int | None = None
+    # a GrowPage config file whose thresholds (gpctl calibrate's output) replace the published ones
+    thresholds_file: str | None = None
 
     @classmethod
     def quick(cls) -> ServingSettings:
@@ -76,7 +78,8 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompt
            settings: ServingSettings, tasks: list[Task]) -> dict:
     engine, _ = harness.build_engine(loaded, method, base_pages=settings.base_pages, num_pages=num_pages,
                                      block_size=settings.block_size, max_num_seqs=settings.max_num_seqs,
-                                     max_num_batched_tokens=512, seed=settings.seed)
+                                     max_num_batched_tokens=512, seed=settings.seed,
+                                     thresholds=harness.thresholds_from(settings.thresholds_file))
     pending = list(arrivals)
     requests = {}
     peak_running = 0
@@ -163,6 +166,7 @@ def run_serving_bench(model_dir: str, settings: ServingSettings,
     return {
         "benchmark": "serving",
         "settings": dataclasses.asdict(settings),
+        "thresholds": harness.thresholds_from(settings.thresholds_file) or "published defaults",
         "full_kv_demand_pages": demand,
         "pools": pools,
         "arrivals": [{"task": a.task.task_id, "offset_s": a.offset_s, "max_tokens": a.task.max_tokens,

@@ -69,6 +69,18 @@ def engine(
     typer.echo(json.dumps(result, indent=2))
 
 
+_FLAG_NAMES = {"thresholds_file": "config", "retrieval_depths": "retrieval-depth"}
+
+
+def _flags(overrides: dict) -> str:
+    """The command-line flags that reproduce ``overrides`` (for the result's ``command``)."""
+    flags = []
+    for key, value in overrides.items():
+        flag = "--" + _FLAG_NAMES.get(key, key.replace("_", "-"))
+        flags += [f" {flag} {item}" for item in value] if isinstance(value, tuple) else [f" {flag} {value}"]
+    return "".join(flags)
+
+
 def _comparison(which: str, quick: bool, model: Path | None, threads: int | None, output_dir: Path,
                 methods: list[str] | None, overrides: dict | None = None) -> dict:
     import dataclasses
@@ -88,8 +100,7 @@ def _comparison(which: str, quick: bool, model: Path | None, threads: int | None
     model_dir = str(resolve_model_dir(model))
     console = Console(stderr=True)
     loaded = harness.load(model_dir, threads)
-    result: dict = {"command": f"gpctl bench {which}" + (" --quick" if quick else "")
-                    + "".join(f" --{k.replace('_', '-')} {v}" for k, v in (overrides or {}).items()),
+    result: dict = {"command": f"gpctl bench {which}" + (" --quick" if quick else "") + _flags(overrides or {}),
                     "threads": torch.get_num_threads()}
     for name, settings_type, run in (("quality", QualitySettings, run_quality_bench),
                                      ("serving", ServingSettings, run_serving_bench)):
@@ -158,12 +169,24 @@ def _comparison_command(which: str):
         pool: Annotated[str | None, typer.Option(
             help="quality: 'ample' (no request waits: quality when memory is free) or 'budget' (every "
                  "method gets the budget's pages per request: equal memory).")] = None,
+        config: Annotated[Path | None, typer.Option(
+            help="A GrowPage config file whose thresholds (gpctl calibrate's output) GrowPage runs with; "
+                 "default: the published thresholds.")] = None,
     ) -> None:
         if pool is not None and pool not in ("ample", "budget"):
             raise typer.BadParameter(f"{pool!r} is not a pool; use ample or budget", param_hint="--pool")
         overrides = {"seed": seed, "reasoning": reasoning, "summaries": summaries, "base_pages": base_pages,
                      "pool_requests": tuple(pool_requests) if pool_requests else None,
-                     "retrieval_depths": tuple(retrieval_depth) if retrieval_depth else None, "pool": pool}
+                     "retrieval_depths": tuple(retrieval_depth) if retrieval_depth else None, "pool": pool,
+                     "thresholds_file": str(config) if config else None}
+        if config is not None:
+            from growpage.bench.harness import thresholds_from
+            from growpage.errors import ConfigError
+
+            try:
+                thresholds_from(str(config))  # a bad file fails now, in one line, not minutes in
+            except ConfigError as error:
+                raise typer.BadParameter(str(error), param_hint="--config") from None
         overrides = {k: v for k, v in overrides.items() if v is not None}
         _print_comparison(_comparison(which, quick, model, threads, output_dir, method, overrides))
 
@@ -176,6 +199,29 @@ app.command("serving", help="Throughput vs latency under fixed page pools, Poiss
     _comparison_command("serving"))
 app.command("all", help="quality and serving in one run, one model load (JSON + plots).")(
     _comparison_command("all"))
+
+
+@app.command("calibration-trace")
+def calibration_trace(
+    output: Annotated[Path, typer.Option(help="The /metrics/growpage snapshot to write (for gpctl calibrate "
+                                              "--snapshot).")] = Path("bench-results/calibration-snapshot.prom"),
+    model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's choice).")] = None,
+    seed: Annotated[int, typer.Option(help="The trace's seed (keep it apart from the benchmarks' 0 and 1).")] = 100,
+) -> None:
+    """Monitor mode over a calibration trace on the reference engine; saves /metrics/growpage for
+    gpctl calibrate (the rollout's monitoring phase, reproducible)."""
+    import dataclasses
+
+    from growpage.bench.calibration import CalibrationSettings, run_calibration_trace
+    from growpage.engine.model_prep import resolve_model_dir
+
+    settings = dataclasses.replace(CalibrationSettings(), threads=threads, seed=seed)
+    console = Console(stderr=True)
+    result = run_calibration_trace(str(resolve_model_dir(model)), settings, output,
+                                   progress=lambda m: console.log(f"calibration: {m}"))
+    typer.echo(json.dumps(result, indent=2))
+    typer.echo(f"next: gpctl calibrate --snapshot {output} --output growpage-calibrated.yaml", err=True)
 
 
 @app.command()
