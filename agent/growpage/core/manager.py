@@ -369,10 +369,10 @@ class GrowPageManager:
             return
         pages_before, started = request.pages_held, time.perf_counter()
         # the first page a compaction empties stays the request's next page: free one more
-        plan = self._plan_evict(request, pages_to_free=pages - gained + 1)
-        if plan is None:
+        evict_plan = self._plan_evict(request, pages_to_free=pages - gained + 1)
+        if evict_plan is None:
             return
-        bytes_in, bytes_out = self._evict(request, plan)
+        bytes_in, bytes_out = self._evict(request, evict_plan)
         self.controller.record_eviction(
             request.request_id, pages_before=pages_before, pages_after=request.pages_held,
             bytes_in=bytes_in, bytes_out=bytes_out, started_perf_s=started, reason=Reason.POOL_PRESSURE)
