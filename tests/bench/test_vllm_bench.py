@@ -27,7 +27,24 @@ def test_the_kv_space_is_under_pressure_and_the_limit_holds_everyone():
 
 
 def test_summary_reports_each_seed():
-    traces = [{"seed": 0, "growpage_vs_vllm": 1.5, "captured_gain_share": 0.5, "preemptions": {"vllm": 3}},
-              {"seed": 1, "growpage_vs_vllm": 1.4, "captured_gain_share": 0.4, "preemptions": {"vllm": 2}}]
+    traces = [{"seed": 0, "growpage_vs_vllm": 1.5, "captured_gain_share": 0.5, "preemptions": {"vllm": 3},
+               "answer_agreement": 0.75},
+              {"seed": 1, "growpage_vs_vllm": 1.4, "captured_gain_share": 0.4, "preemptions": {"vllm": 2},
+               "answer_agreement": 0.5}]
     summary = _summary(traces, {"monitor_vs_vllm": 0.99})
     assert summary["growpage_vs_vllm_by_seed"] == {0: 1.5, 1: 1.4} and summary["monitor_vs_vllm"] == 0.99
+    assert summary["answer_agreement_by_seed"] == {0: 0.75, 1: 0.5}
+
+
+def test_final_answers_are_read_up_to_the_end_of_sequence():
+    from growpage.bench.vllm import _answer_agreement
+
+    class Tokenizer:  # ids are digits; 0 ends the sequence
+        eos_token_id = 0
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(str(i) for i in ids if i)
+
+    # same answer (7) before the end, different rambling after it: they agree
+    assert _answer_agreement(Tokenizer(), [[3, 7, 0, 9]], [[5, 7, 0, 4]]) == 1.0
+    assert _answer_agreement(Tokenizer(), [[3, 7], [2]], [[3, 8], [2]]) == 0.5

@@ -143,7 +143,23 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
             "captured_gain_share": round((grow - base) / (limit - base), 3) if limit > base else None,
             "preemptions": {name: r["preemptions"] for name, r in results.items()},
             "identical_share": round(agreement.identical_share, 3),
-            "mean_matched_share": round(agreement.mean_matched_share, 3)}
+            "mean_matched_share": round(agreement.mean_matched_share, 3),
+            "answer_agreement": _answer_agreement(tokenizer, [results["vllm"]["outputs"][k] for k in order],
+                                                  [results["growpage"]["outputs"][k] for k in order])}
+
+
+def _answer_agreement(tokenizer, reference: list[list[int]], candidate: list[list[int]]) -> float | None:
+    """Share of requests whose final answer (the last number of the text a user would have
+    received, up to the first end of sequence) matches vLLM alone's."""
+    from growpage.bench.workloads import final_answer
+
+    def answer(token_ids: list[int]) -> str | None:
+        ends = [i for i, token in enumerate(token_ids) if token == tokenizer.eos_token_id]
+        return final_answer("reasoning", tokenizer.decode(token_ids[:ends[0]] if ends else token_ids,
+                                                          skip_special_tokens=True))
+
+    pairs = list(zip(reference, candidate, strict=True))
+    return round(sum(answer(a) == answer(b) for a, b in pairs) / len(pairs), 3) if pairs else None
 
 
 def _prompt_tokens(tokenizer, prompt: str) -> int:
@@ -175,4 +191,5 @@ def _summary(traces: list[dict], overhead: dict) -> dict:
     return {"growpage_vs_vllm_by_seed": {t["seed"]: t["growpage_vs_vllm"] for t in traces},
             "captured_gain_share_by_seed": {t["seed"]: t["captured_gain_share"] for t in traces},
             "preemptions_by_seed": {t["seed"]: t["preemptions"] for t in traces},
+            "answer_agreement_by_seed": {t["seed"]: t["answer_agreement"] for t in traces},
             "monitor_vs_vllm": overhead["monitor_vs_vllm"]}
