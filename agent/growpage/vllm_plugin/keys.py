@@ -144,10 +144,6 @@ def storage_of(kv_cache: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(kv_cache, (elements,), (1,), 0)
 
 
-def _block_bases(kv_cache: torch.Tensor, blocks: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    return kv_cache.storage_offset() + blocks.long().to(kv_cache.device) * layout.block_stride
-
-
 def read_keys(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int, kv_heads: torch.Tensor,
               layout: BlockLayout) -> torch.Tensor:
     """Keys of one request's first ``seq_len`` tokens.
@@ -180,10 +176,22 @@ def read_keys_batched(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads
     Returns:
         ``[R, H, M * block_size, head_dim]`` in the cache dtype.
     """
-    index = layout.key_index.index_select(0, kv_heads.to(layout.key_index.device))  # [H, bs, hd]
-    rows = block_rows.long().to(kv_cache.device).clamp(0, kv_cache.shape[0] - 1)
-    offsets = _block_bases(kv_cache, rows, layout)[:, :, None, None, None] + index[None, None]  # [R, M, H, bs, hd]
-    keys = storage_of(kv_cache)[offsets]
+    return gather_keys(kv_cache, key_offsets(block_rows, kv_heads, layout, kv_cache.shape[0], kv_cache.device))
+
+
+def key_offsets(block_rows: torch.Tensor, kv_heads: torch.Tensor, layout: BlockLayout, num_blocks: int,
+                device: torch.device) -> torch.Tensor:
+    """``[R, M, H, bs, hd]`` storage offsets of those keys from a layer's base: the same for every
+    layer of one allocation, so a step computes them once and gathers each layer with
+    :func:`gather_keys`."""
+    index = layout.key_index.index_select(0, kv_heads.to(layout.key_index.device)).to(device)  # [H, bs, hd]
+    rows = block_rows.long().to(device).clamp(0, num_blocks - 1)
+    return rows[:, :, None, None, None] * layout.block_stride + index[None, None]
+
+
+def gather_keys(kv_cache: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Keys at ``offsets`` (from :func:`key_offsets`) in one layer: ``[R, H, M * block_size, head_dim]``."""
+    keys = storage_of(kv_cache)[kv_cache.storage_offset():][offsets]
     num_requests, num_blocks, heads, block_size, head_dim = keys.shape
     return keys.permute(0, 2, 1, 3, 4).reshape(num_requests, heads, num_blocks * block_size, head_dim)
 

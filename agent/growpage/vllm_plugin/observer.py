@@ -93,6 +93,8 @@ class _StepRows:
     key_positions: torch.Tensor  # [R, max_len] slot index, -1 past the request
     enforced: bool  # some observed request is enforced: accumulate compaction scores
     token_mass: torch.Tensor | None = None  # [R, max_len] attention summed over observed layers
+    key_offsets: torch.Tensor | None = None  # the sampled heads' key offsets from a layer's base
+    key_strides: tuple[int, ...] = ()  # the cache strides key_offsets were computed for
 
 
 def layer_index(layer_name: str) -> int | None:
@@ -323,8 +325,12 @@ class VllmObserver:
         # One gather and one softmax for every observed request (padded to the longest), all on the
         # cache's device: [R, H, hd] newest queries against [R, H, K, hd] keys.
         q = query.index_select(0, plan.last_tokens).index_select(1, heads.to(query.device)).float()
-        k = kv_keys.read_keys_batched(kv_cache, plan.block_rows, kv_heads, self._layout).float()
-        k = k[:, :, :plan.max_len]
+        if plan.key_offsets is None or plan.key_strides != kv_cache.stride():
+            # computed once: the observed layers are views of one allocation with the same strides
+            plan.key_offsets = kv_keys.key_offsets(plan.block_rows, kv_heads, self._layout, kv_cache.shape[0],
+                                                   kv_cache.device)
+            plan.key_strides = kv_cache.stride()
+        k = kv_keys.gather_keys(kv_cache, plan.key_offsets).float()[:, :, :plan.max_len]
         logits = torch.einsum("rhd,rhkd->rhk", q.to(kv_cache.device), k) * impl.scale
         probs = torch.softmax(logits.masked_fill(~plan.valid[:, None, :], float("-inf")), dim=-1)
         if plan.enforced:  # compaction scores: attention per token, summed over layers (end_step)
