@@ -1,5 +1,6 @@
 # The two commands of README.md. Each one sets up whatever is missing first.
-.PHONY: run test lint setup bench-core bench-engine bench-quick bench-all bench-vllm
+.PHONY: run test lint setup bench-core bench-engine bench-quick bench-all bench-vllm bench-calibrate \
+	bench-serving bench-quality
 
 setup:
 	@./scripts/setup.sh
@@ -32,3 +33,27 @@ bench-all: setup
 # GrowPage inside vLLM: vLLM alone vs monitor vs enforce (three engine starts, ~6 minutes).
 bench-vllm: setup
 	.venv/bin/gpctl bench vllm --threads 1 --output bench-results/vllm.json
+
+# Thresholds for the packaged model: monitor mode over a calibration trace, then gpctl calibrate.
+CALIBRATED = docs/benchmarks/calibrated-smollm2-135m.yaml
+bench-calibrate: setup
+	.venv/bin/gpctl bench calibration-trace --threads 1 --output docs/benchmarks/calibration-snapshot.prom
+	.venv/bin/gpctl calibrate --snapshot docs/benchmarks/calibration-snapshot.prom --output $(CALIBRATED)
+
+# The reference engine at the issue's scale, calibrated: 48 requests in a pool that fits about 8 at
+# full KV, two seeds (one per core, side by side); every method and ablation in each run.
+SERVING_METHODS = --method growpage --method growpage_uncalibrated --method growpage_no_pressure \
+	--method growpage_no_quant --method snapkv --method zipage --method h2o --method streaming_llm
+bench-serving: setup
+	for seed in 0 1; do taskset -c $$seed .venv/bin/gpctl bench serving --threads 1 --reasoning 40 --summaries 8 \
+	  --pool-requests 8 --seed $$seed --config $(CALIBRATED) $(SERVING_METHODS) \
+	  --output-dir bench-results/serving-seed$$seed & done; wait
+
+# Quality at equal memory: 26 answerable tasks, every method given the budget's pages per request.
+QUALITY_METHODS = --method growpage --method snapkv --method zipage --method h2o --method streaming_llm \
+	--method growpage_no_sts --method growpage_no_lts --method growpage_no_quant --method growpage_random \
+	--method growpage_no_pressure --method growpage_uncalibrated
+bench-quality: setup
+	.venv/bin/gpctl bench quality --threads 1 --reasoning 14 --summaries 0 --pool budget --config $(CALIBRATED) \
+	  --retrieval-depth 0.1 --retrieval-depth 0.3 --retrieval-depth 0.5 --retrieval-depth 0.7 \
+	  --retrieval-depth 0.9 --retrieval-depth 1.0 $(QUALITY_METHODS) --output-dir bench-results/quality

@@ -23,8 +23,8 @@ growpage_reserving the same contract with reserving admission (``base_pages`` re
 ablations          growpage without STS (density read as 0), without LTS (entropy read as the
                    grow threshold), without quantization, a random feasible action (all of them
                    still relieve pool pressure), without the pressure input (no compression of
-                   other requests before the engine preempts), and with the published thresholds
-                   instead of calibrated ones
+                   other requests before the engine preempts), with the published thresholds
+                   instead of calibrated ones, and with scores from 10 observed layers, not 3
 =================  =============================================================================
 
 Simplifications, stated: scores come from GrowPage's observed layers (3 of 30, newest query), not
@@ -214,6 +214,9 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
         "growpage_random": lambda: KVMethod("growpage_random", "ablation", random_decide(random.Random(seed)),
                                             token_score=TokenScore.ACCUMULATED, relieves_pressure=True),
         "growpage_no_pressure": lambda: _growpage("growpage_no_pressure", "ablation", decide, relieves_pressure=False),
+        # scores from 10 observed layers instead of 3 (issue 13: do more layers pay for their cost?)
+        "growpage_10_layers": lambda: KVMethod("growpage_10_layers", "ablation", decide, relieves_pressure=True,
+                                               config_overrides={"observed_layers": 10}),
         # the published defaults, whatever a calibrated config says (benchmarks run calibrated)
         "growpage_uncalibrated": lambda: KVMethod("growpage_uncalibrated", "ablation", decide, relieves_pressure=True,
                                                   config_overrides=PUBLISHED_THRESHOLDS),
@@ -225,7 +228,7 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
 
 METHOD_NAMES = ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8", "uniform_int4",
                 "growpage", "growpage_reserving", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant", "growpage_random",
-                "growpage_no_pressure", "growpage_uncalibrated")
+                "growpage_no_pressure", "growpage_uncalibrated", "growpage_10_layers")
 
 # The contract's thresholds as published (for another model): GrowPageConfig's defaults.
 PUBLISHED_THRESHOLDS: Mapping[str, Any] = {
