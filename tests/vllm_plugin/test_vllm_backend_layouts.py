@@ -158,6 +158,7 @@ def test_observer_probabilities_match_dense_attention(layout_name, metadata_kind
         logits = torch.einsum("hd,hkd->hk", query[request].float(), k.float().permute(1, 0, 2)[kv_of_head])
         dense.append(torch.softmax(logits * impl.scale, dim=-1))  # [heads, tokens]
     entropies = [-(probs * probs.clamp_min(1e-30).log()).sum(-1).mean() for probs in dense]
+    observer.flush_observations()  # the step's observed layers are scored together
     assert torch.allclose(observer._step[0].entropy, torch.stack(entropies), atol=1e-4)
     observer.end_step()  # the step's per-token attention becomes each enforced request's scores
     for request, probs in enumerate(dense):
@@ -183,3 +184,43 @@ def test_the_real_cuda_kernel_writes_what_the_emulation_writes(layout_name):
     assert layout is not None and layout.key_index.is_cuda
     got = kv_keys.read_keys_batched(caches[0], row[None], torch.arange(HEADS), layout)[0, :, :70]
     assert torch.equal(got, keys.transpose(0, 1))
+
+
+@pytest.mark.parametrize("layout_name", ["LBNHC", "BLHNC"])
+def test_layers_scored_together_at_the_end_of_the_step_match_each_layer_alone(layout_name):
+    """The observer scores every observed layer of a step in one gather over the shared allocation;
+    each layer's entropy and the summed compaction scores equal dense attention layer by layer."""
+    torch.manual_seed(1)
+    dtype, num_heads, length, block_row = torch.float16, 9, 45, [3, 0]
+    caches = vllm_layer_caches(layout_name, LAYERS, NUM_BLOCKS, HEADS, BLOCK, HEAD_DIM, dtype)
+    row = torch.tensor(block_row)
+    slots = row[torch.arange(length) // BLOCK] * BLOCK + torch.arange(length) % BLOCK
+    keys = []
+    for cache in caches:
+        k = torch.randn(length, HEADS, HEAD_DIM).to(dtype)
+        flash_write(k, torch.randn_like(k), cache, slots)
+        keys.append(k)
+    observer = _observer()
+    new = [types.SimpleNamespace(req_id="r", prompt_token_ids=list(range(length - 1)), num_computed_tokens=0,
+                                 sampling_params=types.SimpleNamespace(extra_args={}))]
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r"]))
+    metadata = types.SimpleNamespace(query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([length]),
+                                     block_table=row[None])
+    observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new))
+    observer.note_kv_write(caches[0], keys[0][-1:], slots[-1:], flash_write, num_kv_heads=HEADS, block_size=BLOCK,
+                           head_dim=HEAD_DIM)
+    impl = types.SimpleNamespace(num_heads=num_heads, num_kv_heads=HEADS, scale=HEAD_DIM ** -0.5)
+    queries = [torch.randn(1, num_heads, HEAD_DIM).to(dtype) for _ in (1, 2, 3)]
+    for layer, query in zip((1, 2, 3), queries, strict=True):
+        observer.observe_layer(impl, query, caches[layer], metadata)
+    observer.flush_observations()
+    mass = torch.zeros(length)
+    for position, (layer, query) in enumerate(zip((1, 2, 3), queries, strict=True)):
+        kv_of_head = torch.arange(num_heads) // (num_heads // HEADS)
+        logits = torch.einsum("hd,hkd->hk", query[0].float(), keys[layer].float().permute(1, 0, 2)[kv_of_head])
+        probs = torch.softmax(logits * impl.scale, dim=-1)
+        entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean()
+        assert torch.allclose(observer._step[position].entropy, entropy[None], atol=1e-4)
+        mass += probs.mean(0)
+    observer.end_step()
+    assert torch.allclose(observer.compactor.scores["r"], mass, atol=1e-5)

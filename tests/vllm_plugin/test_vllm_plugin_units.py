@@ -88,6 +88,7 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
 
     probs = torch.softmax(query[0] @ keys[:, 0].T * impl.scale, dim=-1)  # [heads, seq]
     expected_entropy = -(probs * probs.log()).sum(-1).mean()
+    observer.flush_observations()
     assert torch.allclose(observer._step[0].entropy, expected_entropy[None], atol=1e-5)
     observer.end_step()
     assert observer.requests["r1"].namespace == "a" and observer.summaries.read([0])[0].steps_observed == 1
@@ -285,3 +286,26 @@ def test_workers_of_an_unwrapped_backend_report_it(monkeypatch):
     observer = runner_hooks._adopt_unobserved_worker(runner)
     assert observer is not None and observer.stats.component_states["observer"] == "unsupported_backend"
     assert backend.observer_built() and backend.current_observer() is observer
+
+
+def test_observing_one_step_in_two_still_counts_every_boundary():
+    observer = _observer(observe_every_steps=2)
+    new = types.SimpleNamespace(req_id="r", prompt_token_ids=list(range(20)), num_computed_tokens=0,
+                                sampling_params=types.SimpleNamespace(extra_args={}))
+    lengths = torch.zeros(4, dtype=torch.int32)
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(
+        req_ids=["r"], block_table=types.SimpleNamespace(block_tables=[types.SimpleNamespace(
+            get_device_tensor=lambda n: torch.zeros(n, 4, dtype=torch.long))])),
+        query_start_loc=types.SimpleNamespace(cpu=torch.tensor([0, 1])), optimistic_seq_lens_cpu=lengths)
+    observed = []
+    scheduled = [new]
+    for step, seq_len in enumerate(range(30, 40)):  # crosses the 32-token boundary at step 3
+        lengths[0] = seq_len
+        observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=scheduled))
+        scheduled = []
+        observed.append(observer.wants_layer("model.layers.0.self_attn.attn"))
+        observer.end_step()
+    assert observed == [False, True] * 5  # one step in two
+    assert observer.requests["r"].seq_len == 39 and observer.requests["r"].pages_held == 2  # counted on time
+    with pytest.raises(ConfigError, match="observe_every_steps"):
+        PluginSettings(observe_every_steps=0)

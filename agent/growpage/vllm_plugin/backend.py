@@ -109,6 +109,8 @@ class ObservedAttentionImpl:
         from vllm.config import get_current_vllm_config
 
         self._growpage = observer_for(get_current_vllm_config())
+        # fixed for the impl's life: checked once, not on every forward
+        self._growpage_reads = self.attn_type == "decoder" and not stores_quantized_kv(self)
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)  # type: ignore[misc]
@@ -123,8 +125,8 @@ class ObservedAttentionImpl:
         result = super().forward(layer, query, key, value, kv_cache, attn_metadata,  # type: ignore[misc]
                                  *args, **kwargs)
         observer = self._growpage
-        if (observer is not None and attn_metadata is not None and self.attn_type == "decoder"
-                and not stores_quantized_kv(self) and observer.wants_layer(getattr(layer, "layer_name", ""))):
+        if (observer is not None and attn_metadata is not None and self._growpage_reads
+                and observer.wants_layer(getattr(layer, "layer_name", ""))):
             with torch.no_grad():
                 observer.guarded("attention observation", observer.observe_layer, self, query, kv_cache,
                                  attn_metadata)

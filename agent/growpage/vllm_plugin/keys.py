@@ -189,6 +189,31 @@ def key_offsets(block_rows: torch.Tensor, kv_heads: torch.Tensor, layout: BlockL
     return rows[:, :, None, None, None] * layout.block_stride + index[None, None]
 
 
+def gather_keys_by_block(kv_caches: Sequence[torch.Tensor], block_rows: torch.Tensor, kv_heads: torch.Tensor,
+                         layout: BlockLayout) -> torch.Tensor:
+    """The keys of ``block_rows`` in several layers: ``[L, R, H, M * block_size, head_dim]``.
+
+    Copies each needed block's span whole (one ``index_select`` per layer: contiguous copies),
+    then picks the keys out of the copies with the layout's small per-block index, which is about
+    a third cheaper on CPU than one element-wise gather over the storage (no offset tensor of the
+    size of the result).
+    """
+    span = int(layout.key_index.max()) + 1
+    device = kv_caches[0].device
+    index = layout.key_index.index_select(0, kv_heads.to(layout.key_index.device)).to(device)  # [H, bs, hd]
+    rows = block_rows.long().to(device).clamp(0, kv_caches[0].shape[0] - 1)
+    num_requests, num_blocks = rows.shape
+    layers = []
+    for cache in kv_caches:
+        windows = torch.as_strided(storage_of(cache), (cache.shape[0], span), (layout.block_stride, 1),
+                                   cache.storage_offset())
+        layers.append(windows.index_select(0, rows.reshape(-1))[:, index])  # [R*M, H, bs, hd]
+    keys = torch.stack(layers).view(len(kv_caches), num_requests, num_blocks, *index.shape)
+    heads, block_size, head_dim = index.shape
+    return keys.permute(0, 1, 3, 2, 4, 5).reshape(len(kv_caches), num_requests, heads, num_blocks * block_size,
+                                                  head_dim)
+
+
 def gather_keys(kv_cache: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Keys at ``offsets`` (from :func:`key_offsets`) in one layer: ``[R, H, M * block_size, head_dim]``."""
     keys = storage_of(kv_cache)[kv_cache.storage_offset():][offsets]

@@ -93,8 +93,17 @@ class _StepRows:
     key_positions: torch.Tensor  # [R, max_len] slot index, -1 past the request
     enforced: bool  # some observed request is enforced: accumulate compaction scores
     token_mass: torch.Tensor | None = None  # [R, max_len] attention summed over observed layers
-    key_offsets: torch.Tensor | None = None  # the sampled heads' key offsets from a layer's base
-    key_strides: tuple[int, ...] = ()  # the cache strides key_offsets were computed for
+    pending: list[_PendingLayer] = dataclasses.field(default_factory=list)  # layers observed, not yet scored
+
+
+@dataclasses.dataclass(frozen=True)
+class _PendingLayer:
+    """One observed layer of this step: its cache view and its requests' newest sampled queries."""
+
+    cache: torch.Tensor
+    query: torch.Tensor  # [R, H, hd]
+    scale: float
+    kv_heads: torch.Tensor  # [H] the KV head of each sampled query head
 
 
 def layer_index(layer_name: str) -> int | None:
@@ -152,6 +161,9 @@ class VllmObserver:
         self._telemetry_failed = False
         self.steps_observed = 0
         self._heads_by_count: dict[int, torch.Tensor] = {}
+        self._wanted_layers: dict[str, bool] = {}
+        self._steps_begun = 0
+        self._observe_this_step = True
         # Stage 2: physical state of enforced requests (None unless the deployment runs enforce).
         self.compactor = WorkerCompactor(config, rank) if config.mode is Mode.ENFORCE else None
         self.degraded_total: dict[tuple[str, str], int] = {}
@@ -188,6 +200,8 @@ class VllmObserver:
         self._step_seq_lens = None
         self._step_batch = None
         self._step_plan = None
+        self._steps_begun += 1
+        self._observe_this_step = self._steps_begun % self.settings.observe_every_steps == 0
         for request_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self._release(request_id, "finished")
         for request_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
@@ -267,10 +281,13 @@ class VllmObserver:
 
     # ---- attention (backend hook) -------------------------------------------------------------------
     def wants_layer(self, layer_name: str) -> bool:
-        if not self._in_step or not self.requests or self._layout_failed:
+        if not self._in_step or not self.requests or self._layout_failed or not self._observe_this_step:
             return False
-        index = layer_index(layer_name)
-        return index is not None and index in self.observed_layers
+        wanted = self._wanted_layers.get(layer_name)
+        if wanted is None:  # a layer's name never changes: parse it once
+            index = layer_index(layer_name)
+            wanted = self._wanted_layers[layer_name] = index is not None and index in self.observed_layers
+        return wanted
 
     def note_kv_write(self, kv_cache: torch.Tensor, key: torch.Tensor, slot_mapping: torch.Tensor,
                       write: kv_keys.CacheWrite, *, num_kv_heads: int, block_size: int, head_dim: int) -> None:
@@ -322,22 +339,42 @@ class VllmObserver:
             return
         heads = self._sampled_heads(impl.num_heads)
         kv_heads = heads // max(1, impl.num_heads // impl.num_kv_heads)
-        # One gather and one softmax for every observed request (padded to the longest), all on the
-        # cache's device: [R, H, hd] newest queries against [R, H, K, hd] keys.
-        q = query.index_select(0, plan.last_tokens).index_select(1, heads.to(query.device)).float()
-        if plan.key_offsets is None or plan.key_strides != kv_cache.stride():
-            # computed once: the observed layers are views of one allocation with the same strides
-            plan.key_offsets = kv_keys.key_offsets(plan.block_rows, kv_heads, self._layout, kv_cache.shape[0],
-                                                   kv_cache.device)
-            plan.key_strides = kv_cache.stride()
-        k = kv_keys.gather_keys(kv_cache, plan.key_offsets).float()[:, :, :plan.max_len]
-        logits = torch.einsum("rhd,rhkd->rhk", q.to(kv_cache.device), k) * impl.scale
-        probs = torch.softmax(logits.masked_fill(~plan.valid[:, None, :], float("-inf")), dim=-1)
-        if plan.enforced:  # compaction scores: attention per token, summed over layers (end_step)
-            mass = probs.mean(1)
-            plan.token_mass = mass if plan.token_mass is None else plan.token_mass + mass
-        bin_mass, entropy = summarize_attention(probs, plan.key_positions, plan.lengths_t, self.config.sts_num_bins)
-        self._step.append(_LayerObservation(plan.rows, bin_mass, entropy))
+        # Only the newest queries are taken now (a copy: the next layer reuses vLLM's buffers); the
+        # keys stay in the cache, and every observed layer is scored at once at the end of the step.
+        query_rows = query.index_select(0, plan.last_tokens).index_select(1, heads.to(query.device))
+        plan.pending.append(_PendingLayer(kv_cache, query_rows, float(impl.scale), kv_heads))
+
+    def flush_observations(self) -> None:
+        """Score this step's observed layers together: the sampled heads' keys of every observed
+        layer gathered block by block, one softmax, one summary, all on the cache's device: [L, R, H, hd] newest queries against [L, R, H, K, hd] keys. The cache still
+        holds this step's keys (nothing writes it before the next step). Called by ``end_step``."""
+        plan = self._step_plan
+        if not isinstance(plan, _StepRows) or not plan.pending or self._layout is None:
+            return
+        pending, plan.pending = plan.pending, []
+        first = pending[0]
+        device = first.cache.device
+        if all(p.cache.stride() == first.cache.stride() and torch.equal(p.kv_heads, first.kv_heads)
+               for p in pending):
+            k = kv_keys.gather_keys_by_block([p.cache for p in pending], plan.block_rows, first.kv_heads, self._layout)
+        else:  # layers laid out differently (not how vLLM builds caches): one element-wise gather each
+            k = torch.stack([kv_keys.gather_keys(p.cache, kv_keys.key_offsets(
+                plan.block_rows, p.kv_heads, self._layout, p.cache.shape[0], device)) for p in pending])
+        k = k[:, :, :, :plan.max_len].float()
+        q = torch.stack([p.query for p in pending]).to(device).float()
+        scales = torch.tensor([p.scale for p in pending], device=device).view(-1, 1, 1, 1)
+        logits = torch.einsum("lrhd,lrhkd->lrhk", q, k) * scales
+        probs = torch.softmax(logits.masked_fill(~plan.valid[None, :, None, :], float("-inf")), dim=-1)
+        if plan.enforced:  # compaction scores: attention per token, mean over heads, summed over layers
+            plan.token_mass = probs.mean(2).sum(0)
+        num_layers, num_rows = probs.shape[0], probs.shape[1]
+        bin_mass, entropy = summarize_attention(
+            probs.reshape(num_layers * num_rows, probs.shape[2], probs.shape[3]),
+            plan.key_positions.repeat(num_layers, 1), plan.lengths_t.repeat(num_layers), self.config.sts_num_bins)
+        bin_mass = bin_mass.view(num_layers, num_rows, -1)
+        entropy = entropy.view(num_layers, num_rows)
+        for layer in range(num_layers):
+            self._step.append(_LayerObservation(plan.rows, bin_mass[layer], entropy[layer]))
 
     def _step_rows(self, metadata: Any, device: torch.device, query_device: torch.device) -> _StepRows | None:
         """Who this step observes, and their index tensors, built at the step's first observed layer
@@ -375,6 +412,16 @@ class VllmObserver:
             block_rows=block_rows, lengths_t=lengths_t, valid=valid, key_positions=positions.masked_fill(~valid, -1),
             enforced=self.compactor is not None and any(t.mode is Mode.ENFORCE for t in observed))
         return self._step_plan
+
+    def _lengths_without_observing(self) -> None:
+        """On a step no layer observed, the requests' logical lengths from the runner's host
+        mirrors, so boundaries are still counted on time."""
+        runner = self.runner
+        if runner is None or not isinstance(getattr(runner, "optimistic_seq_lens_cpu", None), torch.Tensor):
+            return
+        req_ids, _, seq_lens, _ = self._batch_view(None)
+        dropped = self.compactor.dropped if self.compactor is not None else {}
+        self._step_seq_lens = {r: int(n) + dropped.get(r, 0) for r, n in zip(req_ids, seq_lens, strict=False)}
 
     def _batch_view(self, metadata: Any) -> tuple[list[str], list[int], list[int], torch.Tensor]:
         """This step's request ids, query starts, physical ``seq_lens`` and block table, read once
@@ -418,6 +465,7 @@ class VllmObserver:
     # ---- end of step ----------------------------------------------------------------------------------
     def end_step(self) -> None:
         self._in_step = False
+        self.guarded("attention observation", self.flush_observations)
         plan = self._step_plan
         if isinstance(plan, _StepRows) and plan.token_mass is not None and self.compactor is not None:
             for n, tracked in enumerate(plan.observed):
@@ -433,6 +481,8 @@ class VllmObserver:
                                    bin_mass.to(self.summaries.device), entropy.to(self.summaries.device))
             self.steps_observed += 1
         self._step = []
+        if self._step_seq_lens is None and self.requests:  # no layer observed this step
+            self.guarded("step lengths", self._lengths_without_observing)
         if self._step_seq_lens:
             self._advance(self._step_seq_lens)
         self._step_seq_lens = None

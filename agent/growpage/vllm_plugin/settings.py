@@ -39,6 +39,9 @@ class PluginSettings:
             one, -1 disables it. The API server's ``/metrics/growpage`` route reads this exporter.
         exporter_host: listen address of that exporter.
         observed_heads: query heads sampled per observed layer (evenly spaced).
+        observe_every_steps: observe attention on one step in this many (1: every step). The
+            summaries' windows then span this many times more decode steps; boundaries are still
+            counted every step.
         fault_injection: test hook; ``"observe"`` makes every observation raise (fault isolation).
         client_mode: honour a request's ``vllm_xargs.growpage_mode`` (which can only lower the
             mode): ``honour``, ``ignore``, or ``auto`` (ignore when the deployment enforces).
@@ -52,6 +55,7 @@ class PluginSettings:
     exporter_port: int = DEFAULT_EXPORTER_PORT
     exporter_host: str = "0.0.0.0"
     observed_heads: int = 4
+    observe_every_steps: int = 1
     fault_injection: str = ""
     client_mode: str = "auto"
     client_namespaces: str = "auto"
@@ -63,6 +67,9 @@ class PluginSettings:
                               "try 9464, 0 for a free port or -1 to disable the exporter")
         if not isinstance(self.observed_heads, int) or self.observed_heads < 1:
             raise ConfigError(f"observed_heads must be an int >= 1, got {self.observed_heads!r}; try 4")
+        if not isinstance(self.observe_every_steps, int) or self.observe_every_steps < 1:
+            raise ConfigError(f"observe_every_steps must be an int >= 1, got {self.observe_every_steps!r}; "
+                              "try 1 (every step) or 2")
         for name in ("client_mode", "client_namespaces"):
             if getattr(self, name) not in CLIENT_CHOICES:
                 raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
@@ -113,7 +120,7 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
 
 
 def _coerce(name: str, text: str) -> Any:
-    if name in ("exporter_port", "observed_heads"):
+    if name in ("exporter_port", "observed_heads", "observe_every_steps"):
         try:
             return int(text)
         except ValueError:
