@@ -196,21 +196,27 @@ def bench_compression(settings: CoreBenchSettings) -> dict:
     results = {}
     for label, overrides in (("quantize_int8", dict(quantization_bits=8)),
                              ("quantize_int4", dict(quantization_bits=4)),
-                             ("evict", dict())):
+                             ("evict", dict()), ("evict_late", dict())):
         manager = _manager(settings, "enforce", recent_window_tokens=16, sink_tokens=4, **overrides)
         ids = _prefill(manager, settings, torch.Generator().manual_seed(2))
         request = manager.requests[ids[0]]
+        if label == "evict_late":
+            # H2O-style accumulated scores favour old tokens (they have been attended to longest),
+            # so the lowest-ranked tokens sit just before the recent window: only the group's last
+            # pages are rewritten
+            positions = manager.store.positions[request.pages].float()
+            manager.store.scores[request.pages] = torch.where(positions >= 0, 1.0 / (positions + 1.0), 0.0)
         samples = []
         tokens = 0
         for _ in range(settings.repeats):
-            if label == "evict":
+            if label.startswith("evict"):
                 plan = manager._plan_evict(request)
                 if plan is None:
                     break
                 tokens = int(plan.keep.numel())
                 per_page = manager.store.tokens_per_page[plan.fmt]
                 first_dropped = int((~plan.keep).nonzero()[0, 0])
-                results["evict_tokens_rewritten_per_event"] = tokens - first_dropped // per_page * per_page
+                results[f"{label}_tokens_rewritten_per_event"] = tokens - first_dropped // per_page * per_page
                 samples.append(_median_time(lambda p=plan, m=manager, r=request: m._evict(r, p), 1, settings.device))
             else:
                 plan = manager._plan_quantize(request)
