@@ -299,7 +299,7 @@ def test_observing_one_step_in_two_still_counts_every_boundary():
         query_start_loc=types.SimpleNamespace(cpu=torch.tensor([0, 1])), optimistic_seq_lens_cpu=lengths)
     observed = []
     scheduled = [new]
-    for step, seq_len in enumerate(range(30, 40)):  # crosses the 32-token boundary at step 3
+    for seq_len in range(30, 40):  # crosses the 32-token boundary at the third step
         lengths[0] = seq_len
         observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=scheduled))
         scheduled = []
