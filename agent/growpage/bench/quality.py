@@ -238,8 +238,11 @@ def pareto_front(points: list[dict], x: str = "kv_bytes_mean", y: str = "answer_
 
 def run_quality_bench(model_dir: str, settings: QualitySettings,
                       progress: Callable[[str], None] = lambda _message: None,
-                      loaded: harness.Loaded | None = None) -> dict:
-    """Run every method at every budget; returns a JSON-ready dict (see module docstring)."""
+                      loaded: harness.Loaded | None = None,
+                      checkpoint: Callable[[list[dict]], None] | None = None) -> dict:
+    """Run every method at every budget; returns a JSON-ready dict (see module docstring).
+    ``checkpoint`` gets the results so far after each (method, budget): a long run that is stopped
+    keeps what it measured."""
     loaded, tasks, prompts = harness.prepare(model_dir, settings, loaded)
     budget0 = max(settings.budgets)
 
@@ -277,6 +280,8 @@ def run_quality_bench(model_dir: str, settings: QualitySettings,
             rows = [_task_row(t, run, reference[t.task_id], reference_nll[t.task_id]) for t in tasks]
             results.append(_summarize(method, None if method in BUDGET_FREE else budget, rows, full_bytes, run))
             timeline = timeline or run.timeline
+            if checkpoint is not None:
+                checkpoint(results)
     for point in results:
         point["label"] = point["method"] + (f"@{point['budget_pages']}" if point["budget_pages"] else "")
     front = pareto_front(results)

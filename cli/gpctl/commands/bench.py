@@ -69,7 +69,7 @@ def engine(
     typer.echo(json.dumps(result, indent=2))
 
 
-_FLAG_NAMES = {"thresholds_file": "config", "retrieval_depths": "retrieval-depth"}
+_FLAG_NAMES = {"thresholds_file": "config", "retrieval_depths": "retrieval-depth", "budgets": "budget"}
 
 
 def _flags(overrides: dict) -> str:
@@ -111,8 +111,16 @@ def _comparison(which: str, quick: bool, model: Path | None, threads: int | None
             settings = dataclasses.replace(settings, methods=tuple(dict.fromkeys(["full_kv", *methods])))
         known = {field.name for field in dataclasses.fields(settings)}
         settings = dataclasses.replace(settings, **{k: v for k, v in (overrides or {}).items() if k in known})
+        extra = {}
+        if name == "quality":  # hours-long at full size: keep what each (method, budget) measured
+            partial = output_dir / f"{which}-partial.json"
+
+            def checkpoint(results: list[dict], partial: Path = partial) -> None:
+                _write({"command": result["command"], "partial": True, "results": results}, partial)
+
+            extra["checkpoint"] = checkpoint
         result[name] = run(model_dir, settings, progress=lambda m, name=name: console.log(f"{name}: {m}"),
-                           loaded=loaded)
+                           loaded=loaded, **extra)
     output_dir.mkdir(parents=True, exist_ok=True)
     _write(result, output_dir / f"{which}{'-quick' if quick else ''}.json")
     result["plots"] = [str(p) for p in plots.write_all(result, output_dir)]
@@ -169,6 +177,8 @@ def _comparison_command(which: str):
         pool: Annotated[str | None, typer.Option(
             help="quality: 'ample' (no request waits: quality when memory is free) or 'budget' (every "
                  "method gets the budget's pages per request: equal memory).")] = None,
+        budget: Annotated[list[int] | None, typer.Option(
+            min=1, help="quality: budgets in pages (repeatable; default 6 and 12).")] = None,
         config: Annotated[Path | None, typer.Option(
             help="A GrowPage config file whose thresholds (gpctl calibrate's output) GrowPage runs with; "
                  "default: the published thresholds.")] = None,
@@ -178,7 +188,8 @@ def _comparison_command(which: str):
         overrides = {"seed": seed, "reasoning": reasoning, "summaries": summaries, "base_pages": base_pages,
                      "pool_requests": tuple(pool_requests) if pool_requests else None,
                      "retrieval_depths": tuple(retrieval_depth) if retrieval_depth else None, "pool": pool,
-                     "thresholds_file": str(config) if config else None}
+                     "thresholds_file": str(config) if config else None,
+                     "budgets": tuple(budget) if budget else None}
         if config is not None:
             from growpage.bench.harness import thresholds_from
             from growpage.errors import ConfigError
