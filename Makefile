@@ -51,9 +51,13 @@ bench-serving: setup
 
 # Quality at equal memory: 26 answerable tasks, every method given the budget's pages per request.
 QUALITY_METHODS = --method growpage --method snapkv --method zipage --method h2o --method streaming_llm \
-	--method growpage_no_sts --method growpage_no_lts --method growpage_no_quant --method growpage_random \
-	--method growpage_no_pressure --method growpage_uncalibrated
-bench-quality: setup
-	.venv/bin/gpctl bench quality --threads 1 --reasoning 14 --summaries 0 --pool budget --config $(CALIBRATED) \
-	  --retrieval-depth 0.1 --retrieval-depth 0.3 --retrieval-depth 0.5 --retrieval-depth 0.7 \
-	  --retrieval-depth 0.9 --retrieval-depth 1.0 $(QUALITY_METHODS) --output-dir bench-results/quality
+	--method growpage_no_pressure --method growpage_uncalibrated --method growpage_no_quant \
+	--method growpage_no_sts --method growpage_no_lts --method growpage_random --method growpage_10_layers
+QUALITY = --threads 1 --reasoning 14 --summaries 0 --pool budget --config $(CALIBRATED) \
+	--retrieval-depth 0.1 --retrieval-depth 0.3 --retrieval-depth 0.5 --retrieval-depth 0.7 \
+	--retrieval-depth 0.9 --retrieval-depth 1.0
+bench-quality: setup  # budget 6 (with the ablations) and budget 12 side by side, one per core
+	taskset -c 0 .venv/bin/gpctl bench quality $(QUALITY) --budget 6 $(QUALITY_METHODS) \
+	  --output-dir bench-results/quality-b6 & \
+	taskset -c 1 .venv/bin/gpctl bench quality $(QUALITY) --budget 12 --method growpage --method snapkv \
+	  --method zipage --method h2o --method streaming_llm --output-dir bench-results/quality-b12 & wait
