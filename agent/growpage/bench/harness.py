@@ -8,6 +8,7 @@ no observation cost: it is vLLM's paging as a user runs it today.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 
@@ -96,12 +97,16 @@ def thresholds_from(path: str | None) -> dict[str, float]:
     Raises:
         ConfigError: the file is missing or invalid (one line, says which key).
     """
-    if not path:
-        return {}
+    return dict(_calibrated(path)) if path else {}
+
+
+@functools.lru_cache(maxsize=8)
+def _calibrated(path: str) -> tuple[tuple[str, float], ...]:
+    """Read once per run: every (method, budget, pool) engine of a benchmark asks for it."""
     from growpage.config import load_config
 
     config = load_config(path, env={})
-    return {key: float(getattr(config, key)) for key in CALIBRATED_KEYS}
+    return tuple((key, float(getattr(config, key))) for key in CALIBRATED_KEYS)
 
 
 def build_engine(loaded: Loaded, method_name: str, *, base_pages: int, num_pages: int, block_size: int,
