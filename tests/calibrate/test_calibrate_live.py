@@ -116,9 +116,12 @@ def test_from_snapshots_reads_the_increase_between_them(runner, monitored, tmp_p
     before = len(monitored.recorded.lts_at_finish), len(monitored.recorded.density_at_decision), \
         len(monitored.recorded.tokens_at_finish)
     first, second = tmp_path / "before.prom", tmp_path / "after.prom"
-    first.write_text(f"# growpage-snapshot-time: {time.time() - 60:.3f}\n" + httpx.get(monitored.url + catalog.METRICS_PATH).text)
+    # The stamps are fixed, a minute apart: how long serving takes between the scrapes must not
+    # change the window the header reports (the clock is the snapshot's, not the test's).
+    stamp = 1_700_000_000.0
+    first.write_text(f"# growpage-snapshot-time: {stamp:.3f}\n" + httpx.get(monitored.url + catalog.METRICS_PATH).text)
     monitored.serve(70)
-    second.write_text(f"# growpage-snapshot-time: {time.time():.3f}\n" + httpx.get(monitored.url + catalog.METRICS_PATH).text)
+    second.write_text(f"# growpage-snapshot-time: {stamp + 60:.3f}\n" + httpx.get(monitored.url + catalog.METRICS_PATH).text)
     recorded = monitored.recorded
     lts, density, tokens = (recorded.lts_at_finish[before[0]:], recorded.density_at_decision[before[1]:],
                             recorded.tokens_at_finish[before[2]:])
