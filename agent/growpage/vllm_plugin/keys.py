@@ -26,6 +26,7 @@ the observer stays off in that process, and says so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -55,10 +56,26 @@ class BlockLayout:
     def block_size(self) -> int:
         return int(self.key_index.shape[1])
 
-    @property
-    def token_elements(self) -> int:
-        """K and V elements of one token in one layer (all KV heads)."""
-        return 2 * int(self.key_index.shape[0]) * int(self.key_index.shape[2])
+    @functools.cached_property
+    def key_strides(self) -> tuple[int, int, int, int] | None:
+        """``(origin, head, slot, dim)``: K of ``(h, s, d)`` sits at ``origin + h * head + s * slot
+        + d * dim`` from a block's base, or None when no such strides exist (a packed layout).
+
+        Every float layout vLLM's CUDA backends write (a strided view of one allocation) and the CPU
+        ``vec``/``vec16`` kernels' K are affine, so keys can be read through a strided view with
+        tiny index tensors (:func:`gather_key_blocks`). Computed once per layout (one host copy of
+        the small ``key_index``).
+        """
+        index = self.key_index.cpu()
+        origin = int(index[0, 0, 0])
+        strides = [int(index.select(axis, 1).flatten()[0]) - origin if index.shape[axis] > 1 else 0
+                   for axis in range(3)]
+        if min(strides) < 0:
+            return None
+        axes = [torch.arange(n) for n in index.shape]
+        affine = (origin + axes[0][:, None, None] * strides[0] + axes[1][None, :, None] * strides[1]
+                  + axes[2][None, None, :] * strides[2])
+        return (origin, strides[0], strides[1], strides[2]) if torch.equal(affine, index) else None
 
     def to(self, device: torch.device) -> BlockLayout:
         return BlockLayout(self.key_index.to(device), self.value_index.to(device), self.block_stride)
@@ -169,56 +186,60 @@ def read_keys_batched(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads
     Args:
         kv_cache: one layer's cache (block axis first).
         block_rows: ``[R, M]`` block ids, each request's first ``M`` blocks (entries past a
-            request's own blocks may be anything in range: callers mask by sequence length).
+            request's own blocks may be anything: they are clamped into range, and callers mask
+            by sequence length).
         kv_heads: ``[H]`` long, the KV heads to read.
         layout: from :func:`probe_layout`.
 
     Returns:
         ``[R, H, M * block_size, head_dim]`` in the cache dtype.
     """
-    return gather_keys(kv_cache, key_offsets(block_rows, kv_heads, layout, kv_cache.shape[0], kv_cache.device))
+    keys = gather_key_blocks(kv_cache, block_rows, kv_heads, layout)
+    num_requests, heads, num_blocks, block_size, head_dim = keys.shape
+    return keys.reshape(num_requests, heads, num_blocks * block_size, head_dim)
 
 
-def key_offsets(block_rows: torch.Tensor, kv_heads: torch.Tensor, layout: BlockLayout, num_blocks: int,
-                device: torch.device) -> torch.Tensor:
-    """``[R, M, H, bs, hd]`` storage offsets of those keys from a layer's base: the same for every
-    layer of one allocation, so a step computes them once and gathers each layer with
-    :func:`gather_keys`."""
-    index = layout.key_index.index_select(0, kv_heads.to(layout.key_index.device)).to(device)  # [H, bs, hd]
-    rows = block_rows.long().to(device).clamp(0, num_blocks - 1)
-    return rows[:, :, None, None, None] * layout.block_stride + index[None, None]
+def gather_key_blocks(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads: torch.Tensor,
+                      layout: BlockLayout) -> torch.Tensor:
+    """The keys of ``kv_heads`` in ``block_rows``, and nothing else (no V, no other head).
 
+    Where the layout is affine (:attr:`BlockLayout.key_strides`: every float layout vLLM's CUDA
+    backends and the CPU ``vec``/``vec16`` kernels write), the storage is viewed as
+    ``[blocks, kv_heads, slots, head_dim]`` with the layout's strides and indexed by block and
+    head in one op, whose index tensors are ``R * M + H`` longs; otherwise (a packed layout) each
+    element is gathered through a ``[R, H, M, block_size, head_dim]`` long offset tensor. Either
+    way the cache is only read, on its own device, with no host synchronisation.
 
-def gather_keys_by_block(kv_caches: Sequence[torch.Tensor], block_rows: torch.Tensor, kv_heads: torch.Tensor,
-                         layout: BlockLayout) -> torch.Tensor:
-    """The keys of ``block_rows`` in several layers: ``[L, R, H, M * block_size, head_dim]``.
+    Args:
+        kv_cache: one layer's cache (block axis first).
+        block_rows: ``[R, M]`` block ids (clamped into range; callers mask by length).
+        kv_heads: ``[H]`` long, on any device (moved without waiting).
+        layout: from :func:`probe_layout`, on the cache's device.
 
-    Copies each needed block's span whole (one ``index_select`` per layer: contiguous copies),
-    then picks the keys out of the copies with the layout's small per-block index, which is about
-    a third cheaper on CPU than one element-wise gather over the storage (no offset tensor of the
-    size of the result).
+    Returns:
+        ``[R, H, M, block_size, head_dim]`` in the cache dtype. It may be a permuted view of the
+        gathered copy (slots before dims in storage, as the ``vec`` kernels store K): callers that
+        need contiguous rows copy it while upcasting.
     """
-    span = int(layout.key_index.max()) + 1
-    device = kv_caches[0].device
-    index = layout.key_index.index_select(0, kv_heads.to(layout.key_index.device)).to(device)  # [H, bs, hd]
-    rows = block_rows.long().to(device).clamp(0, kv_caches[0].shape[0] - 1)
-    num_requests, num_blocks = rows.shape
-    layers = []
-    for cache in kv_caches:
-        windows = torch.as_strided(storage_of(cache), (cache.shape[0], span), (layout.block_stride, 1),
-                                   cache.storage_offset())
-        layers.append(windows.index_select(0, rows.reshape(-1))[:, index])  # [R*M, H, bs, hd]
-    keys = torch.stack(layers).view(len(kv_caches), num_requests, num_blocks, *index.shape)
-    heads, block_size, head_dim = index.shape
-    return keys.permute(0, 1, 3, 2, 4, 5).reshape(len(kv_caches), num_requests, heads, num_blocks * block_size,
-                                                  head_dim)
-
-
-def gather_keys(kv_cache: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Keys at ``offsets`` (from :func:`key_offsets`) in one layer: ``[R, H, M * block_size, head_dim]``."""
-    keys = storage_of(kv_cache)[kv_cache.storage_offset():][offsets]
-    num_requests, num_blocks, heads, block_size, head_dim = keys.shape
-    return keys.permute(0, 2, 1, 3, 4).reshape(num_requests, heads, num_blocks * block_size, head_dim)
+    device = kv_cache.device
+    rows = block_rows.to(device, non_blocking=True).long().clamp(0, kv_cache.shape[0] - 1)
+    heads = kv_heads.to(device, non_blocking=True).long()
+    num_kv_heads, block_size, head_dim = layout.key_index.shape
+    storage = storage_of(kv_cache)
+    strides = layout.key_strides
+    if strides is None:
+        index = layout.key_index.to(device, non_blocking=True).index_select(0, heads)  # [H, bs, hd]
+        offsets = rows[:, None, :, None, None] * layout.block_stride + index[None, :, None]
+        return storage[kv_cache.storage_offset():][offsets]
+    origin, head_stride, slot_stride, dim_stride = strides
+    base = kv_cache.storage_offset() + origin
+    if slot_stride < dim_stride:  # slots are the inner run in storage: gather [.., hd, bs], then permute
+        view = torch.as_strided(storage, (kv_cache.shape[0], num_kv_heads, head_dim, block_size),
+                                (layout.block_stride, head_stride, dim_stride, slot_stride), base)
+        return view[rows[:, None, :], heads[None, :, None]].transpose(-1, -2)
+    view = torch.as_strided(storage, (kv_cache.shape[0], num_kv_heads, block_size, head_dim),
+                            (layout.block_stride, head_stride, slot_stride, dim_stride), base)
+    return view[rows[:, None, :], heads[None, :, None]]  # [R, H, M, bs, hd]
 
 
 def read_token(kv_cache: torch.Tensor, slot: int, layout: BlockLayout, value: bool = False) -> torch.Tensor:

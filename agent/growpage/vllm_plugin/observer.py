@@ -29,6 +29,7 @@ worker sees (the paged cache, the batch rows) and is the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -45,6 +46,7 @@ from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.kv_size import kv_token_bytes
 from growpage.vllm_plugin import keys as kv_keys
+from growpage.vllm_plugin import scoring
 from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.enforcer import OUTPUT_ATTRIBUTE
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
@@ -96,14 +98,8 @@ class _StepRows:
     pending: list[_PendingLayer] = dataclasses.field(default_factory=list)  # layers observed, not yet scored
 
 
-@dataclasses.dataclass(frozen=True)
-class _PendingLayer:
-    """One observed layer of this step: its cache view and its requests' newest sampled queries."""
-
-    cache: torch.Tensor
-    query: torch.Tensor  # [R, H, hd]
-    scale: float
-    kv_heads: torch.Tensor  # [H] the KV head of each sampled query head
+# One observed layer of this step: its cache view and its requests' newest sampled queries.
+_PendingLayer = scoring.ObservedLayer
 
 
 def layer_index(layer_name: str) -> int | None:
@@ -345,36 +341,23 @@ class VllmObserver:
         plan.pending.append(_PendingLayer(kv_cache, query_rows, float(impl.scale), kv_heads))
 
     def flush_observations(self) -> None:
-        """Score this step's observed layers together: the sampled heads' keys of every observed
-        layer gathered block by block, one softmax, one summary, all on the cache's device: [L, R, H, hd] newest queries against [L, R, H, K, hd] keys. The cache still
-        holds this step's keys (nothing writes it before the next step). Called by ``end_step``."""
+        """Score this step's observed layers together (:func:`~growpage.vllm_plugin.scoring.score_step`):
+        only the sampled heads' keys, in chunks of requests and blocks whose transient memory stays
+        under ``observe_chunk_mib``, softmax and summaries per chunk (exact: each request's softmax
+        is its own), on the cache's device without waiting for it. The cache still holds this
+        step's keys (nothing writes it before the next step). Called by ``end_step``."""
         plan = self._step_plan
         if not isinstance(plan, _StepRows) or not plan.pending or self._layout is None:
             return
         pending, plan.pending = plan.pending, []
-        first = pending[0]
-        device = first.cache.device
-        if all(p.cache.stride() == first.cache.stride() and torch.equal(p.kv_heads, first.kv_heads)
-               for p in pending):
-            k = kv_keys.gather_keys_by_block([p.cache for p in pending], plan.block_rows, first.kv_heads, self._layout)
-        else:  # layers laid out differently (not how vLLM builds caches): one element-wise gather each
-            k = torch.stack([kv_keys.gather_keys(p.cache, kv_keys.key_offsets(
-                plan.block_rows, p.kv_heads, self._layout, p.cache.shape[0], device)) for p in pending])
-        k = k[:, :, :, :plan.max_len].float()
-        q = torch.stack([p.query for p in pending]).to(device).float()
-        scales = torch.tensor([p.scale for p in pending], device=device).view(-1, 1, 1, 1)
-        logits = torch.einsum("lrhd,lrhkd->lrhk", q, k) * scales
-        probs = torch.softmax(logits.masked_fill(~plan.valid[None, :, None, :], float("-inf")), dim=-1)
-        if plan.enforced:  # compaction scores: attention per token, mean over heads, summed over layers
-            plan.token_mass = probs.mean(2).sum(0)
-        num_layers, num_rows = probs.shape[0], probs.shape[1]
-        bin_mass, entropy = summarize_attention(
-            probs.reshape(num_layers * num_rows, probs.shape[2], probs.shape[3]),
-            plan.key_positions.repeat(num_layers, 1), plan.lengths_t.repeat(num_layers), self.config.sts_num_bins)
-        bin_mass = bin_mass.view(num_layers, num_rows, -1)
-        entropy = entropy.view(num_layers, num_rows)
-        for layer in range(num_layers):
-            self._step.append(_LayerObservation(plan.rows, bin_mass[layer], entropy[layer]))
+        scores = scoring.score_step(
+            pending, plan.block_rows, plan.lengths, self._layout,
+            cap_bytes=self.settings.observe_chunk_mib * 2 ** 20, token_mass=plan.enforced,
+            summarize=functools.partial(summarize_attention, num_bins=self.config.sts_num_bins))
+        plan.token_mass = scores.token_mass  # compaction scores: per token, head mean, summed over layers
+        assert scores.bin_mass is not None and scores.entropy is not None
+        for layer in range(len(pending)):
+            self._step.append(_LayerObservation(plan.rows, scores.bin_mass[layer], scores.entropy[layer]))
 
     def _step_rows(self, metadata: Any, device: torch.device, query_device: torch.device) -> _StepRows | None:
         """Who this step observes, and their index tensors, built at the step's first observed layer

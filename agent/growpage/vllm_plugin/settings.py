@@ -42,6 +42,9 @@ class PluginSettings:
         observe_every_steps: observe attention on one step in this many (1: every step). The
             summaries' windows then span this many times more decode steps; boundaries are still
             counted every step.
+        observe_chunk_mib: transient device memory (MiB) one chunk of a step's observation may hold
+            (the sampled heads' keys being scored and the chunk's probabilities); requests and
+            blocks are scored in as many chunks as that takes. Outside vLLM's profiled KV budget.
         fault_injection: test hook; ``"observe"`` makes every observation raise (fault isolation).
         client_mode: honour a request's ``vllm_xargs.growpage_mode`` (which can only lower the
             mode): ``honour``, ``ignore``, or ``auto`` (ignore when the deployment enforces).
@@ -56,6 +59,7 @@ class PluginSettings:
     exporter_host: str = "0.0.0.0"
     observed_heads: int = 4
     observe_every_steps: int = 1
+    observe_chunk_mib: int = 256
     fault_injection: str = ""
     client_mode: str = "auto"
     client_namespaces: str = "auto"
@@ -70,6 +74,8 @@ class PluginSettings:
         if not isinstance(self.observe_every_steps, int) or self.observe_every_steps < 1:
             raise ConfigError(f"observe_every_steps must be an int >= 1, got {self.observe_every_steps!r}; "
                               "try 1 (every step) or 2")
+        if not isinstance(self.observe_chunk_mib, int) or self.observe_chunk_mib < 1:
+            raise ConfigError(f"observe_chunk_mib must be an int >= 1, got {self.observe_chunk_mib!r}; try 256")
         for name in ("client_mode", "client_namespaces"):
             if getattr(self, name) not in CLIENT_CHOICES:
                 raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
@@ -120,7 +126,7 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
 
 
 def _coerce(name: str, text: str) -> Any:
-    if name in ("exporter_port", "observed_heads", "observe_every_steps"):
+    if name in ("exporter_port", "observed_heads", "observe_every_steps", "observe_chunk_mib"):
         try:
             return int(text)
         except ValueError:

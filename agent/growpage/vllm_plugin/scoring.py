@@ -1,0 +1,245 @@
+"""The newest queries' attention over paged keys, in chunks of bounded transient memory.
+
+At the end of a step the observer scores every observed layer at once: the newest query of each
+observed request, for the sampled heads, against every key of that request in the paged cache.
+Done naively (every request, whole blocks, upcast at once) that is ``[layers, requests, heads,
+tokens, head_dim]`` float32 of transient memory, gigabytes at serving scale, outside the KV
+budget vLLM profiled. Here:
+
+- only the sampled heads' keys are read (:func:`~growpage.vllm_plugin.keys.gather_key_blocks`:
+  no V, no other head);
+- requests are scored in chunks, sorted by length so a chunk pads little, and each chunk's keys
+  are gathered a few blocks at a time, so the transient memory stays under ``cap_bytes``
+  (:func:`plan_chunks` sizes both from the host-side lengths). Chunking changes nothing in the
+  result: each request's softmax, histogram and entropy are its own;
+- nothing waits on the device: the per-step indices travel in one non-blocking copy and the loops
+  run on host integers (no ``.item()``, ``.tolist()`` or ``.cpu()`` per chunk or per layer).
+
+Pure torch (this module and :mod:`~growpage.vllm_plugin.keys` import nothing else from GrowPage or
+vLLM), so the torch-only GPU checks run it as the observer does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+
+from growpage.vllm_plugin import keys as kv_keys
+
+DEFAULT_CAP_BYTES = 256 * 2 ** 20
+FLOAT_BYTES = 4
+OFFSET_BYTES = 8  # a long offset per key element when the layout is packed (no strided view)
+PROB_COPIES = 3  # probabilities alive at once: the softmax, then the summary's log and product
+
+# summarize(probs [N, H, K], key_positions [N, K] (-1 past a request), lengths [N]) ->
+# (bin_mass [N, bins], entropy [N]); growpage.core.summaries.summarize_attention with the bins bound
+Summarize = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservedLayer:
+    """One observed layer of a step: its cache view and its requests' newest sampled queries.
+
+    Attributes:
+        cache: one layer's ``[blocks, kv_heads, slots, content]`` view of the paged cache.
+        query: ``[R, H, head_dim]`` the newest query of each observed request, sampled heads.
+        scale: the layer's softmax scale.
+        kv_heads: ``[H]`` long, on the host: the KV head each sampled query head reads.
+    """
+
+    cache: torch.Tensor
+    query: torch.Tensor
+    scale: float
+    kv_heads: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """Requests scored together.
+
+    Attributes:
+        rows: positions in the step's rows (host ints).
+        length: the longest of them (keys scored per request, masked past each one's own length).
+        blocks_per_gather: blocks of keys gathered (and upcast) at a time.
+    """
+
+    rows: tuple[int, ...]
+    length: int
+    blocks_per_gather: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepScores:
+    """What one step's observation yields.
+
+    Attributes:
+        entropy: ``[L, R]`` head-mean attention entropy per layer and request (None without a
+            ``summarize``).
+        bin_mass: ``[L, R, bins]`` head-mean attention mass per position bin (None likewise).
+        token_mass: ``[R, max_len]`` attention per key, mean over heads, summed over layers (the
+            compaction scores; 0 past each request), when asked for.
+        planned_bytes: the largest transient a chunk was planned to hold (:func:`chunk_bytes`).
+        chunks: how many chunks of requests were scored.
+    """
+
+    entropy: torch.Tensor | None
+    bin_mass: torch.Tensor | None
+    token_mass: torch.Tensor | None
+    planned_bytes: int
+    chunks: int
+
+
+def key_element_bytes(cache_dtype: torch.dtype, layout: kv_keys.BlockLayout) -> int:
+    """Transient bytes per gathered key element: the gathered copy, its float32 upcast, and a long
+    offset where the layout has no strided view."""
+    extra = OFFSET_BYTES if layout.key_strides is None else 0
+    return torch.empty((), dtype=cache_dtype).element_size() + FLOAT_BYTES + extra
+
+
+def chunk_bytes(rows: int, length: int, blocks_per_gather: int, *, num_layers: int, num_heads: int,
+                head_dim: int, block_size: int, element_bytes: int) -> int:
+    """Peak transient bytes of scoring one chunk (what :func:`score_step` holds at once).
+
+    ``S = L * rows * H * length * 4`` is one float32 copy of the chunk's logits/probabilities.
+    While keys are gathered, the logits (``S``) and one gather (``rows * H * blocks * block_size``
+    keys of ``element_bytes`` each, plus its float32 product with the queries) are alive; after,
+    the probabilities and the summary's two temporaries (``3 S``).
+    """
+    scores = num_layers * rows * num_heads * length * FLOAT_BYTES
+    keys = rows * num_heads * blocks_per_gather * block_size * (head_dim * element_bytes + FLOAT_BYTES)
+    return max(scores + keys, PROB_COPIES * scores)
+
+
+def plan_chunks(lengths: Sequence[int], *, num_layers: int, num_heads: int, head_dim: int, block_size: int,
+                element_bytes: int, cap_bytes: int) -> list[Chunk]:
+    """Split a step's requests into chunks whose :func:`chunk_bytes` stay under ``cap_bytes``.
+
+    Requests are taken shortest first, so each chunk's padding to its longest request is small.
+    A chunk takes requests while ``3 S`` fits in the cap; its gathers take as many blocks as fit
+    in what ``S`` leaves. One request and one block are the floor: a single request whose own
+    scores exceed the cap is scored alone, over the cap (its keys still a block at a time).
+
+    Args:
+        lengths: ``[R]`` keys per request (host ints, >= 1).
+        num_layers, num_heads, head_dim, block_size: the step's geometry (``num_heads`` sampled).
+        element_bytes: from :func:`key_element_bytes`.
+        cap_bytes: the transient budget of one chunk.
+
+    Returns:
+        Chunks covering every row once, in scoring order.
+    """
+    order = sorted(range(len(lengths)), key=lambda row: lengths[row])
+    per_key = num_layers * num_heads * FLOAT_BYTES
+    chunks: list[Chunk] = []
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and PROB_COPIES * per_key * (end + 1 - start) * lengths[order[end]] <= cap_bytes:
+            end += 1
+        rows, length = tuple(order[start:end]), lengths[order[end - 1]]
+        left = cap_bytes - per_key * len(rows) * length
+        per_block = len(rows) * num_heads * block_size * (head_dim * element_bytes + FLOAT_BYTES)
+        blocks = max(1, min(-(-length // block_size), left // per_block))
+        chunks.append(Chunk(rows, length, blocks))
+        start = end
+    return chunks
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """One host-to-device copy that does not wait for the device (pinned source on CUDA)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, lengths: Sequence[int],
+               layout: kv_keys.BlockLayout, *, cap_bytes: int = DEFAULT_CAP_BYTES,
+               summarize: Summarize | None = None, token_mass: bool = False) -> StepScores:
+    """Attention of each layer's newest queries over its requests' keys, chunk by chunk.
+
+    Args:
+        layers: the step's observed layers (same requests and sampled head count in each).
+        block_rows: ``[R, M]`` block-table rows on the cache's device, ``M * block_size`` >= the
+            longest length (entries past a request's own blocks are never scored).
+        lengths: ``[R]`` keys per request in the cache, this step's included (host ints).
+        layout: from :func:`~growpage.vllm_plugin.keys.probe_layout`, on the cache's device.
+        cap_bytes: transient budget per chunk (:func:`plan_chunks`).
+        summarize: turns probabilities into histograms and entropies (see :data:`Summarize`).
+        token_mass: also return per-key attention summed over layers (compaction scores).
+
+    Returns:
+        :class:`StepScores`, everything on the cache's device.
+    """
+    first = layers[0]
+    device = first.cache.device
+    num_layers, num_rows = len(layers), len(lengths)
+    num_heads, head_dim = int(first.query.shape[1]), int(first.query.shape[2])
+    block_size = layout.block_size
+    element_bytes = key_element_bytes(first.cache.dtype, layout)
+    geometry = dict(num_layers=num_layers, num_heads=num_heads, head_dim=head_dim, block_size=block_size,
+                    element_bytes=element_bytes)
+    chunks = plan_chunks(lengths, cap_bytes=cap_bytes, **geometry)
+    order = [row for chunk in chunks for row in chunk.rows]
+    heads = [layer.kv_heads.tolist() for layer in layers]  # host tensors: no device wait
+    packed = _to_device(order + [lengths[row] for row in order] + [h for layer in heads for h in layer], device)
+    order_t, lengths_t = packed[:num_rows], packed[num_rows:2 * num_rows]
+    heads_t = packed[2 * num_rows:].view(num_layers, num_heads)
+    queries = torch.stack([layer.query for layer in layers]).to(device).float()  # [L, R, H, hd]
+    max_len = max(lengths)
+    entropy = torch.zeros(num_layers, num_rows, device=device) if summarize else None
+    bin_mass: torch.Tensor | None = None
+    mass = torch.zeros(num_rows, max_len, device=device) if token_mass else None
+    start = 0
+    for chunk in chunks:
+        rows = order_t[start:start + len(chunk.rows)]
+        chunk_lengths = lengths_t[start:start + len(chunk.rows)]
+        start += len(chunk.rows)
+        probs = _chunk_probabilities(layers, queries.index_select(1, rows), heads_t, block_rows.index_select(0, rows),
+                                     chunk_lengths, chunk, layout)
+        if mass is not None:
+            mass[:, :chunk.length].index_copy_(0, rows, probs.mean(2).sum(0))
+        if summarize is not None and entropy is not None:
+            positions = torch.arange(chunk.length, device=device).expand(len(chunk.rows), chunk.length)
+            key_positions = positions.masked_fill(positions >= chunk_lengths[:, None], -1)
+            chunk_bins, chunk_entropy = summarize(probs.flatten(0, 1), key_positions.repeat(num_layers, 1),
+                                                  chunk_lengths.repeat(num_layers))
+            if bin_mass is None:
+                bin_mass = torch.zeros(num_layers, num_rows, chunk_bins.shape[-1], device=device)
+            bin_mass.index_copy_(1, rows, chunk_bins.view(num_layers, len(chunk.rows), -1))
+            entropy.index_copy_(1, rows, chunk_entropy.view(num_layers, len(chunk.rows)))
+        del probs
+    planned = max(chunk_bytes(len(c.rows), c.length, c.blocks_per_gather, **geometry) for c in chunks)
+    return StepScores(entropy, bin_mass, mass, planned, len(chunks))
+
+
+def _chunk_probabilities(layers: Sequence[ObservedLayer], queries: torch.Tensor, heads: torch.Tensor,
+                         block_rows: torch.Tensor, lengths: torch.Tensor, chunk: Chunk,
+                         layout: kv_keys.BlockLayout) -> torch.Tensor:
+    """``[L, r, H, chunk.length]`` softmax probabilities of one chunk (0 past each request).
+
+    Args:
+        queries: ``[L, r, H, hd]`` float32.
+        heads: ``[L, H]`` KV head per sampled head, on the device.
+        block_rows: ``[r, M]`` the chunk's block-table rows.
+        lengths: ``[r]`` on the device.
+    """
+    num_rows, num_heads, head_dim = queries.shape[1], queries.shape[2], queries.shape[3]
+    block_size = layout.block_size
+    logits = torch.empty(len(layers), num_rows, num_heads, chunk.length, device=queries.device)
+    num_blocks = -(-chunk.length // block_size)
+    for index, layer in enumerate(layers):
+        query = queries[index, :, :, :, None]  # [r, H, hd, 1]
+        for first in range(0, num_blocks, chunk.blocks_per_gather):
+            last = min(num_blocks, first + chunk.blocks_per_gather)
+            keys = kv_keys.gather_key_blocks(layer.cache, block_rows[:, first:last], heads[index], layout)
+            keys = keys.to(torch.float32, memory_format=torch.contiguous_format)
+            keys = keys.reshape(num_rows, num_heads, (last - first) * block_size, head_dim)
+            begin, end = first * block_size, min(last * block_size, chunk.length)
+            logits[index, :, :, begin:end] = torch.matmul(keys[:, :, :end - begin], query)[..., 0] * layer.scale
+            del keys
+    outside = torch.arange(chunk.length, device=queries.device)[None, :] >= lengths[:, None]  # [r, K]
+    logits.masked_fill_(outside[None, :, None, :], float("-inf"))
+    return torch.softmax(logits, dim=-1)
