@@ -3,7 +3,7 @@ exit code 2, and no file written. The agent is the real telemetry agent where on
 
 from __future__ import annotations
 
-import time
+import functools
 from pathlib import Path
 
 import httpx
@@ -11,6 +11,7 @@ import pytest
 
 from gpctl.main import app
 from growpage import catalog
+from growpage.calibrate import sources
 from support.promstack import free_port
 
 
@@ -68,11 +69,12 @@ def test_too_few_samples_on_the_real_agent(runner, tmp_path, monitored):
     assert line.endswith("let more requests run with GrowPage in monitor mode, or lower --min-samples")
 
 
-def test_two_scrapes_without_traffic_between_them_have_no_samples(runner, tmp_path, monitored):
+def test_two_scrapes_without_traffic_between_them_have_no_samples(runner, tmp_path, monitored, monkeypatch):
     monitored.serve(60)  # plenty since start, none in the window
-    started = time.monotonic()
+    slept: list[float] = []
+    monkeypatch.setattr(sources, "from_endpoint", functools.partial(sources.from_endpoint, sleep=slept.append))
     line = refused(runner, tmp_path, "--endpoint", monitored.url, "--duration", "0.2s")
-    assert time.monotonic() - started < 10
+    assert slept == [0.2]  # two scrapes, --duration apart
     assert f"only 0 {catalog.LTS_ENTROPY.name} samples" in line
     assert "a longer --duration, or none (everything since the agent started)" in line
 

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -66,12 +65,11 @@ def test_sigterm_drains_then_exits_and_the_request_hears_why(prepared_model_dir)
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
             lines = response.iter_lines()
             next(line for line in lines if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"])
-            started = time.monotonic()
             process.send_signal(signal.SIGTERM)
             rest = "\n".join(lines)
-        assert "shutting down" in rest
-        process.wait(timeout=20)
-        assert time.monotonic() - started < 20
+        # 1,500 tokens outlast the 2 s drain: the stream hears why it ends, and the process exits
+        assert "shutting down" in rest and '"finish_reason": "length"' not in rest
+        process.wait(timeout=120)  # a hang guard, not a measured duration
     finally:
         if process.poll() is None:
             process.kill()

