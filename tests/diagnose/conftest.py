@@ -38,6 +38,7 @@ class MetricsServer:
         self.scenario = scenario
         self.started = time.monotonic()
         self.requests: list[str] = []
+        self.agent_scrapes_s: list[float] = []  # elapsed_s of each agent scrape: its counters' clock
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -67,6 +68,7 @@ class MetricsServer:
         elapsed_s = time.monotonic() - self.started
         index = sum(1 for request in self.requests if request.startswith("/metrics/growpage"))
         if path == "/metrics/growpage":
+            self.agent_scrapes_s.append(elapsed_s)
             return 200, text, scenarios.text_exposition(scenarios.samples(self.scenario, elapsed_s, index))
         if path == "/metrics":
             return 200, text, scenarios.text_exposition(scenarios.dcgm_samples(self.scenario, index))
