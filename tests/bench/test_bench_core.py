@@ -23,6 +23,12 @@ def test_quick_core_bench_produces_every_measure(tmp_path):
     assert data["grants"]["grant_latency_p99_us"] >= data["grants"]["grant_latency_p50_us"] > 0
     compression = data["compression"]
     assert compression["quantize_int8_tokens_per_s"] > 0 and compression["evict_tokens_per_s"] > 0
+    observation = data["observation"]
+    step = observation["steps"][0]
+    assert step["memory"] == "analytic" and step["after_chunks"] > 1  # a 64 KiB cap: many chunks
+    assert 0 < step["after_peak_bytes"] <= step["cap_bytes"] < step["before_peak_bytes"]
+    assert step["before_ms"] > 0 and step["after_ms"] > 0 and step["max_abs_diff_token_mass"] < 1e-4
+    assert observation["compaction"][0]["bytes_moved"] > 0 and observation["compaction"][0]["ms"] > 0
     assert json.loads(result.output) == data
 
 

@@ -9,6 +9,7 @@ attention probabilities are compared with a dense reference.
 
 from __future__ import annotations
 
+import inspect
 import types
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from cache_layouts import (
 )
 
 from growpage.vllm_plugin import keys as kv_keys
+from growpage.vllm_plugin import synthetic
 from growpage.vllm_plugin.observer import VllmObserver
 from growpage.vllm_plugin.settings import split_settings
 
@@ -41,6 +43,21 @@ CASES = [("CPU_ATTN", "LBHNC", vllm_cpu_writer(isa), torch.bfloat16, isa)
 CASES += [(backend, layout, flash_write, dtype, str(dtype).removeprefix("torch."))
           for backend in GPU_BACKENDS for layout in ALL_LAYOUTS for dtype in (torch.float16, torch.bfloat16)]
 IDS = [f"{backend}-{layout}-{tag}" for backend, layout, _, _, tag in CASES]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout_name", ALL_LAYOUTS)
+def test_the_torch_only_caches_are_vllms_views(layout_name, dtype):
+    """The torch-only GPU checks and benchmarks build caches without vLLM; they must be the very
+    views vLLM's ``create_kv_cache_views`` gives (same shapes, strides and offsets in one storage)."""
+    assert list(synthetic.LAYOUT_ORDERS) == ALL_LAYOUTS
+    assert all(synthetic.LAYOUT_ORDERS[name] == KVCacheLayout[name].stride_order for name in ALL_LAYOUTS)
+    ours = synthetic.layer_caches(layout_name, LAYERS, NUM_BLOCKS, HEADS, BLOCK, HEAD_DIM, dtype)
+    theirs = vllm_layer_caches(layout_name, LAYERS, NUM_BLOCKS, HEADS, BLOCK, HEAD_DIM, dtype)
+    for a, b in zip(ours, theirs, strict=True):
+        assert (a.shape, a.stride(), a.storage_offset(), a.dtype) == (b.shape, b.stride(), b.storage_offset(), b.dtype)
+        assert a.untyped_storage().nbytes() == b.untyped_storage().nbytes()
+    assert synthetic.flash_write.__doc__ and FLASH_WRITE_SOURCE in inspect.getsource(synthetic.flash_write)
 
 
 def _request(write, layout_name: str, dtype: torch.dtype, tokens: int = 70, block_row=(4, 1, 3)):

@@ -8,7 +8,9 @@ Measured on the model geometry of the packaged model (SmolLM2-135M: 30 layers, 3
   paged attention it observes: the same batch stepped with ``mode=off`` and ``mode=monitor``,
   interleaved, medians of each and their ratio;
 * page grant latency p50/p99 (what ``growpage_page_allocation_latency_seconds`` reports);
-* quantize and evict throughput in tokens/s (tokens rewritten per second of compression).
+* quantize and evict throughput in tokens/s (tokens rewritten per second of compression);
+* inside vLLM, at an 8B geometry: one observed step's milliseconds and peak transient memory,
+  before and after chunked scoring, and one compaction (:mod:`growpage.bench.observation`).
 
 Times are medians over repeats; on CUDA every timed region is synchronised.
 """
@@ -26,11 +28,14 @@ from collections.abc import Callable
 import torch
 
 from growpage import __version__
+from growpage.bench import observation
 from growpage.config import GrowPageConfig
 from growpage.core import attention as attn
 from growpage.core.manager import GrowPageManager, SlotStatus
 from growpage.core.policy import BoundaryState, decide
 from growpage.core.quantiles import percentile
+from growpage.core.summaries import summarize_attention
+from growpage.vllm_plugin.scoring import DEFAULT_CAP_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +54,18 @@ class CoreBenchSettings:
     decode_steps: int = 24
     repeats: int = 5
     geometry: Geometry = Geometry()
+    # the vLLM observer and compactor: (requests, tokens) per observed step, at observation_geometry
+    observation_sizes: tuple[tuple[int, int], ...] = ((16, 2048), (16, 8192), (128, 2048), (128, 8192))
+    observation_geometry: observation.ObservationGeometry = observation.ObservationGeometry()
+    observation_cap_bytes: int = DEFAULT_CAP_BYTES
 
     @classmethod
     def quick(cls, device: str = "cpu") -> CoreBenchSettings:
         return cls(device=device, batch_size=4, context_tokens=64, decode_steps=6, repeats=2,
-                   geometry=Geometry(num_layers=4))
+                   geometry=Geometry(num_layers=4), observation_sizes=((4, 128),),
+                   observation_geometry=observation.ObservationGeometry(num_layers=4, num_q_heads=8, num_kv_heads=4,
+                                                                        head_dim=32),
+                   observation_cap_bytes=2 ** 16)
 
 
 def _sync(device: str) -> None:
@@ -232,6 +244,33 @@ def bench_compression(settings: CoreBenchSettings) -> dict:
     return results
 
 
+def bench_observation(settings: CoreBenchSettings) -> dict:
+    """The vLLM observer's step and one compaction at ``observation_geometry``, before and after
+    chunked scoring (:mod:`growpage.bench.observation`).
+
+    On CPU the synthetic cache holds only the observed layers, requests share a pool of at most
+    1.5 GiB of blocks, a ``before`` whose analytic peak exceeds 2 GiB is not run, and peaks are
+    analytic; on CUDA they are measured (``torch.cuda.max_memory_allocated``) and the limits are
+    60 GiB.
+    """
+    g = settings.observation_geometry
+    cpu = not settings.device.startswith("cuda")
+    limit, pool = (2 * observation.GIB, 3 * observation.GIB // 2) if cpu else (60 * observation.GIB,
+                                                                                 40 * observation.GIB)
+    bins = GrowPageConfig().sts_num_bins
+    steps = [observation.measure_observation(
+        g, requests, tokens, device=settings.device, cap_bytes=settings.observation_cap_bytes, max_bytes=limit,
+        pool_bytes=pool, repeats=1 if cpu else 5, num_bins=bins,
+        summarize=lambda probs, positions, lengths: summarize_attention(probs, positions, lengths, bins))
+        for requests, tokens in settings.observation_sizes]
+    compactions = [observation.measure_compaction(g, tokens, device=settings.device, repeats=1 if cpu else 3,
+                                                  max_bytes=limit)
+                   for tokens in sorted({tokens for _, tokens in settings.observation_sizes})]
+    return {"geometry": {k: str(v) for k, v in dataclasses.asdict(g).items()},
+            "cache": "observed layers only" + (", requests share a 1.5 GiB block pool" if cpu else ""),
+            "steps": steps, "compaction": compactions}
+
+
 def run_core_bench(settings: CoreBenchSettings) -> dict:
     """Run every core benchmark; returns a JSON-ready dict."""
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
@@ -250,6 +289,7 @@ def run_core_bench(settings: CoreBenchSettings) -> dict:
         "monitor_overhead": bench_monitor_overhead(settings),
         "grants": bench_grants(settings),
         "compression": bench_compression(settings),
+        "observation": bench_observation(settings),
     }
 
 

@@ -28,7 +28,8 @@ def core(
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
     json_only: Annotated[bool, typer.Option("--json", help="Print only the JSON.")] = False,
 ) -> None:
-    """decide() cost, monitor overhead per decode step, grant latency, compression throughput."""
+    """decide() cost, monitor overhead per decode step, grant latency, compression throughput, and
+    the vLLM observer's step and compaction at an 8B geometry (before/after chunked scoring)."""
     from growpage.bench.core import CoreBenchSettings, run_core_bench  # torch loads only when used
 
     settings = (CoreBenchSettings.quick(device) if quick
@@ -46,7 +47,31 @@ def core(
         for key, value in result[section].items():
             table.add_row(f"{section}.{key}", f"{value:,}" if isinstance(value, (int, float)) else str(value))
     Console().print(table)
+    Console().print(_observation_table(result["observation"]))
     typer.echo(json.dumps(result))
+
+
+def _observation_table(observation: dict) -> Table:
+    """One row per observed-step size: ms and peak transient memory before and after."""
+    geometry = observation["geometry"]
+    table = Table(title=f"vLLM observer step at {geometry['num_layers']} layers x {geometry['num_kv_heads']} KV heads "
+                        f"x {geometry['head_dim']} ({observation['cache']})")
+    for column in ("requests x tokens", "before ms", "before peak", "after ms", "after peak", "chunks", "memory"):
+        table.add_column(column, justify="right")
+    for step in observation["steps"]:
+        before = "skipped" if step["before_ms"] is None else f"{step['before_ms']:,}"
+        table.add_row(f"{step['requests']} x {step['tokens']}", before, _mib(step["before_peak_bytes"]),
+                      f"{step['after_ms']:,}", _mib(step["after_peak_bytes"]), str(step["after_chunks"]),
+                      step["memory"])
+    for compaction in observation["compaction"]:
+        ms = "skipped" if compaction["ms"] is None else f"{compaction['ms']:,}"
+        table.add_row(f"compact {compaction['tokens_moved']} of {compaction['tokens']}", "", "", ms,
+                      _mib(compaction["peak_bytes"]), "", compaction["memory"])
+    return table
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2 ** 20:,.1f} MiB"
 
 
 @app.command()

@@ -1,0 +1,127 @@
+"""Chunked observation scoring (``growpage.vllm_plugin.scoring``) and the torch-only GPU checks, on CPU.
+
+The chunks are a memory bound, never a change in result: many tiny chunks equal one chunk, and both
+equal dense softmax attention over the same keys.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from growpage.core.summaries import summarize_attention
+from growpage.vllm_plugin import keys as kv_keys
+from growpage.vllm_plugin import scoring
+from growpage.vllm_plugin.settings import split_settings
+from growpage.vllm_plugin.synthetic import flash_write, layer_caches
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADS, BLOCK, HEAD_DIM = 3, 16, 32
+
+
+def _step(layout_name: str, lengths: list[int], layers: int = 3, dtype=torch.bfloat16):
+    """Caches holding each request's random keys, its block rows, dense keys and observed layers."""
+    generator = torch.Generator().manual_seed(0)
+    blocks = [-(-n // BLOCK) for n in lengths]
+    caches = layer_caches(layout_name, layers, sum(blocks) + 3, HEADS, BLOCK, HEAD_DIM, dtype)
+    order = torch.randperm(sum(blocks) + 3, generator=generator)
+    rows = torch.full((len(lengths), max(blocks)), sum(blocks) + 2)  # padding: a block no request owns
+    start = 0
+    for request, count in enumerate(blocks):
+        rows[request, :count] = order[start:start + count]
+        start += count
+    dense = []
+    for cache in caches:
+        per_request = []
+        for request, length in enumerate(lengths):
+            slots = rows[request, torch.arange(length) // BLOCK] * BLOCK + torch.arange(length) % BLOCK
+            k = torch.randn(length, HEADS, HEAD_DIM, generator=generator).to(dtype)
+            flash_write(k, torch.randn_like(k), cache, slots)
+            per_request.append(k)
+        dense.append(per_request)
+    kv_heads = torch.tensor([0, 1, 1, 2])
+    observed = [scoring.ObservedLayer(cache, torch.randn(len(lengths), 4, HEAD_DIM, generator=generator).to(dtype),
+                                      HEAD_DIM ** -0.5, kv_heads) for cache in caches]
+    layout = kv_keys.probe_layout(flash_write, caches[0], HEADS, BLOCK, HEAD_DIM)
+    assert layout is not None
+    return observed, rows, layout, dense
+
+
+@pytest.mark.parametrize("layout_name", ["LBNHC", "BHLNC"])
+def test_many_tiny_chunks_equal_one_chunk_and_dense_attention(layout_name):
+    lengths = [70, 5, 33, 48, 16]
+    layers, rows, layout, dense = _step(layout_name, lengths)
+    summarize = partial(summarize_attention, num_bins=8)
+    one = scoring.score_step(layers, rows, lengths, layout, summarize=summarize, token_mass=True)
+    many = scoring.score_step(layers, rows, lengths, layout, cap_bytes=1, summarize=summarize, token_mass=True)
+    assert one.chunks == 1 and many.chunks == len(lengths)
+    for a, b in ((one.token_mass, many.token_mass), (one.entropy, many.entropy), (one.bin_mass, many.bin_mass)):
+        assert a is not None and b is not None and torch.allclose(a, b, atol=1e-6)
+    mass = torch.zeros(len(lengths), max(lengths))
+    for index, (layer, per_request) in enumerate(zip(layers, dense, strict=True)):
+        for request, k in enumerate(per_request):
+            keys = k.float()[:, layer.kv_heads].permute(1, 0, 2)
+            probs = torch.softmax(torch.einsum("hd,hkd->hk", layer.query[request].float(), keys) * layer.scale, -1)
+            mass[request, :len(probs[0])] += probs.mean(0)
+            entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1).mean()
+            assert torch.allclose(many.entropy[index, request], entropy, atol=1e-5)
+    assert torch.allclose(many.token_mass, mass, atol=1e-6)
+
+
+def test_chunks_cover_every_request_once_within_the_cap():
+    lengths = [900, 17, 4000, 256, 256, 3100, 1]
+    geometry = dict(num_layers=3, num_heads=4, head_dim=128, block_size=16, element_bytes=6)
+    for cap in (1, 2 ** 20, 2 ** 24, 2 ** 30):
+        chunks = scoring.plan_chunks(lengths, cap_bytes=cap, **geometry)
+        assert sorted(row for chunk in chunks for row in chunk.rows) == list(range(len(lengths)))
+        for chunk in chunks:
+            assert chunk.length == max(lengths[row] for row in chunk.rows)
+            single = scoring.chunk_bytes(1, chunk.length, 1, **geometry)
+            planned = scoring.chunk_bytes(len(chunk.rows), chunk.length, chunk.blocks_per_gather, **geometry)
+            assert planned <= max(cap, single)  # over the cap only when one request and one block exceed it
+    assert len(scoring.plan_chunks(lengths, cap_bytes=2 ** 30, **geometry)) == 1
+
+
+def test_a_packed_layout_is_read_element_by_element_and_gives_the_same_keys():
+    layers, rows, layout, _ = _step("LBHNC", [40, 20], layers=1)
+    assert layout.key_strides is not None
+    permutation = torch.randperm(layout.key_index.numel(), generator=torch.Generator().manual_seed(3))
+    packed = kv_keys.BlockLayout(layout.key_index.flatten()[permutation].view_as(layout.key_index),
+                                 layout.value_index, layout.block_stride)
+    assert packed.key_strides is None
+    cache, heads = layers[0].cache, torch.tensor([2, 0])
+    got = kv_keys.gather_key_blocks(cache, rows, heads, packed)
+    storage = kv_keys.storage_of(cache)[cache.storage_offset():]
+    expected = storage[rows[:, None, :, None, None] * packed.block_stride + packed.key_index[heads][None, :, None]]
+    assert torch.equal(got, expected)
+
+
+def test_the_observation_cap_is_a_plugin_setting():
+    _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_CHUNK_MIB": "64"})
+    assert settings.observe_chunk_mib == 64
+    assert split_settings({}, env={})[1].observe_chunk_mib == 256
+    with pytest.raises(Exception, match="observe_chunk_mib"):
+        split_settings({"observe_chunk_mib": 0}, env={})
+
+
+def test_torch_only_gpu_checks_run_on_cpu_without_vllm_or_growpages_other_dependencies(tmp_path):
+    """``scripts/gpu_torch_checks.py --device cpu --quick``: every layout's probe, read, move and
+    scoring pass, the measurements come back, and neither vLLM nor PyYAML, typer or prometheus is
+    imported (a GPU machine with CUDA torch alone can run it)."""
+    report_path = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_torch_checks.py"), "--device", "cpu",
+                           "--quick", "--output", str(report_path)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["ok"] and report["forbidden_modules_imported"] == []
+    assert len(report["checks"]) == 12 and all(all(c.values()) and len(c) == 4 for c in report["checks"].values())
+    step = report["observation"][-1]
+    assert step["after_chunks"] > 1 and step["after_peak_bytes"] <= step["cap_bytes"]
+    assert step["max_abs_diff_token_mass"] < 1e-4 and step["before_ms"] is not None
