@@ -86,6 +86,10 @@ def phases(which: str | None = None) -> list[dict]:
             engines.append({"name": name, "batches": [small], "scrape": True,
                             "growpage": {"mode": "monitor", "exporter_port": _free_port(), **MONITOR},
                             "engine": {"enforce_eager": False, "compilation_config": compilation}})
+        # an fp8 KV cache stores keys scaled: observation must say it is unsupported, never fail
+        engines.append({"name": "monitor_fp8_kv", "batches": [small], "scrape": True,
+                        "growpage": {"mode": "monitor", "exporter_port": _free_port(), **MONITOR},
+                        "engine": {"kv_cache_dtype": "fp8"}})
     if which == "all":
         engines.insert(1, {"name": "monitor", "batches": [batch], "scrape": True,
                            "growpage": {"mode": "monitor", "exporter_port": _free_port(), **MONITOR}})

@@ -43,6 +43,8 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
               "max_model_len": 1024,
               "max_num_seqs": 16, "max_num_batched_tokens": 512, "seed": 0, "num_gpu_blocks_override": 256,
               **phase.get("engine", {})}
+    if torch.cuda.is_available() and phase["growpage"].get("mode") == "enforce":
+        engine.setdefault("async_scheduling", False)  # on by default on CUDA, and enforce needs it off
     started = time.monotonic()
     llm = LLM(model=model, additional_config={"growpage": phase["growpage"]}, **engine)
     result = {"name": name, "growpage": phase["growpage"], "start_s": time.monotonic() - started, "batches": {}}

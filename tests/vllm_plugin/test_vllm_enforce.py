@@ -139,6 +139,8 @@ def test_forced_preemption_recomputes_and_frees_every_block(vllm_runs):
 def test_tensor_parallel_ranks_compact_their_own_heads_to_the_same_plan(vllm_runs):
     """TP=3: every rank applies every plan; capped rows stay identical to the same prompts monitored
     in the same engine until the first compaction, hold the cap, stay coherent, and leak nothing."""
+    if "enforce_tp3" not in vllm_runs:
+        pytest.skip(f"tensor parallelism {TP_RANKS} needs {TP_RANKS} GPUs here (fewer are visible)")
     run = vllm_runs["enforce_tp3"]
     records = _requests(run)
     plans = [r for r in run["enforce_log"] if "compaction" in r]
