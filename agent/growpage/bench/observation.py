@@ -246,26 +246,27 @@ def measure_compaction(geometry: ObservationGeometry, tokens: int, *, device: st
     survivors to the front in every layer (:func:`growpage.vllm_plugin.keys.move_tokens_in_layers`).
 
     Returns:
-        JSON-ready: ms per compaction, bytes moved, and the transient bytes of its index tensors
-        and gathered tokens (analytic: two long offsets and one element per moved element); not
-        run when the cache plus that transient would exceed ``max_bytes``.
+        JSON-ready: ms per compaction, bytes moved, and its transient bytes (analytic: the gathered
+        tokens, plus two long offsets per moved element where the layout has no strided view);
+        not run when the cache plus that transient would exceed ``max_bytes``.
     """
+    torch_device = torch.device(device)
+    probe = layer_caches(geometry.layout, 1, 2, geometry.num_kv_heads, geometry.block_size, geometry.head_dim,
+                         geometry.dtype, torch_device)[0]
+    layout = kv_keys.probe_layout(flash_write, probe, geometry.num_kv_heads, geometry.block_size, geometry.head_dim)
+    assert layout is not None
     moved_elements = geometry.num_layers * ((tokens + 1) // 2) * 2 * geometry.num_kv_heads * geometry.head_dim
-    analytic = moved_elements * (2 * 8 + geometry.element_bytes)
+    strided = layout.key_strides is not None and layout.value_strides is not None
+    analytic = moved_elements * (geometry.element_bytes + (0 if strided else 2 * 8))
     result = {"tokens": tokens, "tokens_moved": (tokens + 1) // 2, "layers": geometry.num_layers,
               "bytes_moved": moved_elements * geometry.element_bytes, "analytic_peak_bytes": analytic}
     if analytic + geometry.kv_bytes(tokens) > max_bytes:
         return {**result, "ms": None, "memory": "analytic", "peak_bytes": analytic,
                 "skipped": f"cache and transient {(analytic + geometry.kv_bytes(tokens)) / GIB:.1f} GiB > max_bytes"}
-    torch_device = torch.device(device)
     blocks = -(-tokens // geometry.block_size)
     caches = layer_caches(geometry.layout, geometry.num_layers, blocks, geometry.num_kv_heads, geometry.block_size,
                           geometry.head_dim, geometry.dtype, torch_device)
     kv_keys.storage_of(caches[0]).normal_(generator=torch.Generator(device=torch_device).manual_seed(seed))
-    probe = layer_caches(geometry.layout, 1, 2, geometry.num_kv_heads, geometry.block_size, geometry.head_dim,
-                         geometry.dtype, torch_device)[0]
-    layout = kv_keys.probe_layout(flash_write, probe, geometry.num_kv_heads, geometry.block_size, geometry.head_dim)
-    assert layout is not None
     slots = torch.arange(tokens, device=torch_device)
     src, dst = slots[::2], slots[:(tokens + 1) // 2]
     moved = [0]

@@ -66,19 +66,29 @@ class BlockLayout:
         tiny index tensors (:func:`gather_key_blocks`). Computed once per layout (one host copy of
         the small ``key_index``).
         """
-        index = self.key_index.cpu()
-        origin = int(index[0, 0, 0])
-        strides = [int(index.select(axis, 1).flatten()[0]) - origin if index.shape[axis] > 1 else 0
-                   for axis in range(3)]
-        if min(strides) < 0:
-            return None
-        axes = [torch.arange(n) for n in index.shape]
-        affine = (origin + axes[0][:, None, None] * strides[0] + axes[1][None, :, None] * strides[1]
-                  + axes[2][None, None, :] * strides[2])
-        return (origin, strides[0], strides[1], strides[2]) if torch.equal(affine, index) else None
+        return _affine_strides(self.key_index)
+
+    @functools.cached_property
+    def value_strides(self) -> tuple[int, int, int, int] | None:
+        """:attr:`key_strides` for V."""
+        return _affine_strides(self.value_index)
 
     def to(self, device: torch.device) -> BlockLayout:
         return BlockLayout(self.key_index.to(device), self.value_index.to(device), self.block_stride)
+
+
+def _affine_strides(index: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """``(origin, head, slot, dim)`` with ``index[h, s, d] == origin + h * head + s * slot + d * dim``,
+    all non-negative, or None."""
+    index = index.cpu()
+    origin = int(index[0, 0, 0])
+    strides = [int(index.select(axis, 1).flatten()[0]) - origin if index.shape[axis] > 1 else 0 for axis in range(3)]
+    if min(strides) < 0:
+        return None
+    axes = [torch.arange(n) for n in index.shape]
+    affine = (origin + axes[0][:, None, None] * strides[0] + axes[1][None, :, None] * strides[1]
+              + axes[2][None, None, :] * strides[2])
+    return (origin, strides[0], strides[1], strides[2]) if torch.equal(affine, index) else None
 
 
 def _scratch_like(cache_like: torch.Tensor) -> torch.Tensor:
@@ -272,11 +282,14 @@ def move_tokens(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torc
 
 def move_tokens_in_layers(kv_caches: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor,
                           layout: BlockLayout) -> int:
-    """:func:`move_tokens` in every layer: one gather and one scatter per shared allocation.
+    """:func:`move_tokens` in every layer: a few indexed copies per shared allocation.
 
-    vLLM carves every layer's cache out of one allocation; layers that share a storage (and the
-    layout's strides) move together, whatever the layer stride, so a compaction costs two indexed
-    copies on the device instead of two per layer.
+    vLLM carves every layer's cache out of one allocation, each layer a constant stride from the
+    last. Where the layout is affine (:attr:`BlockLayout.key_strides`) and the layers' offsets are
+    evenly spaced, K (then V) of every layer is one strided ``[layers, blocks, heads, slots, dim]``
+    view, moved by one gather and one scatter indexed by the ``N`` slots alone: the transient is
+    the moved tokens themselves. Otherwise every element is addressed through long offsets (8 bytes
+    per moved element twice over, on top of the tokens).
 
     Returns:
         Bytes moved (K and V, every layer).
@@ -291,11 +304,37 @@ def move_tokens_in_layers(kv_caches: Sequence[torch.Tensor], src_slots: torch.Te
     for caches in groups.values():
         device = caches[0].device
         device_layout = layout if layout.key_index.device == device else layout.to(device)
-        src = _token_offsets(src_slots.long().to(device), device_layout).reshape(-1)
-        dst = _token_offsets(dst_slots.long().to(device), device_layout).reshape(-1)
-        bases = torch.tensor([c.storage_offset() for c in caches], dtype=torch.long, device=device)
+        src, dst = src_slots.long().to(device), dst_slots.long().to(device)
+        offsets = sorted(c.storage_offset() for c in caches)
+        steps = {b - a for a, b in zip(offsets, offsets[1:], strict=False)}
+        affine = (layout.key_strides, layout.value_strides)
+        if affine[0] is not None and affine[1] is not None and len(steps) <= 1:
+            moved += _move_strided(caches[0], offsets[0], len(offsets), max(steps, default=0), src, dst,
+                                   device_layout, (affine[0], affine[1]))
+            continue
+        src_offsets = _token_offsets(src, device_layout).reshape(-1)
+        dst_offsets = _token_offsets(dst, device_layout).reshape(-1)
+        bases = torch.tensor(offsets, dtype=torch.long, device=device)
         storage = storage_of(caches[0])
-        tokens = storage[bases[:, None] + src[None, :]]
-        storage[bases[:, None] + dst[None, :]] = tokens
+        tokens = storage[bases[:, None] + src_offsets[None, :]]
+        storage[bases[:, None] + dst_offsets[None, :]] = tokens
         moved += tokens.numel() * tokens.element_size()
     return moved
+
+
+def _move_strided(cache: torch.Tensor, first_offset: int, num_layers: int, layer_stride: int, src: torch.Tensor,
+                  dst: torch.Tensor, layout: BlockLayout,
+                  strides: tuple[tuple[int, int, int, int], tuple[int, int, int, int]]) -> int:
+    """K and V of ``src`` slots into ``dst`` slots in ``num_layers`` evenly spaced layers: for each
+    of K and V, one gather ``[N, L, H, hd]`` then one scatter (sources read before any write)."""
+    storage = storage_of(cache)
+    num_kv_heads, block_size, head_dim = layout.key_index.shape
+    views = [torch.as_strided(storage, (num_layers, cache.shape[0], num_kv_heads, block_size, head_dim),
+                              (layer_stride, layout.block_stride, head, slot, dim), first_offset + origin)
+             for origin, head, slot, dim in strides]
+    src_block, src_offset = src // block_size, src % block_size
+    dst_block, dst_offset = dst // block_size, dst % block_size
+    gathered = [view[:, src_block, :, src_offset] for view in views]  # [N, L, H, hd] each
+    for view, tokens in zip(views, gathered, strict=True):
+        view[:, dst_block, :, dst_offset] = tokens
+    return sum(tokens.numel() * tokens.element_size() for tokens in gathered)
