@@ -1,6 +1,6 @@
 """``gpctl bench vllm``: GrowPage inside vLLM against vLLM alone and against what is attainable.
 
-Every run is one engine in its own interpreter (:func:`growpage.vllm_demo.run_child`; vLLM
+Every run is one engine in its own interpreter (:func:`growpage.demos.vllm_engine.run_child`; vLLM
 registers plugins once per process, so variants cannot share one), on the packaged model, greedy,
 ``ignore_eos``, block size 32.
 
@@ -120,7 +120,7 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
 
     from growpage.agreement import token_agreement
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.vllm_demo import run_child
+    from growpage.demos.vllm_engine import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -172,7 +172,7 @@ def _overhead(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], 
               timeout_s: float) -> dict:
     """Monitor mode vs vLLM alone on a batch that fits: tokens/s medians over ``repeats`` runs."""
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.vllm_demo import run_child
+    from growpage.demos.vllm_engine import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.overhead_batch, settings.overhead_tokens, seed=7)]
     rates: dict[str, list[float]] = {"vllm": [], "monitor": []}

@@ -1,6 +1,6 @@
 """The child of ``gpctl demo``: runs vLLM's engine in this process and reports each step.
 
-Started by :func:`growpage.vllm_demo.run_vllm_demo` as ``python -m growpage.vllm_demo_run SPEC``,
+Started by :func:`growpage.demos.vllm_engine.run_vllm_demo` as ``python -m growpage.demos.vllm_child SPEC``,
 once per variant (vLLM registers plugins once per process; on CPU it spawns processes, so this
 runs behind a ``__main__`` guard in a fresh interpreter).
 The engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the scheduler's block
@@ -16,6 +16,8 @@ import os
 import sys
 import time
 from typing import Any
+
+from growpage.vllm_plugin.scheduler_hooks import existing_agent
 
 PROGRESS_PREFIX = "GROWPAGE_DEMO_PROGRESS "
 RESULT_PREFIX = "GROWPAGE_DEMO_RESULT "
@@ -96,8 +98,8 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
                     "blocks_total": pool.num_gpu_blocks - 1, "preemptions": sum(preemptions.values()),
                     "decisions": _decisions(scheduler)})
         elapsed = time.perf_counter() - started
-        enforcer = scheduler.__dict__.get("_growpage_enforcer")
-        stats = enforcer.controller.stats if enforcer else None
+        agent = existing_agent(scheduler)
+        stats = agent.stats if agent is not None and agent.enforcer is not None else None
         generated = sum(len(tokens) for tokens in outputs.values())
         return {
             "variant": variant, "tokens_per_s": generated / elapsed, "generated_tokens": generated,
@@ -116,10 +118,10 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
 
 
 def _decisions(scheduler: Any) -> dict[str, int]:
-    enforcer = scheduler.__dict__.get("_growpage_enforcer")
-    if not enforcer:
+    agent = existing_agent(scheduler)
+    if agent is None or agent.enforcer is None:
         return {}
-    return {kind: count for kind, count in enforcer.controller.stats.decisions_total.items() if count}
+    return {kind: count for kind, count in agent.stats.decisions_total.items() if count}
 
 
 def _emit(prefix: str, record: dict) -> None:

@@ -7,7 +7,7 @@ free/used), the queues (running/waiting), preemptions and GrowPage's decisions; 
 table puts the two side by side: tokens/s, peak running, preemptions, decisions by kind, KV bytes
 compressed, grant latency p50/p99 and agreement with vLLM alone's greedy answers.
 
-Each run is its own child interpreter (:mod:`growpage.vllm_demo_run`): vLLM loads its plugins
+Each run is its own child interpreter (:mod:`growpage.demos.vllm_child`): vLLM loads its plugins
 once per process, so "vLLM alone" (the plugin inactive) and "vLLM + GrowPage" cannot share one.
 This module only starts them, reads their JSON lines and renders them.
 """
@@ -25,10 +25,11 @@ from rich.console import Console
 from rich.table import Table
 
 from growpage.agreement import token_agreement
-from growpage.demo import REASONING_PROMPTS
+from growpage.demos.prompts import REASONING_PROMPTS
+from growpage.demos.vllm_child import PROGRESS_PREFIX, RESULT_PREFIX
 from growpage.errors import GrowPageError
-from growpage.vllm_demo_run import PROGRESS_PREFIX, RESULT_PREFIX
 
+CHILD_MODULE = "growpage.demos.vllm_child"
 VARIANTS = ("vllm", "growpage")
 LABELS = {"vllm": "vLLM alone", "growpage": "vLLM + GrowPage"}
 SHORT_LABELS = {"vllm": "vLLM alone", "growpage": "+GrowPage"}
@@ -102,14 +103,14 @@ def _vllm_version() -> str:
 
 
 def run_child(spec: dict, on_progress: Callable[[dict], None], timeout_s: float) -> dict:
-    """Run one engine (:mod:`growpage.vllm_demo_run`) on ``spec``; returns its result record.
+    """Run one engine (:mod:`growpage.demos.vllm_child`) on ``spec``; returns its result record.
 
     Raises:
         GrowPageError: the run failed (with the child's last error line).
     """
     env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    process = subprocess.Popen([sys.executable, "-m", "growpage.vllm_demo_run", json.dumps(spec)],
+    process = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, json.dumps(spec)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     result: dict | None = None
     try:

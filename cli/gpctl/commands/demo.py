@@ -31,11 +31,11 @@ def demo(
 
     model_dir = prepare_model(model=model, log=lambda line: typer.echo(line, err=True))
     if engine is DemoEngine.vllm:
-        from growpage.vllm_demo import VllmDemoSettings, run_vllm_demo
+        from growpage.demos.vllm_engine import VllmDemoSettings, run_vllm_demo
 
         summary = run_vllm_demo(str(model_dir), VllmDemoSettings.quick() if quick else VllmDemoSettings())
     else:
-        from growpage.demo import DemoSettings, run_demo
+        from growpage.demos.reference_engine import DemoSettings, run_demo
 
         summary = run_demo(str(model_dir), DemoSettings.quick() if quick else DemoSettings(), live=live)
     if output is not None:
