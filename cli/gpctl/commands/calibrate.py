@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from gpctl.sources import endpoint_option, prometheus_option, snapshot_files_argument, snapshot_option, snapshot_paths
 from growpage.calibrate import (
     DEFAULT_MIN_SAMPLES,
     DEFAULT_OUTPUT,
@@ -23,34 +24,20 @@ from growpage.calibrate import (
     write_config,
 )
 from growpage.diagnose import parse_duration_s, parse_time_s
-from growpage.errors import GrowPageError
 
-_SOURCES = "Sources (choose one)"
 _QUANTILES = "Quantiles"
 _DEFAULTS = Quantiles()
 
 
 def calibrate(
-    files: Annotated[
-        list[Path] | None,
-        typer.Argument(metavar="FILE", show_default=False,
-                       help="More snapshot files after --snapshot (so --snapshot snaps/*.prom works)."),
-    ] = None,
+    files: Annotated[list[Path] | None, snapshot_files_argument()] = None,
     endpoint: Annotated[
-        str | None,
-        typer.Option(metavar="URL", rich_help_panel=_SOURCES, show_default=False,
-                     help="Live agent (the path defaults to /metrics/growpage): one scrape, the distributions "
-                          "since it started; with --duration, two scrapes and their increase."),
+        str | None, endpoint_option("one scrape, the distributions since it started; with --duration, two "
+                                    "scrapes and their increase."),
     ] = None,
-    prometheus: Annotated[
-        str | None,
-        typer.Option(metavar="URL", rich_help_panel=_SOURCES, show_default=False,
-                     help="Prometheus base URL, e.g. http://prometheus:9090: increase() of the buckets over --since."),
-    ] = None,
+    prometheus: Annotated[str | None, prometheus_option("increase() of the buckets over --since.")] = None,
     snapshot: Annotated[
-        list[Path] | None,
-        typer.Option(metavar="FILE", rich_help_panel=_SOURCES, show_default=False,
-                     help="Saved /metrics/growpage exposition(s); two or more: the increase from oldest to newest."),
+        list[Path] | None, snapshot_option("; two or more: the increase from oldest to newest."),
     ] = None,
     duration: Annotated[
         str | None, typer.Option(metavar="DURATION", show_default=False,
@@ -111,10 +98,8 @@ def calibrate(
     [bold]gpctl calibrate --prometheus http://prometheus:9090 --since 6h --namespace chat[/bold];
     [bold]gpctl calibrate --snapshot before.prom after.prom --dry-run[/bold]
     """
-    if files and not snapshot:
-        raise GrowPageError(f"unexpected argument {files[0]}: snapshot files go after --snapshot")
     request = CalibrateRequest(
-        endpoint=endpoint, prometheus=prometheus, snapshots=tuple(snapshot or ()) + tuple(files or ()),
+        endpoint=endpoint, prometheus=prometheus, snapshots=snapshot_paths(snapshot, files),
         duration_s=parse_duration_s(duration, "--duration") if duration is not None else None,
         since_s=parse_duration_s(since, "--since"), at_s=parse_time_s(at, "--at") if at is not None else None,
         namespace=namespace, model_name=model_name, timeout_s=parse_duration_s(timeout, "--timeout"),

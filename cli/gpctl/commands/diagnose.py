@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from gpctl.errors import print_error
+from gpctl.sources import endpoint_option, prometheus_option, snapshot_files_argument, snapshot_option, snapshot_paths
 from growpage.diagnose import (
     EXIT_CANNOT_DIAGNOSE,
     DiagnoseError,
@@ -27,7 +28,6 @@ from growpage.diagnose import diagnose as run_diagnosis
 from growpage.diagnose.bundle import check_writable, write_bundle
 from growpage.diagnose.render import render_text, to_json
 
-_SOURCES = "Sources (choose one)"
 _ADVANCED = "Advanced"
 
 
@@ -39,25 +39,11 @@ class OutputFormat(enum.StrEnum):
 
 
 def diagnose(
-    files: Annotated[
-        list[Path] | None,
-        typer.Argument(metavar="FILE", show_default=False,
-                       help="More snapshot files after --snapshot (so --snapshot snaps/*.prom works)."),
-    ] = None,
-    endpoint: Annotated[
-        str | None,
-        typer.Option(metavar="URL", rich_help_panel=_SOURCES, show_default=False,
-                     help="Live agent: its URL (the path defaults to /metrics/growpage); scraped twice."),
-    ] = None,
-    prometheus: Annotated[
-        str | None,
-        typer.Option(metavar="URL", rich_help_panel=_SOURCES, show_default=False,
-                     help="Prometheus base URL, e.g. http://prometheus:9090; PromQL over --since."),
-    ] = None,
+    files: Annotated[list[Path] | None, snapshot_files_argument()] = None,
+    endpoint: Annotated[str | None, endpoint_option("scraped twice.")] = None,
+    prometheus: Annotated[str | None, prometheus_option("PromQL over --since.")] = None,
     snapshot: Annotated[
-        list[Path] | None,
-        typer.Option(metavar="FILE", rich_help_panel=_SOURCES, show_default=False,
-                     help="Saved exposition(s) or a --bundle tarball; two or more give rates."),
+        list[Path] | None, snapshot_option(" or a --bundle tarball; two or more give rates."),
     ] = None,
     dcgm: Annotated[
         str | None,
@@ -112,9 +98,7 @@ def diagnose(
     [bold]gpctl diagnose --snapshot before.prom after.prom --output json[/bold]
     """
     try:
-        snapshots = tuple(snapshot or ()) + tuple(files or ())
-        if files and not snapshot:
-            raise DiagnoseError(f"unexpected argument {files[0]}: snapshot files go after --snapshot")
+        snapshots = snapshot_paths(snapshot, files, DiagnoseError)
         request = DiagnoseRequest(
             endpoint=endpoint, dcgm=dcgm, duration_s=parse_duration_s(duration, "--duration"),
             prometheus=prometheus, since_s=parse_duration_s(since, "--since"),

@@ -1,0 +1,56 @@
+"""The source options ``gpctl calibrate`` and ``gpctl diagnose`` share: a live agent, Prometheus, or
+saved snapshots (choose one).
+
+Declared once so both commands name, group and parse them alike; each command adds only what the
+source means for it (one scrape or two, rates or bucket increases).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from growpage import catalog
+from growpage.errors import GrowPageError
+
+SOURCES_PANEL = "Sources (choose one)"
+
+
+def snapshot_files_argument() -> Any:
+    """The files after ``--snapshot FILE``: a shell glob (``--snapshot snaps/*.prom``) expands to many."""
+    return typer.Argument(metavar="FILE", show_default=False,
+                          help="More snapshot files after --snapshot (so --snapshot snaps/*.prom works).")
+
+
+def endpoint_option(reads: str) -> Any:
+    """``--endpoint URL``; ``reads`` says what the command does with the agent."""
+    return typer.Option(metavar="URL", rich_help_panel=SOURCES_PANEL, show_default=False,
+                        help=f"Live agent (the path defaults to {catalog.METRICS_PATH}): {reads}")
+
+
+def prometheus_option(reads: str) -> Any:
+    """``--prometheus URL``; ``reads`` says what the command queries over ``--since``."""
+    return typer.Option(metavar="URL", rich_help_panel=SOURCES_PANEL, show_default=False,
+                        help=f"Prometheus base URL, e.g. http://prometheus:9090: {reads}")
+
+
+def snapshot_option(reads: str) -> Any:
+    """``--snapshot FILE`` (repeatable); ``reads`` says what the command makes of several."""
+    return typer.Option(metavar="FILE", rich_help_panel=SOURCES_PANEL, show_default=False,
+                        help=f"Saved {catalog.METRICS_PATH} exposition(s){reads}")
+
+
+def snapshot_paths(snapshot: Sequence[Path] | None, files: Sequence[Path] | None,
+                   error: type[GrowPageError] = GrowPageError) -> tuple[Path, ...]:
+    """Every snapshot file, ``--snapshot``'s first, in the order given.
+
+    Raises:
+        error: files without ``--snapshot`` (a stray argument, most likely a typo); the command
+            chooses the error type, since each maps its own to an exit code.
+    """
+    if files and not snapshot:
+        raise error(f"unexpected argument {files[0]}: snapshot files go after --snapshot")
+    return tuple(snapshot or ()) + tuple(files or ())
