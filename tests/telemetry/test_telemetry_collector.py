@@ -228,6 +228,12 @@ def test_demand_buckets_are_cumulative_and_end_at_inf():
     assert (buckets["1.0"], buckets["2.0"], buckets["4.0"], buckets["4096.0"], buckets["+Inf"]) == (1, 1, 3, 3, 4)
 
 
+def test_demand_p95_is_zero_with_nothing_running(manager):
+    gauges = manager.make_stats().gauges
+    assert gauges.capacity_boundaries == ()  # nothing admitted yet
+    assert collector.demand_p95(gauges) == 0.0
+
+
 def test_agent_active_says_which_component_runs_and_why_not(agent, manager):
     manager.stats.set_component_state("observer", "active")
     manager.stats.set_component_state("enforcer", "Full CUDA graph!")  # a free-text reason stays bounded

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from growpage import catalog
-from growpage.telemetry.collector import SAMPLE_READERS, percentile
+from growpage.telemetry.collector import SAMPLE_READERS
 from growpage.telemetry.state import HISTOGRAM_SAMPLES, CumulativeHistogram, LinkedExemplar, MetricState
 from support.factories import make_manager
 
@@ -69,9 +69,3 @@ def test_agent_errors_list_every_contract_component_and_add_telemetry_faults():
     errors = state.agent_errors({"collector": 2})
     assert set(catalog.ERROR_COMPONENTS) <= set(errors)
     assert errors["policy"] == 1 and errors["collector"] == 2 and errors["tracing"] == 0
-
-
-@pytest.mark.parametrize(("values", "expected"), [
-    ((), 0.0), ((7.0,), 7.0), ((1.0, 2.0), 1.95), (tuple(range(1, 101)), 95.05)])
-def test_percentile_interpolates_between_closest_ranks(values, expected):
-    assert percentile(values, 0.95) == pytest.approx(expected)

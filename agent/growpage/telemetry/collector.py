@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
@@ -22,6 +21,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from growpage import catalog
+from growpage.core.quantiles import percentile
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.telemetry.state import HistogramView, MetricView
 
@@ -47,20 +47,13 @@ class MetricSource(Protocol):
         """Count a fault caught by telemetry."""
 
 
-def percentile(values: Sequence[float], fraction: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); 0.0 for no values.
+def demand_p95(gauges: PoolGauges) -> float:
+    """The 95th percentile of running requests' capacity boundaries, in pages.
 
-    Args:
-        values: samples, any order.
-        fraction: in [0, 1], e.g. 0.95.
+    0 with nothing running: no KV demand, which autoscaling sums should see as 0, not as a gap.
     """
-    if not values:
-        return 0.0  # nothing running: no KV demand, which autoscaling sums should see as 0
-    ordered = sorted(values)
-    position = fraction * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    p95 = percentile(gauges.capacity_boundaries, 0.95)
+    return 0.0 if p95 is None else p95
 
 
 def _gauge(read: Callable[[PoolGauges], float]) -> Reader:
@@ -144,7 +137,7 @@ SAMPLE_READERS: dict[str, Reader] = {
     catalog.COMPRESS_OUTPUT_BYTES.name: _counter(lambda snapshot: snapshot.compress_output_bytes_total),
     catalog.ALLOCATIONS.name: _counter(lambda snapshot: snapshot.pages_allocated_total),
     catalog.DECISIONS.name: _decisions,
-    catalog.DEMAND_P95.name: _gauge(lambda gauges: percentile(gauges.capacity_boundaries, 0.95)),
+    catalog.DEMAND_P95.name: _gauge(demand_p95),
     catalog.DEMAND_PAGES.name: _gauge(lambda gauges: sum(gauges.capacity_boundaries)),
     catalog.DEMAND_REQUESTS.name: _demand_requests,
     catalog.COMPRESSION_RATIO.name: _gauge(lambda gauges: gauges.compression_ratio),

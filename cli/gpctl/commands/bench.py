@@ -171,14 +171,19 @@ def _print_comparison(result: dict) -> None:
                        "peak running", "answers"):
             table.add_column(column, justify="left" if column == "method" else "right")
         for r in result["serving"]["runs"]:
-            table.add_row(str(r["pool_pages"]), r["method"], f"{r['tokens_per_s']:.1f}", f"{r['itl_p50_ms']:.0f}",
-                          f"{r['itl_p99_ms']:.0f}", f"{r['queueing_p50_s']:.2f}", str(r["preemptions"]),
+            table.add_row(str(r["pool_pages"]), r["method"], f"{r['tokens_per_s']:.1f}", _fixed(r["itl_p50_ms"], 0),
+                          _fixed(r["itl_p99_ms"], 0), _fixed(r["queueing_p50_s"], 2), str(r["preemptions"]),
                           str(r["peak_running"]),
                           "—" if r.get("answer_agreement") is None else f"{r['answer_agreement']:.0%}")
         console.print(table)
         console.print(f"verdict: {json.dumps(result['serving']['verdict'])}")
     for plot in result.get("plots", []):
         console.print(f"plot: {plot}")
+
+
+def _fixed(value: float | None, digits: int) -> str:
+    """A table cell: the number, or a dash where the run had no samples of it."""
+    return "—" if value is None else f"{value:.{digits}f}"
 
 
 def _comparison_command(which: str):
