@@ -12,6 +12,7 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable
 
+from growpage.asgi import body_message, replay_first
 from growpage.engine.protocol import error_body
 from growpage.engine.server_settings import ServerCounters, ServerSettings
 
@@ -74,18 +75,8 @@ class GuardMiddleware:
             chunks.append(body)
             if not message.get("more_body", False):
                 break
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                if first_other is not None:
-                    return first_other
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        first = first_other if first_other is not None else body_message(b"".join(chunks))
+        await self.app(scope, replay_first(first, receive), send)
 
     async def _too_large(self, send: Callable, limit: int) -> None:
         self.counters.refuse("too_large")

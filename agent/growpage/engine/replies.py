@@ -13,11 +13,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
+from growpage.asgi import Receive
 from growpage.engine.async_engine import AsyncEngine, EngineFailure
 from growpage.engine.engine import RequestOutput
 from growpage.engine.protocol import error_body
@@ -26,8 +27,6 @@ from growpage.engine.server_settings import ServerCounters
 logger = logging.getLogger(__name__)
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class Disconnected:

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from growpage.asgi import body_message, replay_first
 from growpage.vllm_plugin.settings import MODE_ARG, NAMESPACE_ARG
 
 logger = logging.getLogger("vllm.growpage")
@@ -147,15 +148,5 @@ class NamespaceMiddleware:
             scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", ())
                                          if k.lower() != b"content-length"]
                          + [(b"content-length", str(len(body)).encode())])
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                if message.get("type") not in (None, "http.request"):
-                    return message
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        first = message if message.get("type") not in (None, "http.request") else body_message(body)
+        await self.app(scope, replay_first(first, receive), send)
