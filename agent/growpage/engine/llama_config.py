@@ -89,11 +89,6 @@ class LlamaConfig:
         if self.head_dim % 2:
             raise GrowPageError(f"model config: RoPE needs an even head_dim, got {self.head_dim}")
 
-    @property
-    def num_queries_per_kv(self) -> int:
-        """Query heads sharing one KV head (GQA group size)."""
-        return self.num_q_heads // self.num_kv_heads
-
     @classmethod
     def from_folder(cls, folder: Path) -> LlamaConfig:
         """Reads ``config.json`` (and ``generation_config.json`` for extra EOS tokens)."""
