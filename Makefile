@@ -40,7 +40,7 @@ bench-calibrate: setup
 	.venv/bin/gpctl bench calibration-trace --threads 1 --output docs/benchmarks/calibration-snapshot.prom
 	.venv/bin/gpctl calibrate --snapshot docs/benchmarks/calibration-snapshot.prom --output $(CALIBRATED)
 
-# The reference engine at the issue's scale, calibrated: 48 requests in a pool that fits about 8 at
+# The reference engine at full scale, calibrated: 48 requests in a pool that fits about 8 at
 # full KV, two seeds (one per core, side by side); every method and ablation in each run.
 SERVING_METHODS = --method growpage --method growpage_uncalibrated --method growpage_no_pressure \
 	--method growpage_no_quant --method snapkv --method zipage --method h2o --method streaming_llm

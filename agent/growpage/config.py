@@ -1,6 +1,6 @@
 """GrowPage configuration: one validated dataclass shared by every home.
 
-Defaults are the seed's numbers. Sources, later wins: defaults < file < ``GROWPAGE_*`` environment
+Defaults are the contract's reference values (docs/CORE.md). Sources, later wins: defaults < file < ``GROWPAGE_*`` environment
 variables < explicit overrides (e.g. vLLM's ``additional_config["growpage"]``).
 """
 
@@ -142,8 +142,9 @@ class GrowPageConfig:
     def lts_ema_decay(self) -> float:
         """Per-update decay of the LTS EMA, derived so its time constant is ``lts_window_steps``.
 
-        NOTE: the seed's 0.95 per 64-step update has a ~1,280-step time constant, not the 512
-        steps it describes; we keep the described window and derive the decay (0.875 by default).
+        The window is the quantity that means something to an operator (how far back "long-term"
+        reaches), so the decay follows from it: 0.875 per 64-step update for 512 steps by default.
+        A fixed decay such as 0.95 per update would silently stretch the window to ~1,280 steps.
         """
         return 1.0 - self.lts_update_interval_steps / self.lts_window_steps
 

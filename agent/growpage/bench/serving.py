@@ -185,8 +185,9 @@ def _rounded_percentile(values: Sequence[float], fraction: float, digits: int, s
 
 
 def verdict(runs: list[dict], method: str = "growpage", baseline: str = "full_kv") -> dict:
-    """The issue's target, read off the runs: at the largest pool where full KV preempts,
-    GrowPage's tokens/s ratio and whether its p99 ITL is no worse."""
+    """The serving target, read off the runs: at the largest pool where full KV preempts (the
+    pressure GrowPage exists for), its tokens/s ratio (the target is 2x) and whether its p99 ITL
+    is no worse."""
     by_pool: dict[int, dict[str, dict]] = {}
     for run in runs:
         by_pool.setdefault(run["pool_pages"], {})[run["method"]] = run
