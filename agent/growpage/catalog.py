@@ -295,6 +295,7 @@ VLLM_METRICS = (VLLM_KV_CACHE_USAGE, VLLM_PREEMPTIONS, VLLM_REQUESTS_RUNNING, VL
 # Runbook page (under RUNBOOK_BASE_URL) for each ``gpctl diagnose`` check id. Stable names owned by
 # diagnose; the lead reconciles them with the alert runbooks (runbooks/<AlertName>.md).
 CHECK_RUNBOOKS = {
+    "vllm-latency": "GrowPageVLLMTimeToFirstTokenFastBurn.md",
     "slo-utilization": "GrowPageKVUtilizationLow.md",
     "slo-compress-ratio": "GrowPageCompressRatioLow.md",
     "slo-allocation-latency": "GrowPageAllocationLatencySlowBurn.md",
@@ -345,6 +346,7 @@ class AlertDurations:
     agent_errors: str = "15m"
     growth_throttled: str = "30m"
     agent_inactive: str = "10m"
+    vllm_preemptions: str = "15m"
 
 
 # Windows of the rules (ratios over increases). The compress ratio reads an hour: compressions come
@@ -367,6 +369,8 @@ class BurnRateWindow:
     long_window: str
     short_window: str
     factor: float
+    # Each pair waits its own time: a short pair reacts in minutes, a long one needs longer to mean it.
+    for_duration: str = "0m"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,10 +386,10 @@ class BurnRateAlert:
 ALLOCATION_LATENCY_BURN_RATE_ALERTS = (
     # 2 % of a 30-day budget in 1 h, or 5 % in 6 h: someone should look now.
     BurnRateAlert("fast", SEVERITY_PAGE, "2m",
-                  (BurnRateWindow("1h", "5m", 14.4), BurnRateWindow("6h", "30m", 6.0))),
+                  (BurnRateWindow("1h", "5m", 14.4, "2m"), BurnRateWindow("6h", "30m", 6.0, "15m"))),
     # 10 % in 1 day, or 10 % in 3 days: a ticket for working hours.
     BurnRateAlert("slow", SEVERITY_TICKET, "1h",
-                  (BurnRateWindow("1d", "2h", 3.0), BurnRateWindow("3d", "6h", 1.0))),
+                  (BurnRateWindow("1d", "2h", 3.0, "1h"), BurnRateWindow("3d", "6h", 1.0, "3h"))),
 )
 SLO_COMPLIANCE_WINDOW = "30d"  # the window an error budget is counted over (dashboards)
 # SLOs are kept per service, not per pod: a replaced pod must not take its error budget with it.
@@ -403,3 +407,88 @@ DCGM_EXPORTED_LABELS = {"namespace": "exported_namespace", "pod": "exported_pod"
 # the counter's rate, so it is named as a rate (not after the counter's _total).
 HPA_TARGET_ALLOCATIONS_PER_POD_PER_S = 1200
 HPA_METRIC = "growpage_kv_page_allocations_per_second"
+
+
+# --- What vLLM users feel: vLLM's own latency histograms, read as SLOs the GrowPage kit pages on ---
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencySLO:
+    """A latency objective on one of vLLM's histograms: ``objective`` of observations <= ``threshold_s``.
+
+    ``threshold_s`` must be one of vLLM's bucket bounds, so the good share is an exact bucket, not an
+    interpolation (vLLM 0.32's defaults: TTFT has 2.5, inter-token latency has 0.1).
+    """
+
+    name: str
+    histogram: str
+    threshold_s: float
+    objective: float
+    description: str
+
+
+SLO_VLLM_TTFT = LatencySLO("vllm_time_to_first_token", VLLM_TTFT, 2.5, 0.99,
+                           "99 % of requests get their first token within 2.5 s.")
+SLO_VLLM_ITL = LatencySLO("vllm_inter_token_latency", VLLM_ITL, 0.1, 0.99,
+                          "99 % of decode steps emit the next token within 100 ms.")
+VLLM_LATENCY_SLOS = (SLO_VLLM_TTFT, SLO_VLLM_ITL)
+# Preemptions a pod may take before it is worth a ticket: sustained over RATE_WINDOW, per second.
+VLLM_PREEMPTIONS_PER_S_HIGH = 0.05
+# vLLM's queue "grows" when it is longer at the end of this window than at its start.
+VLLM_QUEUE_GROWTH_WINDOW = "10m"
+
+# Modes in which GrowPage's own alerts mean something (growpage_build_info{mode}). Off: nothing is
+# observed, so nothing GrowPage says about the pod can page. Enforce: only then does GrowPage change
+# the KV (compressions, growth throttling).
+MODES_OBSERVING = ("monitor", "enforce")
+MODES_ENFORCING = ("enforce",)
+# Homes (growpage_build_info{home}) where base_pages is an admission grant. Inside vLLM pages are
+# granted on demand (pages_reserved is 0, granted equals used) and base_pages is a compaction floor,
+# so low utilization there is slack inside written pages, not over-granting.
+HOMES_GRANTING_BASE_PAGES = ("reference",)
+
+
+# --- Severity: one table read by the alert rules, gpctl diagnose and the runbooks ---
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """A condition the kit reports, the alert that fires on it and the diagnose check that finds it.
+
+    Attributes:
+        alert: the alertname (and runbook file name).
+        check: the ``gpctl diagnose`` check id whose finding names this alert when it holds.
+        severity: SEVERITY_PAGE or SEVERITY_TICKET; the alert's ``severity`` label, the diagnose
+            finding's status and severity, and the runbook's severity line.
+    """
+
+    alert: str
+    check: str
+    severity: str
+
+
+SEVERITY_TABLE: tuple[Condition, ...] = (
+    # Pages: what users of the vLLM pod feel, and a pod that is gone.
+    Condition("GrowPageVLLMTimeToFirstTokenFastBurn", "vllm-latency", SEVERITY_PAGE),
+    Condition("GrowPageVLLMInterTokenLatencyFastBurn", "vllm-latency", SEVERITY_PAGE),
+    Condition("GrowPageKVPagesStranded", "oom-fragmentation", SEVERITY_PAGE),
+    Condition("GrowPageAgentDown", "agent-health", SEVERITY_PAGE),
+    # Tickets: capacity wasted or at risk, GrowPage's own objectives, the agent's health.
+    Condition("GrowPageVLLMTimeToFirstTokenSlowBurn", "vllm-latency", SEVERITY_TICKET),
+    Condition("GrowPageVLLMInterTokenLatencySlowBurn", "vllm-latency", SEVERITY_TICKET),
+    Condition("GrowPageVLLMPreemptions", "oom-fragmentation", SEVERITY_TICKET),
+    Condition("GrowPageFragmentationHigh", "oom-fragmentation", SEVERITY_TICKET),
+    Condition("GrowPageKVUtilizationLow", "slo-utilization", SEVERITY_TICKET),
+    Condition("GrowPageKVOverGranting", "over-granting", SEVERITY_TICKET),
+    Condition("GrowPageCompressRatioLow", "slo-compress-ratio", SEVERITY_TICKET),
+    # Grant latency is a cause: the user-facing burn pages (TTFT, inter-token latency), this tickets.
+    Condition("GrowPageAllocationLatencyFastBurn", "slo-allocation-latency", SEVERITY_TICKET),
+    Condition("GrowPageAllocationLatencySlowBurn", "slo-allocation-latency", SEVERITY_TICKET),
+    Condition("GrowPageAllocationLatencyHigh", "allocation-latency", SEVERITY_TICKET),
+    Condition("GrowPageGrowthThrottled", "rollout", SEVERITY_TICKET),
+    Condition("GrowPageMetricsAbsent", "agent-health", SEVERITY_TICKET),
+    Condition("GrowPageAgentErrors", "agent-health", SEVERITY_TICKET),
+    Condition("GrowPageAgentInactive", "agent-health", SEVERITY_TICKET),
+)
+SEVERITY_BY_ALERT = {condition.alert: condition.severity for condition in SEVERITY_TABLE}
+CHECK_BY_ALERT = {condition.alert: condition.check for condition in SEVERITY_TABLE}

@@ -54,10 +54,10 @@ def _bucket_share(bound: float, typical: float) -> float:
 
 
 def _series(spec: MetricSpec, labels: dict[str, str], seconds: float, mode: str,
-            gauges: Mapping[str, float]) -> Iterator[tuple[str, dict[str, str], float]]:
+            gauges: Mapping[str, float], home: str = "vllm") -> Iterator[tuple[str, dict[str, str], float]]:
     """(sample name, labels, value) of one metric of one pod at ``seconds`` since the start."""
     if spec.type is MetricType.INFO:
-        info = {"version": "0.1.0", "home": "vllm", "home_version": catalog.MIN_SUPPORTED_VLLM_VERSION,
+        info = {"version": "0.1.0", "home": home, "home_version": catalog.MIN_SUPPORTED_VLLM_VERSION,
                 "mode": mode, "block_size": "16", "base_pages": "128", "device": "cuda"}
         assert set(info) == set(spec.exported_labels)
         yield spec.name, {**labels, **info}, 1.0
@@ -162,13 +162,17 @@ def _vllm_history(times: list[float]) -> list[str]:
     return lines
 
 
-def exposition(gauges: Mapping[str, float] | None = None, mode: str = "enforce", seconds: float = 600.0) -> str:
-    """One scrape of one agent in the Prometheus text format (namespace/pod come from the scrape)."""
+def exposition(gauges: Mapping[str, float] | None = None, mode: str = "enforce", seconds: float = 600.0,
+               home: str = "vllm") -> str:
+    """One scrape of one agent in the Prometheus text format (namespace/pod come from the scrape).
+
+    ``home`` is the build info's engine: over-granting means something only where base_pages is an
+    admission grant (the reference engine)."""
     values = {**GAUGE_VALUES, **(gauges or {})}
     lines: list[str] = []
     for spec in catalog.METRICS:
         family, kind = _family(spec)
         lines += [f"# HELP {family} {spec.help}", f"# TYPE {family} {kind}"]
-        for name, labels, value in _series(spec, {catalog.MODEL_LABEL: MODEL}, seconds, mode, values):
+        for name, labels, value in _series(spec, {catalog.MODEL_LABEL: MODEL}, seconds, mode, values, home):
             lines.append(f"{name}{_labels_text(labels)} {value}")
     return "\n".join(lines) + "\n"

@@ -78,7 +78,7 @@ def test_over_granting_makes_one_ticket_with_runbook_and_inhibits_the_slo_ticket
     rules = tmp_path / "rules.yaml"
     rules.write_text(dump_yaml({"groups": rule_groups(for_override="2s")}))  # test variant: short for:
     body = exposition({catalog.UTILIZATION.name: 0.3, catalog.LIVE_TOKENS.name: 12_000.0,
-                       catalog.GRANTED_TOKEN_SLOTS.name: 40_000.0})
+                       catalog.GRANTED_TOKEN_SLOTS.name: 40_000.0}, home="reference")
     with breaching_target(body) as target, webhook_receiver() as (receiver_url, received):
         config = alertmanager_config({PAGER_RECEIVER: f"{receiver_url}/pager",
                                       TICKET_RECEIVER: f"{receiver_url}/ticket"}, FAST)

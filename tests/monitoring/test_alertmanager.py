@@ -105,13 +105,16 @@ def test_alertmanager_inhibits_each_pair_only_where_the_equal_labels_match(alert
 
 def test_one_latency_incident_pages_once(alertmanager):
     namespace = "latency-incident"
+    ttft, itl = "GrowPageVLLMTimeToFirstTokenFastBurn", "GrowPageVLLMInterTokenLatencyFastBurn"
     fast, high = "GrowPageAllocationLatencyFastBurn", "GrowPageAllocationLatencyHigh"
-    _post(alertmanager, _alert(fast, namespace=namespace, pod=None), _alert(high, namespace=namespace))
-    state = wait_until(lambda: (found := _inhibited(alertmanager)).get((high, namespace)) and found, 10,
-                       what="the p99 ticket to wait behind the fast-burn page")
+    _post(alertmanager, _alert(ttft, namespace=namespace, pod=None), _alert(itl, namespace=namespace, pod=None),
+          _alert(fast, namespace=namespace, pod=None), _alert(high, namespace=namespace))
+    state = wait_until(lambda: (found := _inhibited(alertmanager)).get((high, namespace))
+                       and found.get((itl, namespace)) and found, 10,
+                       what="the inter-token page and the p99 ticket to wait behind the first page")
     loud_pages = [name for (name, ns), inhibited in state.items()
                   if ns == namespace and not inhibited and SEVERITY[name] == catalog.SEVERITY_PAGE]
-    assert loud_pages == [fast]
+    assert loud_pages == [ttft]
 
 
 def test_receivers_are_placeholder_webhooks_and_grouping_is_per_pod():

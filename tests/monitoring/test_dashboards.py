@@ -126,7 +126,7 @@ def test_troubleshooting_reads_growpage_next_to_vllm_and_dcgm():
     for name in (catalog.VLLM_KV_CACHE_USAGE, catalog.VLLM_REQUESTS_WAITING, catalog.VLLM_PREEMPTIONS,
                  f"{catalog.VLLM_TTFT}_bucket", f"{catalog.VLLM_ITL}_bucket"):
         assert name in exprs, name
-    assert "namespace_pod:gpu_utilization:ratio" in exprs
+    assert "namespace_pod_model_name:gpu_utilization:ratio" in exprs
     # vLLM's series are another job: they are filtered by the pod and model_name, never by $job.
     for query in panel_queries(board):
         if "vllm:" in query.expr:

@@ -1,8 +1,15 @@
-"""Alerting rules generated from the catalog: the three SLOs and the seed's troubleshooting checklist.
+"""Alerting rules generated from the catalog: what vLLM users feel, GrowPage's SLOs and its checklist.
 
-SLO alerts are per service (namespace, model_name) across its pods; checklist alerts are per pod.
-Every alert carries ``severity`` (critical pages, warning makes a ticket), ``summary``,
-``description`` (with the exact ``gpctl diagnose`` command for the alerting pod) and ``runbook_url``.
+Pages are few and about users: vLLM's own time to first token and inter-token latency burning
+their error budgets, requests preempted while KV pages sit stranded, and a pod whose process is
+gone. Everything else is a ticket. GrowPage's own alerts hold only in the modes where they mean
+something (``growpage_build_info{mode}``): nothing in mode off, compression and growth only in
+enforce; and capacity alerts read each home's semantics (``growpage_build_info{home}``).
+Severities come from ``catalog.SEVERITY_TABLE``, which ``gpctl diagnose`` and the runbooks read too.
+
+SLO alerts are per service (namespace, model_name) across its pods; the others are per pod. Every
+alert carries ``severity``, ``summary``, ``description`` (with the exact ``gpctl diagnose`` command)
+and ``runbook_url``.
 """
 
 from __future__ import annotations
@@ -10,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from growpage import catalog
-from growpage.config import GrowPageConfig
 from growpage.monitoring import recording_rules as rec
+from growpage.monitoring.mixin import DEFAULT_CONFIG
 from growpage.monitoring.promql import selector
 
 SLO_ERROR_BUDGET = round(1 - catalog.SLO_ALLOCATION_LATENCY.objective, 10)  # 0.01
@@ -25,8 +32,8 @@ _DIAGNOSE = ("Run: gpctl diagnose --prometheus {{ $externalURL }} --since 30m "
 _DIAGNOSE_SERVICE = "Run: gpctl diagnose --prometheus {{ $externalURL }} --since 1h --namespace {{ $labels.namespace }}"
 _PERCENT = "{{ $value | humanizePercentage }}"
 _BLOCK_SIZES = ", ".join(f"{gpu} {size}" for gpu, size in catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU.items())
-_BASE_PAGES = GrowPageConfig().base_pages
-_POD_ON = "on (namespace, pod)"  # vLLM may name the model differently: join on the pod
+_POD_JOIN = ", ".join(DEFAULT_CONFIG.pod_join)  # vLLM may name the model differently: join on the pod
+_SERVICE_JOIN = ", ".join(DEFAULT_CONFIG.slo_labels)
 
 
 def _pct(ratio: float) -> str:
@@ -37,36 +44,57 @@ def _pct(ratio: float) -> str:
 class AlertRule:
     """One Prometheus alerting rule plus what the runbook and the tests need to know about it.
 
+    Burn-rate alerts are one rule per window pair under one alertname: each pair has its own
+    ``for`` and carries ``long_window``/``short_window`` labels, so a page says which pair burned.
+
     Attributes:
-        name: the alertname; also the runbook's file name.
+        name: the alertname; also the runbook's file name. Its severity comes from
+            ``catalog.SEVERITY_TABLE``, the table diagnose and the runbooks read too.
         expr: PromQL; the alert fires for every series it returns for ``for_duration``.
         for_duration: Prometheus ``for:``.
-        severity: catalog.SEVERITY_PAGE or catalog.SEVERITY_TICKET.
         summary, description: annotations (Prometheus templates).
         dashboard_panel: title of the Troubleshooting dashboard panel to look at.
+        labels: labels besides ``severity`` (the window pair of a burn-rate rule).
+        growpage_view: an annotation naming GrowPage's own series for the alert's pod or service,
+            on alerts that page on what vLLM users feel.
     """
 
     name: str
     expr: str
     for_duration: str
-    severity: str
     summary: str
     description: str
     dashboard_panel: str
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    growpage_view: str = ""
+
+    @property
+    def severity(self) -> str:
+        return catalog.SEVERITY_BY_ALERT[self.name]
 
     @property
     def runbook_url(self) -> str:
-        return f"{catalog.RUNBOOK_BASE_URL}/{self.name}.md"
+        return runbook_url(self.name)
+
+    def annotations(self) -> dict[str, str]:
+        notes = {"summary": self.summary, "description": self.description, "runbook_url": self.runbook_url}
+        if self.growpage_view:
+            notes["growpage_view"] = self.growpage_view
+        return notes
 
     def to_dict(self, for_override: str | None = None) -> dict:
         return {
             "alert": self.name,
             "expr": self.expr,
             "for": for_override or self.for_duration,
-            "labels": {"severity": self.severity},
-            "annotations": {"summary": self.summary, "description": self.description,
-                            "runbook_url": self.runbook_url},
+            "labels": {"severity": self.severity, **self.labels},
+            "annotations": self.annotations(),
         }
+
+
+def runbook_url(alert: str) -> str:
+    """The runbook page of ``alert``, from the mixin config's URL pattern."""
+    return DEFAULT_CONFIG.runbook_url(alert)
 
 
 # Titles of Troubleshooting dashboard panels, shared with growpage.monitoring.dashboards.
@@ -80,6 +108,25 @@ PANEL_THROTTLED = "Growth throttled share"
 PANEL_ERRORS = "Agent errors by component"
 PANEL_SCRAPE = "Scrape health (up)"
 PANEL_ACTIVE = "Agent components active"
+PANEL_VLLM_LATENCY = "vLLM time to first token / inter-token latency p99"
+PANEL_VLLM_PREEMPTIONS = "vLLM preemptions per second"
+
+
+def in_modes(expr: str, modes: tuple[str, ...], on: str = _POD_JOIN, homes: tuple[str, ...] = ()) -> str:
+    """``expr`` kept only where GrowPage runs in one of ``modes`` (and, given ``homes``, in one of them).
+
+    The join reads ``growpage_build_info``, which the agent serves from start-up in every mode: a pod
+    in mode off keeps exporting it and is left out here, never paged for.
+    """
+    matchers = [f'mode=~"{"|".join(modes)}"']
+    if homes:
+        matchers.append(f'home=~"{"|".join(homes)}"')
+    build_info = selector(catalog.BUILD_INFO.name, ", ".join(matchers))
+    return f"{expr}\nand on ({on})\nmax by ({on}) ({build_info})"
+
+
+def _observing(expr: str, on: str = _POD_JOIN) -> str:
+    return in_modes(expr, catalog.MODES_OBSERVING, on)
 
 
 def _running(expr: str, level: str = rec.POD_LEVEL) -> str:
@@ -88,26 +135,47 @@ def _running(expr: str, level: str = rec.POD_LEVEL) -> str:
     return f"{expr}\nand on ({level})\n{running}"
 
 
+def _view(level: str) -> str:
+    """GrowPage's side of a page about vLLM's users: the series that say whether GrowPage can help.
+
+    Compression headroom (page boundaries GrowPage resolved, or in monitor would resolve, by
+    compressing instead of growing), growth GrowPage denied for want of pages, and the share of
+    granted token slots that hold no live token (stranded).
+    """
+    where = ('{namespace="{{ $labels.namespace }}", pod="{{ $labels.pod }}"}' if level == "pod"
+             else '{namespace="{{ $labels.namespace }}"}')
+    return (f"GrowPage's view (Troubleshooting dashboard; in mode monitor, what enforce would do): "
+            f"compression headroom {rec.COMPRESS_DECISIONS_RATE}{where}, denied growth "
+            f"{rec.DENIED_RATE}{where}, stranded token slots {rec.STRANDED_SLOTS}{where}.")
+
+
 def _utilization_alerts() -> list[AlertRule]:
     slo, low = catalog.SLO_UTILIZATION.objective, catalog.CHECKLIST.utilization_sustained_low
+    homes = ", ".join(catalog.HOMES_GRANTING_BASE_PAGES)
     return [
         AlertRule(
-            "GrowPageKVUtilizationLow", _running(f"{rec.UTILIZATION_SLO} < {slo}", rec.SLO_LEVEL),
-            catalog.ALERT_FOR.utilization_below_slo, catalog.SEVERITY_TICKET,
+            "GrowPageKVUtilizationLow",
+            _observing(_running(f"{rec.UTILIZATION_SLO} < {slo}", rec.SLO_LEVEL), _SERVICE_JOIN),
+            catalog.ALERT_FOR.utilization_below_slo,
             f"KV page utilization below the {_pct(slo)} SLO",
             f"{_SERVICE}: live KV tokens fill {_PERCENT} of the granted page slots (SLO >= {_pct(slo)}) "
-            f"for {catalog.ALERT_FOR.utilization_below_slo}. Granted pages sit reserved but empty; "
-            f"base_pages may be too large for this traffic. {_DIAGNOSE_SERVICE}",
+            f"for {catalog.ALERT_FOR.utilization_below_slo}. In the reference engine granted pages sit "
+            f"reserved but empty (base_pages may be too large); inside vLLM pages are granted on demand, "
+            f"so the empty slots are tail slack and eviction holes. {_DIAGNOSE_SERVICE}",
             PANEL_UTILIZATION),
         # A ticket, not a page: over-granting wastes capacity but fails no request by itself. When
         # the waste does strand pages and requests get preempted, GrowPageKVPagesStranded pages.
+        # Only where base_pages is an admission grant: inside vLLM it is a compaction floor.
         AlertRule(
-            "GrowPageKVOverGranting", _running(f"{rec.UTILIZATION_POD} < {low}"),
-            catalog.ALERT_FOR.utilization_sustained_low, catalog.SEVERITY_TICKET,
+            "GrowPageKVOverGranting",
+            in_modes(_running(f"{rec.UTILIZATION_POD} < {low}"), catalog.MODES_OBSERVING,
+                     homes=catalog.HOMES_GRANTING_BASE_PAGES),
+            catalog.ALERT_FOR.utilization_sustained_low,
             f"KV page utilization below {_pct(low)} for {catalog.ALERT_FOR.utilization_sustained_low}",
             f"{_WHERE}: live KV tokens fill only {_PERCENT} of the granted page slots for "
-            f"{catalog.ALERT_FOR.utilization_sustained_low}: base_pages is too large (default {_BASE_PAGES}) or "
-            f"requests are mostly short, and the pool admits fewer requests than it could. {_DIAGNOSE}",
+            f"{catalog.ALERT_FOR.utilization_sustained_low}: base_pages is too large for this traffic or "
+            f"requests are mostly short, and the pool admits fewer requests than it could (homes where "
+            f"base_pages is an admission grant: {homes}). {_DIAGNOSE}",
             PANEL_UTILIZATION),
     ]
 
@@ -116,8 +184,9 @@ def _compress_alert() -> AlertRule:
     target = catalog.SLO_COMPRESS_RATIO.objective
     window = catalog.COMPRESS_RATIO_RULE_WINDOW
     return AlertRule(
-        "GrowPageCompressRatioLow", f"{rec.COMPRESS_RATIO} < {target}",
-        catalog.ALERT_FOR.compress_ratio_below_slo, catalog.SEVERITY_TICKET,
+        "GrowPageCompressRatioLow",
+        in_modes(f"{rec.COMPRESS_RATIO} < {target}", catalog.MODES_ENFORCING, _SERVICE_JOIN),
+        catalog.ALERT_FOR.compress_ratio_below_slo,
         f"Compressions return less than {target:g}x",
         f"{_SERVICE}: compressions of the last {window} turn {{{{ $value | humanize }}}} bytes into 1 (SLO >= "
         f"{target:g}x, scales included), and have for {catalog.ALERT_FOR.compress_ratio_below_slo}. INT8 "
@@ -126,39 +195,76 @@ def _compress_alert() -> AlertRule:
         PANEL_COMPRESS)
 
 
-def burn_rate_alert_name(speed: str) -> str:
-    return f"GrowPageAllocationLatency{speed.title()}Burn"
+def burn_rate_alert_name(speed: str, slo: str = "AllocationLatency") -> str:
+    return f"GrowPage{slo}{speed.title()}Burn"
 
 
-def _burn_rate_alerts() -> list[AlertRule]:
-    threshold_ms = f"{catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S * 1000:g} ms"
-    alerts = []
+# vLLM SLO -> the alertname stem of its burn-rate alerts.
+VLLM_SLO_ALERT_STEMS = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken",
+                        catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency"}
+
+
+def _burn_rules(stem: str, error_ratio, objective: float, summary: str, description: str, panel: str,
+                view: str = "", scope=lambda expr: expr) -> list[AlertRule]:
+    """One rule per burn-rate window pair, each with its ``for`` and its window labels.
+
+    Args:
+        error_ratio: window -> the recording rule of the error ratio over it.
+        scope: wraps the pair's condition (a mode join), where the ratios do not filter already.
+    """
+    budget = round(1 - objective, 10)
+    rules = []
     for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
-        branches = []
         for burn in alert.windows:
-            limit = f"({burn.factor:g} * {SLO_ERROR_BUDGET:g})"
-            branches.append(f"(\n  {rec.slo_error_ratio_name(burn.long_window)} > {limit}\n"
-                            f"and\n  {rec.slo_error_ratio_name(burn.short_window)} > {limit}\n)")
-        windows = " or ".join(f"{b.long_window} and {b.short_window} at {b.factor:g}x"
-                              for b in alert.windows)
-        alerts.append(AlertRule(
-            burn_rate_alert_name(alert.speed), "\nor\n".join(branches), alert.for_duration,
-            alert.severity,
-            f"Page allocation latency burns its error budget too fast ({alert.speed} burn)",
-            f"{_SERVICE}: {_PERCENT} of page grants over the long window took longer than {threshold_ms} "
-            f"(SLO: {_pct(catalog.SLO_ALLOCATION_LATENCY.objective)} under {threshold_ms}, error budget "
-            f"{_pct(SLO_ERROR_BUDGET)}); budget burn over {windows} the sustainable rate. {_DIAGNOSE_SERVICE}",
-            PANEL_BURN_RATE))
-    return alerts
+            limit = f"({burn.factor:g} * {budget:g})"
+            expr = scope(f"{error_ratio(burn.long_window)} > {limit}\n"
+                         f"and\n{error_ratio(burn.short_window)} > {limit}")
+            windows = f"{burn.long_window} and {burn.short_window} at {burn.factor:g}x"
+            rules.append(AlertRule(
+                burn_rate_alert_name(alert.speed, stem), expr, burn.for_duration,
+                f"{summary} ({alert.speed} burn)",
+                f"{_SERVICE}: {_PERCENT} of {description}; the error budget ({_pct(budget)}) burns over "
+                f"{windows} the sustainable rate. {_DIAGNOSE_SERVICE}",
+                panel, {"long_window": burn.long_window, "short_window": burn.short_window}, view))
+    return rules
+
+
+def _allocation_burn_alerts() -> list[AlertRule]:
+    threshold_ms = f"{catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S * 1000:g} ms"
+
+    return _burn_rules(
+        "AllocationLatency", rec.slo_error_ratio_name, catalog.SLO_ALLOCATION_LATENCY.objective,
+        "Page allocation latency burns its error budget too fast",
+        f"page grants over the long window took longer than {threshold_ms} "
+        f"(SLO: {_pct(catalog.SLO_ALLOCATION_LATENCY.objective)} under {threshold_ms}). Grant latency "
+        "is a cause: the user-facing pages are vLLM's time to first token and inter-token latency",
+        PANEL_BURN_RATE, scope=lambda expr: _observing(expr, _SERVICE_JOIN))
+
+
+def vllm_latency_alerts() -> list[AlertRule]:
+    """What vLLM's users feel, on pods where GrowPage runs: TTFT and inter-token latency burns.
+
+    The error ratios count only pods whose GrowPage is in monitor or enforce (the recording rules
+    join on growpage_build_info), so a pod in mode off never pages the GrowPage rotation.
+    """
+    rules = []
+    for slo in catalog.VLLM_LATENCY_SLOS:
+        what = "time to first token" if slo is catalog.SLO_VLLM_TTFT else "inter-token latency"
+        rules += _burn_rules(
+            VLLM_SLO_ALERT_STEMS[slo.name], lambda window, name=slo.name: rec.vllm_error_ratio_name(name, window),
+            slo.objective, f"vLLM {what} burns its error budget too fast",
+            f"requests over the long window had a {what} above {slo.threshold_s:g} s (vLLM's "
+            f"{slo.histogram}; SLO: {_pct(slo.objective)} within {slo.threshold_s:g} s)",
+            PANEL_VLLM_LATENCY, _view("service"))
+    return rules
 
 
 def _latency_alert() -> AlertRule:
-    # A ticket naming the pod and the likely cause; the page for a latency incident is the fast
-    # burn, which silences this one (Alertmanager inhibition), so one incident pages once.
+    # A ticket naming the pod and the likely cause.
     limit_s = catalog.CHECKLIST.allocation_latency_p99_critical_s
     return AlertRule(
-        "GrowPageAllocationLatencyHigh", f"{rec.ALLOCATION_P99} > {limit_s}",
-        catalog.ALERT_FOR.allocation_latency_p99_high, catalog.SEVERITY_TICKET,
+        "GrowPageAllocationLatencyHigh", _observing(f"{rec.ALLOCATION_P99} > {limit_s}"),
+        catalog.ALERT_FOR.allocation_latency_p99_high,
         f"Page allocation p99 above {limit_s * 1000:g} ms",
         f"{_WHERE}: p99 page allocation latency is {{{{ $value | humanizeDuration }}}} "
         f"(> {limit_s * 1000:g} ms) for {catalog.ALERT_FOR.allocation_latency_p99_high}; decode steps "
@@ -171,8 +277,8 @@ def _fragmentation_alert() -> AlertRule:
     high, free_max = catalog.CHECKLIST.fragmentation_high, catalog.CHECKLIST.fragmentation_pool_free_max
     return AlertRule(
         "GrowPageFragmentationHigh",
-        f"{rec.FRAGMENTATION_POD} > {high}\nand {_POD_ON}\n{rec.POOL_FREE} < {free_max}",
-        catalog.ALERT_FOR.fragmentation_high, catalog.SEVERITY_TICKET,
+        _observing(f"{rec.FRAGMENTATION_POD} > {high}\nand on ({_POD_JOIN})\n{rec.POOL_FREE} < {free_max}"),
+        catalog.ALERT_FOR.fragmentation_high,
         f"Page table fragmentation above {_pct(high)} while the pool runs short",
         f"{_WHERE}: {_PERCENT} of the token slots in written pages hold no live token (tail slack and "
         f"eviction holes) for {catalog.ALERT_FOR.fragmentation_high}, while fewer than {_pct(free_max)} of "
@@ -181,71 +287,95 @@ def _fragmentation_alert() -> AlertRule:
 
 
 def _stranded_alert() -> AlertRule:
-    """Requests fail (OOM, preemption) because pages are stranded, not because the GPU is full.
+    """Requests fail (OOM, preemption) because pages are stranded, not because the KV is full.
 
     Read inside the KV pool, where the failure happens: the framebuffer is no signal on vLLM, which
-    reserves its KV cache at start-up and so always looks ~90 % full.
+    reserves its KV cache at start-up and so always looks ~90 % full. vLLM's own symptom (its KV
+    cache usage at 98 % or more while its queue grows) counts only together with stranded slots:
+    without them the KV is genuinely full, which is capacity, not GrowPage.
     """
-    level, checklist = rec.POD_LEVEL, catalog.CHECKLIST
+    level, join, checklist = rec.POD_LEVEL, _POD_JOIN, catalog.CHECKLIST
     increase = f"sum by ({level}) (increase({{}}[{OOM_WINDOW}])) > 0"
     failures = [increase.format(catalog.OOM_EVENTS.name),
                 increase.format(selector(catalog.DECISIONS.name, decision="preempt")),
                 increase.format(catalog.VLLM_PREEMPTIONS)]
-    no_free_page = [f"min_over_time({rec.POOL_FREE}[{OOM_WINDOW}]) <= {checklist.pool_free_low}",
-                    f"max by ({level}) (max_over_time({catalog.VLLM_KV_CACHE_USAGE}[{OOM_WINDOW}])) "
-                    f">= {checklist.vllm_kv_cache_usage_full}"]
+    queue = catalog.VLLM_QUEUE_GROWTH_WINDOW
+    vllm_full = (f"(\n    max by ({join}) (max_over_time({catalog.VLLM_KV_CACHE_USAGE}[{OOM_WINDOW}])) "
+                 f">= {checklist.vllm_kv_cache_usage_full}\n  and on ({join})\n"
+                 f"    sum by ({join}) (delta({catalog.VLLM_REQUESTS_WAITING}[{queue}])) > 0\n  )")
+    no_free_page = [f"min_over_time({rec.POOL_FREE}[{OOM_WINDOW}]) <= {checklist.pool_free_low}", vllm_full]
     stranded = f"max_over_time({rec.STRANDED_SLOTS}[{OOM_WINDOW}]) >= {checklist.stranded_slots_high}"
-    expr = (f"(\n  {(chr(10) + 'or' + chr(10) + '  ').join(failures)}\n)\nand {_POD_ON}\n"
-            f"(\n  {(chr(10) + 'or' + chr(10) + '  ').join(no_free_page)}\n)\nand {_POD_ON}\n{stranded}")
+    expr = (f"(\n  {(chr(10) + 'or' + chr(10) + '  ').join(failures)}\n)\nand on ({join})\n"
+            f"(\n  {(chr(10) + 'or' + chr(10) + '  ').join(no_free_page)}\n)\nand on ({join})\n{stranded}")
     return AlertRule(
-        "GrowPageKVPagesStranded", expr, catalog.ALERT_FOR.kv_pages_stranded, catalog.SEVERITY_PAGE,
+        "GrowPageKVPagesStranded", _observing(expr), catalog.ALERT_FOR.kv_pages_stranded,
         "Requests preempted while KV pages sit stranded",
         f"{_WHERE}: {{{{ $value | humanize }}}} OOM events or preemptions in the last {OOM_WINDOW}, while the "
         f"KV pool had no free page (GrowPage's pool at most {_pct(checklist.pool_free_low)} free, or vLLM's "
-        f"kv_cache_usage_perc at least {_pct(checklist.vllm_kv_cache_usage_full)}) and at least "
-        f"{_pct(checklist.stranded_slots_high)} of the granted token slots held no live token: pages are lost "
-        f"to reserved-but-empty grants and slack, not to a full GPU. {_DIAGNOSE}",
-        PANEL_OOM)
+        f"kv_cache_usage_perc at least {_pct(checklist.vllm_kv_cache_usage_full)} with its queue growing "
+        f"over {queue}) and at least {_pct(checklist.stranded_slots_high)} of the granted token slots held "
+        f"no live token: pages are lost to slack and empty grants, not to a full KV cache. {_DIAGNOSE}",
+        PANEL_OOM, growpage_view=_view("pod"))
+
+
+def _preemption_alert() -> AlertRule:
+    per_s = catalog.VLLM_PREEMPTIONS_PER_S_HIGH
+    window = catalog.RATE_WINDOW
+    return AlertRule(
+        "GrowPageVLLMPreemptions",
+        _observing(f"sum by ({rec.POD_LEVEL}) (rate({catalog.VLLM_PREEMPTIONS}[{window}])) > {per_s:g}"),
+        catalog.ALERT_FOR.vllm_preemptions,
+        f"vLLM preempts more than {per_s:g} requests per second",
+        f"{_WHERE}: vLLM preempts {{{{ $value | humanize }}}} running requests per second (over {window}) "
+        f"for want of KV blocks; each one recomputes its prompt and its user waits. Preemptions with "
+        f"stranded pages page as GrowPageKVPagesStranded; without them the KV cache is genuinely full: "
+        f"add replicas or KV memory, or let GrowPage enforce (compression before preemption). {_DIAGNOSE}",
+        PANEL_VLLM_PREEMPTIONS, growpage_view=_view("pod"))
 
 
 def agent_alerts() -> list[AlertRule]:
     """The agent's own health: scraped, exporting, not failing, actually running."""
-    up = selector("up", job=catalog.SCRAPE_JOB)
-    build_info = selector(catalog.BUILD_INFO.name, job=catalog.SCRAPE_JOB)
+    up = selector("up", job=DEFAULT_CONFIG.growpage_job)
+    build_info = selector(catalog.BUILD_INFO.name, job=DEFAULT_CONFIG.growpage_job)
     errors = (f"sum by ({rec.POD_LEVEL}, component) (increase({catalog.AGENT_ERRORS.name}[5m])) > 0")
-    enabled = selector(catalog.BUILD_INFO.name, 'mode!="off"')
-    inactive = (f"max by ({rec.POD_LEVEL}, component, reason) ({catalog.AGENT_ACTIVE.name} == 0)\n"
-                f"and on (namespace, pod)\n"
-                f"max by (namespace, pod) ({enabled})")
+    # The enforcer has nothing to do outside enforce; the other components run in monitor too.
+    def idle(component: str) -> str:
+        return (f"max by ({_POD_JOIN}, {_MODEL}, component, reason) "
+                f"({selector(catalog.AGENT_ACTIVE.name, component)} == 0)")
+    others, enforcer = idle('component!="enforcer"'), idle('component="enforcer"')
+    inactive = (f"(\n{_observing(others)}\n)\nor\n(\n"
+                f"{in_modes(enforcer, catalog.MODES_ENFORCING)}\n)")
     return [
+        # The route answers 200 from start-up in every mode, off included: a failed scrape means
+        # the process (or its pod's network) is gone, never that GrowPage is switched off.
         AlertRule(
-            "GrowPageAgentDown", f"{up} == 0", catalog.ALERT_FOR.agent_down, catalog.SEVERITY_PAGE,
+            "GrowPageAgentDown", f"{up} == 0", catalog.ALERT_FOR.agent_down,
             f"Prometheus cannot scrape {catalog.METRICS_PATH}",
-            f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: the {catalog.SCRAPE_JOB} target "
+            f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: the {DEFAULT_CONFIG.growpage_job} target "
             f"{{{{ $labels.instance }}}} has failed every scrape for {catalog.ALERT_FOR.agent_down}: the vLLM "
-            f"pod is down or its API server does not answer. Run: gpctl diagnose --endpoint "
-            f"http://{{{{ $labels.instance }}}}{catalog.METRICS_PATH}",
+            f"process is gone or its API server does not answer (the route answers in every mode, off "
+            f"included). Run: gpctl diagnose --endpoint http://{{{{ $labels.instance }}}}{catalog.METRICS_PATH}",
             PANEL_SCRAPE),
         AlertRule(
             "GrowPageMetricsAbsent", f"absent({build_info})", catalog.ALERT_FOR.metrics_absent,
-            catalog.SEVERITY_TICKET, "No GrowPage metrics in Prometheus",
-            f"No {catalog.BUILD_INFO.name} series from job {catalog.SCRAPE_JOB} for "
+            "No GrowPage metrics in Prometheus",
+            f"No {catalog.BUILD_INFO.name} series from job {DEFAULT_CONFIG.growpage_job} for "
             f"{catalog.ALERT_FOR.metrics_absent}: no target is scraped (ServiceMonitor selector or port), "
             f"the plugin is not loaded (VLLM_PLUGINS), or {catalog.METRICS_PATH} serves vLLM's own metrics.",
             PANEL_SCRAPE),
         AlertRule(
-            "GrowPageAgentErrors", errors, catalog.ALERT_FOR.agent_errors, catalog.SEVERITY_TICKET,
+            "GrowPageAgentErrors", errors, catalog.ALERT_FOR.agent_errors,
             "GrowPage agent keeps catching errors",
             f"{_WHERE}: the {{{{ $labels.component }}}} component caught {{{{ $value | humanize }}}} errors in "
             f"the last 5m, and errors kept coming for {catalog.ALERT_FOR.agent_errors}. GrowPage falls back "
             f"to vLLM's default paging for the affected requests; serving continues. {_DIAGNOSE}",
             PANEL_ERRORS),
         AlertRule(
-            "GrowPageAgentInactive", inactive, catalog.ALERT_FOR.agent_inactive, catalog.SEVERITY_TICKET,
+            "GrowPageAgentInactive", inactive, catalog.ALERT_FOR.agent_inactive,
             "A GrowPage component does nothing although its mode asks for it",
             f"{_WHERE}: the {{{{ $labels.component }}}} is inactive ({{{{ $labels.reason }}}}) for "
-            f"{catalog.ALERT_FOR.agent_inactive} while growpage_build_info says the mode is not off: this pod "
-            f"serves with vLLM's default paging and its GrowPage metrics describe nothing. {_DIAGNOSE}",
+            f"{catalog.ALERT_FOR.agent_inactive} while growpage_build_info says the mode is monitor or enforce: "
+            f"this pod serves with vLLM's default paging and its GrowPage metrics describe nothing. {_DIAGNOSE}",
             PANEL_ACTIVE),
     ]
 
@@ -253,8 +383,8 @@ def agent_alerts() -> list[AlertRule]:
 def _throttle_alert() -> AlertRule:
     share = catalog.CHECKLIST.throttle_saturation
     return AlertRule(
-        "GrowPageGrowthThrottled", f"{rec.THROTTLED_SHARE} > {share}",
-        catalog.ALERT_FOR.growth_throttled, catalog.SEVERITY_TICKET,
+        "GrowPageGrowthThrottled", in_modes(f"{rec.THROTTLED_SHARE} > {share}", catalog.MODES_ENFORCING),
+        catalog.ALERT_FOR.growth_throttled,
         f"More than {_pct(share)} of page-growth attempts are throttled",
         f"{_WHERE}: max_growth_rate refused {_PERCENT} of growth attempts for "
         f"{catalog.ALERT_FOR.growth_throttled}; requests fall back to compression or wait. Raise "
@@ -263,15 +393,16 @@ def _throttle_alert() -> AlertRule:
 
 
 def slo_alerts() -> list[AlertRule]:
-    """The seed's three SLOs, per service: utilization, compress ratio, allocation latency (burn rates)."""
+    """Per service: vLLM's latency SLOs, then GrowPage's three (utilization, compress ratio, grant latency)."""
     utilization_low, _ = _utilization_alerts()
-    return [utilization_low, _compress_alert(), *_burn_rate_alerts()]
+    return [*vllm_latency_alerts(), utilization_low, _compress_alert(), *_allocation_burn_alerts()]
 
 
 def checklist_alerts() -> list[AlertRule]:
-    """The seed's troubleshooting checklist per pod, plus fragmentation and throttling thresholds."""
+    """Per pod: stranded pages and preemptions, over-granting, grant latency, fragmentation, throttling."""
     _, over_granting = _utilization_alerts()
-    return [over_granting, _latency_alert(), _fragmentation_alert(), _stranded_alert(), _throttle_alert()]
+    return [_stranded_alert(), _preemption_alert(), over_granting, _latency_alert(), _fragmentation_alert(),
+            _throttle_alert()]
 
 
 def alert_rules() -> list[AlertRule]:
@@ -279,5 +410,5 @@ def alert_rules() -> list[AlertRule]:
 
 
 def alert_names() -> list[str]:
-    """Alertnames in rule order; one rule per name (promtool 2.42 mis-tests shared names)."""
-    return [rule.name for rule in alert_rules()]
+    """Alertnames in rule order, each once (burn-rate alerts have one rule per window pair)."""
+    return list(dict.fromkeys(rule.name for rule in alert_rules()))

@@ -12,7 +12,13 @@ from __future__ import annotations
 import dataclasses
 
 from growpage import catalog
-from growpage.monitoring.alert_rules import SLO_ERROR_BUDGET, AlertRule, alert_rules, burn_rate_alert_name
+from growpage.monitoring.alert_rules import (
+    SLO_ERROR_BUDGET,
+    VLLM_SLO_ALERT_STEMS,
+    AlertRule,
+    alert_rules,
+    burn_rate_alert_name,
+)
 from growpage.monitoring.alert_templates import render
 from growpage.monitoring.promql import duration_seconds, format_duration, le_value, selector
 
@@ -37,6 +43,7 @@ class Scenario:
         labels: the alert's labels besides ``severity``.
         value: ``$value`` at the firing evaluation.
         title: what the scenario shows, when a rule has several.
+        rule_labels: which rule of a multi-rule alertname it breaches (its window-pair labels).
     """
 
     series: dict[str, str]
@@ -44,6 +51,7 @@ class Scenario:
     labels: dict[str, str]
     value: float
     title: str = "breached"
+    rule_labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,35 +104,59 @@ def _running(requests: float) -> dict[str, str]:
     return _series(catalog.REQUESTS_RUNNING.name, _constant(requests))
 
 
-def _build_info(mode: str) -> dict[str, str]:
-    return _series(catalog.BUILD_INFO.name, _constant(1), mode=mode)
+def _build_info(mode: str, home: str = "vllm") -> dict[str, str]:
+    return _series(catalog.BUILD_INFO.name, _constant(1), mode=mode, home=home)
+
+
+ENFORCE = _build_info("enforce")
+MONITOR = _build_info("monitor")
+OFF = _build_info("off")
+
+
+def _histogram(name: str, good_bound: float, good_share: float, per_minute: float,
+               labels: dict[str, str]) -> dict[str, str]:
+    """A histogram where ``good_share`` of ``per_minute`` observations fall at or under ``good_bound``
+    (the +Inf bucket and _count hold them all, as every client library exports)."""
+    good = _counter(round(per_minute * good_share))
+    return {selector(f"{name}_count", **labels): _counter(per_minute),
+            selector(f"{name}_bucket", **labels, le=le_value(good_bound)): good,
+            selector(f"{name}_bucket", **labels, le="+Inf"): _counter(per_minute)}
 
 
 def _latency(fast_share: float, per_minute: float = 1000, **target: str) -> dict[str, str]:
     """Grant latency histogram series where ``fast_share`` of grants meet the SLO threshold."""
-    histogram = catalog.ALLOCATION_LATENCY.name
-    labels = {**TARGET, **target}
-    fast = le_value(catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S)
-    return {selector(f"{histogram}_count", **labels): _counter(per_minute),
-            selector(f"{histogram}_bucket", **labels, le=fast): _counter(round(per_minute * fast_share))}
+    return _histogram(catalog.ALLOCATION_LATENCY.name, catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, fast_share,
+                      per_minute, {**TARGET, **target})
 
 
-def _burn_scenario(burn: catalog.BurnRateWindow) -> Scenario:
-    # Just above this window's limit and below any faster window's, so only this branch trips.
+def _vllm_latency(slo: catalog.LatencySLO, good_share: float, per_minute: float = 1000,
+                  **target: str) -> dict[str, str]:
+    """vLLM's own histogram (job vllm) where ``good_share`` of observations meet ``slo``."""
+    return _histogram(slo.histogram, slo.threshold_s, good_share, per_minute, {**VLLM_TARGET, **target})
+
+
+def _vllm(metric: str, values: str) -> dict[str, str]:
+    return {selector(metric, **VLLM_TARGET): values}
+
+
+def _burn_scenario(burn: catalog.BurnRateWindow, latency, budget: float, mode: dict[str, str]) -> Scenario:
+    # Just above this window's limit and below any faster window's, so only this pair trips.
     # Two pods share the errors: the SLO is the service's, whichever pod served.
     total = 1000
-    slow = round(total * burn.factor * SLO_ERROR_BUDGET * 1.5)
+    slow = round(total * burn.factor * budget * 1.5)
     other = {"pod": "vllm-reasoning-5d8c7b9f4-b7n1c", "instance": "10.42.0.18:8000"}
-    series = {**_latency(1 - slow / total, total), **_latency(1 - slow / total, total, **other)}
+    series = {**mode, **latency(1 - slow / total, total), **latency(1 - slow / total, total, **other),
+              **{selector(catalog.BUILD_INFO.name, **{**TARGET, **other}, mode="enforce", home="vllm"): _constant(1)}}
     title = f"{burn.long_window}/{burn.short_window} windows at {burn.factor:g}x, two pods"
-    return Scenario(series, "1m", dict(SERVICE), slow / total, title)
+    return Scenario(series, "1m", dict(SERVICE), slow / total, title,
+                    {"long_window": burn.long_window, "short_window": burn.short_window})
 
 
 def _latency_scenario() -> Scenario:
     # Every grant lands between the 20 ms and 50 ms bounds: p99 interpolates to 49.7 ms.
     histogram = catalog.ALLOCATION_LATENCY.name
     slow_low, slow_high = 0.02, 0.05
-    series = _series(f"{histogram}_count", _counter(100))
+    series = {**MONITOR, **_series(f"{histogram}_count", _counter(100))}
     for bound in (*catalog.ALLOCATION_LATENCY.buckets, float("inf")):
         le = "+Inf" if bound == float("inf") else le_value(bound)
         series |= _series(f"{histogram}_bucket", _counter(100 if bound >= slow_high else 0), le=le)
@@ -139,39 +171,82 @@ def _dcgm(used_mib: float, free_mib: float) -> dict[str, str]:
             selector(catalog.DCGM_FB_FREE, **dcgm): _constant(free_mib)}
 
 
+def _vllm_full(preempt_per_min: float, queue_per_min: float, live: float, pool_free: int = 5) -> dict[str, str]:
+    """vLLM's symptom: preemptions at kv_cache_usage_perc 99 % while its queue grows by
+    ``queue_per_min``; inside vLLM pages are granted on demand (nothing reserved, granted = used)."""
+    return {**_vllm(catalog.VLLM_PREEMPTIONS, _counter(preempt_per_min)),
+            **_vllm(catalog.VLLM_KV_CACHE_USAGE, _constant(0.99)),
+            **_vllm(catalog.VLLM_REQUESTS_WAITING, _counter(queue_per_min)),
+            **_pool(free=pool_free, reserved=0, used=1000 - pool_free),
+            **_slots(live=live, granted=(1000 - pool_free) * 16)}
+
+
 def _stranded_scenarios() -> list[Scenario]:
     # The case the framebuffer rule could not see: vLLM reserved its KV cache at start-up, so the GPU
     # is 92 % full, yet 1 OOM a minute strikes a pool with no free page and a third of its slots live.
-    inside_pool = {**_series(catalog.OOM_EVENTS.name, _counter(1)), **_dcgm(75_000, 6_500),
+    inside_pool = {**ENFORCE, **_series(catalog.OOM_EVENTS.name, _counter(1)), **_dcgm(75_000, 6_500),
                    **_pool(free=5, reserved=400, used=595), **_slots(live=3236, granted=1000 * 16, used=595 * 16)}
-    # vLLM's own view: its preemptions and kv_cache_usage_perc, while GrowPage only monitors.
-    vllm = {**{selector(catalog.VLLM_PREEMPTIONS, **VLLM_TARGET): _counter(1),
-               selector(catalog.VLLM_KV_CACHE_USAGE, **VLLM_TARGET): _constant(0.99)},
-            **_pool(free=500, reserved=300, used=200), **_slots(live=1200, granted=500 * 16, used=200 * 16)}
+    # vLLM's own view, GrowPage monitoring: preemptions at 99 % KV usage with a growing queue, while
+    # 70 % of the written slots hold no live token.
+    vllm = {**MONITOR, **_vllm_full(1, 2, live=4776)}
     # Six failures counted at the firing evaluation (for: 5m after the first one at 1m).
     return [Scenario(inside_pool, "1m", dict(POD), 6, "GrowPage OOMs, pool empty, GPU framebuffer 92 %"),
-            Scenario(vllm, "1m", dict(POD), 6, "vLLM preemptions at kv_cache_usage_perc 99 %")]
+            Scenario(vllm, "1m", dict(POD), 6, "vLLM preemptions at kv_cache_usage_perc 99 %, queue growing")]
+
+
+def _vllm_burn_scenarios() -> dict[str, list[Scenario]]:
+    result: dict[str, list[Scenario]] = {}
+    for slo in catalog.VLLM_LATENCY_SLOS:
+        budget = round(1 - slo.objective, 10)
+        for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
+            name = burn_rate_alert_name(alert.speed, VLLM_SLO_ALERT_STEMS[slo.name])
+            result[name] = [_burn_scenario(burn, lambda share, total=1000, slo=slo, **other: _vllm_latency(
+                slo, share, total, **other), budget, ENFORCE) for burn in alert.windows]
+    return result
+
+
+def _vllm_burn_quiet() -> dict[str, list[QuietScenario]]:
+    result: dict[str, list[QuietScenario]] = {}
+    for slo in catalog.VLLM_LATENCY_SLOS:
+        budget = round(1 - slo.objective, 10)
+        for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
+            name = burn_rate_alert_name(alert.speed, VLLM_SLO_ALERT_STEMS[slo.name])
+            near = (QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 3 * 1.5 * budget)}, "a slow burn (4.5x)")
+                    if alert.speed == "fast" else
+                    QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 0.5 * budget)}, "half the error budget"))
+            result[name] = [
+                near,
+                QuietScenario({**ENFORCE, **_vllm_latency(slo, 1.0, 0)}, "healthy idle pod: no requests"),
+                QuietScenario({**OFF, **_vllm_latency(slo, 0.5)}, "mode off: vLLM burns, GrowPage is not there"),
+            ]
+    return result
 
 
 def scenarios() -> dict[str, list[Scenario]]:
     """Breaching scenarios per alertname. Counters start at 0 on 1m samples, so rates are exact."""
     ok_running = _running(3)
-    throttle = {**_series(catalog.DECISIONS.name, _counter(6), decision="throttled"),
+    throttle = {**ENFORCE, **_series(catalog.DECISIONS.name, _counter(6), decision="throttled"),
                 **_series(catalog.DECISIONS.name, _counter(4), decision="allocate")}
     # Compressions in bursts every 10 minutes: the hour-long window sees them from the first burst.
-    compress = {**_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(1970)),
+    compress = {**ENFORCE, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(1970)),
                 **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}
-    inactive = {**_build_info("enforce"),
-                **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer", reason="active"),
+    inactive = {**ENFORCE,
+                **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
                 **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="full_cudagraph")}
     result = {
-        "GrowPageKVUtilizationLow": [Scenario({**_slots(500, 1000), **ok_running}, "0m", dict(SERVICE), 0.5)],
-        "GrowPageKVOverGranting": [Scenario({**_slots(300, 1000), **ok_running}, "0m", dict(POD), 0.3)],
+        **_vllm_burn_scenarios(),
+        "GrowPageKVUtilizationLow": [Scenario({**ENFORCE, **_slots(500, 1000), **ok_running}, "0m",
+                                              dict(SERVICE), 0.5)],
+        "GrowPageKVOverGranting": [Scenario({**_build_info("enforce", "reference"), **_slots(300, 1000),
+                                             **ok_running}, "0m", dict(POD), 0.3, "reference engine")],
         "GrowPageCompressRatioLow": [Scenario(compress, "10m", dict(SERVICE), 1.97, "compressions in bursts")],
         "GrowPageAllocationLatencyHigh": [_latency_scenario()],
-        "GrowPageFragmentationHigh": [Scenario({**_slots(34, 100), **_pool(100, 0, 900)}, "0m", dict(POD),
-                                               0.66, "pool 10 % free")],
+        "GrowPageFragmentationHigh": [Scenario({**MONITOR, **_slots(34, 100), **_pool(100, 0, 900)}, "0m",
+                                               dict(POD), 0.66, "pool 10 % free")],
         "GrowPageKVPagesStranded": _stranded_scenarios(),
+        # rate() over 5m divides by the whole window: from 0 at 0m it passes 0.05/s at 3m.
+        "GrowPageVLLMPreemptions": [Scenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _counter(6))}, "3m",
+                                             dict(POD), 0.1, "6 preemptions a minute")],
         "GrowPageAgentDown": [Scenario(_series("up", _constant(0)), "0m", dict(TARGET), 0)],
         "GrowPageMetricsAbsent": [Scenario(_series("up", _constant(1)), "0m", {"job": catalog.SCRAPE_JOB}, 1)],
         "GrowPageAgentErrors": [Scenario(_series(catalog.AGENT_ERRORS.name, _counter(2), component="actuator"),
@@ -181,7 +256,8 @@ def scenarios() -> dict[str, list[Scenario]]:
                                                             "reason": "full_cudagraph"}, 0)],
     }
     for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
-        result[burn_rate_alert_name(alert.speed)] = [_burn_scenario(burn) for burn in alert.windows]
+        result[burn_rate_alert_name(alert.speed)] = [_burn_scenario(burn, _latency, SLO_ERROR_BUDGET, ENFORCE)
+                                                     for burn in alert.windows]
     return result
 
 
@@ -194,62 +270,89 @@ def quiet_scenarios() -> dict[str, list[QuietScenario]]:
 
     # One busy pod at 90 % and one small one at 30 %: the service fills 84 % of its slots. The mean
     # of the two ratios (60 %) would have alerted.
-    two_pods = {**_slots(8100, 9000), **_running(3), **other(catalog.LIVE_TOKENS.name, _constant(300)),
+    two_pods = {**ENFORCE, **_slots(8100, 9000), **_running(3), **other(catalog.LIVE_TOKENS.name, _constant(300)),
                 **other(catalog.GRANTED_TOKEN_SLOTS.name, _constant(1000)),
                 **other(catalog.UTILIZATION.name, _constant(0.3)),
                 **other(catalog.REQUESTS_RUNNING.name, _constant(1))}
-    enforcing = {**_build_info("enforce"),
-                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer", reason="active"),
-                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="enforcer", reason="active")}
-    off = {**_build_info("off"),
+    enforcing = {**ENFORCE,
+                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
+                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="enforcer")}
+    monitoring = {**MONITOR,
+                  **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
+                  **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="mode_monitor")}
+    off = {**OFF,
            **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="observer", reason="mode_off"),
            **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="mode_off")}
+    stranded_ooms = {**_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(5, 400, 595),
+                     **_slots(3236, 16_000, 9_520)}
     return {
+        **_vllm_burn_quiet(),
         "GrowPageKVUtilizationLow": [
             QuietScenario(two_pods, "utilization is summed over pods, not averaged"),
-            QuietScenario({**_slots(0, 1000), **_running(0)}, "idle: no request running")],
+            QuietScenario({**ENFORCE, **_slots(0, 1000), **_running(0)}, "idle: no request running"),
+            QuietScenario({**OFF, **_slots(500, 1000), **_running(3)}, "mode off")],
         "GrowPageKVOverGranting": [
-            QuietScenario({**_slots(0, 1000), **_running(0)}, "idle: no request running"),
-            QuietScenario({**_slots(700, 1000), **_running(3)}, "utilization 70 %")],
+            QuietScenario({**_build_info("enforce", "reference"), **_slots(0, 1000), **_running(0)},
+                          "idle: no request running"),
+            QuietScenario({**_build_info("enforce", "reference"), **_slots(700, 1000), **_running(3)},
+                          "utilization 70 %"),
+            QuietScenario({**ENFORCE, **_slots(300, 1000), **_running(3)},
+                          "inside vLLM: base_pages is a floor, low utilization is slack")],
         "GrowPageCompressRatioLow": [
-            QuietScenario({**_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(3000)),
+            QuietScenario({**ENFORCE, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(3000)),
                            **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}, "bursts at 3x"),
-            QuietScenario({**_series(catalog.COMPRESS_INPUT_BYTES.name, _constant(0)),
+            QuietScenario({**MONITOR, **_series(catalog.COMPRESS_INPUT_BYTES.name, _constant(0)),
                            **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _constant(0))},
                           "no compressions (mode monitor)")],
-        "GrowPageAllocationLatencyHigh": [QuietScenario(_latency(1.0, 100), "every grant under 15 ms")],
+        "GrowPageAllocationLatencyHigh": [QuietScenario({**MONITOR, **_latency(1.0, 100)}, "every grant under 15 ms")],
         "GrowPageFragmentationHigh": [
-            QuietScenario({**_slots(34, 100), **_pool(990, 0, 10), **_running(1)},
+            QuietScenario({**MONITOR, **_slots(34, 100), **_pool(990, 0, 10), **_running(1)},
                           "nearly idle: 1 request, pool 99 % free"),
-            QuietScenario({**_slots(80, 100), **_pool(10, 0, 990)}, "pool short but fragmentation 20 %")],
+            QuietScenario({**MONITOR, **_slots(80, 100), **_pool(10, 0, 990)}, "pool short but fragmentation 20 %")],
         "GrowPageKVPagesStranded": [
-            QuietScenario({**_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(300, 300, 400),
+            QuietScenario({**ENFORCE, **_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(300, 300, 400),
                            **_slots(300, 11_200, 6_400)}, "OOMs but 30 % of the pool is free"),
-            QuietScenario({**_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(5, 5, 990),
+            QuietScenario({**ENFORCE, **_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(5, 5, 990),
                            **_slots(15_000, 15_920, 15_840), **_dcgm(75_000, 6_500)},
                           "genuinely full: no free page, 94 % of the slots live"),
-            QuietScenario({**_series(catalog.OOM_EVENTS.name, _constant(0)), **_pool(5, 400, 595),
-                           **_slots(300, 16_000, 9_520)}, "stranded pages but no request failed")],
-        "GrowPageAgentDown": [QuietScenario(_series("up", _constant(1)), "scraped")],
-        "GrowPageMetricsAbsent": [QuietScenario({**_series("up", _constant(1)), **_build_info("monitor")},
-                                                "build info present")],
+            QuietScenario({**MONITOR, **_vllm_full(1, 2, live=15_000)},
+                          "vLLM preempts at 99 % with a growing queue, but 94 % of the slots are live"),
+            QuietScenario({**MONITOR, **_vllm_full(1, 0, live=4776, pool_free=30)},
+                          "vLLM at 99 % (GrowPage's pool 3 % free) but its queue is not growing"),
+            QuietScenario({**ENFORCE, **_series(catalog.OOM_EVENTS.name, _constant(0)), **_pool(5, 400, 595),
+                           **_slots(300, 16_000, 9_520)}, "stranded pages but no request failed"),
+            QuietScenario({**OFF, **stranded_ooms}, "mode off")],
+        "GrowPageVLLMPreemptions": [
+            QuietScenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _counter(1))}, "1 preemption a minute"),
+            QuietScenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _constant(0))}, "healthy idle pod"),
+            QuietScenario({**OFF, **_vllm(catalog.VLLM_PREEMPTIONS, _counter(6))}, "mode off")],
+        "GrowPageAgentDown": [QuietScenario(_series("up", _constant(1)), "scraped"),
+                              QuietScenario({**_series("up", _constant(1)), **off},
+                                            "mode off: the route answers, nothing runs")],
+        "GrowPageMetricsAbsent": [QuietScenario({**_series("up", _constant(1)), **MONITOR}, "build info present"),
+                                  QuietScenario({**_series("up", _constant(1)), **OFF}, "mode off exports it too")],
         "GrowPageAgentErrors": [QuietScenario(_series(catalog.AGENT_ERRORS.name, _constant(3), component="actuator"),
                                               "old faults, none new")],
-        "GrowPageGrowthThrottled": [QuietScenario(
-            {**_series(catalog.DECISIONS.name, _counter(2), decision="throttled"),
-             **_series(catalog.DECISIONS.name, _counter(8), decision="allocate")}, "20 % throttled")],
+        "GrowPageGrowthThrottled": [
+            QuietScenario({**ENFORCE, **_series(catalog.DECISIONS.name, _counter(2), decision="throttled"),
+                           **_series(catalog.DECISIONS.name, _counter(8), decision="allocate")}, "20 % throttled"),
+            QuietScenario({**MONITOR, **_series(catalog.DECISIONS.name, _counter(6), decision="throttled"),
+                           **_series(catalog.DECISIONS.name, _counter(4), decision="allocate")},
+                          "mode monitor: nothing is refused for real")],
         "GrowPageAgentInactive": [QuietScenario(enforcing, "every component active"),
+                                  QuietScenario(monitoring, "mode monitor: the enforcer idles by design"),
                                   QuietScenario(off, "mode off: inactive by design")],
-        burn_rate_alert_name("fast"): [QuietScenario(_latency(1 - 3 * 1.5 * SLO_ERROR_BUDGET), "a slow burn (4.5x)")],
-        burn_rate_alert_name("slow"): [QuietScenario(_latency(1 - 0.5 * SLO_ERROR_BUDGET),
+        burn_rate_alert_name("fast"): [
+            QuietScenario({**ENFORCE, **_latency(1 - 3 * 1.5 * SLO_ERROR_BUDGET)}, "a slow burn (4.5x)"),
+            QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
+        burn_rate_alert_name("slow"): [QuietScenario({**ENFORCE, **_latency(1 - 0.5 * SLO_ERROR_BUDGET)},
                                                      "half the error budget (0.5x)")],
     }
 
 
 def _expected_alert(rule: AlertRule, scenario: Scenario) -> dict:
-    labels = {**scenario.labels, "severity": rule.severity}
-    annotations = {"summary": rule.summary, "runbook_url": rule.runbook_url,
-                   "description": render(rule.description, labels, scenario.value)}
+    labels = {**scenario.labels, "severity": rule.severity, **rule.labels}
+    annotations = {key: render(text, labels, scenario.value) for key, text in rule.annotations().items()}
     return {"exp_labels": labels, "exp_annotations": annotations}
 
 
@@ -270,33 +373,50 @@ def _test_case(rule: AlertRule, scenario: Scenario) -> dict:
     }
 
 
-def quiet_eval_time(rule: AlertRule) -> str:
-    """Well past ``for`` and every window the rules read (the longest burn window is 3d: capped by
-    the input series, 200 minutes)."""
-    return format_duration(min(duration_seconds(rule.for_duration) + 3600, (SAMPLES - 10) * 60))
+def quiet_eval_time(rules: list[AlertRule]) -> str:
+    """Well past every ``for`` of the alertname and the windows its rules read (the longest burn
+    window is 3d: capped by the input series, 200 minutes)."""
+    longest = max(duration_seconds(rule.for_duration) for rule in rules)
+    return format_duration(min(longest + 3600, (SAMPLES - 10) * 60))
 
 
-def _quiet_case(rule: AlertRule, quiet: QuietScenario) -> dict:
+def _quiet_case(rules: list[AlertRule], quiet: QuietScenario) -> dict:
     return {
-        "name": f"{rule.name} stays silent: {quiet.title}",
+        "name": f"{rules[0].name} stays silent: {quiet.title}",
         "interval": EVALUATION_INTERVAL,
         "input_series": [{"series": name, "values": values} for name, values in quiet.series.items()],
-        "alert_rule_test": [{"eval_time": quiet_eval_time(rule), "alertname": rule.name, "exp_alerts": []}],
+        "alert_rule_test": [{"eval_time": quiet_eval_time(rules), "alertname": rules[0].name, "exp_alerts": []}],
     }
 
 
+def rules_by_name() -> dict[str, list[AlertRule]]:
+    """Alertname -> its rules (one, or one per burn-rate window pair), in rule order."""
+    grouped: dict[str, list[AlertRule]] = {}
+    for rule in alert_rules():
+        grouped.setdefault(rule.name, []).append(rule)
+    return grouped
+
+
+def scenario_rule(rules: list[AlertRule], scenario: Scenario) -> AlertRule:
+    """The rule of an alertname that ``scenario`` breaches (matched on the window-pair labels)."""
+    matching = [rule for rule in rules if all(scenario.rule_labels.get(k) == v for k, v in rule.labels.items())]
+    if len(matching) != 1:
+        raise KeyError(f"scenario {scenario.title!r} of {rules[0].name} must pick one rule by its labels")
+    return matching[0]
+
+
 def alert_test_files() -> dict[str, dict]:
-    """``{AlertName: test file document}``: one file per alert, one test per scenario, quiet ones last."""
+    """``{AlertName: test file document}``: one file per alertname, one test per scenario, quiet ones last."""
     firing, quiet = scenarios(), quiet_scenarios()
     files: dict[str, dict] = {}
-    for rule in alert_rules():
-        if rule.name not in firing or not quiet.get(rule.name):
-            raise KeyError(f"alert {rule.name} needs a firing and a quiet promtool scenario; add them in "
+    for name, rules in rules_by_name().items():
+        if name not in firing or not quiet.get(name):
+            raise KeyError(f"alert {name} needs a firing and a quiet promtool scenario; add them in "
                            "alert_tests.py")
-        files[rule.name] = {
+        files[name] = {
             "rule_files": [RULES_FILE_FROM_TESTS],
             "evaluation_interval": EVALUATION_INTERVAL,
-            "tests": [*(_test_case(rule, scenario) for scenario in firing[rule.name]),
-                      *(_quiet_case(rule, scenario) for scenario in quiet[rule.name])],
+            "tests": [*(_test_case(scenario_rule(rules, scenario), scenario) for scenario in firing[name]),
+                      *(_quiet_case(rules, scenario) for scenario in quiet[name])],
         }
     return files

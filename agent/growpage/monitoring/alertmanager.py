@@ -40,13 +40,22 @@ class InhibitPair:
 INHIBIT_PAIRS = (
     # The cause explains the symptom: one ticket for over-granting, not two.
     InhibitPair("GrowPageKVOverGranting", "GrowPageKVUtilizationLow", _SERVICE),
-    # One latency incident pages once: the fast burn pages, the slow burn and the per-pod p99
-    # ticket (which names the pod and the cause) wait behind it.
+    # One latency incident pages once: users' time to first token pages; the inter-token latency
+    # page and both slow burns wait behind it.
+    InhibitPair(burn_rate_alert_name("fast", "VLLMTimeToFirstToken"),
+                burn_rate_alert_name("fast", "VLLMInterTokenLatency"), _SERVICE),
+    InhibitPair(burn_rate_alert_name("fast", "VLLMTimeToFirstToken"),
+                burn_rate_alert_name("slow", "VLLMTimeToFirstToken"), _SERVICE),
+    InhibitPair(burn_rate_alert_name("fast", "VLLMInterTokenLatency"),
+                burn_rate_alert_name("slow", "VLLMInterTokenLatency"), _SERVICE),
+    # Grant latency is a cause, and a ticket: its fast burn stands for the slow burn and the per-pod
+    # p99 ticket (which names the pod and the cause).
     InhibitPair(burn_rate_alert_name("fast"), burn_rate_alert_name("slow"), _SERVICE),
     InhibitPair(burn_rate_alert_name("fast"), "GrowPageAllocationLatencyHigh", _SERVICE),
     InhibitPair("GrowPageAllocationLatencyHigh", burn_rate_alert_name("slow"), _SERVICE),
     InhibitPair("GrowPageKVPagesStranded", "GrowPageFragmentationHigh"),
     InhibitPair("GrowPageKVPagesStranded", "GrowPageKVOverGranting"),
+    InhibitPair("GrowPageKVPagesStranded", "GrowPageVLLMPreemptions"),
     # GrowPageMetricsAbsent has only a job label: a down target explains absent metrics.
     InhibitPair("GrowPageAgentDown", "GrowPageMetricsAbsent", ("job",)),
 )

@@ -12,12 +12,16 @@ from __future__ import annotations
 import dataclasses
 
 from growpage import catalog
+from growpage.monitoring.mixin import DEFAULT_CONFIG
 from growpage.monitoring.promql import duration_seconds, le_value, selector
 
 RATE_WINDOW = catalog.RATE_WINDOW  # the window of rate-based rules and alerts: 20 scrapes at 15 s
 LTS_ROLLOUT_WINDOW = "1h"  # finished requests are sparse: a longer window for the entropy p50
-POD_LEVEL = ", ".join(catalog.POD_LABELS)
-SLO_LEVEL = ", ".join(catalog.SLO_LABELS)
+# The cluster label is kept by every aggregation (absent, it is simply not there): one Prometheus
+# serving several clusters keeps their pods and error budgets apart.
+POD_LEVEL = ", ".join(DEFAULT_CONFIG.pod_labels)
+SLO_LEVEL = ", ".join(DEFAULT_CONFIG.slo_labels)
+_POD_JOIN = ", ".join(DEFAULT_CONFIG.pod_join)
 _POD = "_".join(catalog.POD_LABELS)  # namespace_pod_model_name
 _SLO = "_".join(catalog.SLO_LABELS)  # namespace_model_name
 
@@ -47,9 +51,19 @@ POOL_FREE = f"{_POD}:growpage_pool_pages_free:ratio"
 STRANDED_SLOTS = f"{_POD}:growpage_kv_token_slots_stranded:ratio"
 THROTTLED_SHARE = f"{_POD}:growpage_decisions_throttled:ratio_rate{RATE_WINDOW}"
 ALLOCATIONS_RATE = f"{_POD}:{catalog.ALLOCATIONS.name.removesuffix('_total')}:rate{RATE_WINDOW}"
-GPU_FRAMEBUFFER_USED = "namespace_pod:gpu_framebuffer_used:ratio"
-GPU_UTILIZATION = "namespace_pod:gpu_utilization:ratio"
+GPU_FRAMEBUFFER_USED = f"{_POD}:gpu_framebuffer_used:ratio"
+GPU_UTILIZATION = f"{_POD}:gpu_utilization:ratio"
 LTS_ENTROPY_P50 = f"namespace:{catalog.LTS_ENTROPY.name}:p50_rate{LTS_ROLLOUT_WINDOW}"
+
+
+def vllm_error_ratio_name(slo: str, window: str) -> str:
+    """Share of vLLM observations over ``slo``'s threshold over ``window``, per service, counting
+    only pods where GrowPage observes (monitor or enforce)."""
+    return f"{_SLO}:{slo}:slo_error_ratio_rate{window}"
+
+
+COMPRESS_DECISIONS_RATE = f"{_POD}:growpage_decisions_compress:rate{RATE_WINDOW}"
+DENIED_RATE = f"{_POD}:growpage_decisions_denied:rate{RATE_WINDOW}"
 
 
 def slo_windows() -> list[str]:
@@ -78,6 +92,28 @@ def _slo_error_ratio(window: str) -> RecordingRule:
     expr = (f"1 - (\n  {_rate_sum(fast, window, SLO_LEVEL)}\n/\n"
             f"  {_rate_sum(f'{histogram}_count', window, SLO_LEVEL)}\n)")
     return RecordingRule(slo_error_ratio_name(window), expr)
+
+
+def _observed_pods() -> str:
+    """Pods whose GrowPage runs in monitor or enforce (growpage_build_info is served in every mode)."""
+    modes = "mode=~\"" + "|".join(catalog.MODES_OBSERVING) + "\""
+    return f"max by ({_POD_JOIN}) ({selector(catalog.BUILD_INFO.name, modes)})"
+
+
+def _vllm_error_ratio(slo: catalog.LatencySLO, window: str) -> RecordingRule:
+    # vLLM's series of pods in mode off are left out before summing: those pods never page the
+    # GrowPage rotation. No requests in the window gives NaN, which never alerts.
+    def observed(series: str) -> str:
+        return (f"sum by ({SLO_LEVEL}) (\n    rate({series}[{window}])\n"
+                f"    and on ({_POD_JOIN}) {_observed_pods()}\n  )")
+
+    good = selector(f"{slo.histogram}_bucket", le=le_value(slo.threshold_s))
+    expr = f"1 - (\n  {observed(good)}\n/\n  {observed(f'{slo.histogram}_count')}\n)"
+    return RecordingRule(vllm_error_ratio_name(slo.name, window), expr)
+
+
+def _decisions_rate(record: str, matcher: str) -> RecordingRule:
+    return RecordingRule(record, _rate_sum(selector(catalog.DECISIONS.name, matcher), RATE_WINDOW))
 
 
 def _allocation_quantile(record: str, quantile: float) -> RecordingRule:
@@ -125,16 +161,22 @@ def dcgm_by_pod(expr: str) -> str:
     return expr
 
 
+def _with_model(dcgm: str) -> str:
+    """The fullest GPU of each pod, labelled with the model the pod serves (from GrowPage's build
+    info), so dashboards filter DCGM rows by model_name like every other row."""
+    models = f"max by ({POD_LEVEL}) ({catalog.BUILD_INFO.name})"
+    return (f"max by ({_POD_JOIN}) (\n  {dcgm}\n)\n* on ({_POD_JOIN}) group_left ({catalog.MODEL_LABEL})\n"
+            f"(0 * {models} + 1)")
+
+
 def _gpu_framebuffer_used() -> RecordingRule:
     used, free = catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE
     # max: the fullest GPU of a multi-GPU pod.
-    return RecordingRule(GPU_FRAMEBUFFER_USED,
-                         f"max by (namespace, pod) (\n  {dcgm_by_pod(f'{used} / ({used} + {free})')}\n)")
+    return RecordingRule(GPU_FRAMEBUFFER_USED, _with_model(dcgm_by_pod(f"{used} / ({used} + {free})")))
 
 
 def _gpu_utilization() -> RecordingRule:
-    return RecordingRule(GPU_UTILIZATION,
-                         f"max by (namespace, pod) (\n  {dcgm_by_pod(f'{catalog.DCGM_GPU_UTIL} / 100')}\n)")
+    return RecordingRule(GPU_UTILIZATION, _with_model(dcgm_by_pod(f"{catalog.DCGM_GPU_UTIL} / 100")))
 
 
 def _lts_entropy_p50() -> RecordingRule:
@@ -145,7 +187,8 @@ def _lts_entropy_p50() -> RecordingRule:
 def slo_recording_rules() -> list[RecordingRule]:
     """What the SLO alerts read, per service: latency error ratios per burn-rate window, the compress
     ratio, utilization."""
-    return [*(_slo_error_ratio(window) for window in slo_windows()), _compress_ratio(),
+    return [*(_vllm_error_ratio(slo, window) for slo in catalog.VLLM_LATENCY_SLOS for window in slo_windows()),
+            *(_slo_error_ratio(window) for window in slo_windows()), _compress_ratio(),
             _slot_ratio(UTILIZATION_SLO, catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name, SLO_LEVEL)]
 
 
@@ -162,6 +205,9 @@ def checklist_recording_rules() -> list[RecordingRule]:
         # Granted slots holding no live token: reserved-but-unwritten pages, tail slack, eviction holes.
         _slot_ratio(STRANDED_SLOTS, live, granted, POD_LEVEL, complement=True),
         _throttled_share(),
+        # GrowPage's view next to the pages about vLLM's users: compression headroom and denied growth.
+        _decisions_rate(COMPRESS_DECISIONS_RATE, 'decision=~"quantize|evict"'),
+        _decisions_rate(DENIED_RATE, 'decision="denied"'),
     ]
 
 
