@@ -63,7 +63,8 @@ HEALTHY = Scenario()
 OVER_GRANTING = Scenario(
     utilization=(0.30, 0.34),
     tokens_shares={128: 0.1, 256: 0.3, 512: 0.4, 1024: 0.15, 2048: 0.05},
-    build={**HEALTHY.build, "mode": "monitor", "block_size": "16", "base_pages": "128"},
+    # Reserved-but-empty admission grants: the reference engine, where base_pages is a grant.
+    build={**HEALTHY.build, "home": "reference", "mode": "monitor", "block_size": "16", "base_pages": "128"},
     compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0, compress_ratio_gauge=0.0,
     gpu_model="NVIDIA A100-SXM4-80GB")
 LATENCY = Scenario(
@@ -74,7 +75,7 @@ LATENCY = Scenario(
 OOM_FRAGMENTATION = Scenario(
     oom_per_s=0.1, decisions_per_s={**HEALTHY.decisions_per_s, "preempt": 0.2}, fragmentation=(0.55, 0.62),
     utilization=(0.36, 0.34), pool_pages={"free": 20.0, "reserved": 1500.0, "used": 2480.0},
-    build={**HEALTHY.build, "mode": "monitor", "block_size": "16", "base_pages": "128"},
+    build={**HEALTHY.build, "home": "reference", "mode": "monitor", "block_size": "16", "base_pages": "128"},
     compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0, compress_ratio_gauge=0.0,
     gpu_model="NVIDIA A100-SXM4-80GB", gpu_framebuffer_used_mib=(48000.0, 50000.0),
     gpu_framebuffer_total_mib=81920.0)

@@ -171,8 +171,10 @@ def test_over_granting_suggests_base_pages_with_the_stated_formula():
     scope = Scope("s", utilization=gauge(0.3, 0.34), request_tokens=tokens,
                   build_infos=(BuildInfo(mode="monitor", block_size=16, base_pages=128),))
     finding = over_granting(scope, WINDOW, T)
-    assert finding.status is Status.CRITICAL  # sustained over the window's samples
-    assert over_granting(scope, dataclasses.replace(WINDOW, num_samples=1), T).status is Status.WARNING
+    # The GrowPageKVOverGranting condition: a ticket, so a warning, from any number of samples.
+    assert finding.status is Status.WARNING and finding.alerts == ("GrowPageKVOverGranting",)
+    one = over_granting(scope, dataclasses.replace(WINDOW, num_samples=1), T)
+    assert one.status is Status.WARNING and "one snapshot" in one.summary
     assert finding.evidence["suggested_base_pages"] == 30 == suggest_base_pages(320, 16, 0.65)
     assert finding.evidence["request_tokens_p50"] == pytest.approx(320)
     assert "floor(320 / (0.65 x 16)) = 30" in finding.remediation[0]
@@ -200,7 +202,7 @@ def test_slow_grants_name_block_size_throttling_and_pool_as_causes():
     scope = Scope("s", allocation_latency=histogram({0.01: 90, 0.05: 10}), build_infos=(H100_BUILD,),
                   decisions={"allocate": 10.0, "throttled": 20.0, "denied": 5.0}, pool_free_fraction_min=0.01)
     finding = allocation_latency(scope, WINDOW, T)
-    assert finding.status is Status.CRITICAL
+    assert finding.status is Status.WARNING and finding.alerts == ("GrowPageAllocationLatencyHigh",)
     assert finding.evidence["recommended_block_size"] == 32
     text = " ".join(finding.remediation)
     assert "--block-size 32" in text and "not a vLLM rule" in text
@@ -231,7 +233,9 @@ def test_a_pool_full_of_live_tokens_is_a_capacity_warning_without_advice_it_alre
                   stranded_slots_max=0.08,
                   build_infos=(BuildInfo(engine="vllm", engine_version="0.32.1", mode="enforce", block_size=16),))
     finding = oom_fragmentation(scope, WINDOW, T)
-    assert finding.status is Status.WARNING and "genuinely full" in finding.summary
+    # No alert pages for a genuinely full KV cache (capacity): advice, not a finding.
+    assert finding.status is Status.OK and finding.resolved_severity is Severity.INFO
+    assert "genuinely full" in finding.summary and not finding.alerts
     text = " ".join(finding.remediation)
     assert "mode=enforce" not in text and "Upgrade" not in text  # it enforces, on a supported vLLM
 
@@ -239,7 +243,7 @@ def test_a_pool_full_of_live_tokens_is_a_capacity_warning_without_advice_it_alre
 def test_failures_with_free_pages_are_not_blamed_on_fragmentation():
     scope = Scope("s", oom_events=3.0, fragmentation=gauge(0.66), pool_free_fraction_min=0.4, stranded_slots_max=0.7)
     finding = oom_fragmentation(scope, WINDOW, T)
-    assert finding.status is Status.WARNING and "still had 40 % free pages" in finding.summary
+    assert finding.status is Status.OK and "still had free pages" in finding.summary and not finding.alerts
 
 
 def test_rollout_flags_phase_two_candidates_as_advice_and_throttling_as_warning():
@@ -263,11 +267,12 @@ def test_verdict_precedence_and_partial_data():
 
 
 def test_a_problem_namespace_escalates_an_ok_fleet():
-    fleet = Scope("all", utilization=gauge(0.7, 0.9))
-    batch = Scope("batch", utilization=gauge(0.3, 0.35))
+    reference = (BuildInfo(engine="reference", mode="monitor"),)
+    fleet = Scope("all", utilization=gauge(0.7, 0.9), build_infos=reference)
+    batch = Scope("batch", utilization=gauge(0.3, 0.35), build_infos=reference)
     observations = Observations(source={"kind": "prometheus", "target": "x"}, window=WINDOW, overall=fleet,
                                 breakdown_label="namespace", breakdown={"batch": batch, "chat": fleet})
     finding = next(f for f in run_checks(observations).findings if f.id == "over-granting")
-    assert finding.status is Status.CRITICAL
+    assert finding.status is Status.WARNING and finding.alerts == ("GrowPageKVOverGranting",)
     assert finding.summary.startswith("namespace batch: utilization never above 0.35")
     assert finding.breakdown["chat"].status is Status.OK

@@ -40,7 +40,10 @@ class Exposition:
 
     @property
     def has_growpage(self) -> bool:
-        return any(sample.name.startswith("growpage_") for sample in self.samples)
+        """GrowPage's series, or the ``up`` of its scrape job (a federated or replayed snapshot)."""
+        return any(sample.name.startswith("growpage_")
+                   or (sample.name == "up" and sample.labels.get("job") == catalog.SCRAPE_JOB)
+                   for sample in self.samples)
 
     @property
     def has_dcgm(self) -> bool:

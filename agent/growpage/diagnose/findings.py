@@ -11,6 +11,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from growpage import catalog
+
 
 class Status(enum.StrEnum):
     """Outcome of one check, and the overall verdict."""
@@ -50,6 +52,15 @@ def worst(statuses: list[Status] | tuple[Status, ...]) -> Status:
     return max(statuses, key=_VERDICT_RANK.__getitem__, default=Status.OK)
 
 
+def alert_finding(alerts: tuple[str, ...], summary: str, evidence: Mapping[str, Any],
+                  remediation: tuple[str, ...] = ()) -> ScopeFinding:
+    """A finding that is the condition of ``alerts``: status and severity from ``catalog.SEVERITY_TABLE``
+    (the worst of them), the table the alert rules and the runbooks read, so they cannot disagree."""
+    critical = any(catalog.SEVERITY_BY_ALERT[name] == catalog.SEVERITY_PAGE for name in alerts)
+    status = Status.CRITICAL if critical else Status.WARNING
+    return ScopeFinding(status, summary, evidence, remediation, alerts=tuple(alerts))
+
+
 def default_severity(status: Status, has_advice: bool) -> Severity:
     if status is Status.CRITICAL:
         return Severity.CRITICAL
@@ -69,6 +80,8 @@ class ScopeFinding:
             JSON values only (numbers in base units: seconds, ratios 0-1, pages, tokens).
         remediation: steps, most likely fix first; empty when there is nothing to do.
         severity: ``None`` derives it from ``status`` (info when ok with remediation).
+        alerts: the alerts whose condition this finding is (``catalog.SEVERITY_TABLE``): what
+            would page or ticket for it, so a report and the alerts never disagree.
     """
 
     status: Status
@@ -76,6 +89,7 @@ class ScopeFinding:
     evidence: Mapping[str, Any]
     remediation: tuple[str, ...] = ()
     severity: Severity | None = None
+    alerts: tuple[str, ...] = ()
 
     @property
     def resolved_severity(self) -> Severity:
@@ -100,6 +114,7 @@ class Finding:
     # shown by the text renderer, all are in the JSON.
     breakdown_label: str | None = None
     breakdown: Mapping[str, ScopeFinding] = dataclasses.field(default_factory=dict)
+    alerts: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -112,6 +127,7 @@ class Finding:
             "remediation": list(self.remediation),
             "runbook_url": self.runbook_url,
             "breakdown": None,
+            "alerts": list(self.alerts),
         }
         if self.breakdown_label is not None:
             document["breakdown"] = {
@@ -123,6 +139,7 @@ class Finding:
                         "summary": scope.summary,
                         "evidence": dict(scope.evidence),
                         "remediation": list(scope.remediation),
+                        "alerts": list(scope.alerts),
                     }
                     for name, scope in sorted(self.breakdown.items())
                 },

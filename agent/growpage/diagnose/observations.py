@@ -36,10 +36,6 @@ class Window:
     def duration_s(self) -> float:
         return self.end_s - self.start_s
 
-    @property
-    def has_rates(self) -> bool:
-        return self.kind != "lifetime" and self.duration_s > 0
-
     def describe(self) -> str:
         """Short text for evidence, e.g. ``1m, 2 snapshots`` or ``30m until 2024-05-01T10:00:00Z``."""
         if self.kind == "lifetime":
@@ -211,6 +207,15 @@ class Scope:
     inactive_components: Mapping[str, str] | None = None
     # Metrics whose only samples were NaN or +-Inf: read as unknown, and the report says so.
     non_finite: tuple[str, ...] = ()
+    # Live tokens over granted token slots summed across the scope's pods (never a mean of per-pod
+    # ratios, which weighs an idle pod like a full one), over the window: what the alerts read.
+    pooled_utilization: GaugeStats | None = None
+    # vLLM's own series (its /metrics), read where they sit next to GrowPage's: what users feel.
+    vllm_ttft: HistogramCounts | None = None
+    vllm_itl: HistogramCounts | None = None
+    vllm_preemptions: float | None = None  # increase
+    vllm_kv_cache_usage_max: float | None = None
+    vllm_queue_growth: float | None = None  # waiting requests at the end minus at the start
     gpu_framebuffer_used_max: float | None = None  # DCGM used / (used + free), highest in window
     gpu_models: tuple[str, ...] = ()
     # Health of the data path: endpoint response time, or Prometheus sample age and targets.
@@ -233,7 +238,8 @@ class Scope:
         """Whether any GrowPage series reached this scope (the build info or any metric)."""
         values = [getattr(self, field.name) for field in dataclasses.fields(self)
                   if field.name not in {"name", "gpu_framebuffer_used_max", "gpu_models", "response_time_s",
-                                        "sample_age_s", "targets_total", "targets_down", "non_finite"}]
+                                        "sample_age_s", "targets_total", "targets_down", "non_finite"}
+                  and not field.name.startswith("vllm_")]
         return any(value not in (None, ()) for value in values)
 
 
@@ -247,11 +253,6 @@ class Observations:
     breakdown_label: str | None = None  # "namespace" or "pod"
     breakdown: Mapping[str, Scope] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
-
-
-def is_finite(value: float | None) -> bool:
-    """A number that is data: not None, NaN or +-Inf."""
-    return value is not None and math.isfinite(value)
 
 
 def round_number(value: float | None) -> float | None:

@@ -59,9 +59,9 @@ REPORT_SCHEMA = {
             "items": {
                 "type": "object",
                 "required": ["id", "title", "status", "severity", "summary", "evidence", "remediation",
-                             "runbook_url", "breakdown"],
+                             "runbook_url", "breakdown", "alerts"],
                 "properties": {
-                    "id": {"enum": ["slo-utilization", "slo-compress-ratio", "slo-allocation-latency",
+                    "id": {"enum": ["vllm-latency", "slo-utilization", "slo-compress-ratio", "slo-allocation-latency",
                                     "over-granting", "allocation-latency", "oom-fragmentation", "rollout",
                                     "agent-health"]},
                     "title": {"type": "string"},
@@ -71,6 +71,7 @@ REPORT_SCHEMA = {
                     "evidence": _EVIDENCE,
                     "remediation": {"type": "array", "items": {"type": "string"}},
                     "runbook_url": {"type": "string"},
+                    "alerts": {"type": "array", "items": {"type": "string"}},
                     "breakdown": {
                         "oneOf": [
                             {"type": "null"},
@@ -91,6 +92,7 @@ REPORT_SCHEMA = {
                                                 "summary": {"type": "string"},
                                                 "evidence": _EVIDENCE,
                                                 "remediation": {"type": "array", "items": {"type": "string"}},
+                                                "alerts": {"type": "array", "items": {"type": "string"}},
                                             },
                                         },
                                     },

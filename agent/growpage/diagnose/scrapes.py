@@ -100,6 +100,14 @@ def build_scope(name: str, agent: Sequence[Exposition], dcgm: Sequence[Expositio
         requests_running_max=_gauge_max(agent, catalog.REQUESTS_RUNNING.name, keep),
         agent_errors=errors,
         build_infos=_build_infos(agent, keep),
+        pooled_utilization=_pooled_utilization(agent, keep),
+        vllm_ttft=histogram_increase(agent, catalog.VLLM_TTFT, keep),
+        vllm_itl=histogram_increase(agent, catalog.VLLM_ITL, keep),
+        vllm_preemptions=counter_increase(agent, catalog.VLLM_PREEMPTIONS, keep),
+        vllm_kv_cache_usage_max=_gauge_max(agent, catalog.VLLM_KV_CACHE_USAGE, keep),
+        vllm_queue_growth=_growth(agent, catalog.VLLM_REQUESTS_WAITING, keep),
+        targets_total=_targets(agent, keep, down=False),
+        targets_down=_targets(agent, keep, down=True),
         gpu_framebuffer_used_max=_framebuffer_used_max(dcgm, keep),
         gpu_models=tuple(sorted({s.labels[catalog.DCGM_MODEL_NAME_LABEL] for e in dcgm for s in e.samples
                                  if s.name == catalog.DCGM_FB_USED and keep(s.labels)
@@ -138,6 +146,35 @@ def _stranded_slots_max(expositions: Sequence[Exposition], keep: LabelFilter) ->
         return max(shares)
     utilization = gauge_stats(expositions, catalog.UTILIZATION.name, keep)
     return 1 - utilization.min if utilization is not None else None
+
+
+def _pooled_utilization(expositions: Sequence[Exposition], keep: LabelFilter) -> GaugeStats | None:
+    """Sum of live tokens over sum of granted slots, per exposition: what the utilization alerts read."""
+    ratios = []
+    for exposition in expositions:
+        granted = sum(_series(exposition, catalog.GRANTED_TOKEN_SLOTS.name, keep).values())
+        if granted > 0:
+            ratios.append(sum(_series(exposition, catalog.LIVE_TOKENS.name, keep).values()) / granted)
+    if not ratios:
+        return None
+    return GaugeStats(mean=sum(ratios) / len(ratios), min=min(ratios), max=max(ratios), last=ratios[-1])
+
+
+def _growth(expositions: Sequence[Exposition], name: str, keep: LabelFilter) -> float | None:
+    """A gauge's sum in the newest exposition that has it minus in the oldest (None with fewer than two)."""
+    sums = [sum(values.values()) for values in (_series(e, name, keep) for e in expositions) if values]
+    return sums[-1] - sums[0] if len(sums) >= 2 else None
+
+
+def _targets(expositions: Sequence[Exposition], keep: LabelFilter, down: bool) -> int | None:
+    """GrowPage scrape targets (``up{job=...}`` in a federated or replayed snapshot) in the newest
+    exposition that has them; ``down`` counts those whose scrape failed."""
+    for exposition in reversed(expositions):
+        targets = {key: value for key, value in _series(exposition, "up", keep).items()
+                   if dict(key).get("job") == catalog.SCRAPE_JOB}
+        if targets:
+            return sum(1 for value in targets.values() if value < 1) if down else len(targets)
+    return None
 
 
 def _inactive_components(expositions: Sequence[Exposition], keep: LabelFilter) -> dict[str, str] | None:

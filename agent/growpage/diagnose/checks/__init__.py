@@ -21,11 +21,15 @@ from growpage.diagnose.checks.oom import oom_fragmentation
 from growpage.diagnose.checks.overgrant import over_granting
 from growpage.diagnose.checks.rollout import rollout
 from growpage.diagnose.checks.slo import allocation_latency_slo, compress_ratio, utilization
+from growpage.diagnose.checks.vllm import vllm_latency
 from growpage.diagnose.findings import Finding, Report, ScopeFinding, Severity, Status, worst
 from growpage.diagnose.observations import Observations
 
 _LIMITS = catalog.CHECKLIST
 CHECKS: tuple[Check, ...] = (
+    Check("vllm-latency",
+          f"vLLM users: time to first token and inter-token latency within their SLOs "
+          f"({catalog.SLO_VLLM_TTFT.threshold_s:g} s, {catalog.SLO_VLLM_ITL.threshold_s * 1000:g} ms)", vllm_latency),
     Check("slo-utilization", f"SLO: KV page utilization >= {catalog.SLO_UTILIZATION.objective}", utilization),
     Check("slo-compress-ratio", f"SLO: compress ratio >= {catalog.SLO_COMPRESS_RATIO.objective}x", compress_ratio),
     Check("slo-allocation-latency",
@@ -37,11 +41,13 @@ CHECKS: tuple[Check, ...] = (
     Check("allocation-latency",
           f"Allocation latency p99 <= {_LIMITS.allocation_latency_p99_critical_s * 1000:g} ms (else: why)",
           allocation_latency),
-    Check("oom-fragmentation", "No OOM or preemption while the GPU has room", oom_fragmentation),
+    Check("oom-fragmentation", "No preemption or OOM from stranded pages; no fragmentation while pages run short",
+          oom_fragmentation),
     Check("rollout", "Rollout: mode, phase-2 candidates, throttling", rollout),
     Check("agent-health", "Agent healthy: no faults, build info, scraped", agent_health),
 )
 assert {check.id for check in CHECKS} == set(catalog.CHECK_RUNBOOKS), "every check needs a runbook page"
+assert set(catalog.CHECK_BY_ALERT.values()) <= set(catalog.CHECK_RUNBOOKS), "every alert needs a check"
 
 _SEVERITY_RANK = {Severity.NONE: 0, Severity.INFO: 1, Severity.WARNING: 2, Severity.CRITICAL: 3}
 
@@ -114,10 +120,11 @@ def _finding(check: Check, overall: ScopeFinding, breakdown: dict[str, ScopeFind
                 remediation.append(f"{label} {name}: {step}")
     severities = [overall.resolved_severity, *(found.resolved_severity for found in breakdown.values())]
     severity = max(severities, key=_SEVERITY_RANK.__getitem__)
+    alerts = tuple(dict.fromkeys(name for found in (overall, *problems.values()) for name in found.alerts))
     return Finding(id=check.id, title=check.title, status=status, severity=severity, summary=summary,
                    evidence=overall.evidence, remediation=tuple(remediation),
                    runbook_url=runbook_url(check.id), breakdown_label=observations.breakdown_label,
-                   breakdown=breakdown)
+                   breakdown=breakdown, alerts=alerts)
 
 
 def _worst_summary(problems: dict[str, ScopeFinding]) -> str:

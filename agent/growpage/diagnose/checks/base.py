@@ -83,7 +83,21 @@ def missing(scope: Scope, metric: str, window: Window, what: str | None = None, 
 
 def is_idle(scope: Scope) -> bool:
     """No page was granted and no request ran: ratios of nothing are not findings."""
-    return scope.page_allocations == 0 and not scope.requests_running_max
+    granted_none = scope.page_allocations == 0 or (scope.page_allocations is None
+                                                   and scope.requests_running_max is not None)
+    return granted_none and not scope.requests_running_max
+
+
+def is_mode_off(scope: Scope) -> bool:
+    """Every GrowPage of the scope runs in mode off: nothing it exports can be a finding."""
+    return scope.build_values("mode") == ("off",)
+
+
+def in_modes(scope: Scope, modes: tuple[str, ...]) -> bool:
+    """Some GrowPage of the scope runs in one of ``modes``; an unknown mode (no build info) counts,
+    so a check still runs against an agent that predates build info."""
+    found = scope.build_values("mode")
+    return not found or any(mode in modes for mode in found)
 
 
 def idle_reason(window: Window) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from growpage import catalog
 from growpage.diagnose.checks.base import Thresholds, evidence
-from growpage.diagnose.findings import ScopeFinding, Status
+from growpage.diagnose.findings import ScopeFinding, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
 
@@ -18,30 +18,39 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
                      response_time_s=scope.response_time_s, sample_age_s=scope.sample_age_s,
                      targets_total=scope.targets_total, targets_down=scope.targets_down,
                      inactive_components=dict(inactive), non_finite=list(scope.non_finite))
-    problems, steps = [], []
+    problems, steps, alerts = [], [], []
     mode = scope.build_value("mode")
-    if inactive and mode != "off":
+    # The enforcer idles by design outside enforce; every component idles in mode off.
+    inactive = {component: reason for component, reason in inactive.items()
+                if mode not in ("off", None) and (component != "enforcer" or mode in catalog.MODES_ENFORCING)}
+    if scope.targets_down:
+        alerts.append("GrowPageAgentDown")
+        problems.append(f"{scope.targets_down} of {scope.targets_total} scrape targets down")
+        steps.append("Prometheus cannot scrape those pods and the route answers in every mode: the vLLM "
+                     "process is gone or its network is; check the pods and their Service/ServiceMonitor.")
+    if inactive:
+        alerts.append("GrowPageAgentInactive")
         listing = ", ".join(f"{component} ({reason})" for component, reason in sorted(inactive.items()))
         problems.append(f"inactive while the mode is {mode or 'unknown'}: {listing}")
         steps.append("The pod serves with vLLM's default paging and its GrowPage metrics describe nothing: "
                      "see runbook GrowPageAgentInactive.md for each reason (e.g. full_cudagraph, "
                      "unsupported_backend, async_scheduling).")
     if total > 0:
+        alerts.append("GrowPageAgentErrors")
         since = " since start" if window.kind == "lifetime" else ""
         listing = ", ".join(f"{name} {count:,.0f}" for name, count in sorted(errors.items()))
         problems.append(f"{total:,.0f} caught faults{since} ({listing})")
         steps.append("Read the agent's log lines for those components: each fault fell back to vLLM's "
                      "default behaviour (requests were served, GrowPage skipped them).")
     if not scope.build_infos:
+        alerts.append("GrowPageMetricsAbsent")
         problems.append(f"{catalog.BUILD_INFO.name} missing")
-        steps.append("Upgrade the agent to metrics contract v1: without build info diagnose cannot read "
-                     "mode, block_size or base_pages.")
+        steps.append("Check that the plugin is loaded (VLLM_PLUGINS) and that the scrape reads "
+                     f"{catalog.METRICS_PATH}: without build info diagnose cannot read mode, block_size or "
+                     "base_pages.")
     if scope.response_time_s is not None and scope.response_time_s > t.diagnose.endpoint_slow_response_s:
         problems.append(f"{catalog.METRICS_PATH} took {scope.response_time_s:.1f}s")
         steps.append("A slow metrics route risks Prometheus scrape timeouts: check the agent's CPU.")
-    if scope.targets_down:
-        problems.append(f"{scope.targets_down} of {scope.targets_total} scrape targets down")
-        steps.append("Prometheus cannot scrape those pods: check them and their Service/ServiceMonitor.")
     if scope.sample_age_s is not None and scope.sample_age_s > t.diagnose.scrape_stale_s:
         problems.append(f"newest sample {scope.sample_age_s:,.0f}s old")
         steps.append(f"The agent stopped being scraped: check Prometheus' targets page (job {catalog.SCRAPE_JOB}).")
@@ -49,7 +58,9 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
         problems.append(f"NaN/Inf values read as unknown: {', '.join(scope.non_finite)}")
         steps.append("The agent exported NaN or Inf: the checks that need those metrics say unknown; "
                      "report it with a --bundle.")
-    if problems:
+    if alerts:
+        return alert_finding(tuple(alerts), "; ".join(problems), proof, tuple(steps))
+    if problems:  # the data path itself is in doubt: no alert covers it, diagnose still warns
         return ScopeFinding(Status.WARNING, "; ".join(problems), proof, tuple(steps))
     reading = ""
     if scope.response_time_s is not None:

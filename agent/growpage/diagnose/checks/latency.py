@@ -10,8 +10,8 @@ from __future__ import annotations
 from growpage import catalog
 from growpage.diagnose.checks import advice
 from growpage.diagnose.checks.advice import recommended_block_size
-from growpage.diagnose.checks.base import Thresholds, evidence, missing, ms, pct, throttle_share, unknown
-from growpage.diagnose.findings import ScopeFinding, Severity, Status
+from growpage.diagnose.checks.base import Thresholds, evidence, in_modes, missing, ms, pct, throttle_share, unknown
+from growpage.diagnose.findings import ScopeFinding, Severity, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
 
@@ -37,6 +37,8 @@ def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFind
         throttle_saturation_threshold=t.checklist.throttle_saturation, denied=denied,
         pool_free_fraction_min=free_min, pool_free_low_threshold=t.diagnose.pool_free_low_fraction)
     block_step = advice.block_size_step(scope, t)
+    if p99_s is not None and p99_s > limit_s and not in_modes(scope, catalog.MODES_OBSERVING):
+        return ScopeFinding(Status.OK, f"mode off: p99 {ms(p99_s)} is not GrowPage's", proof)
     if p99_s is not None and p99_s <= limit_s:
         summary = f"p99 {ms(p99_s)} <= {ms(limit_s)}"
         if block_step:
@@ -49,12 +51,12 @@ def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFind
         steps.append(block_step)
     if throttled is not None and throttled > t.checklist.throttle_saturation:
         causes.append(f"growth throttled ({pct(throttled)} of attempts)")
-        steps.append("Growth is throttled: raise max_growth_rate (the seed's default is 0.3, +30 % pages/s) "
+        steps.append("Growth is throttled: raise max_growth_rate (default 0.3, +30 % pages/s) "
                      "or lower base_pages so fewer requests must grow.")
     exhausted = free_min is not None and free_min <= t.diagnose.pool_free_low_fraction
     if exhausted or (denied or 0) > 0:
         causes.append(f"pool exhausted (free pages down to {pct(free_min)}, {denied or 0:,.0f} denied)")
-        steps.append("The pool runs dry: add replicas (HPA on growpage_kv_page_allocations_total), raise vLLM's "
+        steps.append(f"The pool runs dry: add replicas (the HPA scales on {catalog.VLLM_REQUESTS_WAITING}), raise vLLM's "
                      "gpu_memory_utilization, or lower base_pages / max_num_seqs.")
     mixed = len(scope.build_values("block_size")) > 1 or len(gpu_names) > 1
     if mixed:
@@ -66,4 +68,5 @@ def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFind
     if block_size is None and not mixed:
         steps.append("growpage_build_info has no block_size: cannot compare the page size with the GPU.")
     cause_text = f"; likely: {', '.join(causes)}" if causes else ""
-    return ScopeFinding(Status.CRITICAL, f"p99 {ms(p99_s)} > {ms(limit_s)}{cause_text}", proof, tuple(steps))
+    return alert_finding(("GrowPageAllocationLatencyHigh",), f"p99 {ms(p99_s)} > {ms(limit_s)}{cause_text}", proof,
+                         tuple(steps))

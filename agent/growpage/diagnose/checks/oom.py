@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from growpage import catalog
 from growpage.diagnose.checks import advice
-from growpage.diagnose.checks.base import Thresholds, evidence, missing, pct
-from growpage.diagnose.findings import ScopeFinding, Severity, Status
+from growpage.diagnose.checks.base import Thresholds, evidence, in_modes, missing, pct
+from growpage.diagnose.findings import ScopeFinding, Severity, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
 NO_GROWPAGE_IN_VLLM_NOTE = advice.NO_GROWPAGE_IN_VLLM_NOTE
@@ -23,47 +23,67 @@ NO_GROWPAGE_IN_VLLM_NOTE = advice.NO_GROWPAGE_IN_VLLM_NOTE
 def oom_fragmentation(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     metric = catalog.OOM_EVENTS.name
     preempt = scope.decisions.get("preempt") if scope.decisions else None
-    if scope.oom_events is None and (preempt is None or metric in scope.non_finite):
-        return missing(scope, metric, window, f"{metric} or growpage_decisions_total{{decision=\"preempt\"}}")
-    ooms, preemptions = scope.oom_events or 0.0, preempt or 0.0
-    free_min, stranded = scope.pool_free_fraction_min, scope.stranded_slots_max
     fragmentation = scope.fragmentation.max if scope.fragmentation is not None else None
+    if (scope.oom_events is None and preempt is None and scope.vllm_preemptions is None
+            and fragmentation is None):
+        return missing(scope, metric, window, f"{metric}, growpage_decisions_total{{decision=\"preempt\"}}, "
+                       f"{catalog.VLLM_PREEMPTIONS} or {catalog.FRAGMENTATION.name}")
+    ooms, preemptions, vllm_preemptions = scope.oom_events or 0.0, preempt or 0.0, scope.vllm_preemptions or 0.0
+    free_min, stranded = scope.pool_free_fraction_min, scope.stranded_slots_max
     limits = t.checklist
+    per_s = (vllm_preemptions / window.duration_s if window.kind != "lifetime" and window.duration_s > 0
+             else None)
     proof = evidence(
-        metric, ooms, 0, window, preemptions=preemptions, pool_free_fraction_min=free_min,
+        metric, ooms, 0, window, preemptions=preemptions, vllm_preemptions=vllm_preemptions,
+        vllm_preemptions_per_s=per_s, vllm_preemptions_per_s_threshold=catalog.VLLM_PREEMPTIONS_PER_S_HIGH,
+        vllm_kv_cache_usage_max=scope.vllm_kv_cache_usage_max,
+        vllm_kv_cache_usage_threshold=limits.vllm_kv_cache_usage_full, vllm_queue_growth=scope.vllm_queue_growth,
+        pool_free_fraction_min=free_min,
         pool_free_low_threshold=limits.pool_free_low, stranded_slots_max=stranded,
         stranded_slots_threshold=limits.stranded_slots_high, fragmentation_max=fragmentation,
         fragmentation_threshold=limits.fragmentation_high,
         gpu_framebuffer_used_max=scope.gpu_framebuffer_used_max, mode=scope.build_value("mode"),
-        base_pages=scope.build_value("base_pages"), block_size=scope.build_value("block_size"))
-    short = free_min is not None and free_min <= limits.fragmentation_pool_free_max
-    if ooms == 0 and preemptions == 0:
-        if fragmentation is not None and fragmentation >= limits.fragmentation_high and short:
-            return ScopeFinding(Status.OK, f"no OOM or preemption; fragmentation is high ({fragmentation:.2f} "
-                                f">= {limits.fragmentation_high}) while the pool is down to {pct(free_min)} free, "
-                                "watch it", proof,
-                                ("High fragmentation strands pages before the pool is empty: see the runbook.",),
-                                Severity.INFO)
+        home=scope.build_value("engine"), base_pages=scope.build_value("base_pages"),
+        block_size=scope.build_value("block_size"))
+    if not in_modes(scope, catalog.MODES_OBSERVING):
+        return ScopeFinding(Status.OK, "mode off: GrowPage observes no page here", proof)
+    failures = ooms + preemptions + vllm_preemptions
+    events = f"{ooms:,.0f} OOM events, {preemptions + vllm_preemptions:,.0f} preemptions"
+    growpage_full = free_min is not None and free_min <= limits.pool_free_low
+    vllm_full = (scope.vllm_kv_cache_usage_max is not None
+                 and scope.vllm_kv_cache_usage_max >= limits.vllm_kv_cache_usage_full
+                 and (scope.vllm_queue_growth or 0) > 0)
+    is_stranded = stranded is not None and stranded >= limits.stranded_slots_high
+    short = free_min is not None and free_min < limits.fragmentation_pool_free_max
+    alerts, parts, steps = [], [], []
+    if failures > 0 and (growpage_full or vllm_full) and is_stranded:
+        alerts.append("GrowPageKVPagesStranded")
+        where = (f"the pool had no free page (down to {pct(free_min)})" if growpage_full else
+                 f"vLLM's KV cache was {pct(scope.vllm_kv_cache_usage_max)} used with its queue growing")
+        parts.append(f"{events} while {where} and {pct(stranded)} of the granted token slots held no live "
+                     "token: pages are stranded, not used")
+        steps += advice.stranded_pages(scope, t)
+    if per_s is not None and per_s > catalog.VLLM_PREEMPTIONS_PER_S_HIGH:
+        alerts.append("GrowPageVLLMPreemptions")
+        parts.append(f"vLLM preempted {per_s:.2f} requests per second (> {catalog.VLLM_PREEMPTIONS_PER_S_HIGH:g})")
+        if not is_stranded:
+            steps += advice.genuinely_full(scope, t)
+    if fragmentation is not None and fragmentation > limits.fragmentation_high and short:
+        alerts.append("GrowPageFragmentationHigh")
+        parts.append(f"fragmentation {fragmentation:.2f} (> {limits.fragmentation_high}) while the pool is down "
+                     f"to {pct(free_min)} free")
+        steps.append("High fragmentation strands pages before the pool is empty: see runbook "
+                     "GrowPageFragmentationHigh.md.")
+    if alerts:
+        return alert_finding(tuple(alerts), "; ".join(parts), proof, tuple(dict.fromkeys(steps)))
+    if failures == 0:
         return ScopeFinding(Status.OK, "no OOM or preemption in the window", proof)
-    events = f"{ooms:,.0f} OOM events, {preemptions:,.0f} preemptions"
-    if free_min is None or stranded is None:
-        unknown_parts = [name for name, value in (("free pages (growpage_pool_pages)", free_min),
-                                                  ("stranded slots (growpage_kv_live_tokens / "
-                                                   "growpage_kv_granted_token_slots)", stranded)) if value is None]
-        return ScopeFinding(Status.WARNING, f"{events}; cannot tell why: {' and '.join(unknown_parts)} unknown",
-                            proof, ("Export the pool gauges (an agent of this version does) and re-run diagnose.",))
-    no_free_page = free_min <= limits.pool_free_low
-    if no_free_page and stranded >= limits.stranded_slots_high:
-        return ScopeFinding(
-            Status.CRITICAL, f"{events} while the pool had no free page (down to {pct(free_min)}) and "
-            f"{pct(stranded)} of the granted token slots held no live token: pages are stranded, not used",
-            proof, advice.stranded_pages(scope, t))
-    if no_free_page:
-        return ScopeFinding(
-            Status.WARNING, f"{events}; the pool had no free page and {pct(1 - stranded)} of the granted "
-            "slots held live tokens: memory is genuinely full", proof, advice.genuinely_full(scope, t))
+    # Failures the alerts do not page for: advice, not a finding (severity info).
+    if growpage_full or vllm_full:
+        why = (f"{events}; the KV cache was full of live tokens: memory is genuinely full, a capacity question"
+               if not is_stranded or stranded is None else f"{events}")
+        return ScopeFinding(Status.OK, why, proof, advice.genuinely_full(scope, t), Severity.INFO)
     return ScopeFinding(
-        Status.WARNING, f"{events} while the pool still had {pct(free_min)} free pages: not a shortage of "
-        "GrowPage pages", proof,
+        Status.OK, f"{events} while the pool still had free pages: not a shortage of GrowPage pages", proof,
         ("Requests failed for another reason: check vLLM's own KV cache (vllm:kv_cache_usage_perc, "
-         "vllm:num_preemptions_total) and growth throttling (the rollout check).",))
+         "vllm:num_preemptions_total) and growth throttling (the rollout check).",), Severity.INFO)

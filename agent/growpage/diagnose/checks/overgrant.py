@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 from growpage import catalog
-from growpage.diagnose.checks.base import Thresholds, evidence, idle_reason, is_idle, missing, pct, unknown
-from growpage.diagnose.findings import ScopeFinding, Status
+from growpage.diagnose.checks.base import Thresholds, evidence, idle_reason, in_modes, is_idle, missing, pct, unknown
+from growpage.diagnose.findings import ScopeFinding, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
 FORMULA = "max(1, floor(p50_tokens / (utilization_slo x block_size)))"
@@ -47,6 +47,13 @@ def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
         requests_finished=tokens.count if tokens is not None else None,
         suggested_base_pages=suggested, suggested_base_pages_formula=FORMULA,
         base_pages_values=list(scope.build_values("base_pages")))
+    homes = scope.build_values("engine")
+    if homes and not any(home in catalog.HOMES_GRANTING_BASE_PAGES for home in homes):
+        return ScopeFinding(Status.OK, f"home {', '.join(homes)}: pages are granted on demand and base_pages is a "
+                            "compaction floor, so low utilization is slack (oom-fragmentation), not over-granting",
+                            proof)
+    if not in_modes(scope, catalog.MODES_OBSERVING):
+        return ScopeFinding(Status.OK, "mode off: GrowPage grants nothing here", proof)
     if highest >= limit:
         return ScopeFinding(Status.OK, f"utilization reached {highest:.2f} (>= {limit}): not over-granting",
                             proof)
@@ -54,11 +61,9 @@ def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     lengths = (f"; p50/p90/p99 request {p50:.0f}/{p90:.0f}/{p99:.0f} tokens" if p50 is not None else "")
     grant = f" vs a {grant_tokens:,}-token grant ({base_pages} x {block_size})" if grant_tokens else ""
     summary = f"utilization never above {highest:.2f} (< {limit}){one_sample}{lengths}{grant}"
-    # Sustained below the checklist limit is the GrowPageKVOverGranting condition (diagnose rates it
-    # critical: it is the checklist's verdict, not a page);
-    # a single snapshot cannot show "sustained", so it only warns.
-    status = Status.WARNING if window.num_samples == 1 else Status.CRITICAL
-    return ScopeFinding(status, summary, proof, _remediation(base_pages, block_size, p50, suggested, t))
+    # Below the checklist limit all window is the GrowPageKVOverGranting condition.
+    return alert_finding(("GrowPageKVOverGranting",), summary, proof,
+                         _remediation(base_pages, block_size, p50, suggested, t))
 
 
 def _remediation(base_pages: int | None, block_size: int | None, p50: float | None, suggested: int | None,

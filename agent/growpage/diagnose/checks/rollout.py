@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from growpage import catalog
 from growpage.diagnose.checks.base import Thresholds, evidence, pct, throttle_share, unknown
-from growpage.diagnose.findings import ScopeFinding, Severity, Status
+from growpage.diagnose.findings import ScopeFinding, Severity, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
 THROTTLE_METRIC = 'growpage_decisions_total{decision="throttled"} / (allocate + throttled)'
@@ -30,10 +30,10 @@ def rollout(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
         proof = evidence(THROTTLE_METRIC, throttled, t.checklist.throttle_saturation, window, mode=mode,
                          lts_entropy_p50=p50, requests_finished=finished)
         if throttled is not None and throttled > t.checklist.throttle_saturation:
-            return ScopeFinding(
-                Status.WARNING, f"enforced; growth throttled in {pct(throttled)} of attempts "
+            return alert_finding(
+                ("GrowPageGrowthThrottled",), f"enforced; growth throttled in {pct(throttled)} of attempts "
                 f"(> {pct(t.checklist.throttle_saturation)}): max_growth_rate is too tight", proof,
-                ("Raise max_growth_rate (the seed's 0.3 = +30 % pages per second per request) or lower "
+                ("Raise max_growth_rate (default 0.3 = +30 % pages per second per request) or lower "
                  "base_pages so fewer requests hit the limit.",))
         return ScopeFinding(Status.OK, f"enforced (phase 2/3); growth throttled in {pct(throttled)} of "
                             "attempts", proof)

@@ -7,6 +7,7 @@ from growpage.diagnose.checks.base import (
     Thresholds,
     evidence,
     idle_reason,
+    in_modes,
     is_idle,
     missing,
     ms,
@@ -14,7 +15,8 @@ from growpage.diagnose.checks.base import (
     pct_floor,
     unknown,
 )
-from growpage.diagnose.findings import ScopeFinding, Status
+from growpage.diagnose.checks.vllm import burn_alerts
+from growpage.diagnose.findings import ScopeFinding, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
 # FP16 -> INT8 with one FP16 scale per head per 16-token page: 256 / 128.125 bytes: INT8 alone cannot reach 2.0x.
@@ -23,21 +25,27 @@ INT8_RATIO_CEILING = 256 / 128.125
 
 def utilization(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     metric = catalog.UTILIZATION.name
-    if scope.utilization is None:
+    stats = scope.pooled_utilization or scope.utilization
+    if stats is None:
         return missing(scope, metric, window, threshold=t.utilization_slo)
     if is_idle(scope):
         return unknown(metric, idle_reason(window), window, t.utilization_slo)
-    stats = scope.utilization
-    proof = evidence(metric, stats.mean, t.utilization_slo, window, statistic="mean of all samples",
-                     min=stats.min, max=stats.max, last=stats.last)
+    how = ("sum of live tokens / sum of granted token slots, mean over the window" if scope.pooled_utilization
+           else "mean of all samples")
+    proof = evidence(metric, stats.mean, t.utilization_slo, window, statistic=how,
+                     min=stats.min, max=stats.max, last=stats.last, mode=scope.build_value("mode"))
+    if not in_modes(scope, catalog.MODES_OBSERVING):
+        return ScopeFinding(Status.OK, "mode off: GrowPage grants nothing here, nothing to utilize", proof)
     if stats.mean >= t.utilization_slo:
         return ScopeFinding(Status.OK, f"mean utilization {stats.mean:.2f} meets the SLO (>= {t.utilization_slo})",
                             proof)
-    return ScopeFinding(
-        Status.WARNING,
+    return alert_finding(
+        ("GrowPageKVUtilizationLow",),
         f"mean utilization {stats.mean:.2f} is below the SLO {t.utilization_slo}",
         proof,
-        ("Grants hold unused token slots: see the over-granting check for a base_pages that fits the traffic.",
+        ("Reference engine: grants hold unused token slots; see the over-granting check for a base_pages that "
+         "fits the traffic. Inside vLLM pages are granted on demand: the empty slots are tail slack and "
+         "eviction holes (the oom-fragmentation check).",
          "Reserved pages count as granted: compare growpage_pool_pages{state=\"reserved\"} with "
          "state=\"used\"."),
     )
@@ -65,6 +73,9 @@ def compress_ratio(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
                        t.compress_ratio_slo)
     proof = evidence(metric, ratio, t.compress_ratio_slo, window, method=how, mode=mode,
                      input_bytes=bytes_in, output_bytes=bytes_out)
+    if ratio is not None and not in_modes(scope, catalog.MODES_ENFORCING):
+        return ScopeFinding(Status.OK, f"mode {mode}: GrowPage changes no KV here, the ratio is not its SLO",
+                            proof)
     if ratio is None:
         why = (f"mode {mode}: GrowPage does not compress" if mode in ("monitor", "off")
                else "no page boundary needed one")
@@ -77,8 +88,8 @@ def compress_ratio(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     if ratio < INT8_RATIO_CEILING - 0.2:
         steps.append("A ratio this low means most compressions save little: check growpage_decisions_total "
                      "{decision=\"quantize\"} vs {decision=\"evict\"} and the agent's logs.")
-    return ScopeFinding(Status.WARNING, f"compress ratio {ratio:.3f}x is below the SLO {t.compress_ratio_slo}x",
-                        proof, tuple(steps))
+    return alert_finding(("GrowPageCompressRatioLow",),
+                         f"compress ratio {ratio:.3f}x is below the SLO {t.compress_ratio_slo}x", proof, tuple(steps))
 
 
 def allocation_latency_slo(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
@@ -100,13 +111,15 @@ def allocation_latency_slo(scope: Scope, window: Window, t: Thresholds) -> Scope
         method=(f"bucket le={t.latency_slo_threshold_s:g} / all grants" if on_bound
                 else "interpolated between buckets"))
     target = f"SLO {pct(t.latency_slo_objective)}"
-    if within >= t.latency_slo_objective:
+    burn = (1 - within) / (1 - t.latency_slo_objective)
+    alerts = burn_alerts("AllocationLatency", burn)
+    if not alerts or not in_modes(scope, catalog.MODES_OBSERVING):
         return ScopeFinding(Status.OK, f"{pct_floor(within)} of {histogram.count:,.0f} grants took <= "
                             f"{ms(t.latency_slo_threshold_s)} ({target})", proof)
-    return ScopeFinding(
-        Status.WARNING,
+    return alert_finding(
+        alerts,
         f"only {pct_floor(within)} of {histogram.count:,.0f} grants took <= {ms(t.latency_slo_threshold_s)} "
-        f"({target})",
+        f"({target}; error budget burning at {burn:.1f}x)",
         proof,
         ("See the allocation-latency check for the cause (block size, growth throttling, pool exhaustion).",),
     )

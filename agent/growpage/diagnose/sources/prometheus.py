@@ -204,6 +204,24 @@ def _collect(prom: _Client, q: _Queries, dcgm_labels: Mapping[str, str]) -> dict
         (c.DCGM_MODEL_NAME_LABEL,))
     templates[("stranded_slots_max",)] = (
         f"max {{by}} (max_over_time((1 - sum {{by}} ({live}) / (sum {{by}} ({granted}) > 0)){sub}))", ())
+    # Pooled utilization as the alerts read it: sum of live tokens over sum of granted slots.
+    pooled = f"(sum {{by}} ({live}) / (sum {{by}} ({granted}) > 0))"
+    for stat, function in (("mean", "avg"), ("min", "min"), ("max", "max"), ("last", "last")):
+        templates[("pooled_utilization", stat)] = (f"{function}_over_time({pooled}{sub})", ())
+    # vLLM's own series of the selection's pods (another scrape job: joined on the pod, never on $job).
+    vllm_pods = f"max by (namespace, pod) (last_over_time({agents}{r}))"
+
+    def vllm(expr: str) -> str:
+        return f"({expr} and on (namespace, pod) {vllm_pods})"
+
+    for field, histogram in (("vllm_ttft", c.VLLM_TTFT), ("vllm_itl", c.VLLM_ITL)):
+        templates[(field, "buckets")] = (f"sum {{by}} ({vllm(f'increase({histogram}_bucket{r})')})", ("le",))
+        templates[(field, "sum")] = (f"sum {{by}} ({vllm(f'increase({histogram}_sum{r})')})", ())
+    templates[("vllm_preemptions",)] = (f"sum {{by}} ({vllm(f'increase({c.VLLM_PREEMPTIONS}{r})')})", ())
+    templates[("vllm_kv_cache_usage_max",)] = (
+        f"max {{by}} ({vllm(f'max_over_time({c.VLLM_KV_CACHE_USAGE}{r})')})", ())
+    templates[("vllm_queue_growth",)] = (
+        f"sum {{by}} ({vllm(f'delta({c.VLLM_REQUESTS_WAITING}{r})')})", ())
     templates[("inactive_components",)] = (
         f"max {{by}} (last_over_time({q.select(c.AGENT_ACTIVE.name)}{r}) < 1)", ("component", "reason"))
     # Targets whose scrape exported GrowPage in the window, by job/instance: works with any job name.
@@ -277,6 +295,12 @@ def _scope(name: str, found: Mapping[tuple[str, ...], list[tuple[dict[str, str],
         agent_errors=by_label(("agent_errors",), "component"),
         build_infos=tuple(sorted({BuildInfo.from_labels(labels) for labels, _ in found.get(("build_infos",), ())},
                                  key=repr)),
+        pooled_utilization=gauge("pooled_utilization"),
+        vllm_ttft=histogram("vllm_ttft"),
+        vllm_itl=histogram("vllm_itl"),
+        vllm_preemptions=one(("vllm_preemptions",)),
+        vllm_kv_cache_usage_max=one(("vllm_kv_cache_usage_max",)),
+        vllm_queue_growth=one(("vllm_queue_growth",)),
         gpu_framebuffer_used_max=one(("gpu_framebuffer_used_max",)),
         gpu_models=tuple(sorted(m for m in (by_label(("gpu_models",), catalog.DCGM_MODEL_NAME_LABEL) or {}) if m)),
         sample_age_s=one(("sample_age_s",)),

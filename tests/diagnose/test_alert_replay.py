@@ -1,0 +1,117 @@
+"""Every promtool fixture of every alert, replayed through ``gpctl diagnose``: the two must agree.
+
+A fixture (``alerts/tests/<Alert>.test.yaml``) gives input series in promtool's values notation and
+the evaluation times at which the alert fires or must stay silent. The replay samples those series
+once per evaluation interval over diagnose's default window (30 minutes, or from the start when the
+fixture is shorter) ending at each evaluation time, hands the samples to diagnose as snapshots
+(counters become increases between them, exactly as for saved expositions) and runs the checklist.
+
+Agreement, per test case: where the alert fires, the diagnose check that ``catalog.SEVERITY_TABLE``
+maps it to names the alert and has the alert's severity (and the matching status); where it stays
+silent, that check does not name the alert. Both sides read the same series, vLLM's included.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from growpage import catalog
+from growpage.diagnose.checks import run_checks
+from growpage.diagnose.exposition import Exposition, Sample
+from growpage.diagnose.findings import Finding
+from growpage.diagnose.scrapes import observations_from_expositions
+from growpage.monitoring.promql import duration_seconds
+
+ALERT_TESTS_DIR = Path(__file__).resolve().parents[2] / "alerts" / "tests"
+WINDOW_S = 30 * 60  # gpctl diagnose --since default
+_SELECTOR = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?$')
+_LABEL = re.compile(r'(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"')
+_EXPANDING = re.compile(r"^(?P<start>-?[0-9.e+]+)(?P<sign>[+-])(?P<step>[0-9.e+]+)x(?P<times>\d+)$")
+_REPEAT = re.compile(r"^(?P<value>-?[0-9.e+]+|_)x(?P<times>\d+)$")
+
+
+def parse_selector(series: str) -> tuple[str, dict[str, str]]:
+    """``name{a="b", ...}`` -> (name, labels); labels with empty values are absent, as in Prometheus."""
+    match = _SELECTOR.match(series.strip())
+    assert match, series
+    labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"] or "")}
+    return match["name"], {key: value for key, value in labels.items() if value}
+
+
+def expand_values(notation: str) -> list[float | None]:
+    """promtool's values notation: ``a+bxn`` (n+1 values), ``axn`` (n+1 copies), ``_`` (missing), numbers."""
+    values: list[float | None] = []
+    for term in notation.split():
+        if expanding := _EXPANDING.match(term):
+            start, step = float(expanding["start"]), float(expanding["step"])
+            step = step if expanding["sign"] == "+" else -step
+            values += [start + step * i for i in range(int(expanding["times"]) + 1)]
+        elif repeat := _REPEAT.match(term):
+            value = None if repeat["value"] == "_" else float(repeat["value"])
+            values += [value] * (int(repeat["times"]) + 1)
+        else:
+            values.append(None if term in ("_", "stale") else float(term))
+    return values
+
+
+def replay(test: dict, at_s: float) -> list[Finding]:
+    """Diagnose over the window ending at ``at_s`` of one promtool test's input series."""
+    interval_s = duration_seconds(test.get("interval", "1m"))
+    series = [(*parse_selector(item["series"]), expand_values(item["values"])) for item in test["input_series"]]
+    start_s = max(0.0, at_s - WINDOW_S)
+    expositions = []
+    for step in range(int(start_s // interval_s), int(at_s // interval_s) + 1):
+        samples = tuple(Sample(name, labels, values[step]) for name, labels, values in series
+                        if step < len(values) and values[step] is not None)
+        expositions.append(Exposition(f"fixture@{step}", step * interval_s, samples, ""))
+    observations = observations_from_expositions(
+        expositions, [e for e in expositions if e.has_dcgm], {"kind": "snapshot", "target": "promtool fixture"},
+        sample_noun="snapshots")
+    return list(run_checks(observations).findings)
+
+
+def _cases() -> list[tuple[str, str, dict, float, bool]]:
+    """(alertname, test name, test, evaluation time, fires) for every check of every fixture."""
+    cases = []
+    for path in sorted(ALERT_TESTS_DIR.glob("*.test.yaml")):
+        alert = path.name.removesuffix(".test.yaml")
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for check in test["alert_rule_test"]:
+                fires = bool(check["exp_alerts"])
+                if fires or len(test["alert_rule_test"]) == 1:  # firing checks and near misses
+                    cases.append((alert, test["name"], test, duration_seconds(check["eval_time"]), fires))
+    return cases
+
+
+CASES = _cases()
+
+
+def test_every_alert_has_fixtures_and_a_row_in_the_severity_table():
+    alerts = {alert for alert, *_ in CASES}
+    assert alerts == set(catalog.SEVERITY_BY_ALERT)
+    assert {alert for alert, _, _, _, fires in CASES if fires} == alerts
+    assert {alert for alert, _, _, _, fires in CASES if not fires} == alerts
+
+
+@pytest.mark.parametrize(("alert", "name", "test", "at_s", "fires"), CASES, ids=[case[1] for case in CASES])
+def test_diagnose_agrees_with_the_alert(alert: str, name: str, test: dict, at_s: float, fires: bool):
+    check_id = catalog.CHECK_BY_ALERT[alert]
+    [finding] = [f for f in replay(test, at_s) if f.id == check_id]
+    named = set(finding.alerts) | {a for scope in finding.breakdown.values() for a in scope.alerts}
+    if fires:
+        severity = catalog.SEVERITY_BY_ALERT[alert]
+        assert alert in finding.alerts, (finding.status, finding.summary)
+        assert finding.severity.value == severity and finding.status.value == severity, finding.summary
+    else:
+        assert alert not in named, finding.summary
+
+
+def test_promtool_values_notation():
+    assert expand_values("0+60x2") == [0.0, 60.0, 120.0]
+    assert expand_values("5x2 _ 1") == [5.0, 5.0, 5.0, None, 1.0]
+    assert expand_values("10-1x1") == [10.0, 9.0]
+    assert parse_selector('up{job="a", reason=""}') == ("up", {"job": "a"})
