@@ -98,7 +98,7 @@ ALLOCATION_LATENCY = MetricSpec(
     "seconds", buckets=ALLOCATION_LATENCY_BUCKETS_S)
 ALLOCATIONS = MetricSpec(
     "growpage_kv_page_allocations_total", MetricType.COUNTER,
-    "Pages granted to requests (admission grants and growth); the seed's HPA metric.", "pages")
+    "Pages granted to requests (admission grants and growth).", "pages")
 DECISIONS = MetricSpec(
     "growpage_decisions_total", MetricType.COUNTER,
     "Page-boundary decisions by kind (denied/throttled count refused allocations).", "",
@@ -147,7 +147,7 @@ POOL_PAGES = MetricSpec(
     labels=("state",), label_values={"state": POOL_STATES})
 LTS_ENTROPY = MetricSpec(
     "growpage_lts_entropy", MetricType.HISTOGRAM,
-    "Per-request long-term attention entropy at finish (the seed's lts_entropy_distribution).", "nats",
+    "Per-request long-term attention entropy at finish.", "nats",
     buckets=LTS_ENTROPY_BUCKETS_NATS)
 STS_DENSITY = MetricSpec(
     "growpage_sts_density_ratio", MetricType.HISTOGRAM,

@@ -1,6 +1,6 @@
 """KV cache size arithmetic: how many bytes and pages a request's keys and values take.
 
-The seed write-up got this wrong (it put 32 layers x 32 KV heads x head_dim 128 at 640 FP16 tokens
+A common estimate gets this wrong (it puts 32 layers x 32 KV heads x head_dim 128 at 640 FP16 tokens
 at "about 1.8 GB" per request; it is 320 MiB). This module is the one place the project does the
 arithmetic, so ``gpctl kv-size``, docs and capacity advice all agree. Pure Python, no CLI imports.
 
@@ -273,10 +273,10 @@ def estimate_kv_size(
 
 
 def seed_example_note(estimate: KVSizeEstimate) -> str | None:
-    """A correction when ``estimate`` is the seed write-up's worked example, else ``None``.
+    """A correction when ``estimate`` is a widely quoted worked example, else ``None``.
 
-    The seed priced 32 layers x 32 KV heads x head_dim 128, FP16, 128 + 512 tokens at about 1.8 GB per
-    request and 14 GB for a batch of 8; the true figures are 320 MiB and 2.5 GiB.
+    That example prices 32 layers x 32 KV heads x head_dim 128, FP16, 128 + 512 tokens at about 1.8 GB
+    per request and 14 GB for a batch of 8; the true figures are 320 MiB and 2.5 GiB.
     """
     is_seed_example = (
         (estimate.layers, estimate.kv_heads, estimate.head_dim, estimate.tokens) == (32, 32, 128, 640)
@@ -285,7 +285,7 @@ def seed_example_note(estimate: KVSizeEstimate) -> str | None:
     if not is_seed_example:
         return None
     return (
-        "note: the GrowPage seed write-up put this example at ~1.8 GB per request and 14 GB for "
+        "note: this example is often quoted at ~1.8 GB per request and 14 GB for "
         f"batch 8; it is {format_bytes(estimate.bytes_per_request)} and "
         f"{format_bytes(8 * estimate.bytes_per_request)}."
     )

@@ -297,18 +297,25 @@ def quiet_scenarios() -> dict[str, list[QuietScenario]]:
             QuietScenario({**_build_info("enforce", "reference"), **_slots(700, 1000), **_running(3)},
                           "utilization 70 %"),
             QuietScenario({**ENFORCE, **_slots(300, 1000), **_running(3)},
-                          "inside vLLM: base_pages is a floor, low utilization is slack")],
+                          "inside vLLM: base_pages is a floor, low utilization is slack"),
+            QuietScenario({**_build_info("off", "reference"), **_slots(300, 1000), **_running(3)}, "mode off")],
         "GrowPageCompressRatioLow": [
             QuietScenario({**ENFORCE, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(3000)),
                            **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}, "bursts at 3x"),
             QuietScenario({**MONITOR, **_series(catalog.COMPRESS_INPUT_BYTES.name, _constant(0)),
                            **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _constant(0))},
-                          "no compressions (mode monitor)")],
-        "GrowPageAllocationLatencyHigh": [QuietScenario({**MONITOR, **_latency(1.0, 100)}, "every grant under 15 ms")],
+                          "no compressions (mode monitor)"),
+            QuietScenario({**OFF, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(1970)),
+                           **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}, "mode off")],
+        "GrowPageAllocationLatencyHigh": [
+            QuietScenario({**MONITOR, **_latency(1.0, 100)}, "every grant under 15 ms"),
+            QuietScenario({**{k: v for k, v in _latency_scenario().series.items() if "build_info" not in k}, **OFF},
+                          "mode off")],
         "GrowPageFragmentationHigh": [
             QuietScenario({**MONITOR, **_slots(34, 100), **_pool(990, 0, 10), **_running(1)},
                           "nearly idle: 1 request, pool 99 % free"),
-            QuietScenario({**MONITOR, **_slots(80, 100), **_pool(10, 0, 990)}, "pool short but fragmentation 20 %")],
+            QuietScenario({**MONITOR, **_slots(80, 100), **_pool(10, 0, 990)}, "pool short but fragmentation 20 %"),
+            QuietScenario({**OFF, **_slots(34, 100), **_pool(100, 0, 900)}, "mode off")],
         "GrowPageKVPagesStranded": [
             QuietScenario({**ENFORCE, **_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(300, 300, 400),
                            **_slots(300, 11_200, 6_400)}, "OOMs but 30 % of the pool is free"),
@@ -338,15 +345,18 @@ def quiet_scenarios() -> dict[str, list[QuietScenario]]:
                            **_series(catalog.DECISIONS.name, _counter(8), decision="allocate")}, "20 % throttled"),
             QuietScenario({**MONITOR, **_series(catalog.DECISIONS.name, _counter(6), decision="throttled"),
                            **_series(catalog.DECISIONS.name, _counter(4), decision="allocate")},
-                          "mode monitor: nothing is refused for real")],
+                          "mode monitor: nothing is refused for real"),
+            QuietScenario({**OFF, **_series(catalog.DECISIONS.name, _counter(6), decision="throttled"),
+                           **_series(catalog.DECISIONS.name, _counter(4), decision="allocate")}, "mode off")],
         "GrowPageAgentInactive": [QuietScenario(enforcing, "every component active"),
                                   QuietScenario(monitoring, "mode monitor: the enforcer idles by design"),
                                   QuietScenario(off, "mode off: inactive by design")],
         burn_rate_alert_name("fast"): [
             QuietScenario({**ENFORCE, **_latency(1 - 3 * 1.5 * SLO_ERROR_BUDGET)}, "a slow burn (4.5x)"),
             QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
-        burn_rate_alert_name("slow"): [QuietScenario({**ENFORCE, **_latency(1 - 0.5 * SLO_ERROR_BUDGET)},
-                                                     "half the error budget (0.5x)")],
+        burn_rate_alert_name("slow"): [
+            QuietScenario({**ENFORCE, **_latency(1 - 0.5 * SLO_ERROR_BUDGET)}, "half the error budget (0.5x)"),
+            QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
     }
 
 

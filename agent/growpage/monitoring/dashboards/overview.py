@@ -88,12 +88,13 @@ def _capacity_row() -> list[Cell]:
                         targets((f"sum by (state) ({metric(catalog.POOL_PAGES.name)})", "{{state}}")),
                         "short", stacked=True), 8),
         Cell(timeseries("KV demand (pages)", catalog.DEMAND_PAGES.help + " The p95 is over every running "
-                        "request of the selection (the seed's cluster-autoscaling signal).",
+                        "request of the selection (a cluster-autoscaling signal).",
                         targets((f"sum by (namespace) ({metric(catalog.DEMAND_PAGES.name)})", "{{namespace}} total"),
                                 (f'histogram_quantile(0.95, sum by (le) (label_replace(sum by (pages_le) '
                                  f'({metric(catalog.DEMAND_REQUESTS.name)}), "le", "$1", "pages_le", "(.*)")))',
                                  "p95 per request")), "short"), 8),
-        Cell(timeseries("Pages granted per second", catalog.ALLOCATIONS.help + " The HPA scales on it.",
+        Cell(timeseries("Pages granted per second", catalog.ALLOCATIONS.help + " Under overload it falls (grants wait for free pages), so the HPA "
+                        f"scales on vLLM's queue ({catalog.VLLM_REQUESTS_WAITING}) instead.",
                         targets((rule(rec.ALLOCATIONS_RATE), "{{namespace}}/{{pod}}")),
                         "short"), 8),
     ]

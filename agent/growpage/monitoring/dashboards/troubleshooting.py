@@ -1,4 +1,4 @@
-"""``GrowPage / Troubleshooting``: the seed's checklist, in its order; every panel links a runbook."""
+"""``GrowPage / Troubleshooting``: the troubleshooting checklist, in its order; every panel links a runbook."""
 
 from __future__ import annotations
 
@@ -152,14 +152,14 @@ def _vllm_row() -> list[Cell]:
                                  f"running {_POD_LEGEND}"),
                                 (f"sum by (namespace, pod) ({vllm(catalog.VLLM_REQUESTS_WAITING)})",
                                  f"waiting {_POD_LEGEND}")), "short"), 8),
-        Cell(timeseries("vLLM preemptions per second",
+        Cell(timeseries(alerts.PANEL_VLLM_PREEMPTIONS,
                         f"rate({catalog.VLLM_PREEMPTIONS}): vLLM evicting running requests for want of KV "
-                        f"blocks. {runbook}",
+                        f"blocks. " + _runbooks_for(alerts.PANEL_VLLM_PREEMPTIONS, "GrowPageKVPagesStranded"),
                         targets((f"sum by (namespace, pod) (rate({vllm(catalog.VLLM_PREEMPTIONS)}[{RATE}]))",
                                  _POD_LEGEND)), "ops"), 8),
-        Cell(timeseries("vLLM time to first token / inter-token latency p99",
+        Cell(timeseries(alerts.PANEL_VLLM_LATENCY,
                         "What users feel: GrowPage's grant latency adds to both. "
-                        + runbook_links("GrowPageAllocationLatencyHigh"),
+                        + _runbooks_for(alerts.PANEL_VLLM_LATENCY, "GrowPageAllocationLatencyHigh"),
                         targets((quantile(catalog.VLLM_TTFT, 0.99), f"TTFT {_POD_LEGEND}"),
                                 (quantile(catalog.VLLM_ITL, 0.99), f"ITL {_POD_LEGEND}")), SECONDS_UNIT), 8),
         Cell(timeseries("GPU utilization (DCGM)", f"{catalog.DCGM_GPU_UTIL} / 100. {dcgm} {runbook}",
@@ -198,7 +198,7 @@ def _more_checks_row() -> list[Cell]:
 
 
 def troubleshooting_dashboard() -> dict:
-    return dashboard(TITLE, UID, "The seed's troubleshooting checklist, in order; each panel links its runbook.", [
+    return dashboard(TITLE, UID, "The troubleshooting checklist, in order; each panel links its runbook.", [
         ("Settings in use", [_settings_table()]),
         (f"1. Utilization below {catalog.CHECKLIST.utilization_sustained_low:.0%} for long: "
          "base_pages too large, or requests mostly short", _utilization_row()),
