@@ -403,10 +403,12 @@ POD_LABELS = ("namespace", "pod", MODEL_LABEL)
 # joins through the same mapping, and takes another with --dcgm-label (relabeled set-ups).
 DCGM_EXPORTED_LABELS = {"namespace": "exported_namespace", "pod": "exported_pod"}
 
-# The seed's HPA: scale out above 1,200 granted pages per pod per second. prometheus-adapter serves
-# the counter's rate, so it is named as a rate (not after the counter's _total).
-HPA_TARGET_ALLOCATIONS_PER_POD_PER_S = 1200
-HPA_METRIC = "growpage_kv_page_allocations_per_second"
+# The HPA scales on vLLM's queue: requests waiting for KV blocks, per pod. Grants per second would
+# fall under overload (grants wait for free pages), the moment more pods are needed. prometheus-adapter
+# serves vllm:num_requests_waiting under a name the custom metrics API accepts (no colon).
+HPA_SOURCE_SERIES = VLLM_REQUESTS_WAITING
+HPA_METRIC = "vllm_num_requests_waiting"
+HPA_TARGET_WAITING_PER_POD = 4
 
 
 # --- What vLLM users feel: vLLM's own latency histograms, read as SLOs the GrowPage kit pages on ---

@@ -49,10 +49,11 @@ def _merge(base, patch):
 
 def render_in_python(directory: Path) -> list[dict]:
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    unsupported = set(kustomization) - {"apiVersion", "kind", "resources", "patches"}
+    unsupported = set(kustomization) - {"apiVersion", "kind", "resources", "patches", "components"}
     assert not unsupported, f"{directory}: the Python renderer does not support {sorted(unsupported)}"
     documents: list[dict] = []
-    for resource in kustomization.get("resources", []):
+    # Components that only add resources (ours) render like resources, after the kustomization's own.
+    for resource in [*kustomization.get("resources", []), *kustomization.get("components", [])]:
         path = directory / resource
         if path.is_dir():
             documents += render_in_python(path)

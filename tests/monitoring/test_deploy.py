@@ -1,4 +1,5 @@
-"""deploy/: the three rollout overlays build, validate offline and agree with the catalog."""
+"""deploy/: the three rollout overlays and the once-per-cluster monitoring build, validate offline and
+agree with the catalog."""
 
 from __future__ import annotations
 
@@ -22,9 +23,17 @@ OVERLAYS = {"phase1-monitor": Mode.MONITOR, "phase2-namespaces": Mode.ENFORCE,
             "phase3-everywhere": Mode.ENFORCE}
 
 
+MONITORING = DEPLOY_DIR / "monitoring"
+
+
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
     return {name: build(DEPLOY_DIR / "overlays" / name) for name in OVERLAYS}
+
+
+@pytest.fixture(scope="module")
+def monitoring() -> list[dict]:
+    return build(MONITORING)
 
 
 def _one(documents: list[dict], kind: str, name: str | None = None) -> dict:
@@ -55,10 +64,30 @@ def test_python_render_matches_kustomize(rendered, overlay):
     assert _normalized(render_in_python(DEPLOY_DIR / "overlays" / overlay)) == _normalized(rendered[overlay])
 
 
+@pytest.mark.skipif(kustomize_command(DEPLOY_DIR) is None, reason="kustomize / kubectl not installed")
+def test_python_render_matches_kustomize_for_the_monitoring_component(monitoring):
+    assert _normalized(render_in_python(MONITORING)) == _normalized(monitoring)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cluster_wide_monitoring_is_not_in_an_application_overlay(rendered, overlay):
+    # Two models would otherwise install two copies of the same cluster-wide rules and dashboards.
+    kinds = {d["kind"] for d in rendered[overlay]}
+    assert "PrometheusRule" not in kinds
+    assert not [d for d in rendered[overlay] if d["metadata"].get("labels", {}).get("grafana_dashboard")]
+
+
+def test_monitoring_holds_the_rules_and_dashboards_once(monitoring):
+    assert sorted(d["kind"] for d in monitoring) == ["ConfigMap", "ConfigMap", "PrometheusRule"]
+    for document in monitoring:
+        if document["kind"] == "ConfigMap":
+            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_built_in_kinds_validate_against_the_kubernetes_schema(rendered, overlay):
     kinds = {d["kind"] for d in rendered[overlay]}
-    assert BUILT_IN_KINDS | {"ServiceMonitor", "PrometheusRule"} == kinds
+    assert BUILT_IN_KINDS | {"ServiceMonitor"} == kinds
     for document in rendered[overlay]:
         if document["kind"] in BUILT_IN_KINDS:
             kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
@@ -122,28 +151,59 @@ def test_the_pod_is_production_ready(rendered, overlay):
     assert pdb["spec"]["selector"]["matchLabels"] == _one(documents, "Deployment")["spec"]["selector"]["matchLabels"]
 
 
-def test_hpa_and_adapter_serve_the_allocation_rate_under_a_rate_name(rendered):
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_disruptions_and_rollouts_fit_one_gpu_pods(rendered, overlay):
+    documents = rendered[overlay]
+    deployment = _one(documents, "Deployment")["spec"]
+    # A surge pod would wait for a second free GPU: replace pods one at a time instead.
+    assert deployment["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    replicas = deployment["replicas"]
+    hpa = _one(documents, "HorizontalPodAutoscaler")["spec"]
+    pdb = _one(documents, "PodDisruptionBudget")["spec"]
+    # A drain may never take the only serving pod: at least one stays, and there is more than one.
+    assert pdb["minAvailable"] == 1 and "maxUnavailable" not in pdb
+    assert replicas >= 2 and hpa["minReplicas"] >= 2 and hpa["minReplicas"] <= replicas
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_pod_drains_and_has_writable_caches(rendered, overlay):
+    documents = rendered[overlay]
+    pod = _one(documents, "Deployment")["spec"]["template"]["spec"]
+    container = _container(documents)
+    assert container["command"] == ["vllm", "serve"]
+    [timeout] = [int(a.split("=", 1)[1]) for a in container["args"] if a.startswith("--shutdown-timeout=")]
+    sleep_s = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert sleep_s + timeout < pod["terminationGracePeriodSeconds"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    for variable in ("HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "HF_HOME", "GROWPAGE_CACHE_DIR"):
+        assert any(env[variable] == mount or env[variable].startswith(mount + "/") for mount in mounts), variable
+    assert "gpctl serve" not in (DEPLOY_DIR / "base" / "deployment.yaml").read_text()
+
+
+def test_hpa_and_adapter_scale_on_vllms_queue(rendered):
     documents = rendered["phase3-everywhere"]
     [metric] = _one(documents, "HorizontalPodAutoscaler")["spec"]["metrics"]
-    assert metric["pods"]["metric"]["name"] == catalog.HPA_METRIC and not catalog.HPA_METRIC.endswith("_total")
+    assert metric["pods"]["metric"]["name"] == catalog.HPA_METRIC and ":" not in catalog.HPA_METRIC
     assert metric["pods"]["target"] == {"type": "AverageValue",
-                                        "averageValue": str(catalog.HPA_TARGET_ALLOCATIONS_PER_POD_PER_S)}
+                                        "averageValue": str(catalog.HPA_TARGET_WAITING_PER_POD)}
     adapter = yaml.safe_load(_one(documents, "ConfigMap", "growpage-prometheus-adapter-rules")["data"]["config.yaml"])
     [rule] = adapter["rules"]
-    assert rule["seriesQuery"].startswith(catalog.ALLOCATIONS.name + "{")
-    assert rule["name"]["as"] == catalog.HPA_METRIC and "rate(<<.Series>>" in rule["metricsQuery"]
+    assert rule["seriesQuery"].startswith(catalog.HPA_SOURCE_SERIES + "{")
+    assert rule["name"]["matches"] == f"^{catalog.HPA_SOURCE_SERIES}$" and rule["name"]["as"] == catalog.HPA_METRIC
+    assert "<<.Series>>{<<.LabelMatchers>>}" in rule["metricsQuery"]
 
 
-def test_prometheus_rule_holds_the_generated_groups_and_passes_promtool(rendered, tmp_path):
-    spec = _one(rendered["phase1-monitor"], "PrometheusRule")["spec"]
+def test_prometheus_rule_holds_the_generated_groups_and_passes_promtool(monitoring, tmp_path):
+    spec = _one(monitoring, "PrometheusRule")["spec"]
     assert spec["groups"] == rule_groups()
     rules_file = tmp_path / "prometheusrule-groups.yaml"
     rules_file.write_text(yaml.safe_dump({"groups": spec["groups"]}))
     assert "SUCCESS" in run_tool("promtool", "check", "rules", str(rules_file)).stdout
 
 
-def test_dashboard_configmaps_carry_the_generated_dashboards(rendered):
-    configmaps = [d for d in rendered["phase1-monitor"]
+def test_dashboard_configmaps_carry_the_generated_dashboards(monitoring):
+    configmaps = [d for d in monitoring
                   if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     loaded = {name: json.loads(text) for cm in configmaps for name, text in cm["data"].items()}
     assert loaded == dashboards()

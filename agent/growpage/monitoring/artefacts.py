@@ -20,8 +20,9 @@ ALERT_TEST_SUFFIX = ".test.yaml"
 ALERTMANAGER_FILE = "alerts/alertmanager.yaml"
 DASHBOARDS_DIR = "dashboards"
 RUNBOOKS_DIR = "runbooks"
-PROMETHEUS_RULE_FILE = "deploy/base/prometheusrule.yaml"
-DASHBOARD_CONFIGMAPS_FILE = "deploy/base/grafana-dashboards.yaml"
+# Cluster-wide, applied once (deploy/monitoring), never with each model's application overlay.
+PROMETHEUS_RULE_FILE = "deploy/components/monitoring/prometheusrule.yaml"
+DASHBOARD_CONFIGMAPS_FILE = "deploy/components/monitoring/grafana-dashboards.yaml"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,5 +13,5 @@ app = typer.Typer(help="Prometheus rules and Alertmanager routing generated from
 @app.command(name="build")
 def build_alerts(check: CheckOption = False, root: RootOption = None) -> None:
     """Write alerts/growpage-rules.yaml, alerts/tests/*.test.yaml, alerts/alertmanager.yaml,
-    deploy/base/prometheusrule.yaml and the generated block of each runbook."""
+    deploy/components/monitoring/prometheusrule.yaml and the generated block of each runbook."""
     run_build("alerts", check, root)

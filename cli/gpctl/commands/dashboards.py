@@ -31,5 +31,5 @@ def run_build(kind: str, check: bool, root: Path | None) -> None:
 
 @app.command(name="build")
 def build_dashboards(check: CheckOption = False, root: RootOption = None) -> None:
-    """Write dashboards/*.json and deploy/base/grafana-dashboards.yaml (Grafana sidecar ConfigMaps)."""
+    """Write dashboards/*.json and deploy/components/monitoring/grafana-dashboards.yaml (Grafana sidecar ConfigMaps)."""
     run_build("dashboards", check, root)
