@@ -64,7 +64,8 @@ def phases(which: str | None = None) -> list[dict]:
     which = which if which is not None else os.environ.get("GROWPAGE_VLLM_TEST_ENGINES", "")
     batch = main_batch()
     engines = [
-        {"name": "off", "growpage": {"mode": "off", **MONITOR}, "batches": [batch]},
+        {"name": "off", "growpage": {"mode": "off", **MONITOR, "exporter_port": _free_port()}, "batches": [batch],
+         "scrape": True},
         {"name": "enforce_cap", "batches": [batch], "scrape": True,
          "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()}},
         {"name": "enforce_preempt", "growpage": {**EVICTING, "exporter_port": -1},

@@ -3,7 +3,8 @@
 Started by ``conftest.py`` (a fresh interpreter keeps pytest's process free of vLLM state). Usage:
 ``python engine_runner.py SPEC.json``; the spec lists ``phases``, each an engine config and batches:
 ``{"name", "growpage", "engine": {LLM kwargs}, "env": {variables for this engine}, "batches": [{"name", "prompts", "max_tokens" (one or
-one per prompt), "extra_args" (one per prompt)}], "scrape": bool}``. Per phase it prints ``GROWPAGE_PHASE {...}``.
+one per prompt), "extra_args" (one per prompt)}], "scrape": bool}`` (scrape ``/metrics/growpage`` before the
+first request and after the batches). Per phase it prints ``GROWPAGE_PHASE {...}``.
 """
 
 import gc
@@ -52,6 +53,10 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
         result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
     except AttributeError:
         result["cudagraph_mode"] = "unknown"
+    port = phase["growpage"].get("exporter_port", -1)
+    if phase.get("scrape") and port > 0:  # the scheduler's exporter serves from start-up, before any request
+        result["metrics_before"] = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/growpage",
+                                                          timeout=10).read().decode()
     try:
         for batch in phase["batches"]:
             count = len(batch["prompts"])
@@ -66,7 +71,6 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
                 "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
                 "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
                 "texts": [o.outputs[0].text for o in outputs]}
-        port = phase["growpage"].get("exporter_port", -1)
         result["metrics"] = _scrape(llm, port) if phase.get("scrape") and port > 0 else ""
     finally:
         del llm

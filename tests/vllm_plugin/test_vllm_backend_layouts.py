@@ -120,7 +120,7 @@ def _observer() -> VllmObserver:
     config, plugin = split_settings({"mode": "enforce", "base_pages": 2, "recent_window_tokens": 8,
                                      "observed_layers": 1, "observed_heads": 9, "exporter_port": -1},
                                     env={}, block_size=BLOCK)
-    return VllmObserver(config, plugin, num_layers=1, max_requests=4, model="m", engine_version="0.32.0")
+    return VllmObserver(config, plugin, num_layers=1, max_requests=4)
 
 
 @pytest.mark.parametrize("metadata_kind", ["flash", "flashinfer"])
@@ -164,7 +164,7 @@ def test_observer_probabilities_match_dense_attention(layout_name, metadata_kind
     observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new))
     observer.note_kv_write(cache, keys[1][-1:], torch.tensor([5 * BLOCK]), flash_write, num_kv_heads=HEADS,
                            block_size=BLOCK, head_dim=HEAD_DIM)
-    assert observer.ready_to_compact, observer.stats.component_states
+    assert observer.ready_to_compact, observer.state
     query = torch.randn(2, num_heads, HEAD_DIM).to(dtype)
     impl = types.SimpleNamespace(num_heads=num_heads, num_kv_heads=HEADS, scale=HEAD_DIM ** -0.5)
     observer.observe_layer(impl, query, cache, metadata)

@@ -11,7 +11,7 @@ from support.vllm_guard import require_vllm_plugin
 
 require_vllm_plugin()
 
-from growpage.vllm_demo import VllmDemoSettings, prompts_for, run_vllm_demo  # noqa: E402
+from growpage.demos.vllm_engine import VllmDemoSettings, prompts_for, run_vllm_demo  # noqa: E402
 
 # Smaller than --quick: two engine starts plus a few seconds of decoding each.
 SETTINGS = VllmDemoSettings(requests=5, max_tokens=64, kv_blocks=12, base_pages=2, report_interval_s=0.5)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from cache_layouts import probed, row_major_write, transposed_write
 
+from growpage.core.controller import GrowthController
 from growpage.core.policy import Action
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin.compaction import (
@@ -19,16 +20,10 @@ from growpage.vllm_plugin.compaction import (
     slot_positions,
 )
 from growpage.vllm_plugin.compactor import WorkerCompactor
-from growpage.vllm_plugin.enforcer import (
-    DROPPED_ATTRIBUTE,
-    OUTPUT_ATTRIBUTE,
-    READINGS_ATTRIBUTE,
-    READY_ATTRIBUTE,
-    SchedulerEnforcer,
-    enforced_action,
-)
+from growpage.vllm_plugin.enforcer import SchedulerEnforcer, enforced_action
 from growpage.vllm_plugin.keys import move_tokens
 from growpage.vllm_plugin.settings import split_settings
+from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PAYLOAD_ATTRIBUTE
 
 BLOCK = 4
 
@@ -140,12 +135,30 @@ def _scheduler(blocks: list[_Block], num_computed: int, prompt: int = 2, namespa
                                  kv_cache_config=kv_cache_config), request
 
 
+class _Decisions:
+    """A stats listener keeping the decisions the controller records (what the exporter counts)."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_admit(self, event):
+        pass
+
+    def on_decision(self, event):
+        self.events.append(event)
+
+    def on_finish(self, event):
+        pass
+
+
 def _enforcer(**overrides) -> SchedulerEnforcer:
-    config, settings = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1,
-                                       "recent_window_tokens": 2, "growth_coefficient": 0,
-                                       "lts_grow_threshold": 100, **overrides}, env={}, block_size=BLOCK)
-    enforcer = SchedulerEnforcer(config, settings)
-    enforcer.on_output(types.SimpleNamespace(**{READY_ATTRIBUTE: True, READINGS_ATTRIBUTE: {}}))
+    config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1,
+                                "recent_window_tokens": 2, "growth_coefficient": 0,
+                                "lts_grow_threshold": 100, **overrides}, env={}, block_size=BLOCK)
+    enforcer = SchedulerEnforcer(GrowthController(config, num_layers=None))
+    enforcer.decisions = _Decisions()
+    enforcer.controller.stats.add_listener(enforcer.decisions)
+    enforcer.on_worker_ready(True)
     return enforcer
 
 
@@ -159,13 +172,14 @@ def test_enforcer_evicts_at_the_cap_frees_tail_blocks_and_plans_the_move():
     assert getattr(request, DROPPED_ATTRIBUTE) == 4
     output = types.SimpleNamespace()
     enforcer.after_schedule(scheduler, output)
-    payload = getattr(output, OUTPUT_ATTRIBUTE)
+    payload = getattr(output, PAYLOAD_ATTRIBUTE)
     assert payload["plans"]["r"] == {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12,
                                      "shared_prefix_tokens": 0, "dropped": 4}
     assert payload["dropped"] == {"r": 4}
-    assert [d.kind for d in payload["decisions"]] == ["evict"] and payload["decisions"][0].enforced
+    decisions = enforcer.decisions.events
+    assert [d.kind for d in decisions] == ["evict"] and decisions[0].enforced
     # 12 tokens in, 8 kept, at 512 bytes per token (vLLM's own cache spec)
-    assert (payload["decisions"][0].bytes_in, payload["decisions"][0].bytes_out) == (12 * 512, 8 * 512)
+    assert (decisions[0].bytes_in, decisions[0].bytes_out) == (12 * 512, 8 * 512)
     enforcer.on_preempt(request)
     assert getattr(request, DROPPED_ATTRIBUTE) == 0
 
@@ -178,9 +192,9 @@ def test_enforcer_never_rewrites_shared_blocks_and_allocates_instead():
     assert len(blocks) == 3 and not getattr(request, DROPPED_ATTRIBUTE, 0)
     output = types.SimpleNamespace()
     enforcer.after_schedule(scheduler, output)
-    payload = getattr(output, OUTPUT_ATTRIBUTE)
     # eviction cannot free a block, so the contract falls back to quantizing, which vLLM cannot do
-    assert [d.kind for d in payload["decisions"]] == ["allocate"] and payload["degraded"] == [("quantize", "allocate")]
+    assert [d.kind for d in enforcer.decisions.events] == ["allocate"]
+    assert enforcer.degraded_total == {("quantize", "allocate"): 1}
 
 
 def test_enforcer_waits_for_the_prefill_and_for_a_ready_worker():
@@ -265,63 +279,10 @@ def test_a_failed_move_still_cuts_the_worker_blocks_like_the_scheduler_and_is_re
     assert compactor.dropped == {"r": 4} and compactor.kept_positions["r"].tolist() == list(range(8))
 
 
-def test_scheduler_faults_are_counted_and_travel_to_the_worker():
+def test_scheduler_faults_are_counted_where_the_exporter_reads_them():
     enforcer = _enforcer()
     assert enforcer.guarded("boundary decisions", lambda: 1 / 0) is None
-    scheduler, _ = _scheduler([_Block(0)], num_computed=1)
-    output = types.SimpleNamespace()
-    enforcer.after_schedule(scheduler, output)
-    assert getattr(output, OUTPUT_ATTRIBUTE)["errors"] == 1
-
-
-def test_the_worker_records_what_the_scheduler_decided_enforced_and_degraded():
-    from growpage.vllm_plugin.observer import VllmObserver
-
-    config, settings = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1,
-                                       "recent_window_tokens": 2}, env={}, block_size=BLOCK)
-    observer = VllmObserver(config, settings, num_layers=1, max_requests=2, model="m", engine_version="0.32.0")
-    blocks = [_Block(0, ref_cnt=2), _Block(1, ref_cnt=2), _Block(2)]
-    scheduler, _ = _scheduler(blocks, num_computed=12)
-    enforcer = _enforcer()
-    enforcer.before_schedule(scheduler)
-    output = types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[])
-    enforcer.after_schedule(scheduler, output)
-    observer.begin_step(None, output)
-    assert observer.stats.decisions_total["allocate"] == 1
-    assert observer.degraded_total == {("quantize", "allocate"): 1}
-    from growpage.vllm_plugin.metrics import DegradedDecisionsCollector
-
-    family = next(DegradedDecisionsCollector(observer, "m").collect())
-    assert [(s.labels["decided"], s.labels["enforced"], s.value) for s in family.samples
-            if s.name.endswith("_total")] == [("quantize", "allocate", 1.0)]
-
-
-@pytest.mark.parametrize(("async_scheduling", "tensor_parallel", "pipeline_parallel", "groups", "cudagraph",
-                          "blocker"), [
-    (False, 1, 1, 1, "NONE", None), (False, 2, 1, 1, "PIECEWISE", None),  # TP: every rank compacts its heads
-    (True, 1, 1, 1, "NONE", "async_scheduling"), (False, 1, 2, 1, "NONE", "pipeline_parallel"),
-    (False, 1, 1, 2, "NONE", "hybrid_kv_cache"), (False, 1, 1, 1, "FULL_AND_PIECEWISE", "full_cudagraph"),
-    (False, 1, 1, 1, "FULL_DECODE_ONLY", "full_cudagraph")])
-def test_enforcement_starts_only_where_it_is_safe(async_scheduling, tensor_parallel, pipeline_parallel, groups,
-                                                  cudagraph, blocker):
-    from vllm.config.compilation import CUDAGraphMode
-
-    from growpage.vllm_plugin.scheduler_hooks import enforcer_of, inactive_reason
-
-    vllm_config = types.SimpleNamespace(
-        additional_config={"growpage": {"mode": "enforce", "base_pages": 3, "recent_window_tokens": 2}},
-        cache_config=types.SimpleNamespace(block_size=BLOCK),
-        compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode[cudagraph]),
-        parallel_config=types.SimpleNamespace(tensor_parallel_size=tensor_parallel,
-                                              pipeline_parallel_size=pipeline_parallel))
-    manager = types.SimpleNamespace(coordinator=types.SimpleNamespace(single_type_managers=[object()] * groups))
-    scheduler = types.SimpleNamespace(vllm_config=vllm_config, kv_cache_manager=manager,
-                                      scheduler_config=types.SimpleNamespace(async_scheduling=async_scheduling))
-    assert (enforcer_of(scheduler) is None) is (blocker is not None)
-    assert inactive_reason(scheduler) == blocker
-    monitor = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
-        additional_config={"growpage": {"mode": "monitor"}}, cache_config=vllm_config.cache_config))
-    assert enforcer_of(monitor) is None
+    assert enforcer.controller.stats.agent_errors_total["plugin"] == 1
 
 
 def test_pool_pressure_compresses_a_running_request_before_vllm_would_preempt():
@@ -346,8 +307,8 @@ def test_pool_pressure_compresses_a_running_request_before_vllm_would_preempt():
     assert len(pool.free) >= 1  # the grower's next block is there: vLLM has no reason to preempt
     output = types.SimpleNamespace()
     enforcer.after_schedule(scheduler, output)
-    payload = getattr(output, OUTPUT_ATTRIBUTE)
-    events = {d.request_id: (d.kind, d.reason) for d in payload["decisions"]}
+    payload = getattr(output, PAYLOAD_ATTRIBUTE)
+    events = {d.request_id: (d.kind, d.reason) for d in enforcer.decisions.events}
     # the grower, which could not compress its shared blocks, grows into the room the holder made
     assert events == {"h": ("evict", "pool_pressure"), "r": ("allocate", "narrow_demand")}
     assert payload["plans"]["h"]["keep_tokens"] == 16

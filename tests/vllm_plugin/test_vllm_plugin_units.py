@@ -43,8 +43,10 @@ def test_settings_reject_unknown_keys_with_a_fix():
 
 def test_layer_names_parse_and_the_observer_watches_the_controllers_layers():
     assert layer_index("model.layers.14.self_attn.attn") == 14
+    from growpage.core.controller import GrowthController
+
     observer = _observer()
-    assert observer.observed_layers == observer.controller.observed_layers
+    assert observer.observed_layers == GrowthController(observer.config, num_layers=1).observed_layers
 
 
 def _transposed_cache(keys: torch.Tensor, block_size: int, num_blocks: int) -> torch.Tensor:
@@ -62,7 +64,7 @@ def _transposed_cache(keys: torch.Tensor, block_size: int, num_blocks: int) -> t
 def _observer(**settings) -> VllmObserver:
     config, plugin = split_settings({"mode": "monitor", "base_pages": 2, "recent_window_tokens": 8,
                                      "observed_layers": 1, **settings}, env={}, block_size=32)
-    return VllmObserver(config, plugin, num_layers=1, max_requests=4, model="m", engine_version="0.32.0")
+    return VllmObserver(config, plugin, num_layers=1, max_requests=4)
 
 
 def test_observer_reads_the_paged_cache_and_matches_direct_attention():
@@ -78,7 +80,7 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
     observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[new]))
     observer.note_kv_write(cache, keys[-1:], torch.tensor([seq_len - 1]), transposed_write, num_kv_heads=1,
                            block_size=32, head_dim=head_dim)
-    assert observer.ready_to_compact and observer.stats.component_states["observer"] == "active"
+    assert observer.ready_to_compact and observer.state == "active"
     query = torch.randn(1, heads, head_dim)
     metadata = types.SimpleNamespace(query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([seq_len]),
                                      block_table=torch.tensor([[0, 1, 2, 3]]))
@@ -92,14 +94,17 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
     assert torch.allclose(observer._step[0].entropy, expected_entropy[None], atol=1e-5)
     observer.end_step()
     assert observer.requests["r1"].namespace == "a" and observer.summaries.read([0])[0].steps_observed == 1
+    report = observer.take_report()  # what the scheduler learns: this request's readings, one observed step
+    assert set(report.readings) == {"r1"} and report.steps == report.steps_observed == 1
+    assert report.observer_state == "active" and report.ready_to_compact and report.errors == 0
+    assert observer.take_report().readings == {}  # each reading travels once
 
 
 def test_a_fault_in_growpage_is_counted_and_swallowed():
     observer = _observer(fault_injection="observe")
     assert observer.guarded("attention observation", observer.observe_layer, None, None, None, None) is None
-    assert observer.stats.agent_errors_total["plugin"] == 1
-    snapshot = observer.make_stats()
-    assert snapshot.agent_errors_total == {"plugin": 1}
+    assert observer.errors_total == 1
+    assert observer.take_report().errors == 1 and observer.take_report().errors == 0  # counted once, at the scheduler
 
 
 def test_off_requests_are_not_tracked():
@@ -201,8 +206,8 @@ def test_a_cache_layout_that_does_not_round_trip_turns_observation_off_and_says_
     observer.note_kv_write(cache, keys[-1:], torch.tensor([3]), lossy_write, num_kv_heads=1, block_size=32,
                            head_dim=8)
     assert not observer.ready_to_compact
-    assert observer.stats.component_states["observer"] == "unsupported_cache_layout"
-    assert observer.stats.agent_errors_total["plugin"] == 1
+    report = observer.take_report()
+    assert report.observer_state == "unsupported_cache_layout" and report.errors == 1
 
 
 def test_an_enforced_deployment_ignores_client_mode_and_namespace_by_default():
@@ -235,31 +240,52 @@ def test_client_choice_settings_are_validated():
         split_settings({"client_mode": "sometimes"}, env={})
 
 
-def test_cuda_serving_defaults_to_piecewise_graphs_unless_the_operator_chose():
+def test_cuda_serving_keeps_vllms_defaults_for_monitor_and_sets_what_enforce_needs():
     from growpage.vllm_plugin.serve import serve_command
 
-    argv, _ = serve_command("m", cpu=False, python="python")
+    monitor, monitor_env = serve_command("m", cpu=False, python="python", growpage={"mode": "monitor"})
+    assert "--compilation-config" not in monitor and "--no-async-scheduling" not in monitor
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in monitor_env or monitor_env["VLLM_USE_V2_MODEL_RUNNER"] != "0"
+    argv, env = serve_command("m", cpu=False, python="python", growpage={"mode": "enforce"})
     flag = argv.index("--compilation-config")
     assert json.loads(argv[flag + 1]) == {"cudagraph_mode": "PIECEWISE"} and "--enforce-eager" not in argv
-    chosen, _ = serve_command("m", cpu=False, python="python", extra_args=["--enforce-eager"])
-    assert "--compilation-config" not in chosen
-    cpu, _ = serve_command("m", cpu=True, python="python")
+    assert "--no-async-scheduling" in argv and env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    chosen, _ = serve_command("m", cpu=False, python="python", growpage={"mode": "enforce"},
+                              extra_args=["--enforce-eager", "--async-scheduling"])
+    assert "--compilation-config" not in chosen and "--no-async-scheduling" not in chosen  # the operator chose
+    cpu, _ = serve_command("m", cpu=True, python="python", growpage={"mode": "enforce"})
     assert "--enforce-eager" in cpu and "--compilation-config" not in cpu
 
 
-@pytest.mark.parametrize(("mode", "reason"), [("NONE", None), ("PIECEWISE", None), ("FULL", "full_cudagraph"),
-                                              ("FULL_DECODE_ONLY", "full_cudagraph"),
-                                              ("FULL_AND_PIECEWISE", "full_cudagraph")])
-def test_full_cuda_graphs_are_named_as_the_reason_the_observer_is_off(mode, reason):
+def test_the_floor_inside_vllm_is_counted_in_tokens_unless_base_pages_is_given():
+    from growpage.vllm_plugin.settings import DEFAULT_FLOOR_TOKENS
+
+    for block_size in (16, 32):
+        config, _ = split_settings({"mode": "enforce"}, env={}, block_size=block_size)
+        assert config.base_pages * block_size == DEFAULT_FLOOR_TOKENS
+    assert split_settings({"base_pages": 4}, env={}, block_size=32)[0].base_pages == 4
+    assert split_settings({}, env={"GROWPAGE_BASE_PAGES": "6"}, block_size=32)[0].base_pages == 6
+
+
+@pytest.mark.parametrize(("mode", "enforce_reason", "observer_reason"), [
+    ("NONE", None, None), ("PIECEWISE", None, None), ("FULL", "full_cudagraph", "full_cudagraph"),
+    # vLLM's default on CUDA: decode replays full graphs, mixed batches run attention eagerly, so the
+    # observer works on the steps it can see (and says how many) while enforce stays off
+    ("FULL_DECODE_ONLY", "full_cudagraph", None), ("FULL_AND_PIECEWISE", "full_cudagraph", None)])
+def test_full_cuda_graphs_stop_enforce_and_blind_the_observer_only_when_no_step_runs_eagerly(
+        mode, enforce_reason, observer_reason):
     pytest.importorskip("vllm.config.compilation")
     from vllm.config.compilation import CUDAGraphMode
 
-    from growpage.vllm_plugin.support import REMEDIES, cudagraph_conflict
+    from growpage.vllm_plugin.support import REMEDIES, cudagraph_conflict, observer_blocker, start_up_states
 
-    assert cudagraph_conflict(types.SimpleNamespace(cudagraph_mode=CUDAGraphMode[mode])) == reason
-    assert cudagraph_conflict(None) is None
-    if reason:
-        assert "PIECEWISE" in REMEDIES[reason]
+    compilation = types.SimpleNamespace(cudagraph_mode=CUDAGraphMode[mode])
+    assert cudagraph_conflict(compilation) == enforce_reason and observer_blocker(compilation) == observer_reason
+    assert cudagraph_conflict(None) is None and observer_blocker(None) is None
+    assert start_up_states(False, compilation)["observer"] == (observer_reason or "active")
+    assert start_up_states(True, compilation) == {"scheduler": "mode_off", "observer": "mode_off"}
+    if enforce_reason:
+        assert "PIECEWISE" in REMEDIES[enforce_reason]
 
 
 def test_an_observer_disabled_at_start_up_exports_why_and_observes_nothing():
@@ -268,13 +294,13 @@ def test_an_observer_disabled_at_start_up_exports_why_and_observes_nothing():
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=[]))
     observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[]))
     assert not observer.wants_layer("model.layers.0.self_attn.attn") and not observer.ready_to_compact
-    assert observer.stats.component_states["observer"] == "full_cudagraph"
+    assert observer.take_report().observer_state == "full_cudagraph"
 
 
 def test_workers_of_an_unwrapped_backend_report_it(monkeypatch):
-    from growpage.vllm_plugin import backend, runner_hooks
+    from growpage.vllm_plugin import worker_hooks
 
-    monkeypatch.setattr(backend, "_OBSERVERS", {})
+    monkeypatch.setattr(worker_hooks, "_OBSERVERS", {})
     vllm_config = types.SimpleNamespace(
         additional_config={"growpage": {"mode": "monitor", "exporter_port": -1}},
         cache_config=types.SimpleNamespace(block_size=32),
@@ -283,12 +309,12 @@ def test_workers_of_an_unwrapped_backend_report_it(monkeypatch):
         compilation_config=None)
     flex = types.SimpleNamespace(backend=types.SimpleNamespace(get_name=lambda: "FLEX_ATTENTION"))
     runner = types.SimpleNamespace(vllm_config=vllm_config, attn_groups=[[flex]])
-    observer = runner_hooks._adopt_unobserved_worker(runner)
-    assert observer is not None and observer.stats.component_states["observer"] == "unsupported_backend"
-    assert backend.observer_built() and backend.current_observer() is observer
+    observer = worker_hooks._adopt_unobserved_worker(runner)
+    assert observer is not None and observer.take_report().observer_state == "unsupported_backend"
+    assert worker_hooks.observer_built() and worker_hooks.current_observer() is observer
 
 
-def test_observing_one_step_in_two_still_counts_every_boundary():
+def test_observing_one_step_in_two_reports_every_step_and_half_of_them_observed():
     observer = _observer(observe_every_steps=2)
     new = types.SimpleNamespace(req_id="r", prompt_token_ids=list(range(20)), num_computed_tokens=0,
                                 sampling_params=types.SimpleNamespace(extra_args={}))
@@ -299,13 +325,14 @@ def test_observing_one_step_in_two_still_counts_every_boundary():
         query_start_loc=types.SimpleNamespace(cpu=torch.tensor([0, 1])), optimistic_seq_lens_cpu=lengths)
     observed = []
     scheduled = [new]
-    for seq_len in range(30, 40):  # crosses the 32-token boundary at the third step
+    for seq_len in range(30, 40):
         lengths[0] = seq_len
         observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=scheduled))
         scheduled = []
         observed.append(observer.wants_layer("model.layers.0.self_attn.attn"))
         observer.end_step()
     assert observed == [False, True] * 5  # one step in two
-    assert observer.requests["r"].seq_len == 39 and observer.requests["r"].pages_held == 2  # counted on time
+    report = observer.take_report()
+    assert report.steps == 10  # the scheduler sees every step; with no cache layout known yet none was scored
     with pytest.raises(ConfigError, match="observe_every_steps"):
         PluginSettings(observe_every_steps=0)

@@ -197,6 +197,10 @@ class StatsRecorder:
         self._notify("on_admit", event)
 
     def record_grant(self, num_pages: int, latency_s: float) -> None:
+        """``num_pages`` granted in ``latency_s``; nothing granted (a prompt fully served from the
+        prefix cache) is no grant and adds no latency sample."""
+        if num_pages <= 0:
+            return
         self.pages_allocated_total += num_pages
         self._append(self._latencies, latency_s)
 

@@ -1,28 +1,35 @@
 """GrowPage inside vLLM v1: a ``vllm.general_plugins`` entry point (and an endpoint plugin).
 
 vLLM calls :func:`register` once in every process it starts (front-end, EngineCore, each worker; on
-CPU each is spawned and re-imports). ``register`` only checks the vLLM version, overrides the
-attention backends GrowPage observes (``CPU_ATTN``; on CUDA ``FLASH_ATTN``, ``FLASHINFER``, ``TRITON_ATTN``)
-with subclasses from :mod:`~growpage.vllm_plugin.backend`, wraps the model runner, and wraps the scheduler's methods (inert unless a scheduler's deployment runs ``mode=enforce``);
-everything per process (the observer, the runner hook, the metrics exporter) starts lazily on first
-use in the worker that runs attention, keyed by pid, so a forked child never shares a parent's port
-or thread. Modules, one way::
+CPU each is spawned and re-imports). Unless ``GROWPAGE_MODE=off`` (the kill switch: nothing of
+GrowPage runs), ``register`` checks the vLLM version, wraps the scheduler (in every configured mode,
+``off`` included: the scheduler agent and its exporter start with the scheduler), overrides the
+attention backends GrowPage observes (``CPU_ATTN``; on CUDA ``FLASH_ATTN``, ``FLASHINFER``,
+``TRITON_ATTN``) with subclasses from :mod:`~growpage.vllm_plugin.backend` and wraps the worker.
+Per-process state (the observer) starts lazily, keyed by pid. Modules, one way (scheduler side and worker side share only ``wire``)::
 
-    versions.py   supported vLLM releases; the start-up check
-    settings.py   GrowPageConfig + plugin settings from additional_config["growpage"] / GROWPAGE_*
-    keys.py       any backend's paged KV layout, probed; reading keys and moving tokens on the device
-    observer.py   per-worker Stage 1 monitor: summaries, boundary decisions, stats source
-    backend.py    CPU_ATTN / FLASH_ATTN / FLASHINFER / TRITON_ATTN subclasses feeding the observer
-    support.py    what a deployment needs to observe and enforce (cudagraph mode, parallelism), as reasons
-    runner_hooks.py  wraps the model runner: request lifecycle, batch row -> req id, Stage 2 inputs
-    compaction.py    Stage 2 arithmetic without vLLM: physical/logical lengths, keep sets, moving K/V
-    enforcer.py      Stage 2 in the scheduler: boundary decisions, freeing blocks, compaction plans
-    scheduler_hooks.py  wraps Scheduler/KVCacheManager methods for the enforcer (mode=enforce only)
-    compactor.py     Stage 2 in the worker: applies plans, physical seq_lens and slot_mapping
-    endpoint.py   vllm.endpoint_plugins: /metrics/growpage on the API server, ahead of /metrics
-    namespaces.py ASGI middleware: x-growpage-namespace header / OpenAI user -> vllm_xargs
-    metrics.py    growpage_vllm_decisions_degraded_total (decided vs enforced)
-    serve.py      starting the OpenAI server on CPU with the plugin (for ``gpctl serve --engine vllm``)
+    versions.py      supported vLLM releases; the start-up check
+    settings.py      GrowPageConfig + plugin settings from additional_config["growpage"] / GROWPAGE_*
+    support.py       what a deployment needs to observe and enforce (graph mode, runner, parallelism)
+    wire.py          what crosses between scheduler and workers (payloads, reports, attribute names)
+    -- scheduler side (EngineCore) --
+    scheduler_agent.py  lifecycle, grants, monitored boundaries, pool gauges, telemetry from start-up
+    enforcer.py         enforce: boundary decisions, freeing blocks, compaction plans
+    scheduler_hooks.py  wraps Scheduler/KVCacheManager methods for the agent
+    metrics.py          series only the vLLM home has (degraded decisions, observed steps)
+    -- worker side --
+    keys.py          any backend's paged KV layout, probed; reading keys and moving tokens
+    scoring.py       the observed queries against the cached keys, in bounded chunks
+    runner_views.py  a step's batch under Model Runner V1 or V2
+    observer.py      per-worker attention observation and summaries; the worker's report
+    compaction.py    enforce arithmetic without vLLM: physical/logical lengths, keep sets
+    compactor.py     enforce in the worker: applies plans, physical seq_lens and slot_mapping
+    worker_hooks.py  the observer registry; wraps the worker and the runners
+    backend.py       CPU_ATTN / FLASH_ATTN / FLASHINFER / TRITON_ATTN subclasses feeding the observer
+    -- API server --
+    endpoint.py      vllm.endpoint_plugins: /metrics/growpage on the API server, ahead of /metrics
+    namespaces.py    ASGI middleware: x-growpage-namespace header / OpenAI user -> vllm_xargs
+    serve.py         starting the OpenAI server with the plugin (for ``gpctl serve --engine vllm``)
 
 See ``docs/VLLM_PLUGIN.md``.
 """
@@ -60,13 +67,15 @@ def register() -> None:
     if not first:
         return
     if os.environ.get("GROWPAGE_MODE", "").strip().lower() == "off":
+        # the kill switch: no GrowPage code runs at all (mode "off" in additional_config instead keeps
+        # the scheduler's exporter, so the pod still says what it runs)
         logger.info("growpage: GROWPAGE_MODE=off, the vLLM plugin stays inactive in pid %d", pid)
         return
     check_vllm_version()
-    _install_backend()
     from growpage.vllm_plugin.scheduler_hooks import install_scheduler_hooks
 
-    install_scheduler_hooks()  # inert unless the scheduler's deployment runs mode=enforce
+    install_scheduler_hooks()  # the scheduler agent: metrics from start-up, in every mode
+    _install_backend()
     _mark_loaded(pid)
 
 
@@ -92,7 +101,7 @@ def _install_backend() -> None:
     from vllm.platforms import current_platform
 
     from growpage.vllm_plugin.backend import CUDA_BACKENDS, class_path
-    from growpage.vllm_plugin.runner_hooks import install_runner_hooks
+    from growpage.vllm_plugin.worker_hooks import install_worker_hooks
 
     if current_platform.is_cpu():
         names: tuple[str, ...] = ("CPU_ATTN",)
@@ -106,4 +115,4 @@ def _install_backend() -> None:
 
     for name in names:
         register_backend(AttentionBackendEnum[name], class_path(name))
-    install_runner_hooks()  # also in workers whose backend is not observed: they say so
+    install_worker_hooks()  # also in workers whose backend is not observed: they say so

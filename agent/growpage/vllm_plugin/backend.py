@@ -1,7 +1,7 @@
-"""vLLM's attention backends with GrowPage's observer attached (Stage 1).
+"""vLLM's attention backends with GrowPage's observer attached.
 
 The plugin points a backend's name (``CPU_ATTN`` here; ``FLASH_ATTN``, ``FLASHINFER``,
-``TRITON_ATTN`` on CUDA, see :mod:`~growpage.vllm_plugin.gpu_backends`) at a subclass whose impl
+``TRITON_ATTN`` on CUDA) at a subclass whose impl
 calls vLLM's own ``do_kv_cache_update`` and ``forward`` first, unchanged, and only then reads:
 outputs are the kernel's, bit for bit. The per-process observer is built lazily from the
 ``VllmConfig`` current while the model is constructed; with ``mode=off`` there is none and the impl
@@ -12,71 +12,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any
 
 import torch
 
+from growpage.vllm_plugin.worker_hooks import observer_for
+
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
-
-
-
-# pid -> the observer of that process (None: GrowPage is off there). Keyed by pid so a forked child
-# builds its own instead of sharing its parent's exporter thread and port.
-_OBSERVERS: dict[int, Any] = {}
-
-
-def current_observer() -> Any:
-    """This process's observer, or None (not built yet, or GrowPage off)."""
-    return _OBSERVERS.get(os.getpid())
-
-
-def _build_observer(vllm_config: Any) -> Any:
-    from growpage.config import Mode
-    from growpage.vllm_plugin.observer import VllmObserver
-    from growpage.vllm_plugin.runner_hooks import install_runner_hooks
-    from growpage.vllm_plugin.settings import settings_from_vllm_config
-    from growpage.vllm_plugin.support import REMEDIES, cudagraph_conflict
-    from growpage.vllm_plugin.versions import check_vllm_version
-
-    config, settings = settings_from_vllm_config(vllm_config)
-    if config.mode is Mode.OFF:
-        logger.info("growpage: mode=off; attention is not observed in pid %d", os.getpid())
-        return None
-    rank = 0
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        rank = get_tensor_model_parallel_rank()
-    except Exception:  # no parallel state (tests): a single worker
-        pass
-    model_config = vllm_config.model_config
-    observer = VllmObserver(
-        config, settings, num_layers=model_config.get_num_layers(vllm_config.parallel_config),
-        max_requests=vllm_config.scheduler_config.max_num_seqs,
-        model=model_config.served_model_name or model_config.model,
-        engine_version=check_vllm_version(), rank=rank)
-    install_runner_hooks()
-    conflict = cudagraph_conflict(getattr(vllm_config, "compilation_config", None))
-    if conflict is not None:
-        observer.disable(conflict, f"decode attention replays from full CUDA graphs, which run no Python; "
-                                   f"to observe, {REMEDIES[conflict]}")
-    logger.info("growpage: mode=%s, observing layers %s in pid %d", config.mode.value,
-                sorted(observer.observed_layers), os.getpid())
-    return observer
-
-
-def observer_built() -> bool:
-    """Whether this process has decided on its observer (built one, or found GrowPage off)."""
-    return os.getpid() in _OBSERVERS
-
-
-def observer_for(vllm_config: Any) -> Any:
-    """The observer of this process, built on first call (config errors fail start-up loudly)."""
-    pid = os.getpid()
-    if pid not in _OBSERVERS:
-        _OBSERVERS[pid] = _build_observer(vllm_config)
-    return _OBSERVERS[pid]
 
 
 QUANTIZED_KV_DTYPES = ("fp8", "nvfp4", "int8", "int4")  # stored scaled: keys cannot be read as they are
@@ -110,7 +52,14 @@ class ObservedAttentionImpl:
 
         self._growpage = observer_for(get_current_vllm_config())
         # fixed for the impl's life: checked once, not on every forward
-        self._growpage_reads = self.attn_type == "decoder" and not stores_quantized_kv(self)
+        quantized = stores_quantized_kv(self)
+        self._growpage_reads = self.attn_type == "decoder" and not quantized
+        if quantized and self._growpage is not None and self.attn_type == "decoder":
+            from growpage.vllm_plugin.support import QUANTIZED_KV_CACHE, REMEDIES
+
+            # never silent: a cache GrowPage cannot read turns observation (and compaction) off, visibly
+            self._growpage.disable(QUANTIZED_KV_CACHE, f"the KV cache stores {getattr(self, 'kv_cache_dtype', '?')}; "
+                                                       f"{REMEDIES[QUANTIZED_KV_CACHE]}")
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)  # type: ignore[misc]
@@ -133,7 +82,7 @@ class ObservedAttentionImpl:
         return result
 
 
-def observed_backend(base: type, name: str) -> type:
+def observed_backend(base: Any, name: str) -> type:
     """``base`` (a vLLM attention backend class) whose impl is wrapped by :class:`ObservedAttentionImpl`.
 
     The subclass keeps ``base``'s name, metadata builder, cache layouts and capabilities, so vLLM

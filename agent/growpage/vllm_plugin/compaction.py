@@ -1,4 +1,4 @@
-"""Stage 2 arithmetic without vLLM: physical/logical accounting, keep sets, moving tokens in the cache.
+"""Enforce arithmetic without vLLM: physical/logical accounting, keep sets, moving tokens in the cache.
 
 Enforcement inside vLLM keeps two lengths per request. The *logical* length is vLLM's own
 ``num_computed_tokens``: it drives RoPE positions, token ids, ``max_model_len`` and stop checks, and

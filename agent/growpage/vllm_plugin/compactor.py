@@ -1,4 +1,4 @@
-"""Stage 2 in the worker: apply the scheduler's compaction plans and keep inputs physical.
+"""Enforce in the worker: apply the scheduler's compaction plans and keep inputs physical.
 
 The scheduler (:mod:`~growpage.vllm_plugin.enforcer`) has already truncated a compacted request's
 block list and returned the tail blocks to the pool; it sends a :class:`CompactionPlan` per request
@@ -25,8 +25,8 @@ import torch
 
 from growpage.config import GrowPageConfig
 from growpage.vllm_plugin.compaction import choose_keep, physical_slot_mapping, physical_slots, slot_positions
-from growpage.vllm_plugin.enforcer import ENFORCE_LOG_ENV, OUTPUT_ATTRIBUTE, append_enforce_log
 from growpage.vllm_plugin.keys import BlockLayout, move_tokens_in_layers
+from growpage.vllm_plugin.wire import ENFORCE_LOG_ENV, PAYLOAD_ATTRIBUTE, append_enforce_log
 
 
 class CompactionError(RuntimeError):
@@ -80,7 +80,7 @@ class WorkerCompactor:
     # ---- before _update_states -----------------------------------------------------------------
     def begin_step(self, runner: Any, scheduler_output: Any, layout: BlockLayout | None) -> None:
         """Forget restarted requests, apply this step's plans, adopt the scheduler's ``dropped``."""
-        payload = getattr(scheduler_output, OUTPUT_ATTRIBUTE, None)
+        payload = getattr(scheduler_output, PAYLOAD_ATTRIBUTE, None)
         restarted = set(getattr(scheduler_output, "finished_req_ids", ()) or ())
         restarted |= set(getattr(scheduler_output, "preempted_req_ids", None) or ())
         restarted |= {new.req_id for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ()}

@@ -1,7 +1,7 @@
 """``vllm.endpoint_plugins``: ``/metrics/growpage`` on vLLM's OpenAI API server.
 
-The series live in the worker that runs attention (see :mod:`~growpage.vllm_plugin.observer`), which
-serves them on its standalone exporter (``exporter_port``, loopback-reachable). This route relays
+The series live in the scheduler's agent (EngineCore, see :mod:`~growpage.vllm_plugin.scheduler_agent`),
+which serves them on its standalone exporter (``exporter_port``, loopback-reachable) from start-up. This route relays
 that exporter's exposition, so the API port answers ``/metrics/growpage`` with GrowPage's series only.
 It is inserted *first*: vLLM mounts its registry at ``/metrics`` and that mount's pattern also matches
 ``/metrics/growpage``. vLLM loads endpoint plugins only when named: ``VLLM_PLUGINS=growpage``.
@@ -84,5 +84,5 @@ class GrowPageEndpoint:
                 content_type = upstream.headers.get("Content-Type", "text/plain; version=0.0.4")
         except (urllib.error.URLError, OSError) as error:
             return response_class(f"GrowPage's exporter at {self.upstream_url} is not answering ({error}); "
-                                  "it starts with the first engine step\n", status_code=503)
+                                  "it starts with vLLM's engine core (is GROWPAGE_MODE=off?)\n", status_code=503)
         return response_class(content=body, headers={"Content-Type": content_type})

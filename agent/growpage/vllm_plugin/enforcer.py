@@ -1,4 +1,4 @@
-"""Stage 2 in vLLM's scheduler (EngineCore): decide at block boundaries, free blocks, plan compactions.
+"""Enforce in vLLM's scheduler (EngineCore): decide at block boundaries, free blocks, plan compactions.
 
 vLLM has no API that shrinks a running request's KV, so GrowPage keeps a *physical* length next to
 vLLM's logical ``num_computed_tokens`` (see :mod:`~growpage.vllm_plugin.compaction`). Per step:
@@ -16,64 +16,45 @@ vLLM's logical ``num_computed_tokens`` (see :mod:`~growpage.vllm_plugin.compacti
      Both the decided and the enforced kind are recorded.
 2. ``KVCacheManager.allocate_slots`` (wrapped) sees ``num_computed_tokens - growpage_dropped`` and
    never hashes a compacted request's blocks again (their content no longer matches the hash chain).
-3. ``after_schedule``: the plans, the ``dropped`` of every compacted running request, the decisions
-   and fault counts ride to the worker on ``SchedulerOutput.growpage`` (pickled with it).
+3. ``after_schedule``: the plans and the ``dropped`` of every compacted running request ride to the
+   workers on ``SchedulerOutput.growpage`` (:mod:`~growpage.vllm_plugin.wire`).
 4. Preemption (recompute from scratch) and finish reset the request's physical accounting.
 
 Never touched: blocks with ``ref_cnt > 1`` (shared through the prefix cache; they are a leading run
 and stay in place, protected). Blocks the request alone holds lose their prefix-cache hash before
 they are rewritten or freed, so no later request can hit stale content.
 
-Admission grants, the boundary routine and the fault guard are the shared
-:class:`~growpage.core.controller.GrowthController`'s; the decisions it records are collected here
-(as its stats listener) and counted by the worker's exporter. This module imports no vLLM (tests
-drive it with stand-ins); :func:`install_scheduler_hooks` does.
+Admission, the boundary routine, the fault guard and the stats are the
+:class:`~growpage.core.controller.GrowthController`'s, shared with the scheduler agent
+(:mod:`~growpage.vllm_plugin.scheduler_agent`), whose exporter counts what is decided here. This
+module imports no vLLM (tests drive it with stand-ins); the scheduler hooks do.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.controller import BoundaryCall, GrowthController, PoolView, Reading
+from growpage.core.controller import BoundaryCall, GrowthController, PoolView
 from growpage.core.policy import Action, Reason
 from growpage.core.pressure import PoolPressure, ReclaimCandidate, measure_pressure, plan_reclaim
-from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent
 from growpage.vllm_plugin.compaction import compaction_target_tokens, protected_tokens
-from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
+from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
+from growpage.vllm_plugin.wire import (
+    DROPPED_ATTRIBUTE,
+    ENFORCE_LOG_ENV,
+    PAYLOAD_ATTRIBUTE,
+    CompactionPlan,
+    append_enforce_log,
+    step_payload,
+)
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
-
-DROPPED_ATTRIBUTE = "growpage_dropped"  # on vLLM's Request: tokens evicted (physical = logical - this)
-OUTPUT_ATTRIBUTE = "growpage"  # on SchedulerOutput: the payload for the worker
-READINGS_ATTRIBUTE = "growpage_readings"  # on ModelRunnerOutput: {req_id: (sts_density, lts_entropy)}
-READY_ATTRIBUTE = "growpage_ready"  # on ModelRunnerOutput: the worker can move tokens (layout known)
-ENFORCE_LOG_ENV = "GROWPAGE_VLLM_ENFORCE_LOG"  # tests/bench: JSON lines of per-request block peaks
-
-
-@dataclasses.dataclass(frozen=True)
-class CompactionPlan:
-    """What the worker does for one request before this step's forward.
-
-    Attributes:
-        physical_tokens: tokens in the request's blocks before the compaction.
-        keep_tokens: tokens that survive (slots ``[0, keep_tokens)`` afterwards).
-        logical_length: the request's ``num_computed_tokens`` (for the recent window).
-        shared_prefix_tokens: leading tokens in shared blocks (kept in place).
-        dropped: the request's evicted tokens after this compaction.
-    """
-
-    physical_tokens: int
-    keep_tokens: int
-    logical_length: int
-    shared_prefix_tokens: int
-    dropped: int
 
 
 @dataclasses.dataclass
@@ -113,51 +94,29 @@ class SchedulerEnforcer:
     """GrowPage's enforcement state for one vLLM ``Scheduler`` (see the module docstring).
 
     Args:
-        config: GrowPage's config (``block_size`` = vLLM's).
-        settings: the plugin's settings.
-        clock: monotonic seconds.
+        controller: the scheduler's growth controller, shared with
+            :class:`~growpage.vllm_plugin.scheduler_agent.SchedulerAgent` (admission, readings,
+            decisions and their stats are its).
     """
 
-    def __init__(self, config: GrowPageConfig, settings: PluginSettings, *,
-                 clock: Callable[[], float] = time.monotonic):
-        # num_layers=None: the scheduler observes nothing; the worker's readings arrive with its output.
-        self.controller = GrowthController(config, num_layers=None, clock=clock, logger=logger)
-        self.controller.stats.add_listener(self)
-        self.config = self.controller.config
-        self.settings = settings
-        self.clock = clock
-        self.block_size = config.block_size
+    def __init__(self, controller: GrowthController):
+        self.controller = controller
+        self.config: GrowPageConfig = controller.config
+        self.block_size = self.config.block_size
         self.requests: dict[str, EnforcedRequest | None] = {}  # None: seen, not enforced
         self._plans: dict[str, CompactionPlan] = {}
-        self._decisions: list[DecisionEvent] = []
-        self._degraded: list[tuple[str, str]] = []
-        self._pages_granted = 0
-        self._errors_reported = 0
+        # {(decided, enforced): count}: decisions vLLM could not carry out as decided
+        self.degraded_total: collections.Counter[tuple[str, str]] = collections.Counter()
         self.start_free_blocks: int | None = None
         self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
         self._had_requests = False
         self.worker_ready = False  # no compaction before the worker says it can move tokens
 
     # ---- fault isolation ------------------------------------------------------------------------
-    def guarded(self, what: str, function: Callable, *args, **kwargs) -> Any:
+    def guarded(self, what: str, function: Any, *args: Any, **kwargs: Any) -> Any:
         with self.controller.guard("plugin", f"{what} failed in the scheduler; vLLM carries on"):
             return function(*args, **kwargs)
         return None
-
-    @property
-    def _errors(self) -> int:
-        """Faults caught here since the last payload (the worker's exporter counts them)."""
-        return self.controller.stats.agent_errors_total["plugin"] - self._errors_reported
-
-    # ---- the controller's listener: its decisions ride to the worker's exporter -------------------
-    def on_admit(self, event: AdmitEvent) -> None:
-        pass  # the worker's observer admits and counts the same request
-
-    def on_decision(self, event: DecisionEvent) -> None:
-        self._decisions.append(event)
-
-    def on_finish(self, event: FinishEvent) -> None:
-        pass  # counted by the worker's observer
 
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Any) -> None:
@@ -262,8 +221,9 @@ class SchedulerEnforcer:
         tracked = None
         if mode is Mode.ENFORCE:
             granted = self.controller.grant_pages(request.num_prompt_tokens)
-            self.controller.admit(request_id, prompt_tokens=request.num_prompt_tokens, namespace=namespace,
-                                  mode=mode, pages_granted=granted)
+            if request_id not in self.controller.requests:  # the scheduler agent admits it first
+                self.controller.admit(request_id, prompt_tokens=request.num_prompt_tokens, namespace=namespace,
+                                      mode=mode)
             tracked = EnforcedRequest(request_id, namespace, allowed_blocks=granted)
         self.requests[request_id] = tracked
         self._had_requests = True
@@ -313,7 +273,7 @@ class SchedulerEnforcer:
     def _record_boundary(self, call: BoundaryCall, action: Action, tracked: EnforcedRequest, held: int,
                          pages_after: int, bytes_in: int = 0, bytes_out: int = 0) -> None:
         if action is not call.decision.action:
-            self._degraded.append((call.decision.action.value, action.value))
+            self.degraded_total[(call.decision.action.value, action.value)] += 1
         if action is Action.ALLOCATE:
             tracked.allowed_blocks = held + 1
         self.controller.record_decision(call, kind=action, enforced=True, pages_after=pages_after,
@@ -349,7 +309,7 @@ class SchedulerEnforcer:
             shared_prefix_tokens=shared_blocks * self.block_size, dropped=dropped)
 
     def after_schedule(self, scheduler: Any, output: Any) -> None:
-        """Count this step's block grants, record peaks, attach the worker's payload."""
+        """Record block peaks and attach this step's plans for the workers."""
         req_to_blocks = _req_to_blocks(scheduler.kv_cache_manager)
         dropped: dict[str, int] = {}
         for request in scheduler.running:
@@ -357,34 +317,21 @@ class SchedulerEnforcer:
             if tracked is None:
                 continue
             held = len(req_to_blocks.get(request.request_id, ()))
-            if held > tracked.blocks_at_last_step:
-                self._pages_granted += held - tracked.blocks_at_last_step
             tracked.blocks_at_last_step = held
             tracked.peak_blocks = max(tracked.peak_blocks, held)
             value = getattr(request, DROPPED_ATTRIBUTE, 0)
             if value:
                 dropped[request.request_id] = value
-        payload = {"plans": {k: dataclasses.asdict(v) for k, v in self._plans.items()}, "dropped": dropped,
-                   "enforcer_state": "active" if self.worker_ready else "waiting_for_worker",
-                   "decisions": self._decisions, "degraded": self._degraded,
-                   "pages_granted": self._pages_granted, "errors": self._errors}
-        setattr(output, OUTPUT_ATTRIBUTE, payload)
-        self._plans, self._decisions, self._degraded = {}, [], []
-        self._pages_granted = 0
-        self._errors_reported += payload["errors"]
+        setattr(output, PAYLOAD_ATTRIBUTE, step_payload(self._plans, dropped))
+        self._plans = {}
         if self.log_path and self._had_requests and not scheduler.running and not scheduler.waiting:
             self._had_requests = False
             self._log({"idle": True, "free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
                        "start_free_blocks": self.start_free_blocks})
 
-    def on_output(self, model_runner_output: Any) -> None:
-        """Take the worker's summary readings (``{req_id: (sts_density, lts_entropy)}``)."""
-        ready = getattr(model_runner_output, READY_ATTRIBUTE, None)
-        if ready is not None:
-            self.worker_ready = bool(ready)
-        readings = getattr(model_runner_output, READINGS_ATTRIBUTE, None) or {}
-        for request_id, (density, entropy) in readings.items():
-            self.controller.update_reading(request_id, Reading(density, entropy))
+    def on_worker_ready(self, ready: bool) -> None:
+        """The worker said whether it can move tokens (no compaction before it can)."""
+        self.worker_ready = bool(ready)
 
     def on_preempt(self, request: Any) -> None:
         """vLLM freed the request's blocks and will recompute it from scratch: physical = logical."""
@@ -399,7 +346,6 @@ class SchedulerEnforcer:
         setattr(request, DROPPED_ATTRIBUTE, 0)
         tracked = self.requests.pop(request.request_id, None)
         self._plans.pop(request.request_id, None)
-        self.controller.release(request.request_id, "finished", num_tokens=request.num_tokens)
         if tracked is not None and self.log_path:
             self._log({"request_id": request.request_id, "namespace": tracked.namespace,
                        "peak_blocks": tracked.peak_blocks, "allowed_blocks": tracked.allowed_blocks,
@@ -412,17 +358,6 @@ class SchedulerEnforcer:
 
     def _log(self, record: dict) -> None:
         append_enforce_log(self.log_path, record)
-
-
-def append_enforce_log(path: str | None, record: dict) -> None:
-    """One JSON line in ``$GROWPAGE_VLLM_ENFORCE_LOG`` (tests and benchmarks; no-op when unset)."""
-    if not path:
-        return
-    try:
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-    except OSError:
-        logger.warning("growpage: cannot write %s", path)
 
 
 def _token_bytes(scheduler: Any) -> int:

@@ -1,4 +1,6 @@
-"""``growpage_vllm_decisions_degraded_total``: decisions vLLM could not enforce as decided.
+"""Series only the vLLM home has, beside the catalog's (scraping never raises).
+
+``growpage_vllm_decisions_degraded_total``: decisions vLLM could not enforce as decided.
 
 The contract's ``quantize`` (and ``defer``) cannot be applied per request in vLLM: ``kv_cache_dtype``
 is deployment-wide and the scheduler has no "wait for budget" state. The scheduler-side enforcer
@@ -14,13 +16,15 @@ from collections.abc import Iterator
 from typing import Any
 
 DEGRADED_METRIC = "growpage_vllm_decisions_degraded"
+STEPS_METRIC = "growpage_vllm_steps"
+OBSERVED_STEPS_METRIC = "growpage_vllm_observed_steps"
 
 
 class DegradedDecisionsCollector:
     """A ``prometheus_client`` collector over ``observer.degraded_total`` (``{(decided, enforced): n}``)."""
 
-    def __init__(self, observer: Any, model: str):
-        self._observer = observer
+    def __init__(self, agent: Any, model: str):
+        self._agent = agent
         self._model = model
 
     def collect(self) -> Iterator[Any]:
@@ -31,8 +35,35 @@ class DegradedDecisionsCollector:
             "defer cannot be per-request in vLLM), by decided and enforced kind.",
             labels=("model_name", "decided", "enforced"))
         try:
-            for (decided, enforced), count in sorted(dict(self._observer.degraded_total).items()):
+            for (decided, enforced), count in sorted(dict(self._agent.degraded_total).items()):
                 family.add_metric((self._model, decided, enforced), float(count))
         except Exception:  # a scrape never raises
-            self._observer.stats.record_error("plugin")
+            self._agent.stats.record_error("plugin")
         yield family
+
+
+class ObservationCollector:
+    """How much of the work the observer saw: ``growpage_vllm_steps_total`` (engine steps with a
+    request GrowPage tracks) and ``growpage_vllm_observed_steps_total`` (those whose attention was
+    observed). Their ratio is the share of steps observed: below 1 under full CUDA graphs (decode
+    steps replay without Python) or with ``observe_every_steps`` > 1."""
+
+    def __init__(self, agent: Any, model: str):
+        self._agent = agent
+        self._model = model
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        steps = CounterMetricFamily(STEPS_METRIC, "Engine steps that ran with at least one request GrowPage "
+                                    "tracks.", labels=("model_name",))
+        observed = CounterMetricFamily(OBSERVED_STEPS_METRIC, "Engine steps whose attention GrowPage observed "
+                                       "(not replayed from a full CUDA graph, not skipped by observe_every_steps).",
+                                       labels=("model_name",))
+        try:
+            steps.add_metric((self._model,), float(self._agent.steps_total))
+            observed.add_metric((self._model,), float(self._agent.steps_observed_total))
+        except Exception:  # a scrape never raises
+            self._agent.stats.record_error("plugin")
+        yield steps
+        yield observed

@@ -1,19 +1,18 @@
-"""The scheduler hooks (EngineCore): where Stage 2 meets vLLM's block accounting.
+"""The scheduler hooks (EngineCore): where GrowPage meets vLLM's scheduler and block accounting.
 
-Five wrapped methods, installed once per process by :func:`install_scheduler_hooks` (``register``
-calls it); each does nothing unless the scheduler's deployment runs ``mode=enforce``:
+Installed once per process by :func:`install_scheduler_hooks` (``register`` calls it, in every
+mode); each wrapper calls vLLM's own method and lets the scheduler's
+:class:`~growpage.vllm_plugin.scheduler_agent.SchedulerAgent` look before or after, its faults
+counted and swallowed:
 
-- ``Scheduler.schedule``: :meth:`SchedulerEnforcer.before_schedule` (boundaries, compactions),
-  then vLLM's scheduling, then :meth:`SchedulerEnforcer.after_schedule` (the worker's payload);
-- ``KVCacheManager.allocate_slots``: sizes blocks from the physical length
-  (``num_computed_tokens - growpage_dropped``) and never hashes a compacted request again;
-- ``Scheduler._preempt_request`` / ``Scheduler._free_request``: reset the physical accounting;
-- ``Scheduler.update_from_output``: the worker's summary readings for the next decisions.
-
-Async scheduling is not supported with enforce (the CPU platform turns it off anyway): a scheduler
-with ``async_scheduling`` keeps vLLM's own paging and logs a warning once. So does a model with more
-than one KV cache group (hybrid or sliding-window layers), and so does a deployment with more than
-one worker (tensor or pipeline parallel: only rank 0 has a compactor today).
+- ``Scheduler.__init__``: builds the agent, whose exporter serves from start-up;
+- ``Scheduler.schedule``: boundaries and compactions (enforce) before vLLM schedules; admissions,
+  grants, monitored boundaries and the workers' payload after;
+- ``KVCacheManager.allocate_slots``: times each allocation (grant latency) and, for a compacted
+  request, sizes blocks from the physical length (``num_computed_tokens - growpage_dropped``),
+  never hashing its blocks again;
+- ``Scheduler._preempt_request`` / ``Scheduler._free_request``: releases (and counts preemptions);
+- ``Scheduler.update_from_output``: the worker's report (readings, observer state).
 """
 
 from __future__ import annotations
@@ -21,58 +20,85 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
-from growpage.vllm_plugin.enforcer import DROPPED_ATTRIBUTE, OUTPUT_ATTRIBUTE, SchedulerEnforcer
+from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, SchedulerView
+from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
 _WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
-_ENFORCER_ATTRIBUTE = "_growpage_enforcer"
-_INACTIVE_ATTRIBUTE = "_growpage_enforcer_inactive"  # why a deployment that enforces has no enforcer
+_AGENT_ATTRIBUTE = "_growpage_agent"
 
 
-def enforcer_of(scheduler: Any) -> SchedulerEnforcer | None:
-    """The scheduler's enforcer, built on first use; None when the deployment does not enforce."""
-    enforcer = scheduler.__dict__.get(_ENFORCER_ATTRIBUTE, False)
-    if enforcer is False:
-        enforcer = None
-        inactive: str | None = None
+def agent_of(scheduler: Any) -> SchedulerAgent | None:
+    """The scheduler's agent, built on first use (None when it could not start: vLLM runs unchanged)."""
+    agent = scheduler.__dict__.get(_AGENT_ATTRIBUTE, False)
+    if agent is False:
+        agent = None
         try:
-            enforcer, inactive = _build_enforcer(scheduler)
+            agent = build_agent(scheduler)
         except Exception:
-            inactive = "start_failed"
-            logger.exception("growpage: cannot start enforcement in the scheduler; vLLM's own paging runs")
-        scheduler.__dict__[_ENFORCER_ATTRIBUTE] = enforcer
-        scheduler.__dict__[_INACTIVE_ATTRIBUTE] = inactive
-    return enforcer
+            logger.exception("growpage: cannot start the scheduler agent; vLLM's own paging runs, unobserved")
+        scheduler.__dict__[_AGENT_ATTRIBUTE] = agent
+        manager = getattr(scheduler, "kv_cache_manager", None)
+        if manager is not None and agent is not None:
+            manager.__dict__[_AGENT_ATTRIBUTE] = agent  # allocate_slots times its grants for it
+    return agent
 
 
-def inactive_reason(scheduler: Any) -> str | None:
-    """Why a deployment that runs mode=enforce has no enforcer (None: it has one, or does not enforce)."""
-    return scheduler.__dict__.get(_INACTIVE_ATTRIBUTE)
+def existing_agent(scheduler: Any) -> SchedulerAgent | None:
+    """The scheduler's agent if one was built (never builds one: for readers such as the demo)."""
+    agent = scheduler.__dict__.get(_AGENT_ATTRIBUTE)
+    return agent if isinstance(agent, SchedulerAgent) else None
 
 
-def _build_enforcer(scheduler: Any) -> tuple[SchedulerEnforcer | None, str | None]:
-    """The enforcer, or None and why not (None when the deployment does not enforce at all)."""
+def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAgent:
+    """The agent for ``scheduler``'s deployment (config errors fail start-up loudly)."""
     from growpage.config import Mode
     from growpage.vllm_plugin.settings import settings_from_vllm_config
-    from growpage.vllm_plugin.support import REMEDIES, enforce_blocker
+    from growpage.vllm_plugin.support import REMEDIES, enforce_blocker, start_up_states, uses_model_runner_v2
+    from growpage.vllm_plugin.versions import check_vllm_version
 
-    config, settings = settings_from_vllm_config(scheduler.vllm_config)
-    if config.mode is not Mode.ENFORCE:
-        return None, None
     vllm_config = scheduler.vllm_config
-    blocker = enforce_blocker(scheduler.scheduler_config, vllm_config.parallel_config,
-                              getattr(vllm_config, "compilation_config", None),
-                              len(scheduler.kv_cache_manager.coordinator.single_type_managers))
-    if blocker is not None:
-        logger.warning("growpage: mode=enforce cannot run in this deployment (%s), so requests are monitored "
-                       "only; to enforce, %s", blocker, REMEDIES[blocker])
-        return None, blocker
-    logger.info("growpage: enforcing KV budgets in the scheduler (base_pages=%d, block_size=%d)",
+    config, settings = settings_from_vllm_config(vllm_config)
+    compilation = getattr(vllm_config, "compilation_config", None)
+    groups = scheduler.kv_cache_manager.coordinator.single_type_managers
+    blocker = None
+    if config.mode is Mode.ENFORCE:
+        blocker = enforce_blocker(scheduler.scheduler_config, vllm_config.parallel_config, compilation, len(groups),
+                                  uses_model_runner_v2(vllm_config))
+        if blocker is not None:
+            logger.warning("growpage: mode=enforce cannot run in this deployment (%s), so requests are monitored "
+                           "only; to enforce, %s", blocker, REMEDIES[blocker])
+    model_config = vllm_config.model_config
+    view = SchedulerView(
+        model=str(model_config.served_model_name or model_config.model), engine_version=check_vllm_version(),
+        device=str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "unknown"),
+        num_pages=max(0, int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks) - 1),  # less the null block
+        token_bytes=token_bytes(scheduler),
+        component_states=start_up_states(config.mode is Mode.OFF, compilation))
+    agent = SchedulerAgent(config, settings, view, enforcer_blocker=blocker)
+    if start_telemetry:
+        agent.start_telemetry()
+    logger.info("growpage: scheduler agent started (mode=%s, base_pages=%d, block_size=%d)", config.mode.value,
                 config.base_pages, config.block_size)
-    return SchedulerEnforcer(config, settings), None
+    return agent
+
+
+def token_bytes(scheduler: Any) -> int:
+    """KV bytes of one token across the first group's layers, from vLLM's own cache spec."""
+    group = scheduler.kv_cache_config.kv_cache_groups[0]
+    spec = group.kv_cache_spec
+    return int(spec.page_size_bytes * len(group.layer_names) // spec.block_size)
+
+
+def _new_blocks(result: Any) -> int:
+    """Blocks an ``allocate_slots`` result newly took from the pool (its first KV cache group)."""
+    groups = getattr(result, "blocks", None)
+    return len(groups[0]) if groups else 0
 
 
 def install_scheduler_hooks() -> bool:
@@ -82,74 +108,108 @@ def install_scheduler_hooks() -> bool:
 
     if getattr(Scheduler.schedule, _WRAPPED_ATTRIBUTE, False):
         return False
-    original_schedule = Scheduler.schedule
-    original_allocate = KVCacheManager.allocate_slots
-    allocate_signature = inspect.signature(original_allocate)
+    allocate_signature = inspect.signature(KVCacheManager.allocate_slots)
     if "delay_cache_blocks" not in allocate_signature.parameters:
         raise RuntimeError("this vLLM's KVCacheManager.allocate_slots has no delay_cache_blocks; "
-                           "GrowPage's enforce needs it (see SUPPORTED_VLLM_SPEC)")
-    original_preempt = Scheduler._preempt_request
-    original_free = Scheduler._free_request
-    original_update = Scheduler.update_from_output
+                           "GrowPage needs it (see SUPPORTED_VLLM_SPEC)")
+    wrappers: dict[tuple[Any, str], Callable[[Any], Any]] = {
+        (Scheduler, "__init__"): _wrap_init, (Scheduler, "schedule"): _wrap_schedule,
+        (KVCacheManager, "allocate_slots"): functools.partial(_wrap_allocate, signature=allocate_signature),
+        (Scheduler, "_preempt_request"): _wrap_preempt, (Scheduler, "_free_request"): _wrap_free,
+        (Scheduler, "update_from_output"): _wrap_update}
+    for (owner, name), wrap in wrappers.items():
+        wrapper = wrap(getattr(owner, name))
+        setattr(wrapper, _WRAPPED_ATTRIBUTE, True)
+        setattr(owner, name, wrapper)
+    return True
 
-    @functools.wraps(original_schedule)
-    def schedule(self, *args, **kwargs):
-        enforcer = enforcer_of(self)
-        if enforcer is not None:
-            enforcer.guarded("boundary decisions", enforcer.before_schedule, self)
-        output = original_schedule(self, *args, **kwargs)
-        if enforcer is not None:
-            enforcer.guarded("step payload", enforcer.after_schedule, self, output)
-        elif inactive_reason(self) is not None:  # the worker's exporter says why enforce does nothing
-            setattr(output, OUTPUT_ATTRIBUTE, {"enforcer_state": inactive_reason(self)})
+
+def _wrap_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        agent_of(self)  # the exporter serves from start-up, before any request
+
+    return __init__
+
+
+def _wrap_schedule(original: Any) -> Any:
+    @functools.wraps(original)
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        agent = agent_of(self)
+        if agent is not None:
+            agent.guarded("boundary decisions", agent.before_schedule, self)
+        output = original(self, *args, **kwargs)
+        if agent is not None:
+            agent.guarded("step accounting", agent.after_schedule, self, output)
         return output
 
-    @functools.wraps(original_allocate)
-    def allocate_slots(self, request, num_new_tokens, *args, **kwargs):
+    return schedule
+
+
+def _wrap_allocate(original: Any, signature: inspect.Signature) -> Any:
+    @functools.wraps(original)
+    def allocate_slots(self: Any, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        agent = self.__dict__.get(_AGENT_ATTRIBUTE)
+        started = time.perf_counter()
         dropped = getattr(request, DROPPED_ATTRIBUTE, 0)
         if not dropped:
-            return original_allocate(self, request, num_new_tokens, *args, **kwargs)
-        # NOTE: physical accounting; a compacted request's blocks no longer match its hash chain,
-        # so they are never cached (delay_cache_blocks, bound by name whatever its position).
-        bound = allocate_signature.bind(self, request, num_new_tokens, *args, **kwargs)
-        bound.arguments["delay_cache_blocks"] = True
-        logical = request.num_computed_tokens
-        request.num_computed_tokens = logical - dropped
-        try:
-            return original_allocate(*bound.args, **bound.kwargs)
-        finally:
-            request.num_computed_tokens = logical
+            result = original(self, request, num_new_tokens, *args, **kwargs)
+        else:
+            # NOTE: physical accounting; a compacted request's blocks no longer match its hash chain,
+            # so they are never cached (delay_cache_blocks, bound by name whatever its position).
+            bound = signature.bind(self, request, num_new_tokens, *args, **kwargs)
+            bound.arguments["delay_cache_blocks"] = True
+            logical = request.num_computed_tokens
+            request.num_computed_tokens = logical - dropped
+            try:
+                result = original(*bound.args, **bound.kwargs)
+            finally:
+                request.num_computed_tokens = logical
+        if agent is not None and result is not None:
+            agent.guarded("grant timing", agent.on_allocated, request.request_id, _new_blocks(result),
+                          time.perf_counter() - started)
+        return result
 
-    @functools.wraps(original_preempt)
-    def _preempt_request(self, request, *args, **kwargs):
-        result = original_preempt(self, request, *args, **kwargs)
-        enforcer = enforcer_of(self)
-        if enforcer is not None:
-            enforcer.guarded("preemption", enforcer.on_preempt, request)
+    return allocate_slots
+
+
+def _wrap_preempt(original: Any) -> Any:
+    @functools.wraps(original)
+    def _preempt_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, request, *args, **kwargs)
+        agent = agent_of(self)
+        if agent is not None:
+            agent.guarded("preemption", agent.on_preempt, request)
         elif getattr(request, DROPPED_ATTRIBUTE, 0):
             setattr(request, DROPPED_ATTRIBUTE, 0)
         return result
 
-    @functools.wraps(original_free)
-    def _free_request(self, request, *args, **kwargs):
-        result = original_free(self, request, *args, **kwargs)
-        enforcer = enforcer_of(self)
-        if enforcer is not None:
-            enforcer.guarded("request end", enforcer.on_free, request)
+    return _preempt_request
+
+
+def _wrap_free(original: Any) -> Any:
+    @functools.wraps(original)
+    def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, request, *args, **kwargs)
+        agent = agent_of(self)
+        if agent is not None:
+            agent.guarded("request end", agent.on_free, request)
         return result
 
-    @functools.wraps(original_update)
-    def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
-        enforcer = enforcer_of(self)
-        if enforcer is not None:
-            enforcer.guarded("worker readings", enforcer.on_output, model_runner_output)
-        return original_update(self, scheduler_output, model_runner_output, *args, **kwargs)
+    return _free_request
 
-    for wrapper in (schedule, allocate_slots, _preempt_request, _free_request, update_from_output):
-        setattr(wrapper, _WRAPPED_ATTRIBUTE, True)
-    Scheduler.schedule = schedule
-    KVCacheManager.allocate_slots = allocate_slots
-    Scheduler._preempt_request = _preempt_request
-    Scheduler._free_request = _free_request
-    Scheduler.update_from_output = update_from_output
-    return True
+
+def _wrap_update(original: Any) -> Any:
+    @functools.wraps(original)
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any,
+                           **kwargs: Any) -> Any:
+        agent = agent_of(self)
+        if agent is not None:
+            agent.guarded("worker report", agent.on_output, self, model_runner_output)
+        result = original(self, scheduler_output, model_runner_output, *args, **kwargs)
+        if agent is not None:
+            agent.guarded("idle poll", agent.after_output, self)
+        return result
+
+    return update_from_output

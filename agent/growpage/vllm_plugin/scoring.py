@@ -147,7 +147,7 @@ def plan_chunks(lengths: Sequence[int], *, num_layers: int, num_heads: int, head
     return chunks
 
 
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
     """One host-to-device copy that does not wait for the device (pinned source on CUDA)."""
     host = torch.tensor(values, dtype=torch.long)
     if device.type == "cuda":
@@ -184,7 +184,7 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
     chunks = plan_chunks(lengths, cap_bytes=cap_bytes, **geometry)
     order = [row for chunk in chunks for row in chunk.rows]
     heads = [layer.kv_heads.tolist() for layer in layers]  # host tensors: no device wait
-    packed = _to_device(order + [lengths[row] for row in order] + [h for layer in heads for h in layer], device)
+    packed = to_device(order + [lengths[row] for row in order] + [h for layer in heads for h in layer], device)
     order_t, lengths_t = packed[:num_rows], packed[num_rows:2 * num_rows]
     heads_t = packed[2 * num_rows:].view(num_layers, num_heads)
     queries = torch.stack([layer.query for layer in layers]).to(device).float()  # [L, R, H, hd]

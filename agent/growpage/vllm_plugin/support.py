@@ -11,39 +11,69 @@ from __future__ import annotations
 from typing import Any
 
 # Reason labels (also the runbook's table of causes).
+ACTIVE = "active"
+MODE_OFF = "mode_off"
 CUDAGRAPH_FULL = "full_cudagraph"
 UNSUPPORTED_BACKEND = "unsupported_backend"
 ASYNC_SCHEDULING = "async_scheduling"
 PIPELINE_PARALLEL = "pipeline_parallel"
 HYBRID_KV_CACHE = "hybrid_kv_cache"
+MODEL_RUNNER_V2 = "model_runner_v2"
+QUANTIZED_KV_CACHE = "quantized_kv_cache"
+
+
+def _graph_mode_name(compilation_config: Any) -> str | None:
+    mode = getattr(compilation_config, "cudagraph_mode", None)
+    if mode is None:
+        return None
+    return str(getattr(mode, "name", mode)).upper().removeprefix("CUDAGRAPHMODE.")
 
 
 def cudagraph_conflict(compilation_config: Any) -> str | None:
     """``full_cudagraph`` when decode attention may be replayed from a full CUDA graph.
 
     A full graph (``FULL``, ``FULL_DECODE_ONLY``, ``FULL_AND_PIECEWISE``) replays the attention
-    kernels without running any Python, so the observer would see only the steps vLLM happens not
-    to replay: a silently partial summary. ``PIECEWISE`` (attention runs eagerly between the graphed
-    pieces) and ``NONE`` (``enforce_eager``) are fine.
+    kernels without running any Python: enforcement, which must see every boundary and make every
+    step's inputs physical, is not tried under any of them. ``PIECEWISE`` (attention runs eagerly
+    between the graphed pieces) and ``NONE`` (``enforce_eager``) are fine.
     """
-    mode = getattr(compilation_config, "cudagraph_mode", None)
-    if mode is None:
-        return None
-    has_full = getattr(mode, "has_full_cudagraphs", None)
-    if callable(has_full):
-        return CUDAGRAPH_FULL if has_full() else None
-    return CUDAGRAPH_FULL if "FULL" in str(mode).upper() else None
+    name = _graph_mode_name(compilation_config)
+    return CUDAGRAPH_FULL if name is not None and "FULL" in name else None
+
+
+def observer_blocker(compilation_config: Any) -> str | None:
+    """``full_cudagraph`` when *no* step runs attention eagerly (``FULL``: mixed batches replay too).
+
+    vLLM's default on CUDA, ``FULL_AND_PIECEWISE`` (and ``FULL_DECODE_ONLY``), replays decode-only
+    batches from full graphs but runs mixed and prefill batches eagerly: the observer summarises
+    what those steps show, and ``growpage_vllm_observed_steps_total`` / ``growpage_vllm_steps_total``
+    says how much of the work that was.
+    """
+    return CUDAGRAPH_FULL if _graph_mode_name(compilation_config) == "FULL" else None
+
+
+def uses_model_runner_v2(vllm_config: Any) -> bool:
+    """Whether the workers run Model Runner V2 (vLLM's default on CUDA where Triton works)."""
+    try:
+        return bool(getattr(vllm_config, "use_v2_model_runner", False))
+    except Exception:  # the property consults the platform; a stand-in config has none
+        return False
 
 
 def enforce_blocker(scheduler_config: Any, parallel_config: Any, compilation_config: Any,
-                    num_kv_cache_groups: int) -> str | None:
+                    num_kv_cache_groups: int, model_runner_v2: bool = False) -> str | None:
     """Why the scheduler cannot enforce in this deployment (None: it can).
 
     Tensor parallelism is supported (every rank compacts its own heads to the same plan); pipeline
-    parallelism is not tried; one KV cache group (full attention) only.
+    parallelism is not tried; one KV cache group (full attention) only. Async scheduling plans step
+    N+1 before step N's output is back, so a compaction could free blocks the step in flight still
+    writes; Model Runner V2 builds its inputs in device kernels that GrowPage does not yet make
+    physical. Both keep vLLM's own paging and say so; monitor works with either.
     """
     if getattr(scheduler_config, "async_scheduling", False):
         return ASYNC_SCHEDULING
+    if model_runner_v2:
+        return MODEL_RUNNER_V2
     if getattr(parallel_config, "pipeline_parallel_size", 1) > 1:
         return PIPELINE_PARALLEL
     if num_kv_cache_groups != 1:
@@ -57,4 +87,18 @@ REMEDIES = {
     ASYNC_SCHEDULING: "start vLLM with --no-async-scheduling",
     PIPELINE_PARALLEL: "run enforce with pipeline_parallel_size=1 (monitor works with any)",
     HYBRID_KV_CACHE: "enforce needs a model with full attention only (one KV cache group)",
+    MODEL_RUNNER_V2: "set VLLM_USE_V2_MODEL_RUNNER=0 for enforce (monitor observes under either runner)",
+    MODE_OFF: "set additional_config.growpage.mode (or GROWPAGE_MODE) to monitor or enforce",
+    QUANTIZED_KV_CACHE: "run with --kv-cache-dtype auto (fp8 and other scaled caches cannot be read as keys)",
 }
+
+
+def start_up_states(mode_is_off: bool, compilation_config: Any) -> dict[str, str]:
+    """``{component: "active" or reason}`` as known from the configuration, before any step.
+
+    The observer's entry is provisional: the worker's first report replaces it (an unwrapped
+    backend, a cache layout that does not round-trip).
+    """
+    if mode_is_off:
+        return {"scheduler": MODE_OFF, "observer": MODE_OFF}
+    return {"scheduler": ACTIVE, "observer": observer_blocker(compilation_config) or ACTIVE}

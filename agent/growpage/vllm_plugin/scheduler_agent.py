@@ -1,0 +1,312 @@
+"""GrowPage's home in vLLM's scheduler (EngineCore): one agent per ``Scheduler``, whatever the runner.
+
+The scheduler side runs the same code on CPU and GPU, with either model runner, any CUDA-graph mode
+and any executor, so everything that can be known there is known there:
+
+- **lifecycle**: a request is admitted when it first runs, released when it finishes or is
+  preempted (vLLM's preemption is counted in ``growpage_oom_events_total``);
+- **grants**: every block vLLM's ``KVCacheManager.allocate_slots`` hands out, with the call's
+  duration as its latency (``growpage_page_allocation_latency_seconds``);
+- **boundaries**: in ``monitor``, each block a request takes beyond its grant runs the contract
+  and the decision GrowPage *would* take is recorded; in ``enforce`` the
+  :class:`~growpage.vllm_plugin.enforcer.SchedulerEnforcer` decides and acts on the same controller;
+- **the pool**: free, used and live slots read from vLLM's block pool and block lists, blocks
+  shared through the prefix cache counted once;
+- **telemetry**: the exporter (``/metrics/growpage`` on ``exporter_port``) starts with the
+  scheduler, before any request and in every mode (``off`` included: ``growpage_build_info`` and
+  ``growpage_agent_active{reason="mode_off"}``), so a scrape never depends on the workers.
+
+The workers only observe attention and move tokens; their :class:`~growpage.vllm_plugin.wire.WorkerReport`
+arrives with each step's output (summary readings, observer state, counts). This module imports no
+vLLM: :mod:`~growpage.vllm_plugin.scheduler_hooks` wires it in, and tests drive it with stand-ins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from growpage.config import GrowPageConfig, Mode
+from growpage.core.controller import GrowthController, PoolView, Reading
+from growpage.core.stats import PoolGauges, StatsSnapshot
+from growpage.vllm_plugin.enforcer import SchedulerEnforcer
+from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
+from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, REPORT_ATTRIBUTE, WorkerReport
+
+logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
+
+PLUGIN_COMPONENT = "plugin"
+ACTIVE = "active"
+MODE_OFF = "mode_off"
+
+
+@dataclasses.dataclass
+class SchedulerView:
+    """What the agent reads of one deployment at start-up (plain values, so tests need no vLLM).
+
+    Attributes:
+        model: the served model name (the ``model_name`` label).
+        engine_version: vLLM's version (``growpage_build_info``).
+        device: the device KV lives on (``growpage_build_info``).
+        num_pages: usable blocks in vLLM's pool (its null block excluded).
+        token_bytes: KV bytes of one token across the layers of the KV cache group.
+        component_states: ``{component: "active" or reason}`` known from the configuration.
+    """
+
+    model: str
+    engine_version: str
+    device: str
+    num_pages: int
+    token_bytes: int
+    component_states: dict[str, str]
+
+
+@dataclasses.dataclass
+class _Seen:
+    """A request the agent has admitted: its prompt and the blocks it held after the last step."""
+
+    prompt_tokens: int
+    grant_pages: int
+    pages_held: int
+
+
+class SchedulerAgent:
+    """The scheduler's GrowPage agent (see the module docstring).
+
+    Args:
+        config: GrowPage's config (``block_size`` = vLLM's).
+        settings: the plugin's settings.
+        view: the deployment as read at start-up.
+        enforcer_blocker: why a deployment that runs ``enforce`` cannot (None: it can, or does not enforce).
+        clock: monotonic seconds (growth throttle, telemetry pacing).
+    """
+
+    def __init__(self, config: GrowPageConfig, settings: PluginSettings, view: SchedulerView, *,
+                 enforcer_blocker: str | None = None, clock: Callable[[], float] = time.monotonic):
+        self.controller = GrowthController(config, num_layers=None, clock=clock, logger=logger)
+        self.config = self.controller.config
+        self.settings = settings
+        self.view = view
+        self.stats = self.controller.stats
+        self._clock = clock
+        for component, state in view.component_states.items():
+            self.stats.set_component_state(component, state)
+        self.enforcer: SchedulerEnforcer | None = None
+        if config.mode is Mode.ENFORCE:
+            if enforcer_blocker is None:
+                self.enforcer = SchedulerEnforcer(self.controller)
+                self.stats.set_component_state("enforcer", "waiting_for_worker")
+            else:
+                self.stats.set_component_state("enforcer", enforcer_blocker)
+        self.scheduler: Any = None
+        self.seen: dict[str, _Seen] = {}
+        self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
+        self.steps_total = 0
+        self.steps_observed_total = 0
+        self.telemetry: Any = None
+        self.exporter: Any = None
+
+    # ---- StatsSource ----------------------------------------------------------------------------
+    @property
+    def device_name(self) -> str:
+        return self.view.device
+
+    def clock(self) -> float:
+        return self._clock()
+
+    @property
+    def degraded_total(self) -> dict[tuple[str, str], int]:
+        return dict(self.enforcer.degraded_total) if self.enforcer is not None else {}
+
+    def guarded(self, what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``function``; a fault is counted (``component="plugin"``), logged once, never raised."""
+        with self.controller.guard(PLUGIN_COMPONENT, f"{what} failed in the scheduler; vLLM carries on"):
+            return function(*args, **kwargs)
+        return None
+
+    # ---- the scheduler's step -------------------------------------------------------------------
+    def before_schedule(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        if self.enforcer is not None:
+            self.enforcer.before_schedule(scheduler)
+
+    def on_allocated(self, request_id: str, new_blocks: int, latency_s: float) -> None:
+        """``KVCacheManager.allocate_slots`` handed ``request_id`` ``new_blocks`` blocks in ``latency_s``."""
+        if new_blocks <= 0:
+            return
+        blocks, latency = self._allocations.get(request_id, (0, 0.0))
+        self._allocations[request_id] = (blocks + new_blocks, latency + latency_s)
+
+    def after_schedule(self, scheduler: Any, output: Any) -> None:
+        """Admit requests that run for the first time, record this step's grants and monitored
+        boundaries, attach the enforcer's payload, and let telemetry poll."""
+        self.scheduler = scheduler
+        allocations, self._allocations = self._allocations, {}
+        req_to_blocks = _req_to_blocks(scheduler)
+        boundaries = []
+        for request in scheduler.running:
+            request_id = request.request_id
+            held = len(req_to_blocks.get(request_id, ()))
+            new_blocks, latency_s = allocations.pop(request_id, (0, 0.0))
+            seen = self.seen.get(request_id)
+            if seen is None:
+                self._admit(request, held, new_blocks, latency_s)
+                continue
+            if new_blocks:
+                control = self.controller.requests.get(request_id)
+                if control is not None and control.mode is Mode.MONITOR and seen.pages_held >= seen.grant_pages:
+                    boundaries.append((request, seen, held))
+                self.stats.record_grant(new_blocks, latency_s)
+            seen.pages_held = held
+        for new_blocks, latency_s in allocations.values():  # requests no longer running (not expected)
+            self.stats.record_grant(new_blocks, latency_s)
+        for request, seen, held in boundaries:
+            self._decide_monitored(scheduler, request, seen, held)
+        if self.enforcer is not None:
+            self.enforcer.after_schedule(scheduler, output)
+        if self.telemetry is not None:
+            self.telemetry.on_step()
+
+    def _admit(self, request: Any, held: int, new_blocks: int, latency_s: float) -> None:
+        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
+        namespace = request_namespace(extra)
+        mode = self.controller.mode_for(namespace, extra.get(MODE_ARG))
+        prompt_tokens = int(request.num_prompt_tokens)
+        self.seen[request.request_id] = _Seen(prompt_tokens, self.controller.grant_pages(prompt_tokens), held)
+        if mode is Mode.OFF:
+            self.stats.record_grant(new_blocks, latency_s)
+            return
+        if request.request_id in self.controller.requests:  # admitted by the enforcer this step
+            self.stats.record_grant(new_blocks, latency_s)
+            return
+        self.controller.admit(request.request_id, prompt_tokens=prompt_tokens, namespace=namespace, mode=mode,
+                              cached_tokens=int(getattr(request, "num_cached_tokens", 0) or 0),
+                              pages_granted=new_blocks, latency_s=latency_s)
+
+    def _decide_monitored(self, scheduler: Any, request: Any, seen: _Seen, held: int) -> None:
+        """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what
+        GrowPage would have done (vLLM's plain paging is what happened)."""
+        config = self.config
+        evictable = request.num_computed_tokens - config.sink_tokens - config.recent_window_tokens
+        call = self.controller.decide(
+            request.request_id, pages_held=seen.pages_held,
+            pool=PoolView(scheduler.kv_cache_manager.block_pool.get_num_free_blocks()),
+            can_quantize=False,  # kv_cache_dtype is deployment-wide in vLLM: no per-request quantization
+            can_evict=evictable >= config.evict_min_pages * config.block_size)
+        self.controller.record_decision(call, kind=call.decision.action, enforced=False, pages_after=held)
+
+    # ---- request ends -----------------------------------------------------------------------------
+    def on_preempt(self, request: Any) -> None:
+        """vLLM preempted ``request`` (its blocks are freed; it is recomputed when it runs again)."""
+        self.stats.record_oom()
+        if self.enforcer is not None:
+            self.enforcer.on_preempt(request)
+        else:
+            setattr(request, DROPPED_ATTRIBUTE, 0)
+        self._release(request, "preempted")
+
+    def on_free(self, request: Any) -> None:
+        """``request`` finished or was aborted; its blocks are back in the pool."""
+        if self.enforcer is not None:
+            self.enforcer.on_free(request)
+        self._release(request, "finished")
+
+    def _release(self, request: Any, reason: str) -> None:
+        self.seen.pop(request.request_id, None)
+        self._allocations.pop(request.request_id, None)
+        self.controller.release(request.request_id, reason, num_tokens=int(request.num_tokens))
+
+    # ---- the workers' reports ---------------------------------------------------------------------
+    def on_output(self, scheduler: Any, model_runner_output: Any) -> None:
+        """Take the worker's :class:`WorkerReport`; poll telemetry when the engine goes idle."""
+        report = getattr(model_runner_output, REPORT_ATTRIBUTE, None)
+        if isinstance(report, WorkerReport):
+            self.take_report(report)
+
+    def take_report(self, report: WorkerReport) -> None:
+        for request_id, (density, entropy) in report.readings.items():
+            self.controller.update_reading(request_id, Reading(density, entropy))
+        self.stats.set_component_state("observer", report.observer_state)
+        for _ in range(report.errors):
+            self.stats.record_error(PLUGIN_COMPONENT)
+        self.steps_total += report.steps
+        self.steps_observed_total += report.steps_observed
+        if self.enforcer is not None:
+            self.enforcer.on_worker_ready(report.ready_to_compact)
+            self.stats.set_component_state("enforcer", ACTIVE if report.ready_to_compact else "waiting_for_worker")
+
+    def after_output(self, scheduler: Any) -> None:
+        """After vLLM processed the step's output: an idle engine runs no further step, so poll now
+        (the gauges then show the pool as the last request left it, not as it ran)."""
+        if self.telemetry is not None and not scheduler.running and not scheduler.waiting:
+            self.telemetry.poll()
+
+    # ---- stats ----------------------------------------------------------------------------------------
+    def make_stats(self) -> StatsSnapshot:
+        """Get-and-reset stats (the telemetry agent is the only caller)."""
+        return self.controller.make_stats(self._gauges())
+
+    def _gauges(self) -> PoolGauges:
+        num_pages, block_size = self.view.num_pages, self.config.block_size
+        scheduler = self.scheduler
+        if scheduler is None:  # before the first step: an empty pool
+            return self.controller.pool_gauges(
+                num_pages=num_pages, pages_free=num_pages, pages_reserved=0, pages_used=0, live_tokens=0,
+                granted_token_slots=0, used_token_slots=0, logical_bytes=0, stored_bytes=0, tracked=[])
+        free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        used = max(0, num_pages - free)
+        live, logical = live_and_logical_tokens(scheduler.running, _req_to_blocks(scheduler), block_size)
+        token_bytes = self.view.token_bytes
+        return self.controller.pool_gauges(
+            num_pages=num_pages, pages_free=min(free, num_pages), pages_reserved=0, pages_used=used,
+            live_tokens=live, granted_token_slots=used * block_size, used_token_slots=used * block_size,
+            logical_bytes=logical * token_bytes, stored_bytes=live * token_bytes,
+            tracked=[r.request_id for r in scheduler.running])
+
+    # ---- telemetry -----------------------------------------------------------------------------------
+    def start_telemetry(self) -> None:
+        """The telemetry agent and, unless disabled, the exporter on ``exporter_port`` (from start-up)."""
+        from growpage.telemetry import TelemetryAgent
+        from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
+
+        self.telemetry = TelemetryAgent.from_env(self, model=self.view.model, engine="vllm",
+                                                 engine_version=self.view.engine_version)
+        self.telemetry.registry.register(DegradedDecisionsCollector(self, self.view.model))
+        self.telemetry.registry.register(ObservationCollector(self, self.view.model))
+        if self.settings.exporter_enabled:
+            try:
+                self.exporter = exporter = self.telemetry.serve(self.settings.exporter_port,
+                                                                self.settings.exporter_host)
+                logger.info("growpage: /metrics/growpage served at %s (pid %d, mode %s)", exporter.url,
+                            os.getpid(), self.config.mode.value)
+            except OSError:
+                self.controller.fault(PLUGIN_COMPONENT, f"binding the exporter to port {self.settings.exporter_port} "
+                                                        "failed; choose a free exporter_port")
+
+
+def live_and_logical_tokens(running: Any, req_to_blocks: dict[str, list], block_size: int) -> tuple[int, int]:
+    """Tokens held in the pool (each block counted once, however many requests share it through the
+    prefix cache) and the running requests' logical lengths (what full KV would hold).
+
+    A request's block ``i`` holds ``min(block_size, physical - i * block_size)`` tokens, where
+    ``physical`` is its computed tokens less those GrowPage evicted.
+    """
+    per_block: dict[int, int] = {}
+    logical = 0
+    for request in running:
+        computed = int(request.num_computed_tokens)
+        logical += computed
+        physical = computed - int(getattr(request, DROPPED_ATTRIBUTE, 0) or 0)
+        for index, block in enumerate(req_to_blocks.get(request.request_id, ())):
+            tokens = max(0, min(block_size, physical - index * block_size))
+            block_id = getattr(block, "block_id", id(block))
+            per_block[block_id] = max(per_block.get(block_id, 0), tokens)
+    return sum(per_block.values()), logical
+
+
+def _req_to_blocks(scheduler: Any) -> dict[str, list]:
+    return scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks

@@ -1,0 +1,85 @@
+"""What crosses between vLLM's scheduler (EngineCore) and its workers, in one place both sides import.
+
+vLLM pickles ``SchedulerOutput`` to the workers and ``ModelRunnerOutput`` back, extra attributes
+included, so GrowPage rides on them instead of opening a channel of its own:
+
+- scheduler -> worker, ``SchedulerOutput.growpage``: a :class:`StepPayload` as a plain dict (the
+  compaction plans of this step and every compacted request's ``dropped``);
+- worker -> scheduler, ``ModelRunnerOutput.growpage_report``: a :class:`WorkerReport` (summary
+  readings, whether the worker can move tokens, its observer's state and counts since the last
+  report). With tensor parallelism the output of the output rank (rank 0) is the one returned.
+
+Also here: the attribute GrowPage sets on vLLM's ``Request`` and the enforce log used by tests and
+benchmarks. This module imports neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+logger = logging.getLogger("vllm.growpage")
+
+DROPPED_ATTRIBUTE = "growpage_dropped"  # on vLLM's Request: tokens evicted (physical = logical - this)
+PAYLOAD_ATTRIBUTE = "growpage"  # on SchedulerOutput: the step's payload for the workers
+REPORT_ATTRIBUTE = "growpage_report"  # on ModelRunnerOutput: the worker's report to the scheduler
+ENFORCE_LOG_ENV = "GROWPAGE_VLLM_ENFORCE_LOG"  # tests/bench: JSON lines of per-request block peaks
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactionPlan:
+    """What the worker does for one request before this step's forward.
+
+    Attributes:
+        physical_tokens: tokens in the request's blocks before the compaction.
+        keep_tokens: tokens that survive (slots ``[0, keep_tokens)`` afterwards).
+        logical_length: the request's ``num_computed_tokens`` (for the recent window).
+        shared_prefix_tokens: leading tokens in shared blocks (kept in place).
+        dropped: the request's evicted tokens after this compaction.
+    """
+
+    physical_tokens: int
+    keep_tokens: int
+    logical_length: int
+    shared_prefix_tokens: int
+    dropped: int
+
+
+def step_payload(plans: dict[str, CompactionPlan], dropped: dict[str, int]) -> dict:
+    """The scheduler's payload for one step, as the plain dict that rides on ``SchedulerOutput``."""
+    return {"plans": {request_id: dataclasses.asdict(plan) for request_id, plan in plans.items()},
+            "dropped": dict(dropped)}
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerReport:
+    """What one worker tells the scheduler after a step (counts are since its previous report).
+
+    Attributes:
+        readings: ``{request_id: (sts_density, lts_entropy)}`` of every request observed so far.
+        ready_to_compact: the worker knows the cache layout and can move tokens.
+        observer_state: ``active`` or the reason the observer does nothing (``growpage_agent_active``).
+        errors: faults the worker caught (``growpage_agent_errors_total{component="plugin"}``).
+        steps: engine steps the worker ran with at least one tracked request.
+        steps_observed: those of them whose attention was observed (a full CUDA graph replay, or
+            ``observe_every_steps``, leaves steps unobserved).
+    """
+
+    readings: dict[str, tuple[float, float]]
+    ready_to_compact: bool
+    observer_state: str
+    errors: int = 0
+    steps: int = 0
+    steps_observed: int = 0
+
+
+def append_enforce_log(path: str | None, record: dict) -> None:
+    """One JSON line in ``$GROWPAGE_VLLM_ENFORCE_LOG`` (tests and benchmarks; no-op when unset)."""
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+    except OSError:
+        logger.warning("growpage: cannot write %s", path)

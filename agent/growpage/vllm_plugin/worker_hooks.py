@@ -1,0 +1,208 @@
+"""The worker hooks: each worker's observer, and where it meets the worker and its model runner.
+
+Runner-independent (the worker drives both of vLLM's runners through the same two methods):
+
+- ``Worker.execute_model``: the observer's step (requests in and out; in ``enforce`` the
+  scheduler's compaction plans, before the runner updates its states) around the runner's forward;
+- ``Worker.sample_tokens``: the observer's :class:`~growpage.vllm_plugin.wire.WorkerReport` rides
+  back to the scheduler on the step's ``ModelRunnerOutput`` (with async scheduling, on the output
+  the async wrapper resolves to).
+
+Runner-specific, one seam each (:mod:`~growpage.vllm_plugin.runner_views` reads the batch):
+
+- V1 ``GPUModelRunner._prepare_inputs`` (the CPU runner inherits it): in ``enforce``, physical
+  ``seq_lens`` and ``slot_mapping`` right after the runner built them;
+- V2 ``GPUModelRunner.prepare_inputs``: keeps the step's ``InputBatch`` for the observer.
+
+Each process builds its observer lazily from the ``VllmConfig`` current while the model is
+constructed, keyed by pid so a forked child never shares its parent's. The wrappers never change
+arguments or results; their own faults are counted and swallowed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+from growpage.vllm_plugin.wire import REPORT_ATTRIBUTE
+
+logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
+
+_WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
+
+# pid -> the observer of that process (None: GrowPage is off there).
+_OBSERVERS: dict[int, Any] = {}
+
+
+def current_observer() -> Any:
+    """This process's observer, or None (not built yet, or GrowPage off)."""
+    return _OBSERVERS.get(os.getpid())
+
+
+def observer_built() -> bool:
+    """Whether this process has decided on its observer (built one, or found GrowPage off)."""
+    return os.getpid() in _OBSERVERS
+
+
+def observer_for(vllm_config: Any) -> Any:
+    """The observer of this process, built on first call (config errors fail start-up loudly)."""
+    pid = os.getpid()
+    if pid not in _OBSERVERS:
+        _OBSERVERS[pid] = _build_observer(vllm_config)
+    return _OBSERVERS[pid]
+
+
+def _build_observer(vllm_config: Any) -> Any:
+    from growpage.config import Mode
+    from growpage.vllm_plugin.observer import VllmObserver
+    from growpage.vllm_plugin.settings import settings_from_vllm_config
+    from growpage.vllm_plugin.support import REMEDIES, observer_blocker
+
+    config, settings = settings_from_vllm_config(vllm_config)
+    if config.mode is Mode.OFF:
+        logger.info("growpage: mode=off; attention is not observed in pid %d", os.getpid())
+        return None
+    rank = 0
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank()
+    except Exception:  # no parallel state (tests): a single worker
+        pass
+    observer = VllmObserver(
+        config, settings, num_layers=vllm_config.model_config.get_num_layers(vllm_config.parallel_config),
+        max_requests=vllm_config.scheduler_config.max_num_seqs, rank=rank)
+    install_worker_hooks()
+    blocker = observer_blocker(getattr(vllm_config, "compilation_config", None))
+    if blocker is not None:
+        observer.disable(blocker, f"every step replays attention from full CUDA graphs, which run no Python; "
+                                  f"to observe, {REMEDIES[blocker]}")
+    logger.info("growpage: mode=%s, observing layers %s in pid %d", config.mode.value,
+                sorted(observer.observed_layers), os.getpid())
+    return observer
+
+
+def _adopt_unobserved_worker(runner: Any) -> Any:
+    """A worker whose attention backend is not one GrowPage wraps built no observer while the model
+    loaded. Build one now, off but reporting why (``unsupported_backend``), so the agent is never
+    silently inert. Faults here are swallowed: vLLM must run."""
+    try:
+        from growpage.vllm_plugin.support import REMEDIES, UNSUPPORTED_BACKEND
+
+        observer = observer_for(runner.vllm_config)
+        if observer is not None:
+            backends = sorted({group.backend.get_name() for groups in getattr(runner, "attn_groups", ())
+                               for group in groups if hasattr(getattr(group, "backend", None), "get_name")})
+            observer.disable(UNSUPPORTED_BACKEND, f"vLLM runs attention backend(s) {backends or 'unknown'}, "
+                                                  f"which GrowPage does not wrap; {REMEDIES[UNSUPPORTED_BACKEND]}")
+        return observer
+    except Exception:
+        logger.exception("growpage: cannot start the observer of an unobserved worker; vLLM carries on")
+        return None
+
+
+def attach_report(output: Any, report: Any) -> None:
+    """Put ``report`` on the step's ``ModelRunnerOutput``.
+
+    With async scheduling the runner returns a wrapper whose ``get_output()`` resolves to the output
+    later (in this process, before it is sent): the report is attached to what it resolves to.
+    vLLM's shared empty output is never written.
+    """
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+    if output is None or output is EMPTY_MODEL_RUNNER_OUTPUT:
+        return
+    if isinstance(output, ModelRunnerOutput) or not callable(getattr(output, "get_output", None)):
+        setattr(output, REPORT_ATTRIBUTE, report)
+        return
+    resolve = output.get_output
+
+    def get_output() -> Any:
+        resolved = resolve()
+        if resolved is not None and resolved is not EMPTY_MODEL_RUNNER_OUTPUT:
+            setattr(resolved, REPORT_ATTRIBUTE, report)
+        return resolved
+
+    output.get_output = get_output
+
+
+def install_worker_hooks() -> bool:
+    """Wrap the worker's and the runners' methods once. Returns False when they already were."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
+
+    if getattr(Worker.execute_model, _WRAPPED_ATTRIBUTE, False):
+        return False
+    targets: list[tuple[Any, str, Any]] = [
+        (Worker, "execute_model", _wrap_execute), (Worker, "sample_tokens", _wrap_sample),
+        (GPUModelRunner, "_prepare_inputs", _wrap_v1_prepare)]
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as ModelRunnerV2
+
+        targets.append((ModelRunnerV2, "prepare_inputs", _wrap_v2_prepare))
+    except Exception:  # a build where V2 cannot even be imported cannot run it either
+        logger.debug("growpage: Model Runner V2 is not importable here; only V1 is hooked", exc_info=True)
+    for owner, name, wrap in targets:
+        wrapper = wrap(getattr(owner, name))
+        setattr(wrapper, _WRAPPED_ATTRIBUTE, True)
+        setattr(owner, name, wrapper)
+    return True
+
+
+def _wrap_execute(original: Any) -> Any:
+    @functools.wraps(original)
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        runner = self.model_runner
+        observer = current_observer()
+        if observer is None and not observer_built():
+            observer = _adopt_unobserved_worker(runner)
+        if observer is not None:
+            observer.guarded("step start", observer.begin_step, runner, scheduler_output)
+            if observer.compactor is not None:
+                observer.guarded("compaction", observer.begin_compaction, runner, scheduler_output)
+        try:
+            return original(self, scheduler_output, *args, **kwargs)
+        finally:
+            if observer is not None:
+                observer.guarded("step end", observer.end_step)
+
+    return execute_model
+
+
+def _wrap_sample(original: Any) -> Any:
+    @functools.wraps(original)
+    def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
+        output = original(self, *args, **kwargs)
+        observer = current_observer()
+        if observer is not None:
+            observer.guarded("report", lambda: attach_report(output, observer.take_report()))
+        return output
+
+    return sample_tokens
+
+
+def _wrap_v1_prepare(original: Any) -> Any:
+    @functools.wraps(original)
+    def _prepare_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        observer = current_observer()
+        if observer is not None and observer.compactor is not None:
+            observer.guarded("physical inputs", observer.adjust_inputs, self)
+        return result
+
+    return _prepare_inputs
+
+
+def _wrap_v2_prepare(original: Any) -> Any:
+    @functools.wraps(original)
+    def prepare_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from growpage.vllm_plugin.runner_views import remember_v2_batch
+
+        input_batch = original(self, *args, **kwargs)
+        if current_observer() is not None:
+            remember_v2_batch(self, input_batch)
+        return input_batch
+
+    return prepare_inputs

@@ -1,0 +1,213 @@
+"""The scheduler-side agent against stand-ins of vLLM's scheduler, and the runner seams with vLLM's own
+classes: metrics from start-up in every mode, grants timed where vLLM allocates, monitored boundaries,
+preemptions, the worker's report (with async scheduling too), and Model Runner V2's batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import httpx
+import pytest
+
+from growpage import catalog
+from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, live_and_logical_tokens
+from growpage.vllm_plugin.scheduler_hooks import build_agent
+from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, REPORT_ATTRIBUTE, WorkerReport
+
+BLOCK = 4
+POOL = 20
+
+
+class _Block:
+    def __init__(self, block_id: int, ref_cnt: int = 1):
+        self.block_id, self.ref_cnt, self.block_hash = block_id, ref_cnt, None
+
+
+class _Pool:
+    """vLLM's BlockPool as the agent reads it: a null block plus ``POOL`` usable blocks."""
+
+    def __init__(self):
+        self.num_gpu_blocks = POOL + 1
+        self.free = list(range(1, POOL + 1))
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def take(self, count: int) -> list[_Block]:
+        taken, self.free = self.free[:count], self.free[count:]
+        return [_Block(i) for i in taken]
+
+
+def _request(request_id: str, prompt: int, computed: int, extra: dict | None = None):
+    return types.SimpleNamespace(request_id=request_id, num_prompt_tokens=prompt, num_computed_tokens=computed,
+                                 num_tokens=computed + 1, num_cached_tokens=0, spec_token_ids=[],
+                                 sampling_params=types.SimpleNamespace(extra_args=extra or {}))
+
+
+def _scheduler(growpage: dict, *, async_scheduling: bool = False, pipeline: int = 1, groups: int = 1,
+               cudagraph: str | None = None, runner_v2: bool = False):
+    compilation = None
+    if cudagraph is not None:
+        from vllm.config.compilation import CUDAGraphMode
+
+        compilation = types.SimpleNamespace(cudagraph_mode=CUDAGraphMode[cudagraph])
+    vllm_config = types.SimpleNamespace(
+        additional_config={"growpage": growpage}, cache_config=types.SimpleNamespace(block_size=BLOCK),
+        compilation_config=compilation, use_v2_model_runner=runner_v2,
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=pipeline),
+        model_config=types.SimpleNamespace(served_model_name="m", model="m"),
+        device_config=types.SimpleNamespace(device_type="cpu"))
+    single = types.SimpleNamespace(req_to_blocks={}, num_cached_block={})
+    manager = types.SimpleNamespace(block_pool=_Pool(), coordinator=types.SimpleNamespace(
+        single_type_managers=[single] * groups))
+    spec = types.SimpleNamespace(page_size_bytes=BLOCK * 256, block_size=BLOCK)  # 256 bytes/token/layer
+    kv_cache_config = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec,
+                                                                                   layer_names=["l0", "l1"])])
+    return types.SimpleNamespace(vllm_config=vllm_config, kv_cache_manager=manager, kv_cache_config=kv_cache_config,
+                                 scheduler_config=types.SimpleNamespace(async_scheduling=async_scheduling),
+                                 running=[], waiting=[])
+
+
+def _run(agent: SchedulerAgent, scheduler, request, new_blocks: int, latency_s: float = 0.002) -> None:
+    """One scheduler step in which ``request`` runs and vLLM hands it ``new_blocks`` blocks."""
+    agent.before_schedule(scheduler)
+    blocks = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    blocks.setdefault(request.request_id, []).extend(scheduler.kv_cache_manager.block_pool.take(new_blocks))
+    if request not in scheduler.running:
+        scheduler.running.append(request)
+    agent.on_allocated(request.request_id, new_blocks, latency_s)
+    agent.after_schedule(scheduler, types.SimpleNamespace())
+
+
+@pytest.mark.parametrize(("settings", "blocker"), [
+    ({}, None), ({"async_scheduling": True}, "async_scheduling"), ({"pipeline": 2}, "pipeline_parallel"),
+    ({"groups": 2}, "hybrid_kv_cache"), ({"cudagraph": "FULL_AND_PIECEWISE"}, "full_cudagraph"),
+    ({"cudagraph": "PIECEWISE"}, None), ({"runner_v2": True}, "model_runner_v2")])
+def test_enforcement_starts_only_where_it_is_safe_and_says_why_not(settings, blocker):
+    pytest.importorskip("vllm.config.compilation")
+    agent = build_agent(_scheduler({"mode": "enforce", "base_pages": 3, "recent_window_tokens": 2}, **settings),
+                        start_telemetry=False)
+    assert (agent.enforcer is None) is (blocker is not None)
+    states = agent.stats.component_states
+    assert states["enforcer"] == (blocker or "waiting_for_worker") and states["scheduler"] == "active"
+    # vLLM's default graph mode leaves the observer working on the steps that run eagerly
+    assert states["observer"] == "active"
+    monitor = build_agent(_scheduler({"mode": "monitor"}, **settings), start_telemetry=False)
+    assert monitor.enforcer is None and "enforcer" not in monitor.stats.component_states
+
+
+@pytest.mark.parametrize("mode", ["off", "monitor", "enforce"])
+def test_metrics_are_served_from_start_up_before_any_request_in_every_mode(mode):
+    pytest.importorskip("vllm")
+    agent = build_agent(_scheduler({"mode": mode, "base_pages": 3, "recent_window_tokens": 2,
+                                    "exporter_port": 0, "exporter_host": "127.0.0.1"}))
+    try:
+        response = httpx.get(f"http://127.0.0.1:{agent.exporter.port}{catalog.METRICS_PATH}", timeout=10)
+    finally:
+        agent.telemetry.close()
+    assert response.status_code == 200
+    text = response.text
+    assert f'mode="{mode}"' in text and 'home="vllm"' in text and 'base_pages="3"' in text
+    active = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("growpage_agent_active{")}
+    scheduler_series = [(k, v) for k, v in active.items() if 'component="scheduler"' in k]
+    assert len(scheduler_series) == 1
+    key, value = scheduler_series[0]
+    assert ('reason="mode_off"' in key and value == 0) if mode == "off" else ('reason="active"' in key and value == 1)
+    assert f'growpage_pool_pages{{model_name="m",state="free"}} {float(POOL)}' in text  # the whole pool, free
+
+
+def test_monitor_admits_times_grants_and_decides_past_the_grant():
+    scheduler = _scheduler({"mode": "monitor", "base_pages": 2, "recent_window_tokens": 2, "sink_tokens": 1})
+    agent = build_agent(scheduler, start_telemetry=False)
+    request = _request("r", prompt=7, computed=0)
+    _run(agent, scheduler, request, new_blocks=2, latency_s=0.004)  # the prompt's 2 blocks
+    assert "r" in agent.controller.requests and agent.stats.pages_allocated_total == 2
+    request.num_computed_tokens = 8
+    _run(agent, scheduler, request, new_blocks=1, latency_s=0.006)  # a third block: past the grant
+    agent.take_report(WorkerReport(readings={"r": (0.25, 2.9)}, ready_to_compact=True, observer_state="active",
+                                   steps=2, steps_observed=1))
+    request.num_computed_tokens = 12
+    _run(agent, scheduler, request, new_blocks=1, latency_s=0.008)
+    snapshot = agent.make_stats()
+    assert snapshot.pages_allocated_total == 4
+    assert list(snapshot.allocation_latencies_s) == [0.004, 0.006, 0.008]  # each call's own duration
+    events = snapshot.decision_events
+    assert len(events) == 2 and not any(e.enforced for e in events)
+    assert events[-1].lts_entropy == pytest.approx(2.9)  # the worker's reading reached the decision
+    assert agent.steps_total == 2 and agent.steps_observed_total == 1
+    gauges = snapshot.gauges
+    assert gauges.pages_used == 4 and gauges.pages_free == POOL - 4 and gauges.live_tokens == 12
+    # vLLM preempts it: counted, released, admitted again when it runs again
+    agent.on_preempt(request)
+    assert agent.stats.oom_events_total == 1 and "r" not in agent.controller.requests
+    agent.on_free(_request("never-ran", prompt=3, computed=0))  # an abort before it ran: nothing to release
+
+
+def test_mode_off_counts_vllms_grants_but_admits_nobody():
+    scheduler = _scheduler({"mode": "off"})
+    agent = build_agent(scheduler, start_telemetry=False)
+    _run(agent, scheduler, _request("r", prompt=7, computed=0), new_blocks=2)
+    assert agent.controller.requests == {} and agent.stats.pages_allocated_total == 2
+
+
+def test_blocks_shared_through_the_prefix_cache_are_counted_once():
+    shared = [_Block(1, ref_cnt=2), _Block(2, ref_cnt=2)]
+    first = _request("a", prompt=10, computed=10)
+    second = _request("b", prompt=10, computed=11)
+    setattr(second, DROPPED_ATTRIBUTE, 0)
+    req_to_blocks = {"a": shared + [_Block(3)], "b": shared + [_Block(4)]}
+    live, logical = live_and_logical_tokens([first, second], req_to_blocks, BLOCK)
+    assert live == 8 + 2 + 3 and logical == 21  # 2 full shared blocks once, then each own tail
+
+
+def test_a_compacted_request_holds_its_physical_tokens():
+    request = _request("a", prompt=2, computed=20)
+    setattr(request, DROPPED_ATTRIBUTE, 12)
+    live, logical = live_and_logical_tokens([request], {"a": [_Block(1), _Block(2), _Block(3)]}, BLOCK)
+    assert (live, logical) == (8, 20)
+
+
+def test_the_report_rides_on_the_output_the_async_wrapper_resolves_to():
+    pytest.importorskip("vllm")
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
+
+    from growpage.vllm_plugin.worker_hooks import attach_report
+
+    report = WorkerReport(readings={"r": (0.5, 1.0)}, ready_to_compact=True, observer_state="active")
+    plain = ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0})
+    attach_report(plain, report)
+    assert getattr(plain, REPORT_ATTRIBUTE) is report
+
+    resolved = ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0})
+
+    class _Pending(AsyncModelRunnerOutput):  # what async scheduling returns: resolved later, in the worker
+        def get_output(self) -> ModelRunnerOutput:
+            return resolved
+
+    pending = _Pending()
+    attach_report(pending, report)
+    assert not hasattr(resolved, REPORT_ATTRIBUTE)  # nothing resolved yet
+    assert getattr(pending.get_output(), REPORT_ATTRIBUTE) is report
+    attach_report(EMPTY_MODEL_RUNNER_OUTPUT, report)  # vLLM's shared empty output is never written
+    assert not hasattr(EMPTY_MODEL_RUNNER_OUTPUT, REPORT_ATTRIBUTE)
+
+
+def test_model_runner_v2_batch_is_read_from_its_own_input_batch():
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    input_batch_module = pytest.importorskip("vllm.v1.worker.gpu.input_batch")
+    from growpage.vllm_plugin.runner_views import batch_view, remember_v2_batch
+
+    fields = {f.name: None for f in dataclasses.fields(input_batch_module.InputBatch)}
+    fields.update(req_ids=["a", "b", "pad"], num_reqs=2, num_scheduled_tokens=np.array([5, 1, 0]),
+                  query_start_loc_np=np.array([0, 5, 6, 6]), num_computed_tokens_np=np.array([0, 40, 0]))
+    batch = input_batch_module.InputBatch(**fields)
+    runner = types.SimpleNamespace()  # a V2 runner keeps no persistent input_batch
+    remember_v2_batch(runner, batch)
+    table = torch.arange(8).view(2, 4)
+    req_ids, starts, seq_lens, block_table = batch_view(runner, types.SimpleNamespace(block_table=table))
+    assert (req_ids, starts, seq_lens) == (["a", "b"], [0, 5, 6], [5, 41]) and block_table is table
+    with pytest.raises(RuntimeError, match="FLASH_ATTN"):  # FlashInfer's metadata has no block table
+        batch_view(runner, types.SimpleNamespace())
