@@ -44,9 +44,12 @@ def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
         growpage: ``additional_config["growpage"]`` (mode, base_pages, exporter_port, ...); validated
             here so a typo fails before vLLM spends a minute starting.
         cpu: add this machine's CPU settings (``--gpu-memory-utilization 0.3 --enforce-eager
-            --block-size 32``); None: when no CUDA device is visible. On CUDA, piecewise CUDA graphs
-            unless ``extra_args`` choose a compilation mode (full graphs would hide attention from
-            the observer).
+            --block-size 32``); None: when no CUDA device is visible. On CUDA, ``monitor`` and
+            ``off`` keep vLLM's defaults (full graphs for decode-only batches, async scheduling,
+            Model Runner V2: the observer sees the steps that run attention eagerly and says how
+            many); ``enforce`` gets what it needs unless ``extra_args`` choose otherwise:
+            piecewise CUDA graphs, ``--no-async-scheduling`` and Model Runner V1
+            (:func:`enforce_cuda_settings`).
         extra_args: more ``vllm serve`` flags, passed through.
         python: the interpreter that has vLLM.
 
@@ -62,16 +65,35 @@ def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
     split_settings(growpage, block_size=block_size)  # validate early, with the block size vLLM will use
     argv = [python, "-m", SERVER_MODULE, "--model", model, "--host", host, "--port", str(port),
             "--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: dict(growpage)})]
+    env = dict(os.environ)
     if cpu:
         argv += ["--gpu-memory-utilization", "0.3", "--enforce-eager", "--block-size", "32"]
-    elif not any(arg.startswith(("--compilation-config", "-cc", "-O", "--enforce-eager")) for arg in extra_args):
-        # full CUDA graphs replay decode attention without GrowPage's observer (see support.py)
-        argv += ["--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE"})]
+    elif str(growpage.get("mode", "")).lower() == "enforce":
+        flags, variables = enforce_cuda_settings(extra_args, env)
+        argv += flags
+        env.update(variables)
     argv += list(extra_args)
-    env = dict(os.environ)
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "growpage"]))
     return argv, env
+
+
+def enforce_cuda_settings(extra_args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The flags and variables enforce needs on CUDA, where the operator has not chosen otherwise.
+
+    - piecewise CUDA graphs: full graphs replay decode attention without Python, so boundaries
+      could not be compacted safely (``support.cudagraph_conflict``);
+    - ``--no-async-scheduling``: async scheduling plans step N+1 before step N's output is back;
+    - ``VLLM_USE_V2_MODEL_RUNNER=0``: GrowPage makes V1's inputs physical after a compaction, not V2's.
+    """
+    chosen = " ".join(extra_args)
+    flags: list[str] = []
+    if not any(arg.startswith(("--compilation-config", "-cc", "-O", "--enforce-eager")) for arg in extra_args):
+        flags += ["--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE"})]
+    if "async-scheduling" not in chosen:
+        flags.append("--no-async-scheduling")
+    variables = {} if "VLLM_USE_V2_MODEL_RUNNER" in env else {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    return flags, variables
 
 
 def check_vllm_installed() -> None:

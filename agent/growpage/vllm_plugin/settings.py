@@ -22,6 +22,9 @@ DEFAULT_EXPORTER_PORT = 9464
 NAMESPACE_ARG = "growpage_namespace"  # SamplingParams.extra_args key (``vllm_xargs`` over HTTP)
 CLIENT_CHOICES = ("auto", "honour", "ignore")
 MODE_ARG = "growpage_mode"  # a request may ask for less than the deployment runs
+# Inside vLLM, a request is never compressed below this many tokens of KV unless base_pages is set:
+# short requests are left alone, long reasoning traces keep a working set of this size at least.
+DEFAULT_FLOOR_TOKENS = 1024
 
 
 def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
@@ -101,7 +104,9 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     Args:
         raw: the ``growpage`` mapping (None or empty: environment and defaults only).
         env: environment to read (``os.environ`` by default).
-        block_size: vLLM's cache block size; overrides any ``block_size`` given.
+        block_size: vLLM's cache block size; overrides any ``block_size`` given. Unless
+            ``base_pages`` is given (here or as ``GROWPAGE_BASE_PAGES``), the floor is
+            :data:`DEFAULT_FLOOR_TOKENS` in blocks of this size (:func:`default_base_pages`).
 
     Raises:
         ConfigError: a key is unknown or a value invalid (the message says how to fix it).
@@ -120,9 +125,22 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
             plugin_values[name] = raw.pop(name)
     if block_size is not None:
         raw["block_size"] = block_size
+        if "base_pages" not in raw and "GROWPAGE_BASE_PAGES" not in env:
+            raw["base_pages"] = default_base_pages(block_size)
     env_without_plugin = {k: v for k, v in env.items() if not k.startswith("GROWPAGE_VLLM_")}
     config = load_config(env=env_without_plugin, overrides=raw)
     return config, PluginSettings(**plugin_values)
+
+
+def default_base_pages(block_size: int) -> int:
+    """The floor inside vLLM when none is given: :data:`DEFAULT_FLOOR_TOKENS` in vLLM's block size.
+
+    The reference engine's default (128 pages) is counted in 16-token pages; vLLM's blocks are 16
+    tokens on most GPUs and 32 or more elsewhere, so a floor in pages would mean a different number
+    of tokens on each, and 128 blocks of 32 (4,096 tokens) is longer than most requests: enforce
+    would never compress.
+    """
+    return max(1, -(-DEFAULT_FLOOR_TOKENS // block_size))
 
 
 def _coerce(name: str, text: str) -> Any:
