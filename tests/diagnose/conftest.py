@@ -30,7 +30,7 @@ def write_snapshots(tmp_path: Path) -> Callable[..., list[Path]]:
 class MetricsServer:
     """A loopback HTTP server that serves a scenario whose counters grow with wall time.
 
-    Routes: the agent at ``/metrics/growpage``, DCGM at ``/metrics``, and misbehaving routes for bad
+    Routes: the agent at ``/metrics/growpage``, DCGM and vLLM at ``/metrics``, and misbehaving routes for bad
     input tests (``/html``, ``/vllm``, ``/garbage``, ``/error``, ``/slow``, ``/json-error``, ``/json-empty``).
     """
 
@@ -70,8 +70,9 @@ class MetricsServer:
         if path == "/metrics/growpage":
             self.agent_scrapes_s.append(elapsed_s)
             return 200, text, scenarios.text_exposition(scenarios.samples(self.scenario, elapsed_s, index))
-        if path == "/metrics":
-            return 200, text, scenarios.text_exposition(scenarios.dcgm_samples(self.scenario, index))
+        if path == "/metrics":  # vLLM's own /metrics and DCGM's, on one loopback server
+            rows = [*scenarios.dcgm_samples(self.scenario, index), *scenarios.vllm_samples(self.scenario, elapsed_s)]
+            return 200, text, scenarios.text_exposition(rows)
         if path == "/html":
             return 200, "text/html", "<!doctype html><html><body>Grafana</body></html>\n"
         if path == "/vllm":

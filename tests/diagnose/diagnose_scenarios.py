@@ -54,6 +54,13 @@ class Scenario:
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     gpu_framebuffer_used_mib: tuple[float, ...] = (60000.0,)
     gpu_framebuffer_total_mib: float = 81559.0
+    # vLLM's own /metrics (saved into the same snapshot file, served at /metrics by the test server).
+    ttft_shares: Mapping[float, float] = dataclasses.field(default_factory=lambda: {0.25: 0.6, 1.0: 0.4})
+    itl_shares: Mapping[float, float] = dataclasses.field(default_factory=lambda: {0.025: 0.7, 0.05: 0.3})
+    vllm_requests_per_s: float = 4.0
+    vllm_preemptions_per_s: float = 0.0
+    vllm_kv_usage: float = 0.6
+    vllm_waiting: float = 0.0
 
     def replace(self, **changes) -> Scenario:
         return dataclasses.replace(self, **changes)
@@ -88,10 +95,17 @@ PHASE_TWO_CANDIDATE = Scenario(
 MIXED = OVER_GRANTING.replace(latency_shares=LATENCY.latency_shares, oom_per_s=0.1,
                               fragmentation=(0.55, 0.62), gpu_framebuffer_used_mib=(48000.0,),
                               pool_pages=OOM_FRAGMENTATION.pool_pages)
+# What users feel: 5 % of first tokens after 2.5 s is a 5x burn of a 1 % budget over the window;
+# 8 % is past the fast-burn line (6x).
+SLOW_FIRST_TOKENS = HEALTHY.replace(ttft_shares={1.0: 0.92, 5.0: 0.08})
+# GrowPage switched off: the route still answers with build info; nothing it reports is a finding.
+MODE_OFF = SLOW_FIRST_TOKENS.replace(build={**HEALTHY.build, "mode": "off"}, compress_input_bytes_per_s=0.0,
+                                     compress_output_bytes_per_s=0.0, components={"observer": "mode_off",
+                                                                                  "enforcer": "mode_off"})
 NO_LATENCY_HISTOGRAM = HEALTHY.replace(drop=frozenset({catalog.ALLOCATION_LATENCY.name}))
 IDLE = HEALTHY.replace(grants_per_s=0.0, requests_running=0.0, utilization=(0.0,),
                        decisions_per_s=dict.fromkeys(catalog.DECISION_KINDS, 0.0), finished_per_s=0.0,
-                       compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0)
+                       compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0, vllm_requests_per_s=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +188,34 @@ def samples(scenario: Scenario, elapsed_s: float, sample_index: int = 0,
     return [row for row in rows if row.family not in scenario.drop]
 
 
+# vLLM 0.32's default bucket bounds (vllm/v1/metrics/buckets.py) for the two histograms read here.
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0)
+
+
+def vllm_samples(scenario: Scenario, elapsed_s: float, extra_labels: Mapping[str, str] | None = None) -> list[Series]:
+    """Series vLLM's own /metrics exports for ``scenario`` (its names, its ``engine`` label)."""
+    uptime_s = UPTIME_AT_START_S + elapsed_s
+    labels = {catalog.MODEL_LABEL: MODEL, "engine": "0", **(extra_labels or {})}
+    requests = scenario.vllm_requests_per_s * uptime_s
+    rows: list[Series] = []
+    for name, buckets, shares, events in ((catalog.VLLM_TTFT, VLLM_TTFT_BUCKETS, scenario.ttft_shares, requests),
+                                          (catalog.VLLM_ITL, VLLM_ITL_BUCKETS, scenario.itl_shares, requests * 100)):
+        assert set(shares) <= set(buckets), f"{name}: shares must sit on bucket bounds"
+        rows += [Series(name, "histogram", f"{name}_bucket", {**labels, "le": le}, count)
+                 for le, count in _cumulative(shares, buckets, events)]
+        rows += [Series(name, "histogram", f"{name}_sum", labels, sum(b * v for b, v in shares.items()) * events),
+                 Series(name, "histogram", f"{name}_count", labels, sum(shares.values()) * events)]
+    preemptions = catalog.VLLM_PREEMPTIONS.removesuffix("_total")
+    return [*rows,
+            Series(preemptions, "counter", catalog.VLLM_PREEMPTIONS, labels, scenario.vllm_preemptions_per_s * uptime_s),
+            Series(catalog.VLLM_KV_CACHE_USAGE, "gauge", catalog.VLLM_KV_CACHE_USAGE, labels, scenario.vllm_kv_usage),
+            Series(catalog.VLLM_REQUESTS_WAITING, "gauge", catalog.VLLM_REQUESTS_WAITING, labels,
+                   scenario.vllm_waiting)]
+
+
 def dcgm_samples(scenario: Scenario, sample_index: int = 0,
                  extra_labels: Mapping[str, str] | None = None) -> list[Series]:
     used = scenario.gpu_framebuffer_used_mib[sample_index % len(scenario.gpu_framebuffer_used_mib)]
@@ -207,7 +249,7 @@ def text_exposition(rows: Iterable[Series], snapshot_time_s: float | None = None
         if row.family not in seen:
             seen.add(row.family)
             spec = catalog.METRICS_BY_NAME.get(row.family)
-            help_text = spec.help if spec else f"{row.family} (DCGM)"
+            help_text = spec.help if spec else f"{row.family} ({'vLLM' if row.family.startswith('vllm:') else 'DCGM'})"
             lines += [f"# HELP {row.family} {help_text}", f"# TYPE {row.family} {row.type}"]
         lines.append(f"{row.name}{_labels(row.labels)} {_value(row.value)}")
     return "\n".join(lines) + "\n"
@@ -215,13 +257,15 @@ def text_exposition(rows: Iterable[Series], snapshot_time_s: float | None = None
 
 def write_snapshots(directory: Path, scenario: Scenario, start_s: float = 1_714_557_600.0,
                     interval_s: float = 60.0, count: int = 2, dcgm: bool = True,
-                    separate_dcgm: bool = False) -> list[Path]:
-    """``count`` agent snapshots ``interval_s`` apart (and DCGM ones), each with its time line."""
+                    separate_dcgm: bool = False, vllm: bool = True) -> list[Path]:
+    """``count`` agent snapshots ``interval_s`` apart (and DCGM ones), each with its time line; vLLM's
+    own /metrics goes into the agent's file, as the documentation says to save it."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for index in range(count):
         time_s = start_s + index * interval_s
-        rows = samples(scenario, index * interval_s, index)
+        rows = [*samples(scenario, index * interval_s, index),
+                *(vllm_samples(scenario, index * interval_s) if vllm else [])]
         gpu = dcgm_samples(scenario, index) if dcgm else []
         if separate_dcgm and gpu:
             gpu_path = directory / f"dcgm-{index + 1}.prom"
@@ -251,8 +295,9 @@ def openmetrics_backfill(targets: Mapping[tuple[str, str], Scenario], start_s: f
             # name the exporter's pod, exported_namespace/exported_pod the pod using the GPU.
             exporter = {"job": "dcgm-exporter", "instance": "10.0.0.9:9400", "namespace": "gpu-operator",
                         "pod": "nvidia-dcgm-exporter-x2k9q", "exported_namespace": namespace, "exported_pod": pod}
+            vllm_scrape = {**scrape, "job": catalog.VLLM_SCRAPE_JOB}
             rows = [*samples(scenario, elapsed, index, scrape), *dcgm_samples(scenario, index, exporter),
-                    Series("up", "gauge", "up", scrape, 1.0)]
+                    *vllm_samples(scenario, elapsed, vllm_scrape), Series("up", "gauge", "up", scrape, 1.0)]
             for row in rows:
                 family = row.family.removesuffix("_total") if row.type == "counter" else row.family
                 families.setdefault(family, (row.type, []))[1].append(

@@ -79,7 +79,7 @@ def test_prometheus_without_growpage_series(runner, metrics_server):
     (b"", ("is empty",)),
     (b"\xff\xfe\x00binary", ("not UTF-8",)),
     (b"<html><body>saved the wrong page</body></html>\n", ("not a Prometheus exposition",)),
-    (b"node_load1 0.5\n", ("no growpage_* or DCGM_FI_DEV_FB_USED series",)),
+    (b"node_load1 0.5\n", ("no growpage_*, vllm:* or DCGM_FI_DEV_FB_USED series",)),
     (b'growpage_requests_running{model_name="m" 3\n', ("not a Prometheus exposition",)),
 ])
 def test_bad_snapshot_files(runner, tmp_path, content, fragments):

@@ -18,7 +18,8 @@ def test_endpoint_scrapes_twice_and_computes_rates(runner, metrics_server):
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["status"] == "ok"
-    assert server.requests.count("/metrics/growpage") == 2 and server.requests.count("/metrics") == 2
+    # /metrics twice per scrape: vLLM's own (same server as the agent) and DCGM's (--dcgm)
+    assert server.requests.count("/metrics/growpage") == 2 and server.requests.count("/metrics") == 4
     window = document["source"]["window"]
     assert window["kind"] == "scrapes" and window["num_samples"] == 2
     assert window["duration_s"] >= 1.0  # --duration apart at least; a loaded machine may add to it
@@ -32,10 +33,12 @@ def test_endpoint_scrapes_twice_and_computes_rates(runner, metrics_server):
     assert checks["allocation-latency"]["evidence"]["gpu"] == "NVIDIA H100 80GB HBM3"
     assert checks["agent-health"]["evidence"]["response_time_s"] >= 0.0  # measured and reported
     assert document["source"]["target"] == f"{server.url}/metrics/growpage"  # default path added
+    assert checks["vllm-latency"]["status"] == "ok" and checks["vllm-latency"]["evidence"]["within_slo"]
 
 
 def test_endpoint_finds_a_critical_problem_and_bundles_it(runner, metrics_server, tmp_path):
-    server = metrics_server(scenarios.LATENCY)
+    # Users wait for first tokens: read from vLLM's own /metrics on the agent's server.
+    server = metrics_server(scenarios.SLOW_FIRST_TOKENS)
     bundle = tmp_path / "ticket.tar.gz"
     result = runner.invoke(app, ["diagnose", "--endpoint", f"{server.url}/metrics/growpage", "--duration", "1",
                                  "--bundle", str(bundle)])

@@ -54,3 +54,21 @@ def test_a_missing_runbook_is_a_one_line_user_error(checkout):
 
 def test_repo_root_is_found_from_a_subfolder():
     assert find_repo_root(REPO_ROOT / "runbooks") == REPO_ROOT
+
+
+def test_a_mixin_config_builds_its_own_rules_and_dashboards_and_checks_against_them(checkout):
+    options = ["--cluster-label", "k8s_cluster", "--runbook-url", "https://runbooks.example.org/growpage/{alert}"]
+    for kind in KINDS:
+        assert runner.invoke(app, [kind, "build", "--root", str(checkout), *options]).exit_code == 0
+        assert runner.invoke(app, [kind, "build", "--check", "--root", str(checkout), *options]).exit_code == 0
+        assert runner.invoke(app, [kind, "build", "--check", "--root", str(checkout)]).exit_code == 1
+    rules = (checkout / "alerts" / "growpage-rules.yaml").read_text()
+    assert "by (k8s_cluster, namespace, model_name)" in rules and "by (cluster," not in rules
+    assert "https://runbooks.example.org/growpage/GrowPageKVPagesStranded" in rules
+    board = (checkout / "dashboards" / "growpage-troubleshooting.json").read_text()
+    assert 'k8s_cluster=~\\"$cluster\\"' in board and "https://runbooks.example.org/growpage/" in board
+
+
+def test_runbook_url_pattern_must_name_the_alert(checkout):
+    result = runner.invoke(app, ["alerts", "build", "--root", str(checkout), "--runbook-url", "https://x/"])
+    assert result.exit_code == 2 and "{alert}" in result.output

@@ -9,8 +9,10 @@ from monitoring_paths import ALERT_TESTS_DIR, RULES_FILE
 
 from growpage import catalog
 from growpage.monitoring.alert_rules import alert_rules
-from growpage.monitoring.alert_tests import quiet_scenarios, scenarios
+from growpage.monitoring.alert_tests import alert_test_files, quiet_scenarios, scenarios
+from growpage.monitoring.mixin import MixinConfig
 from growpage.monitoring.promql import duration_seconds
+from growpage.monitoring.rules_file import dump_yaml, rules_yaml
 from support.promstack import run_tool
 
 RULE_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")  # level:metric:operations
@@ -146,3 +148,20 @@ def test_slo_and_checklist_thresholds_come_from_the_catalog():
     fast = exprs["GrowPageAllocationLatencyFastBurn"]
     assert "(14.4 * 0.01)" in fast and "rate1h" in fast and "rate5m" in fast and "rate6h" in fast
     assert 'le="0.015"' in RULES_FILE.read_text()
+
+
+def test_a_mixin_config_keeps_its_cluster_label_and_passes_promtool(tmp_path):
+    config = MixinConfig(cluster_label="k8s_cluster", runbook_url_pattern="https://rb.example/{alert}.html")
+    (tmp_path / "growpage-rules.yaml").write_text(rules_yaml(config=config))
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    files = []
+    for name, document in alert_test_files(config).items():
+        if name.startswith(("GrowPageVLLMTimeToFirstToken", "GrowPageKVPagesStranded", "GrowPageAgentDown")):
+            files.append(tests / f"{name}.test.yaml")
+            files[-1].write_text(dump_yaml(document))
+    result = run_tool("promtool", "test", "rules", *map(str, files))
+    assert result.stdout.count("SUCCESS") == len(files) == 4, result.stdout
+    text = (tmp_path / "growpage-rules.yaml").read_text()
+    assert "cluster, namespace" not in text.replace("k8s_cluster, namespace", "")
+    assert "https://rb.example/GrowPageAgentDown.html" in text

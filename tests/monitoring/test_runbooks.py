@@ -92,3 +92,17 @@ def test_every_diagnose_check_links_an_existing_runbook_page():
                         if line.startswith("#")]
             slugs = {"-".join("".join(c for c in h if c.isalnum() or c in " -").split()) for h in headings}
             assert anchor in slugs, f"check {check_id} links #{anchor}, not a heading of {file_name}"
+
+
+def test_runbook_commands_take_parameters_not_literal_names():
+    # `kubectl logs POD` would be run as typed: commands use $POD, set from the alert's labels.
+    for path in RUNBOOKS_DIR.glob("*.md"):
+        assert not re.search(r"(?<![$\w`])POD(?![\w`])", path.read_text()), path.name
+
+
+def test_runbooks_name_the_severity_the_table_gives():
+    for rule in alert_rules():
+        text = _resolve(rule.runbook_url).read_text()
+        escalation = text[text.index("## Escalation"):]
+        lead = "It pages:" if rule.severity == catalog.SEVERITY_PAGE else "It is a ticket:"
+        assert lead in escalation and f"`{rule.severity}`" in text, rule.name

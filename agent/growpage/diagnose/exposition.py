@@ -46,6 +46,11 @@ class Exposition:
                    for sample in self.samples)
 
     @property
+    def has_vllm(self) -> bool:
+        """vLLM's own series (its /metrics), read next to GrowPage's."""
+        return any(sample.name.startswith("vllm:") for sample in self.samples)
+
+    @property
     def has_dcgm(self) -> bool:
         return any(sample.name in (catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE) for sample in self.samples)
 

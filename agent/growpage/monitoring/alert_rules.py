@@ -18,7 +18,7 @@ import dataclasses
 
 from growpage import catalog
 from growpage.monitoring import recording_rules as rec
-from growpage.monitoring.mixin import DEFAULT_CONFIG
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.promql import selector
 
 SLO_ERROR_BUDGET = round(1 - catalog.SLO_ALLOCATION_LATENCY.objective, 10)  # 0.01
@@ -32,8 +32,6 @@ _DIAGNOSE = ("Run: gpctl diagnose --prometheus {{ $externalURL }} --since 30m "
 _DIAGNOSE_SERVICE = "Run: gpctl diagnose --prometheus {{ $externalURL }} --since 1h --namespace {{ $labels.namespace }}"
 _PERCENT = "{{ $value | humanizePercentage }}"
 _BLOCK_SIZES = ", ".join(f"{gpu} {size}" for gpu, size in catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU.items())
-_POD_JOIN = ", ".join(DEFAULT_CONFIG.pod_join)  # vLLM may name the model differently: join on the pod
-_SERVICE_JOIN = ", ".join(DEFAULT_CONFIG.slo_labels)
 
 
 def _pct(ratio: float) -> str:
@@ -57,6 +55,7 @@ class AlertRule:
         labels: labels besides ``severity`` (the window pair of a burn-rate rule).
         growpage_view: an annotation naming GrowPage's own series for the alert's pod or service,
             on alerts that page on what vLLM users feel.
+        config: the mixin config the rule was built with (its runbook URL pattern).
     """
 
     name: str
@@ -67,6 +66,7 @@ class AlertRule:
     dashboard_panel: str
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     growpage_view: str = ""
+    config: MixinConfig = dataclasses.field(default=DEFAULT_CONFIG, compare=False, repr=False)
 
     @property
     def severity(self) -> str:
@@ -74,7 +74,7 @@ class AlertRule:
 
     @property
     def runbook_url(self) -> str:
-        return runbook_url(self.name)
+        return self.config.runbook_url(self.name)
 
     def annotations(self) -> dict[str, str]:
         notes = {"summary": self.summary, "description": self.description, "runbook_url": self.runbook_url}
@@ -92,11 +92,6 @@ class AlertRule:
         }
 
 
-def runbook_url(alert: str) -> str:
-    """The runbook page of ``alert``, from the mixin config's URL pattern."""
-    return DEFAULT_CONFIG.runbook_url(alert)
-
-
 # Titles of Troubleshooting dashboard panels, shared with growpage.monitoring.dashboards.
 PANEL_UTILIZATION = "1. KV page utilization per pod"
 PANEL_LATENCY_P99 = "2. Page allocation latency p99 per pod"
@@ -112,7 +107,7 @@ PANEL_VLLM_LATENCY = "vLLM time to first token / inter-token latency p99"
 PANEL_VLLM_PREEMPTIONS = "vLLM preemptions per second"
 
 
-def in_modes(expr: str, modes: tuple[str, ...], on: str = _POD_JOIN, homes: tuple[str, ...] = ()) -> str:
+def in_modes(expr: str, modes: tuple[str, ...], on: str, homes: tuple[str, ...] = ()) -> str:
     """``expr`` kept only where GrowPage runs in one of ``modes`` (and, given ``homes``, in one of them).
 
     The join reads ``growpage_build_info``, which the agent serves from start-up in every mode: a pod
@@ -125,11 +120,11 @@ def in_modes(expr: str, modes: tuple[str, ...], on: str = _POD_JOIN, homes: tupl
     return f"{expr}\nand on ({on})\nmax by ({on}) ({build_info})"
 
 
-def _observing(expr: str, on: str = _POD_JOIN) -> str:
+def _observing(expr: str, on: str) -> str:
     return in_modes(expr, catalog.MODES_OBSERVING, on)
 
 
-def _running(expr: str, level: str = rec.POD_LEVEL) -> str:
+def _running(expr: str, level: str) -> str:
     # An idle pod (or service) has nothing to utilize: only running requests can breach the SLO.
     running = f"sum by ({level}) ({catalog.REQUESTS_RUNNING.name}) > 0"
     return f"{expr}\nand on ({level})\n{running}"
@@ -149,13 +144,13 @@ def _view(level: str) -> str:
             f"{rec.DENIED_RATE}{where}, stranded token slots {rec.STRANDED_SLOTS}{where}.")
 
 
-def _utilization_alerts() -> list[AlertRule]:
+def _utilization_alerts(lv: rec.Levels) -> list[AlertRule]:
     slo, low = catalog.SLO_UTILIZATION.objective, catalog.CHECKLIST.utilization_sustained_low
     homes = ", ".join(catalog.HOMES_GRANTING_BASE_PAGES)
     return [
         AlertRule(
             "GrowPageKVUtilizationLow",
-            _observing(_running(f"{rec.UTILIZATION_SLO} < {slo}", rec.SLO_LEVEL), _SERVICE_JOIN),
+            _observing(_running(f"{rec.UTILIZATION_SLO} < {slo}", lv.slo), lv.slo),
             catalog.ALERT_FOR.utilization_below_slo,
             f"KV page utilization below the {_pct(slo)} SLO",
             f"{_SERVICE}: live KV tokens fill {_PERCENT} of the granted page slots (SLO >= {_pct(slo)}) "
@@ -168,7 +163,7 @@ def _utilization_alerts() -> list[AlertRule]:
         # Only where base_pages is an admission grant: inside vLLM it is a compaction floor.
         AlertRule(
             "GrowPageKVOverGranting",
-            in_modes(_running(f"{rec.UTILIZATION_POD} < {low}"), catalog.MODES_OBSERVING,
+            in_modes(_running(f"{rec.UTILIZATION_POD} < {low}", lv.pod), catalog.MODES_OBSERVING, lv.join,
                      homes=catalog.HOMES_GRANTING_BASE_PAGES),
             catalog.ALERT_FOR.utilization_sustained_low,
             f"KV page utilization below {_pct(low)} for {catalog.ALERT_FOR.utilization_sustained_low}",
@@ -180,12 +175,12 @@ def _utilization_alerts() -> list[AlertRule]:
     ]
 
 
-def _compress_alert() -> AlertRule:
+def _compress_alert(lv: rec.Levels) -> AlertRule:
     target = catalog.SLO_COMPRESS_RATIO.objective
     window = catalog.COMPRESS_RATIO_RULE_WINDOW
     return AlertRule(
         "GrowPageCompressRatioLow",
-        in_modes(f"{rec.COMPRESS_RATIO} < {target}", catalog.MODES_ENFORCING, _SERVICE_JOIN),
+        in_modes(f"{rec.COMPRESS_RATIO} < {target}", catalog.MODES_ENFORCING, lv.slo),
         catalog.ALERT_FOR.compress_ratio_below_slo,
         f"Compressions return less than {target:g}x",
         f"{_SERVICE}: compressions of the last {window} turn {{{{ $value | humanize }}}} bytes into 1 (SLO >= "
@@ -229,7 +224,7 @@ def _burn_rules(stem: str, error_ratio, objective: float, summary: str, descript
     return rules
 
 
-def _allocation_burn_alerts() -> list[AlertRule]:
+def _allocation_burn_alerts(lv: rec.Levels) -> list[AlertRule]:
     threshold_ms = f"{catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S * 1000:g} ms"
 
     return _burn_rules(
@@ -238,7 +233,7 @@ def _allocation_burn_alerts() -> list[AlertRule]:
         f"page grants over the long window took longer than {threshold_ms} "
         f"(SLO: {_pct(catalog.SLO_ALLOCATION_LATENCY.objective)} under {threshold_ms}). Grant latency "
         "is a cause: the user-facing pages are vLLM's time to first token and inter-token latency",
-        PANEL_BURN_RATE, scope=lambda expr: _observing(expr, _SERVICE_JOIN))
+        PANEL_BURN_RATE, scope=lambda expr: _observing(expr, lv.slo))
 
 
 def vllm_latency_alerts() -> list[AlertRule]:
@@ -259,11 +254,11 @@ def vllm_latency_alerts() -> list[AlertRule]:
     return rules
 
 
-def _latency_alert() -> AlertRule:
+def _latency_alert(lv: rec.Levels) -> AlertRule:
     # A ticket naming the pod and the likely cause.
     limit_s = catalog.CHECKLIST.allocation_latency_p99_critical_s
     return AlertRule(
-        "GrowPageAllocationLatencyHigh", _observing(f"{rec.ALLOCATION_P99} > {limit_s}"),
+        "GrowPageAllocationLatencyHigh", _observing(f"{rec.ALLOCATION_P99} > {limit_s}", lv.join),
         catalog.ALERT_FOR.allocation_latency_p99_high,
         f"Page allocation p99 above {limit_s * 1000:g} ms",
         f"{_WHERE}: p99 page allocation latency is {{{{ $value | humanizeDuration }}}} "
@@ -273,11 +268,11 @@ def _latency_alert() -> AlertRule:
         PANEL_LATENCY_P99)
 
 
-def _fragmentation_alert() -> AlertRule:
+def _fragmentation_alert(lv: rec.Levels) -> AlertRule:
     high, free_max = catalog.CHECKLIST.fragmentation_high, catalog.CHECKLIST.fragmentation_pool_free_max
     return AlertRule(
         "GrowPageFragmentationHigh",
-        _observing(f"{rec.FRAGMENTATION_POD} > {high}\nand on ({_POD_JOIN})\n{rec.POOL_FREE} < {free_max}"),
+        _observing(f"{rec.FRAGMENTATION_POD} > {high}\nand on ({lv.join})\n{rec.POOL_FREE} < {free_max}", lv.join),
         catalog.ALERT_FOR.fragmentation_high,
         f"Page table fragmentation above {_pct(high)} while the pool runs short",
         f"{_WHERE}: {_PERCENT} of the token slots in written pages hold no live token (tail slack and "
@@ -286,7 +281,7 @@ def _fragmentation_alert() -> AlertRule:
         PANEL_FRAGMENTATION)
 
 
-def _stranded_alert() -> AlertRule:
+def _stranded_alert(lv: rec.Levels) -> AlertRule:
     """Requests fail (OOM, preemption) because pages are stranded, not because the KV is full.
 
     Read inside the KV pool, where the failure happens: the framebuffer is no signal on vLLM, which
@@ -294,7 +289,7 @@ def _stranded_alert() -> AlertRule:
     cache usage at 98 % or more while its queue grows) counts only together with stranded slots:
     without them the KV is genuinely full, which is capacity, not GrowPage.
     """
-    level, join, checklist = rec.POD_LEVEL, _POD_JOIN, catalog.CHECKLIST
+    level, join, checklist = lv.pod, lv.join, catalog.CHECKLIST
     increase = f"sum by ({level}) (increase({{}}[{OOM_WINDOW}])) > 0"
     failures = [increase.format(catalog.OOM_EVENTS.name),
                 increase.format(selector(catalog.DECISIONS.name, decision="preempt")),
@@ -308,7 +303,7 @@ def _stranded_alert() -> AlertRule:
     expr = (f"(\n  {(chr(10) + 'or' + chr(10) + '  ').join(failures)}\n)\nand on ({join})\n"
             f"(\n  {(chr(10) + 'or' + chr(10) + '  ').join(no_free_page)}\n)\nand on ({join})\n{stranded}")
     return AlertRule(
-        "GrowPageKVPagesStranded", _observing(expr), catalog.ALERT_FOR.kv_pages_stranded,
+        "GrowPageKVPagesStranded", _observing(expr, join), catalog.ALERT_FOR.kv_pages_stranded,
         "Requests preempted while KV pages sit stranded",
         f"{_WHERE}: {{{{ $value | humanize }}}} OOM events or preemptions in the last {OOM_WINDOW}, while the "
         f"KV pool had no free page (GrowPage's pool at most {_pct(checklist.pool_free_low)} free, or vLLM's "
@@ -318,12 +313,12 @@ def _stranded_alert() -> AlertRule:
         PANEL_OOM, growpage_view=_view("pod"))
 
 
-def _preemption_alert() -> AlertRule:
+def _preemption_alert(lv: rec.Levels) -> AlertRule:
     per_s = catalog.VLLM_PREEMPTIONS_PER_S_HIGH
     window = catalog.RATE_WINDOW
     return AlertRule(
         "GrowPageVLLMPreemptions",
-        _observing(f"sum by ({rec.POD_LEVEL}) (rate({catalog.VLLM_PREEMPTIONS}[{window}])) > {per_s:g}"),
+        _observing(f"sum by ({lv.pod}) (rate({catalog.VLLM_PREEMPTIONS}[{window}])) > {per_s:g}", lv.join),
         catalog.ALERT_FOR.vllm_preemptions,
         f"vLLM preempts more than {per_s:g} requests per second",
         f"{_WHERE}: vLLM preempts {{{{ $value | humanize }}}} running requests per second (over {window}) "
@@ -333,25 +328,26 @@ def _preemption_alert() -> AlertRule:
         PANEL_VLLM_PREEMPTIONS, growpage_view=_view("pod"))
 
 
-def agent_alerts() -> list[AlertRule]:
+def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     """The agent's own health: scraped, exporting, not failing, actually running."""
-    up = selector("up", job=DEFAULT_CONFIG.growpage_job)
-    build_info = selector(catalog.BUILD_INFO.name, job=DEFAULT_CONFIG.growpage_job)
-    errors = (f"sum by ({rec.POD_LEVEL}, component) (increase({catalog.AGENT_ERRORS.name}[5m])) > 0")
+    lv = rec.Levels.of(config)
+    up = selector("up", job=config.growpage_job)
+    build_info = selector(catalog.BUILD_INFO.name, job=config.growpage_job)
+    errors = (f"sum by ({lv.pod}, component) (increase({catalog.AGENT_ERRORS.name}[5m])) > 0")
     # The enforcer has nothing to do outside enforce; the other components run in monitor too.
     def idle(component: str) -> str:
-        return (f"max by ({_POD_JOIN}, {_MODEL}, component, reason) "
+        return (f"max by ({lv.join}, {_MODEL}, component, reason) "
                 f"({selector(catalog.AGENT_ACTIVE.name, component)} == 0)")
     others, enforcer = idle('component!="enforcer"'), idle('component="enforcer"')
-    inactive = (f"(\n{_observing(others)}\n)\nor\n(\n"
-                f"{in_modes(enforcer, catalog.MODES_ENFORCING)}\n)")
-    return [
+    inactive = (f"(\n{_observing(others, lv.join)}\n)\nor\n(\n"
+                f"{in_modes(enforcer, catalog.MODES_ENFORCING, lv.join)}\n)")
+    return _with_config([
         # The route answers 200 from start-up in every mode, off included: a failed scrape means
         # the process (or its pod's network) is gone, never that GrowPage is switched off.
         AlertRule(
             "GrowPageAgentDown", f"{up} == 0", catalog.ALERT_FOR.agent_down,
             f"Prometheus cannot scrape {catalog.METRICS_PATH}",
-            f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: the {DEFAULT_CONFIG.growpage_job} target "
+            f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: the {config.growpage_job} target "
             f"{{{{ $labels.instance }}}} has failed every scrape for {catalog.ALERT_FOR.agent_down}: the vLLM "
             f"process is gone or its API server does not answer (the route answers in every mode, off "
             f"included). Run: gpctl diagnose --endpoint http://{{{{ $labels.instance }}}}{catalog.METRICS_PATH}",
@@ -359,7 +355,7 @@ def agent_alerts() -> list[AlertRule]:
         AlertRule(
             "GrowPageMetricsAbsent", f"absent({build_info})", catalog.ALERT_FOR.metrics_absent,
             "No GrowPage metrics in Prometheus",
-            f"No {catalog.BUILD_INFO.name} series from job {DEFAULT_CONFIG.growpage_job} for "
+            f"No {catalog.BUILD_INFO.name} series from job {config.growpage_job} for "
             f"{catalog.ALERT_FOR.metrics_absent}: no target is scraped (ServiceMonitor selector or port), "
             f"the plugin is not loaded (VLLM_PLUGINS), or {catalog.METRICS_PATH} serves vLLM's own metrics.",
             PANEL_SCRAPE),
@@ -377,13 +373,13 @@ def agent_alerts() -> list[AlertRule]:
             f"{catalog.ALERT_FOR.agent_inactive} while growpage_build_info says the mode is monitor or enforce: "
             f"this pod serves with vLLM's default paging and its GrowPage metrics describe nothing. {_DIAGNOSE}",
             PANEL_ACTIVE),
-    ]
+    ], config)
 
 
-def _throttle_alert() -> AlertRule:
+def _throttle_alert(lv: rec.Levels) -> AlertRule:
     share = catalog.CHECKLIST.throttle_saturation
     return AlertRule(
-        "GrowPageGrowthThrottled", in_modes(f"{rec.THROTTLED_SHARE} > {share}", catalog.MODES_ENFORCING),
+        "GrowPageGrowthThrottled", in_modes(f"{rec.THROTTLED_SHARE} > {share}", catalog.MODES_ENFORCING, lv.join),
         catalog.ALERT_FOR.growth_throttled,
         f"More than {_pct(share)} of page-growth attempts are throttled",
         f"{_WHERE}: max_growth_rate refused {_PERCENT} of growth attempts for "
@@ -392,21 +388,28 @@ def _throttle_alert() -> AlertRule:
         PANEL_THROTTLED)
 
 
-def slo_alerts() -> list[AlertRule]:
+def slo_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     """Per service: vLLM's latency SLOs, then GrowPage's three (utilization, compress ratio, grant latency)."""
-    utilization_low, _ = _utilization_alerts()
-    return [*vllm_latency_alerts(), utilization_low, _compress_alert(), *_allocation_burn_alerts()]
+    lv = rec.Levels.of(config)
+    utilization_low, _ = _utilization_alerts(lv)
+    return _with_config([*vllm_latency_alerts(), utilization_low, _compress_alert(lv), *_allocation_burn_alerts(lv)],
+                        config)
 
 
-def checklist_alerts() -> list[AlertRule]:
+def checklist_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     """Per pod: stranded pages and preemptions, over-granting, grant latency, fragmentation, throttling."""
-    _, over_granting = _utilization_alerts()
-    return [_stranded_alert(), _preemption_alert(), over_granting, _latency_alert(), _fragmentation_alert(),
-            _throttle_alert()]
+    lv = rec.Levels.of(config)
+    _, over_granting = _utilization_alerts(lv)
+    return _with_config([_stranded_alert(lv), _preemption_alert(lv), over_granting, _latency_alert(lv),
+                         _fragmentation_alert(lv), _throttle_alert(lv)], config)
 
 
-def alert_rules() -> list[AlertRule]:
-    return [*slo_alerts(), *checklist_alerts(), *agent_alerts()]
+def _with_config(rules: list[AlertRule], config: MixinConfig) -> list[AlertRule]:
+    return [dataclasses.replace(rule, config=config) for rule in rules]
+
+
+def alert_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
+    return [*slo_alerts(config), *checklist_alerts(config), *agent_alerts(config)]
 
 
 def alert_names() -> list[str]:

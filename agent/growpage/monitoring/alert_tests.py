@@ -20,6 +20,7 @@ from growpage.monitoring.alert_rules import (
     burn_rate_alert_name,
 )
 from growpage.monitoring.alert_templates import render
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.promql import duration_seconds, format_duration, le_value, selector
 
 EVALUATION_INTERVAL = "1m"
@@ -399,10 +400,10 @@ def _quiet_case(rules: list[AlertRule], quiet: QuietScenario) -> dict:
     }
 
 
-def rules_by_name() -> dict[str, list[AlertRule]]:
+def rules_by_name(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, list[AlertRule]]:
     """Alertname -> its rules (one, or one per burn-rate window pair), in rule order."""
     grouped: dict[str, list[AlertRule]] = {}
-    for rule in alert_rules():
+    for rule in alert_rules(config):
         grouped.setdefault(rule.name, []).append(rule)
     return grouped
 
@@ -415,11 +416,11 @@ def scenario_rule(rules: list[AlertRule], scenario: Scenario) -> AlertRule:
     return matching[0]
 
 
-def alert_test_files() -> dict[str, dict]:
+def alert_test_files(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, dict]:
     """``{AlertName: test file document}``: one file per alertname, one test per scenario, quiet ones last."""
     firing, quiet = scenarios(), quiet_scenarios()
     files: dict[str, dict] = {}
-    for name, rules in rules_by_name().items():
+    for name, rules in rules_by_name(config).items():
         if name not in firing or not quiet.get(name):
             raise KeyError(f"alert {name} needs a firing and a quiet promtool scenario; add them in "
                            "alert_tests.py")

@@ -11,6 +11,7 @@ from growpage.monitoring.alert_tests import alert_test_files
 from growpage.monitoring.alertmanager import alertmanager_yaml
 from growpage.monitoring.dashboards import dashboards, to_json_text
 from growpage.monitoring.kubernetes import dashboard_configmaps_yaml
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.rules_file import dump_yaml, generated_header, prometheus_rule_yaml, rules_yaml
 from growpage.monitoring.runbook_sections import runbook_files
 
@@ -51,25 +52,26 @@ def find_repo_root(start: Path | None = None) -> Path:
                         f"dashboards/ and alerts/); run gpctl inside it or pass --root")
 
 
-def dashboard_artefacts() -> list[Artefact]:
-    files = [Artefact(f"{DASHBOARDS_DIR}/{name}", to_json_text(doc)) for name, doc in dashboards().items()]
-    return [*files, Artefact(DASHBOARD_CONFIGMAPS_FILE, dashboard_configmaps_yaml())]
+def dashboard_artefacts(config: MixinConfig = DEFAULT_CONFIG) -> list[Artefact]:
+    files = [Artefact(f"{DASHBOARDS_DIR}/{name}", to_json_text(doc)) for name, doc in dashboards(config).items()]
+    return [*files, Artefact(DASHBOARD_CONFIGMAPS_FILE, dashboard_configmaps_yaml(config))]
 
 
-def alert_artefacts(root: Path) -> list[Artefact]:
+def alert_artefacts(root: Path, config: MixinConfig = DEFAULT_CONFIG) -> list[Artefact]:
     """Rules, promtool tests, Alertmanager config, PrometheusRule and the runbooks' generated blocks."""
     header = generated_header("alerts build")
     tests = [Artefact(f"{ALERT_TESTS_DIR}/{name}{ALERT_TEST_SUFFIX}", dump_yaml(doc, header))
-             for name, doc in alert_test_files().items()]
+             for name, doc in alert_test_files(config).items()]
 
     def read_runbook(name: str) -> str | None:
         path = root / RUNBOOKS_DIR / name
         return path.read_text(encoding="utf-8") if path.is_file() else None
 
-    runbooks = [Artefact(f"{RUNBOOKS_DIR}/{name}", text) for name, text in runbook_files(read_runbook).items()]
+    runbooks = [Artefact(f"{RUNBOOKS_DIR}/{name}", text)
+                for name, text in runbook_files(read_runbook, config).items()]
     return [
-        Artefact(RULES_FILE, rules_yaml()), *tests, Artefact(ALERTMANAGER_FILE, alertmanager_yaml()),
-        Artefact(PROMETHEUS_RULE_FILE, prometheus_rule_yaml()), *runbooks,
+        Artefact(RULES_FILE, rules_yaml(config=config)), *tests, Artefact(ALERTMANAGER_FILE, alertmanager_yaml()),
+        Artefact(PROMETHEUS_RULE_FILE, prometheus_rule_yaml(config)), *runbooks,
     ]
 
 
@@ -106,8 +108,8 @@ def write_artefacts(root: Path, artefacts: list[Artefact]) -> list[str]:
     return touched
 
 
-BUILDERS: dict[str, Callable[[Path], list[Artefact]]] = {
-    "dashboards": lambda root: dashboard_artefacts(),
+BUILDERS: dict[str, Callable[[Path, MixinConfig], list[Artefact]]] = {
+    "dashboards": lambda root, config: dashboard_artefacts(config),
     "alerts": alert_artefacts,
 }
 
@@ -120,10 +122,10 @@ class BuildResult:
     written: list[str]
 
 
-def build(kind: str, root: Path, check: bool) -> BuildResult:
-    """Regenerates the ``kind`` artefacts ("dashboards" or "alerts") under ``root``, or with
-    ``check`` only lists the stale ones (CI runs the check; nothing is written)."""
-    artefacts = BUILDERS[kind](root)
+def build(kind: str, root: Path, check: bool, config: MixinConfig = DEFAULT_CONFIG) -> BuildResult:
+    """Regenerates the ``kind`` artefacts ("dashboards" or "alerts") under ``root`` for ``config``, or
+    with ``check`` only lists the stale ones (CI runs the check; nothing is written)."""
+    artefacts = BUILDERS[kind](root, config)
     if check:
         return BuildResult(stale=stale_paths(root, artefacts), written=[])
     return BuildResult(stale=[], written=write_artefacts(root, artefacts))

@@ -1,4 +1,4 @@
-"""Generated Kubernetes manifests in deploy/base: Grafana dashboard ConfigMaps.
+"""Generated Kubernetes manifests in deploy/components/monitoring: Grafana dashboard ConfigMaps.
 
 (The PrometheusRule comes from :mod:`growpage.monitoring.rules_file`; everything else in deploy/
 is hand-written and checked against the catalog by tests/monitoring/test_deploy.py.)
@@ -7,15 +7,16 @@ is hand-written and checked against the catalog by tests/monitoring/test_deploy.
 from __future__ import annotations
 
 from growpage.monitoring.dashboards import dashboards, to_json_text
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.rules_file import dump_yaml, generated_header
 
 # Grafana's dashboard sidecar (kube-prometheus-stack, grafana helm chart) loads ConfigMaps with it.
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
 
 
-def dashboard_configmaps_yaml() -> str:
+def dashboard_configmaps_yaml(config: MixinConfig = DEFAULT_CONFIG) -> str:
     documents = []
-    for file_name, document in dashboards().items():
+    for file_name, document in dashboards(config).items():
         documents.append({
             "apiVersion": "v1",
             "kind": "ConfigMap",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from growpage import catalog
-from growpage.monitoring.mixin import DEFAULT_CONFIG
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.promql import duration_seconds, le_value, selector
 
 RATE_WINDOW = catalog.RATE_WINDOW  # the window of rate-based rules and alerts: 20 scrapes at 15 s
@@ -21,7 +21,19 @@ LTS_ROLLOUT_WINDOW = "1h"  # finished requests are sparse: a longer window for t
 # serving several clusters keeps their pods and error budgets apart.
 POD_LEVEL = ", ".join(DEFAULT_CONFIG.pod_labels)
 SLO_LEVEL = ", ".join(DEFAULT_CONFIG.slo_labels)
-_POD_JOIN = ", ".join(DEFAULT_CONFIG.pod_join)
+
+
+@dataclasses.dataclass(frozen=True)
+class Levels:
+    """The label lists a mixin config keeps: per pod, per service (SLOs), and the pod join."""
+
+    pod: str
+    slo: str
+    join: str
+
+    @classmethod
+    def of(cls, config: MixinConfig) -> Levels:
+        return cls(", ".join(config.pod_labels), ", ".join(config.slo_labels), ", ".join(config.pod_join))
 _POD = "_".join(catalog.POD_LABELS)  # namespace_pod_model_name
 _SLO = "_".join(catalog.SLO_LABELS)  # namespace_model_name
 
@@ -77,7 +89,7 @@ def slo_windows() -> list[str]:
     return sorted(windows, key=duration_seconds)
 
 
-def _rate_sum(series: str, window: str, level: str = POD_LEVEL, function: str = "rate") -> str:
+def _rate_sum(series: str, window: str, level: str, function: str = "rate") -> str:
     return f"sum by ({level}) ({function}({series}[{window}]))"
 
 
@@ -85,49 +97,49 @@ def _sum(series: str, level: str) -> str:
     return f"sum by ({level}) ({series})"
 
 
-def _slo_error_ratio(window: str) -> RecordingRule:
+def _slo_error_ratio(window: str, lv: Levels) -> RecordingRule:
     histogram = catalog.ALLOCATION_LATENCY.name
     fast = selector(f"{histogram}_bucket", le=le_value(catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S))
     # 1 - good/total: no grants in the window gives NaN, which never alerts (nothing to burn).
-    expr = (f"1 - (\n  {_rate_sum(fast, window, SLO_LEVEL)}\n/\n"
-            f"  {_rate_sum(f'{histogram}_count', window, SLO_LEVEL)}\n)")
+    expr = (f"1 - (\n  {_rate_sum(fast, window, lv.slo)}\n/\n"
+            f"  {_rate_sum(f'{histogram}_count', window, lv.slo)}\n)")
     return RecordingRule(slo_error_ratio_name(window), expr)
 
 
-def _observed_pods() -> str:
+def _observed_pods(lv: Levels) -> str:
     """Pods whose GrowPage runs in monitor or enforce (growpage_build_info is served in every mode)."""
     modes = "mode=~\"" + "|".join(catalog.MODES_OBSERVING) + "\""
-    return f"max by ({_POD_JOIN}) ({selector(catalog.BUILD_INFO.name, modes)})"
+    return f"max by ({lv.join}) ({selector(catalog.BUILD_INFO.name, modes)})"
 
 
-def _vllm_error_ratio(slo: catalog.LatencySLO, window: str) -> RecordingRule:
+def _vllm_error_ratio(slo: catalog.LatencySLO, window: str, lv: Levels) -> RecordingRule:
     # vLLM's series of pods in mode off are left out before summing: those pods never page the
     # GrowPage rotation. No requests in the window gives NaN, which never alerts.
     def observed(series: str) -> str:
-        return (f"sum by ({SLO_LEVEL}) (\n    rate({series}[{window}])\n"
-                f"    and on ({_POD_JOIN}) {_observed_pods()}\n  )")
+        return (f"sum by ({lv.slo}) (\n    rate({series}[{window}])\n"
+                f"    and on ({lv.join}) {_observed_pods(lv)}\n  )")
 
     good = selector(f"{slo.histogram}_bucket", le=le_value(slo.threshold_s))
     expr = f"1 - (\n  {observed(good)}\n/\n  {observed(f'{slo.histogram}_count')}\n)"
     return RecordingRule(vllm_error_ratio_name(slo.name, window), expr)
 
 
-def _decisions_rate(record: str, matcher: str) -> RecordingRule:
-    return RecordingRule(record, _rate_sum(selector(catalog.DECISIONS.name, matcher), RATE_WINDOW))
+def _decisions_rate(record: str, matcher: str, lv: Levels) -> RecordingRule:
+    return RecordingRule(record, _rate_sum(selector(catalog.DECISIONS.name, matcher), RATE_WINDOW, lv.pod))
 
 
-def _allocation_quantile(record: str, quantile: float) -> RecordingRule:
-    buckets = _rate_sum(f"{catalog.ALLOCATION_LATENCY.name}_bucket", RATE_WINDOW, f"{POD_LEVEL}, le")
+def _allocation_quantile(record: str, quantile: float, lv: Levels) -> RecordingRule:
+    buckets = _rate_sum(f"{catalog.ALLOCATION_LATENCY.name}_bucket", RATE_WINDOW, f"{lv.pod}, le")
     return RecordingRule(record, f"histogram_quantile({quantile}, {buckets})")
 
 
-def _compress_ratio() -> RecordingRule:
+def _compress_ratio(lv: Levels) -> RecordingRule:
     # An hour of increases: compressions come in bursts, and a 5m rate vanishes between bursts (which
     # restarted the alert's `for` each time). "> 0" drops services that did not compress at all, so
     # an idle compressor is not reported as ratio 0 (or +Inf) and cannot trip the < 2.0 alert.
     window = catalog.COMPRESS_RATIO_RULE_WINDOW
-    bytes_in = _rate_sum(catalog.COMPRESS_INPUT_BYTES.name, window, SLO_LEVEL, "increase")
-    bytes_out = _rate_sum(catalog.COMPRESS_OUTPUT_BYTES.name, window, SLO_LEVEL, "increase")
+    bytes_in = _rate_sum(catalog.COMPRESS_INPUT_BYTES.name, window, lv.slo, "increase")
+    bytes_out = _rate_sum(catalog.COMPRESS_OUTPUT_BYTES.name, window, lv.slo, "increase")
     return RecordingRule(COMPRESS_RATIO, f"{bytes_in}\n/\n({bytes_out} > 0)")
 
 
@@ -136,17 +148,17 @@ def _slot_ratio(record: str, numerator: str, denominator: str, level: str, compl
     return RecordingRule(record, f"1 - (\n{ratio}\n)" if complement else ratio)
 
 
-def _pool_free() -> RecordingRule:
+def _pool_free(lv: Levels) -> RecordingRule:
     pool = catalog.POOL_PAGES.name
-    return RecordingRule(POOL_FREE, f"{_sum(selector(pool, state='free'), POD_LEVEL)}\n/\n"
-                                    f"({_sum(pool, POD_LEVEL)} > 0)")
+    return RecordingRule(POOL_FREE, f"{_sum(selector(pool, state='free'), lv.pod)}\n/\n"
+                                    f"({_sum(pool, lv.pod)} > 0)")
 
 
-def _throttled_share() -> RecordingRule:
+def _throttled_share(lv: Levels) -> RecordingRule:
     # Allocation attempts = pages granted as growth (allocate) + growth refused by max_growth_rate.
     decisions = catalog.DECISIONS.name
-    throttled = _rate_sum(selector(decisions, decision="throttled"), RATE_WINDOW)
-    attempts = _rate_sum(selector(decisions, 'decision=~"allocate|throttled"'), RATE_WINDOW)
+    throttled = _rate_sum(selector(decisions, decision="throttled"), RATE_WINDOW, lv.pod)
+    attempts = _rate_sum(selector(decisions, 'decision=~"allocate|throttled"'), RATE_WINDOW, lv.pod)
     return RecordingRule(THROTTLED_SHARE, f"{throttled}\n/\n({attempts} > 0)")
 
 
@@ -161,69 +173,72 @@ def dcgm_by_pod(expr: str) -> str:
     return expr
 
 
-def _with_model(dcgm: str) -> str:
+def _with_model(dcgm: str, lv: Levels) -> str:
     """The fullest GPU of each pod, labelled with the model the pod serves (from GrowPage's build
     info), so dashboards filter DCGM rows by model_name like every other row."""
-    models = f"max by ({POD_LEVEL}) ({catalog.BUILD_INFO.name})"
-    return (f"max by ({_POD_JOIN}) (\n  {dcgm}\n)\n* on ({_POD_JOIN}) group_left ({catalog.MODEL_LABEL})\n"
+    models = f"max by ({lv.pod}) ({catalog.BUILD_INFO.name})"
+    return (f"max by ({lv.join}) (\n  {dcgm}\n)\n* on ({lv.join}) group_left ({catalog.MODEL_LABEL})\n"
             f"(0 * {models} + 1)")
 
 
-def _gpu_framebuffer_used() -> RecordingRule:
+def _gpu_framebuffer_used(lv: Levels) -> RecordingRule:
     used, free = catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE
     # max: the fullest GPU of a multi-GPU pod.
-    return RecordingRule(GPU_FRAMEBUFFER_USED, _with_model(dcgm_by_pod(f"{used} / ({used} + {free})")))
+    return RecordingRule(GPU_FRAMEBUFFER_USED, _with_model(dcgm_by_pod(f"{used} / ({used} + {free})"), lv))
 
 
-def _gpu_utilization() -> RecordingRule:
-    return RecordingRule(GPU_UTILIZATION, _with_model(dcgm_by_pod(f"{catalog.DCGM_GPU_UTIL} / 100")))
+def _gpu_utilization(lv: Levels) -> RecordingRule:
+    return RecordingRule(GPU_UTILIZATION, _with_model(dcgm_by_pod(f"{catalog.DCGM_GPU_UTIL} / 100"), lv))
 
 
-def _lts_entropy_p50() -> RecordingRule:
-    buckets = _rate_sum(f"{catalog.LTS_ENTROPY.name}_bucket", LTS_ROLLOUT_WINDOW, "namespace, le")
+def _lts_entropy_p50(config: MixinConfig) -> RecordingRule:
+    buckets = _rate_sum(f"{catalog.LTS_ENTROPY.name}_bucket", LTS_ROLLOUT_WINDOW, f"{config.cluster_label}, namespace, le")
     return RecordingRule(LTS_ENTROPY_P50, f"histogram_quantile(0.5, {buckets})")
 
 
-def slo_recording_rules() -> list[RecordingRule]:
-    """What the SLO alerts read, per service: latency error ratios per burn-rate window, the compress
-    ratio, utilization."""
-    return [*(_vllm_error_ratio(slo, window) for slo in catalog.VLLM_LATENCY_SLOS for window in slo_windows()),
-            *(_slo_error_ratio(window) for window in slo_windows()), _compress_ratio(),
-            _slot_ratio(UTILIZATION_SLO, catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name, SLO_LEVEL)]
+def slo_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingRule]:
+    """What the SLO alerts read, per service: vLLM's and GrowPage's latency error ratios per burn-rate
+    window, the compress ratio, utilization."""
+    lv = Levels.of(config)
+    return [*(_vllm_error_ratio(slo, window, lv) for slo in catalog.VLLM_LATENCY_SLOS for window in slo_windows()),
+            *(_slo_error_ratio(window, lv) for window in slo_windows()), _compress_ratio(lv),
+            _slot_ratio(UTILIZATION_SLO, catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name, lv.slo)]
 
 
-def checklist_recording_rules() -> list[RecordingRule]:
+def checklist_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingRule]:
     """What the checklist alerts read, per pod: p99 latency, utilization, fragmentation, free pages,
-    stranded token slots, throttled share."""
+    stranded token slots, throttled share, and GrowPage's view next to the vLLM pages."""
+    lv = Levels.of(config)
     live, granted, used = (catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name,
                            catalog.USED_TOKEN_SLOTS.name)
     return [
-        _allocation_quantile(ALLOCATION_P99, 0.99),
-        _slot_ratio(UTILIZATION_POD, live, granted, POD_LEVEL),
-        _slot_ratio(FRAGMENTATION_POD, live, used, POD_LEVEL, complement=True),
-        _pool_free(),
+        _allocation_quantile(ALLOCATION_P99, 0.99, lv),
+        _slot_ratio(UTILIZATION_POD, live, granted, lv.pod),
+        _slot_ratio(FRAGMENTATION_POD, live, used, lv.pod, complement=True),
+        _pool_free(lv),
         # Granted slots holding no live token: reserved-but-unwritten pages, tail slack, eviction holes.
-        _slot_ratio(STRANDED_SLOTS, live, granted, POD_LEVEL, complement=True),
-        _throttled_share(),
+        _slot_ratio(STRANDED_SLOTS, live, granted, lv.pod, complement=True),
+        _throttled_share(lv),
         # GrowPage's view next to the pages about vLLM's users: compression headroom and denied growth.
-        _decisions_rate(COMPRESS_DECISIONS_RATE, 'decision=~"quantize|evict"'),
-        _decisions_rate(DENIED_RATE, 'decision="denied"'),
+        _decisions_rate(COMPRESS_DECISIONS_RATE, 'decision=~"quantize|evict"', lv),
+        _decisions_rate(DENIED_RATE, 'decision="denied"', lv),
     ]
 
 
-def dashboard_recording_rules() -> list[RecordingRule]:
+def dashboard_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingRule]:
     """Read by dashboards and the rollout decision only."""
+    lv = Levels.of(config)
     return [
-        _allocation_quantile(ALLOCATION_P50, 0.5),
-        RecordingRule(ALLOCATIONS_RATE, _rate_sum(catalog.ALLOCATIONS.name, RATE_WINDOW)),
-        _lts_entropy_p50(),
-        _gpu_framebuffer_used(),
-        _gpu_utilization(),
+        _allocation_quantile(ALLOCATION_P50, 0.5, lv),
+        RecordingRule(ALLOCATIONS_RATE, _rate_sum(catalog.ALLOCATIONS.name, RATE_WINDOW, lv.pod)),
+        _lts_entropy_p50(config),
+        _gpu_framebuffer_used(lv),
+        _gpu_utilization(lv),
     ]
 
 
-def recording_rules() -> list[RecordingRule]:
-    return [*slo_recording_rules(), *checklist_recording_rules(), *dashboard_recording_rules()]
+def recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingRule]:
+    return [*slo_recording_rules(config), *checklist_recording_rules(config), *dashboard_recording_rules(config)]
 
 
 def recording_rule_names() -> set[str]:

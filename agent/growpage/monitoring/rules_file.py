@@ -8,6 +8,7 @@ import yaml
 
 from growpage.monitoring import alert_rules as alerts
 from growpage.monitoring import recording_rules as rec
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 
 PROMETHEUS_RULE_NAME = "growpage"
 
@@ -37,7 +38,7 @@ def dump_yaml(data: Any, header: str = "") -> str:
     return header + body
 
 
-def rule_groups(for_override: str | None = None) -> list[dict]:
+def rule_groups(for_override: str | None = None, config: MixinConfig = DEFAULT_CONFIG) -> list[dict]:
     """One group per concern, its recording rules ahead of the alerts that read them.
 
     Rules inside a group run in order, so an alert sees the value recorded in the same cycle.
@@ -46,23 +47,24 @@ def rule_groups(for_override: str | None = None) -> list[dict]:
 
     Args:
         for_override: replaces every alert's ``for:`` (end-to-end tests use a few seconds).
+        config: the mixin config (cluster label, jobs, runbook URL pattern).
     """
     groups = [
-        ("growpage.slo", rec.slo_recording_rules(), alerts.slo_alerts()),
-        ("growpage.checklist", rec.checklist_recording_rules(), alerts.checklist_alerts()),
-        ("growpage.agent", [], alerts.agent_alerts()),
-        ("growpage.dashboards", rec.dashboard_recording_rules(), []),
+        ("growpage.slo", rec.slo_recording_rules(config), alerts.slo_alerts(config)),
+        ("growpage.checklist", rec.checklist_recording_rules(config), alerts.checklist_alerts(config)),
+        ("growpage.agent", [], alerts.agent_alerts(config)),
+        ("growpage.dashboards", rec.dashboard_recording_rules(config), []),
     ]
     return [{"name": name, "rules": [rule.to_dict() for rule in recording]
              + [alert.to_dict(for_override) for alert in alerting]}
             for name, recording, alerting in groups]
 
 
-def rules_yaml(for_override: str | None = None) -> str:
-    return dump_yaml({"groups": rule_groups(for_override)}, generated_header("alerts build"))
+def rules_yaml(for_override: str | None = None, config: MixinConfig = DEFAULT_CONFIG) -> str:
+    return dump_yaml({"groups": rule_groups(for_override, config)}, generated_header("alerts build"))
 
 
-def prometheus_rule_yaml() -> str:
+def prometheus_rule_yaml(config: MixinConfig = DEFAULT_CONFIG) -> str:
     """The same groups as a prometheus-operator PrometheusRule (deploy/base)."""
     manifest = {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -73,6 +75,6 @@ def prometheus_rule_yaml() -> str:
             # with a kustomize `labels:` entry in the overlay.
             "labels": {"app.kubernetes.io/name": "growpage", "app.kubernetes.io/component": "alerting"},
         },
-        "spec": {"groups": rule_groups()},
+        "spec": {"groups": rule_groups(config=config)},
     }
     return dump_yaml(manifest, generated_header("alerts build"))

@@ -55,7 +55,9 @@ def oom_fragmentation(scope: Scope, window: Window, t: Thresholds) -> ScopeFindi
                  and (scope.vllm_queue_growth or 0) > 0)
     is_stranded = stranded is not None and stranded >= limits.stranded_slots_high
     short = free_min is not None and free_min < limits.fragmentation_pool_free_max
-    alerts, parts, steps = [], [], []
+    alerts: list[str] = []
+    parts: list[str] = []
+    steps: list[str] = []
     if failures > 0 and (growpage_full or vllm_full) and is_stranded:
         alerts.append("GrowPageKVPagesStranded")
         where = (f"the pool had no free page (down to {pct(free_min)})" if growpage_full else

@@ -34,7 +34,9 @@ def vllm_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     if all(_histogram(scope, slo) is None for slo in slos):
         return unknown(metric, f"none of vLLM's latency histograms found ({', '.join(s.histogram for s in slos)}): "
                        "scrape vLLM's /metrics too (snapshots: save it into the same file)", window)
-    shares, burns, alerts = {}, {}, []
+    shares: dict[str, float] = {}
+    burns: dict[str, float] = {}
+    alerts: list[str] = []
     for slo in slos:
         histogram = _histogram(scope, slo)
         within = histogram.fraction_at_or_below(slo.threshold_s) if histogram is not None else None

@@ -9,6 +9,7 @@ the oldest and the newest; with one, counters are totals since the agent started
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from growpage import catalog
 from growpage.diagnose.errors import DiagnoseError
-from growpage.diagnose.exposition import parse_exposition, snapshot_time, with_snapshot_time
+from growpage.diagnose.exposition import Exposition, parse_exposition, snapshot_time, with_snapshot_time
 from growpage.diagnose.scrapes import observations_from_expositions
 from growpage.diagnose.sources.result import SourceResult
 
@@ -36,10 +37,11 @@ def observe(paths: Sequence[Path], dcgm_labels: Mapping[str, str] | None = None)
         texts += _read(Path(path))
     expositions = [parse_exposition(text, origin, time_s) for origin, text, time_s in texts]
     for exposition in expositions:
-        if not exposition.has_growpage and not exposition.has_dcgm:
-            raise DiagnoseError(f"{exposition.origin} has no growpage_* or {catalog.DCGM_FB_USED} series: "
-                                f"save the agent's {catalog.METRICS_PATH} (or a DCGM exporter's /metrics)")
-    agent = sorted((e for e in expositions if e.has_growpage), key=lambda e: e.time_s)
+        if not exposition.has_growpage and not exposition.has_dcgm and not exposition.has_vllm:
+            raise DiagnoseError(f"{exposition.origin} has no growpage_*, vllm:* or {catalog.DCGM_FB_USED} series: "
+                                f"save the agent's {catalog.METRICS_PATH} (or vLLM's or a DCGM exporter's /metrics)")
+    agent = _with_vllm(sorted((e for e in expositions if e.has_growpage), key=lambda e: e.time_s),
+                       [e for e in expositions if e.has_vllm and not e.has_growpage])
     dcgm = [e for e in expositions if e.has_dcgm]
     if not agent:
         raise DiagnoseError("no snapshot has growpage_* series: add a saved "
@@ -57,6 +59,20 @@ def observe(paths: Sequence[Path], dcgm_labels: Mapping[str, str] | None = None)
     return SourceResult(observations_from_expositions(agent, dcgm, source, sample_noun="snapshots",
                                                       dcgm_labels=dcgm_labels),
                         raw_files=raw)
+
+
+def _with_vllm(agent: list[Exposition], vllm: list[Exposition]) -> list[Exposition]:
+    """Agent snapshots with vLLM's series of the same time added (a separately saved vLLM /metrics)."""
+    by_time = {exposition.time_s: exposition for exposition in agent}
+    for exposition in vllm:
+        if exposition.time_s not in by_time:
+            raise DiagnoseError(f"{exposition.origin} (vLLM's metrics) has no GrowPage snapshot of the same time "
+                                f"({exposition.time_s:.3f}): give both the same '# growpage-snapshot-time:' line, "
+                                "or save them into one file")
+        target = by_time[exposition.time_s]
+        extra = tuple(sample for sample in exposition.samples if sample.name.startswith("vllm:"))
+        by_time[exposition.time_s] = dataclasses.replace(target, samples=(*target.samples, *extra))
+    return [by_time[exposition.time_s] for exposition in agent]
 
 
 def _read(path: Path) -> list[tuple[str, str, float]]:
