@@ -8,10 +8,10 @@ still reaches the app).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-Message = dict[str, Any]
+Message = MutableMapping[str, Any]  # as ASGI servers and Starlette type it
 Receive = Callable[[], Awaitable[Message]]
 
 

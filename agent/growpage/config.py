@@ -248,7 +248,7 @@ def _read_file(path: Path) -> Mapping[str, Any]:
 
 
 def _coerce_mapping(raw: Mapping[str, Any], source: str, from_env: bool = False) -> dict[str, Any]:
-    types = {f.name: f.type for f in dataclasses.fields(GrowPageConfig)}
+    types = {f.name: str(f.type) for f in dataclasses.fields(GrowPageConfig)}  # annotations are strings here
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = str(key).replace("-", "_")

@@ -76,6 +76,7 @@ MODEL_PRESETS: dict[str, ModelGeometry] = {
         ModelGeometry("llama-2-7b", layers=32, kv_heads=32, head_dim=128),
         ModelGeometry("qwen2.5-7b", layers=28, kv_heads=4, head_dim=128),
     )
+    if geometry.name is not None  # every preset is named; a geometry built from flags is not
 }
 
 
@@ -187,7 +188,8 @@ def resolve_geometry(
             field: getattr(preset, field) if value is None else value
             for field, value in given.items()
         }
-    missing = [field for field, value in given.items() if value is None]
+    resolved = {field: value for field, value in given.items() if value is not None}
+    missing = [field for field in given if field not in resolved]
     if missing:
         flags = ", ".join("--" + field.replace("_", "-") for field in missing)
         raise GrowPageError(
@@ -196,9 +198,9 @@ def resolve_geometry(
         )
     # NOTE: keep the preset's name only while it still describes the geometry.
     name = None
-    if preset is not None and all(value == getattr(preset, field) for field, value in given.items()):
+    if preset is not None and all(value == getattr(preset, field) for field, value in resolved.items()):
         name = preset.name
-    return ModelGeometry(name=name, **given)
+    return ModelGeometry(name=name, **resolved)
 
 
 def estimate_kv_size(

@@ -40,6 +40,7 @@ class GrowPageGroup(TyperGroup):
         prog_name: str | None = None,
         complete_var: str | None = None,
         standalone_mode: bool = True,
+        windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
         try:
@@ -48,6 +49,7 @@ class GrowPageGroup(TyperGroup):
                 prog_name=prog_name,
                 complete_var=complete_var,
                 standalone_mode=standalone_mode,
+                windows_expand_args=windows_expand_args,
                 **extra,
             )
         except GrowPageError as error:

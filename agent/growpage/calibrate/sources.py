@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from growpage import catalog
 from growpage.calibrate.evidence import (
@@ -28,6 +29,9 @@ from growpage.diagnose.exposition import Exposition, parse_exposition, snapshot_
 from growpage.diagnose.observations import HistogramCounts, Window
 from growpage.diagnose.sources import http
 from growpage.errors import GrowPageError
+
+if TYPE_CHECKING:
+    import httpx  # imported when a source is read over HTTP (diagnose's reader does that)
 
 
 def from_endpoint(url: str, duration_s: float | None = None, timeout_s: float = 10.0,
@@ -49,7 +53,7 @@ def from_endpoint(url: str, duration_s: float | None = None, timeout_s: float = 
     return evidence_from_expositions(expositions, source, "scrapes")
 
 
-def _scrape(client, url: str) -> Exposition:
+def _scrape(client: httpx.Client, url: str) -> Exposition:
     response = http.get(client, url, "the agent")
     if response.status_code != 200:
         hint = (f"check the path (the agent serves {catalog.METRICS_PATH})" if response.status_code == 404
@@ -169,7 +173,7 @@ def _histogram(rows: Sequence[tuple[Mapping[str, str], float]]) -> HistogramCoun
     return HistogramCounts(buckets=tuple(buckets))
 
 
-def _vector(client, base_url: str, expr: str, at_s: float) -> list[tuple[dict[str, str], float]]:
+def _vector(client: httpx.Client, base_url: str, expr: str, at_s: float) -> list[tuple[dict[str, str], float]]:
     url = f"{base_url}/api/v1/query"
     response = http.get(client, url, "Prometheus", params={"query": expr, "time": f"{at_s:.3f}"},
                         accept="application/json")

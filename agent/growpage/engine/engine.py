@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,8 +23,11 @@ from growpage.core.kv_store import DTYPES
 from growpage.core.manager import GrowPageManager
 from growpage.core.methods import GROWPAGE, KVMethod
 from growpage.engine.request import FinishReason, Request
-from growpage.engine.sampling import InvalidRequest, SamplingParams, make_generator, sample
+from growpage.engine.sampling import InvalidRequest, SamplingFault, SamplingParams, make_generator, sample
 from growpage.engine.scheduler import ScheduledChunk, Scheduler
+
+if TYPE_CHECKING:
+    from growpage.engine.llama import LlamaModel
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +83,8 @@ class RequestOutput:
 class LLMEngine:
     """A continuous-batching engine for one model on one device."""
 
-    def __init__(self, config: EngineConfig, growpage: GrowPageConfig, model=None, tokenizer=None, *,
+    def __init__(self, config: EngineConfig, growpage: GrowPageConfig, model: LlamaModel | None = None,
+                 tokenizer: Any = None, *,
                  method: KVMethod = GROWPAGE, clock: Callable[[], float] = time.monotonic):
         """``method`` and ``clock`` exist for benchmarks: a baseline KV method in place of
         GrowPage's contract, and a deterministic clock for the growth throttle."""
@@ -219,7 +224,8 @@ class LLMEngine:
                                    error=f"generation failed for this request: {error}")
 
     @staticmethod
-    def _teacher_force(logits: torch.Tensor, chunks: list[ScheduledChunk], tokens: list[int]) -> list[int]:
+    def _teacher_force(logits: torch.Tensor, chunks: list[ScheduledChunk],
+                       tokens: list[int | SamplingFault]) -> list[int | SamplingFault]:
         forced = [i for i, c in enumerate(chunks) if c.request.teacher_token_ids is not None]
         if not forced:
             return tokens
@@ -229,7 +235,7 @@ class LLMEngine:
         greedy = log_probs.argmax(dim=-1).tolist()
         for index, row in enumerate(forced):
             request = chunks[row].request
-            teacher = request.teacher_token_ids[len(request.output_token_ids)]
+            teacher = (request.teacher_token_ids or [])[len(request.output_token_ids)]  # forced rows have them
             request.teacher_logprobs.append(float(log_probs[index, teacher]))
             request.teacher_greedy_matches.append(greedy[index] == teacher)
             tokens[row] = teacher
@@ -239,7 +245,11 @@ class LLMEngine:
         batch = [(c.request.request_id, c.num_tokens) for c in chunks]
         plan = self.manager.plan_step(batch)
         device = self.config.device
-        token_ids, positions, rows, cols, logits_rows = [], [], [], [], []
+        token_ids: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        cols: list[int] = []
+        logits_rows: list[int] = []
         for row, chunk in enumerate(chunks):
             ids = chunk.request.all_token_ids[chunk.start:chunk.start + chunk.num_tokens]
             token_ids.extend(ids)
@@ -308,7 +318,7 @@ class LLMEngine:
 
     # ---- convenience --------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-                 **kwargs) -> list[Request]:
+                 **kwargs: Any) -> list[Request]:
         """Run prompts to completion (offline use, tests, benchmarks); returns finished requests."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         ids = [self.add_request(p, sp, **kwargs) for p, sp in zip(prompts, params_list, strict=True)]
@@ -318,7 +328,7 @@ class LLMEngine:
         return [tracked[rid] for rid in ids]
 
 
-def _load_tokenizer(model_dir: str):
+def _load_tokenizer(model_dir: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)

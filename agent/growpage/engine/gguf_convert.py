@@ -14,6 +14,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from growpage.errors import GrowPageError
 
@@ -64,7 +65,7 @@ def convert_gguf(gguf_path: Path, output_dir: Path, log: Callable[[str], None]) 
     _make_readable(output_dir)
 
 
-def _dequantize_option(transformers) -> dict:
+def _dequantize_option(transformers: Any) -> dict[str, Any]:
     # transformers >= 5 can keep GGUF weights packed (GgufConfig); ask for plain dense weights, which
     # it would otherwise pick only where no GGUF kernel is installed. Older versions always dequantize.
     gguf_config = getattr(transformers, "GgufConfig", None)
@@ -72,7 +73,7 @@ def _dequantize_option(transformers) -> dict:
 
 
 @contextlib.contextmanager
-def _quiet(transformers) -> Iterator[None]:
+def _quiet(transformers: Any) -> Iterator[None]:
     # transformers' loading/writing bars and warnings would bury our stage lines; the GGUF reader's
     # own tqdm bar stays (it uses tqdm directly) and shows the slow part progressing.
     hf_logging = transformers.utils.logging

@@ -93,6 +93,8 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Llama-family causal LM over flattened token rows, with attention delegated to a callback."""
 
+    rope_inverse_frequencies: torch.Tensor  # a non-persistent buffer: follows .to(device), never saved
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config

@@ -8,7 +8,7 @@ ignored, as OpenAI clients send many. Text must be valid Unicode (no unpaired su
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -112,13 +112,15 @@ class CompletionBody(_Body):
     prompt: str | list[int] | list[str] = Field(...)
 
     def prompt_text_or_ids(self) -> str | list[int]:
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            if len(self.prompt) != 1:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return check_text(prompt, "prompt")
+        if prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
                 raise InvalidRequest("a batch of prompts is not supported; send one prompt per request")
-            return check_text(self.prompt[0], "prompt")
-        if isinstance(self.prompt, str):
-            return check_text(self.prompt, "prompt")
-        return self.prompt
+            return check_text(prompt[0], "prompt")
+        # pydantic validated one branch of the union: a list not of strings is the list[int] one
+        return cast(list[int], prompt)
 
 
 class ChatMessage(BaseModel):

@@ -41,7 +41,7 @@ class DenseKVCache:
         num_new = q.shape[0]
         past_keys, past_values = self.keys[layer], self.values[layer]
         keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, N, D]
-        if past_keys is not None:
+        if past_keys is not None and past_values is not None:  # set together, per layer
             keys, values = torch.cat((past_keys, keys), dim=1), torch.cat((past_values, values), dim=1)
         self.keys[layer], self.values[layer] = keys, values
         num_past = keys.shape[1] - num_new

@@ -13,8 +13,11 @@ import logging
 import signal
 import threading
 import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from growpage import __version__
 from growpage.config import GrowPageConfig
@@ -23,6 +26,10 @@ from growpage.engine.engine import EngineConfig, LLMEngine
 from growpage.engine.server import create_app
 from growpage.engine.server_settings import ServerSettings
 
+if TYPE_CHECKING:
+    from growpage.engine.llama import LlamaModel
+    from growpage.telemetry import TelemetryAgent
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,8 +37,8 @@ logger = logging.getLogger(__name__)
 class ServingStack:
     engine: LLMEngine
     async_engine: AsyncEngine
-    telemetry: object | None  # growpage.telemetry.TelemetryAgent when the extra is installed
-    app: object  # FastAPI; app.state.counters holds the server's counts
+    telemetry: TelemetryAgent | None  # None without the telemetry extra, or when turned off
+    app: FastAPI  # app.state.counters holds the server's counts
     settings: ServerSettings = dataclasses.field(default_factory=ServerSettings)
 
     def close(self) -> None:
@@ -40,7 +47,8 @@ class ServingStack:
             self.telemetry.close()
 
 
-def build_stack(engine_config: EngineConfig, growpage_config: GrowPageConfig, *, model=None, tokenizer=None,
+def build_stack(engine_config: EngineConfig, growpage_config: GrowPageConfig, *, model: LlamaModel | None = None,
+                tokenizer: Any = None,
                 telemetry: bool = True, metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                 settings: ServerSettings | None = None) -> ServingStack:
     """Load the model, start nothing yet (the app's lifespan starts the engine thread).
@@ -100,7 +108,7 @@ def run_server(stack: ServingStack, host: str, port: int, log_level: str = "warn
     GracefulServer(config, stack).run()
 
 
-def _telemetry_hook(agent):
+def _telemetry_hook(agent: TelemetryAgent | None) -> Callable[[LLMEngine], None] | None:
     if agent is None:
         return None
 

@@ -110,7 +110,7 @@ class TelemetryAgent:
         self.poll()
 
     @classmethod
-    def from_env(cls, manager: StatsSource, **kwargs) -> TelemetryAgent:
+    def from_env(cls, manager: StatsSource, **kwargs: Any) -> TelemetryAgent:
         """An agent with tracing configured from the ``OTEL_*`` / ``GROWPAGE_TRACING`` variables
         (off unless asked; see ``docs/TELEMETRY.md``). The agent owns that provider and shuts it
         down on ``close``.

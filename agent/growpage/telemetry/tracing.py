@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -208,7 +209,7 @@ class RequestTracer:
             request.span.end()
 
     # ---- handlers -----------------------------------------------------------------------------
-    def _guard(self, handler: Callable, event) -> None:
+    def _guard(self, handler: Callable[[Any], None], event: object) -> None:
         try:
             handler(event)
         except Exception:  # a tracer fault must never reach the engine loop

@@ -13,11 +13,16 @@ SIGINT to it, so stopping ``gpctl`` stops vLLM.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from growpage.errors import ConfigError, GrowPageError
+
+if TYPE_CHECKING:  # the engine's modules load torch: imported only when a server starts
+    from growpage.config import GrowPageConfig
+    from growpage.engine.engine import EngineConfig
+    from growpage.engine.server_settings import ServerSettings
 
 PUBLIC_HELP = ("Endpoints open without the API key: health, metrics, both (health,metrics) or none.")
 
@@ -105,7 +110,8 @@ def serve(
     _serve_reference(engine_config, growpage_config, settings, host, port, metrics_port, listen, plan.num_pages)
 
 
-def _serve_reference(engine_config, growpage_config, settings, host: str, port: int, metrics_port: int | None,
+def _serve_reference(engine_config: EngineConfig, growpage_config: GrowPageConfig, settings: ServerSettings, host: str,
+                     port: int, metrics_port: int | None,
                      metrics_host: str, num_pages: int) -> None:
     from growpage.engine.serving import build_stack, run_server
 
