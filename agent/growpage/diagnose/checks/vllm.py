@@ -15,6 +15,7 @@ from growpage.diagnose.checks.base import Thresholds, evidence, is_mode_off, pct
 from growpage.diagnose.findings import ScopeFinding, Status, alert_finding
 from growpage.diagnose.observations import HistogramCounts, Scope, Window
 
+VLLM_HOME = "vllm"  # growpage_build_info{home} inside vLLM
 _STEMS = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken", catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency"}
 
 
@@ -31,6 +32,10 @@ def _histogram(scope: Scope, slo: catalog.LatencySLO) -> HistogramCounts | None:
 def vllm_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     metric = catalog.SLO_VLLM_TTFT.histogram
     slos = catalog.VLLM_LATENCY_SLOS
+    homes = scope.build_values("engine")
+    if homes and VLLM_HOME not in homes:
+        return ScopeFinding(Status.OK, f"home {', '.join(homes)}: no vLLM serves here, its latency SLOs do not apply",
+                            evidence(metric, None, catalog.SLO_VLLM_TTFT.objective, window, homes=list(homes)))
     if all(_histogram(scope, slo) is None for slo in slos):
         return unknown(metric, f"none of vLLM's latency histograms found ({', '.join(s.histogram for s in slos)}): "
                        "scrape vLLM's /metrics too (snapshots: save it into the same file)", window)

@@ -15,6 +15,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 
 from growpage import catalog
+from growpage.diagnose.checks.vllm import VLLM_HOME
 from growpage.diagnose.errors import DiagnoseError
 from growpage.diagnose.exposition import Exposition, parse_exposition, with_snapshot_time
 from growpage.diagnose.scrapes import observations_from_expositions
@@ -43,6 +44,8 @@ def observe(endpoint_url: str, dcgm_url: str | None = None, duration_s: float = 
                 sleep(duration_s)
             exposition, elapsed_s = _scrape_agent(client, agent_url)
             response_times_s.append(elapsed_s)
+            if index == 0 and _home(exposition) not in (None, VLLM_HOME):
+                vllm_problem = ""  # the reference engine: no vLLM to read, nothing to note
             if vllm_problem is None:
                 found, vllm_problem = _scrape_vllm(client, vllm_url)
                 if found is not None:
@@ -54,7 +57,7 @@ def observe(endpoint_url: str, dcgm_url: str | None = None, duration_s: float = 
     if vllm_problem is not None:
         agent = [_without_vllm(e) for e in agent]  # both scrapes or neither: increases need both
     source = {"kind": "endpoint", "target": agent_url, "dcgm": dcgm_url, "duration_s": duration_s}
-    notes = (() if vllm_problem is None else
+    notes = (() if not vllm_problem else
              (f"vLLM's own metrics were not read ({vllm_problem}): the checks on what users feel say unknown",))
     observations = observations_from_expositions(agent, dcgm, source, response_time_s=max(response_times_s),
                                                  dcgm_labels=dcgm_labels, notes=notes)
@@ -64,6 +67,12 @@ def observe(endpoint_url: str, dcgm_url: str | None = None, duration_s: float = 
             if vllm_problem is None]
     raw += [(f"raw/dcgm-{i + 1}.prom", with_snapshot_time(e.text, e.time_s)) for i, e in enumerate(dcgm)]
     return SourceResult(observations=observations, raw_files=tuple(raw))
+
+
+def _home(exposition: Exposition) -> str | None:
+    """The agent's home from its build info (``None`` when it exports none)."""
+    homes = {s.labels.get("home") for s in exposition.samples if s.name == catalog.BUILD_INFO.name}
+    return next(iter(homes)) if len(homes) == 1 else None
 
 
 def _scrape_vllm(client, url: str) -> tuple[Exposition | None, str | None]:
