@@ -56,13 +56,17 @@ def _utilization_row() -> list[Cell]:
     quantile = "histogram_quantile({}, sum by (le) (rate({}[{}])))"
     return [
         Cell(timeseries(alerts.PANEL_UTILIZATION,
-                        f"Below {low:.0%} for a sustained period: base_pages is too large, or requests are "
-                        f"mostly short. " + _runbooks_for(alerts.PANEL_UTILIZATION),
+                        f"Below {low:.0%} for a sustained period. Reference engine (base_pages is an admission "
+                        f"grant): base_pages is too large, or requests are mostly short. Inside vLLM (pages "
+                        f"granted on demand, granted = used, base_pages a compaction floor, prefix-shared blocks "
+                        f"counted once): the empty slots are tail slack and eviction holes, see fragmentation. "
+                        + _runbooks_for(alerts.PANEL_UTILIZATION),
                         targets((metric(catalog.UTILIZATION.name), _POD_LEGEND)), RATIO_UNIT,
                         steps("red", (low, "yellow"), (slo, "green"))), 12),
         Cell(timeseries("1. Request length (tokens)",
-                        "Prompt + generated tokens per finished request. Compare with base_pages x block_size "
-                        "from the settings table: a grant far above p95 is wasted. "
+                        "Prompt + generated tokens per finished request. Reference engine: compare with "
+                        "base_pages x block_size from the settings table, a grant far above p95 is wasted "
+                        "(inside vLLM base_pages is a floor, not a grant). "
                         + runbook_links("GrowPageKVOverGranting"),
                         targets((quantile.format(0.5, metric(f"{tokens}_bucket"), RATE), "p50"),
                                 (quantile.format(0.95, metric(f"{tokens}_bucket"), RATE), "p95")),
@@ -113,8 +117,9 @@ def _oom_row() -> list[Cell]:
                         "short", bars=True), 8),
         Cell(timeseries("3. Free pages and stranded slots",
                         f"Free share of the pool (alert at or under {limits.pool_free_low:.0%}) and share of "
-                        "granted token slots holding no live token (reserved-but-unwritten pages, tail slack, "
-                        f"eviction holes; alert at or above {limits.stranded_slots_high:.0%}). "
+                        "granted token slots holding no live token (reserved-but-unwritten pages in the reference "
+                        "engine; tail slack and eviction holes in both homes; inside vLLM nothing is reserved; "
+                        f"alert at or above {limits.stranded_slots_high:.0%}). "
                         + _runbooks_for(alerts.PANEL_OOM),
                         targets((rule(rec.POOL_FREE), f"free {_POD_LEGEND}"),
                                 (rule(rec.STRANDED_SLOTS), f"stranded {_POD_LEGEND}")),
