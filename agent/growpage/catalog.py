@@ -2,8 +2,8 @@
 
 Plain data, no prometheus import: telemetry builds its collector from it, and dashboards, alert
 rules, runbooks and ``gpctl diagnose`` read the same names, help texts, buckets and thresholds, so
-they cannot drift apart. The contract's prose is ``docs/TELEMETRY.md``. Names from the seed that users
-already wrote into HPA rules and dashboards are kept verbatim.
+they cannot drift apart. The contract's prose is ``docs/TELEMETRY.md``. Names users already wrote into
+alert rules and dashboards are kept verbatim.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 import enum
 
 METRICS_PATH = "/metrics/growpage"
-SCRAPE_JOB = "vllm-growpage"  # the seed's job name
+SCRAPE_JOB = "vllm-growpage"  # the Prometheus job of /metrics/growpage (ServiceMonitor jobLabel)
 # On every series, named as vLLM names it on its own ``vllm:*`` series, so the two join on
 # (namespace, pod, model_name) without label_replace. namespace/pod come from the scrape.
 MODEL_LABEL = "model_name"
@@ -194,7 +194,7 @@ METRICS_BY_NAME = {spec.name: spec for spec in METRICS}
 
 @dataclasses.dataclass(frozen=True)
 class SLO:
-    """A service-level objective from the seed, with the metric that measures it."""
+    """One of GrowPage's own service-level objectives, with the metric that measures it."""
 
     name: str
     metric: str
@@ -215,7 +215,7 @@ SLOS = (SLO_UTILIZATION, SLO_COMPRESS_RATIO, SLO_ALLOCATION_LATENCY)
 
 @dataclasses.dataclass(frozen=True)
 class ChecklistThresholds:
-    """The seed's troubleshooting checklist, as numbers (diagnose and alerts read these)."""
+    """The troubleshooting checklist, as numbers (diagnose and alerts read these)."""
 
     utilization_sustained_low: float = 0.40  # over-granting: base_pages too large
     allocation_latency_p99_critical_s: float = 0.020  # block size vs GPU
@@ -241,8 +241,8 @@ CHECKLIST = ChecklistThresholds()
 # GrowPage's own guidance (not a vLLM rule): a page of block_size tokens per GPU generation.
 RECOMMENDED_BLOCK_SIZE_BY_GPU = {"A100": 16, "H100": 32, "H200": 32}
 
-# The oldest vLLM release the plugin supports: remediation advice names this, never the seed's
-# fictional "vLLM >= v0.6.3 GrowPage patch" (no vLLM release contains GrowPage).
+# The oldest vLLM release the plugin supports: remediation advice names this, never an upgrade to a
+# vLLM "with GrowPage" (no vLLM release contains GrowPage).
 MIN_SUPPORTED_VLLM_VERSION = "0.32.0"
 
 # Runbook pages live in the repository under runbooks/<alert name>.md.
@@ -250,14 +250,14 @@ RUNBOOK_BASE_URL = "https://github.com/growpage/growpage/blob/main/runbooks"
 
 
 # ---------------------------------------------------------------------------------------------
-# gpctl diagnose (added for issue 6). Thresholds the seed's checklist leaves implicit, the DCGM
+# gpctl diagnose. Thresholds the checklist leaves implicit, the DCGM
 # exporter names diagnose reads next to the agent's, and one runbook page per diagnose check.
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class DiagnoseThresholds:
-    """Numbers ``gpctl diagnose`` needs beyond :data:`CHECKLIST` (the seed gives none for these)."""
+    """Numbers ``gpctl diagnose`` needs beyond :data:`CHECKLIST`."""
 
     # "Free pages near 0": the lowest free share of the pool in the window at or under this.
     pool_free_low_fraction: float = CHECKLIST.pool_free_low
@@ -308,7 +308,7 @@ CHECK_RUNBOOKS = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Telemetry (added for issue 4).
+# Telemetry.
 # ---------------------------------------------------------------------------------------------
 
 # Trace names of the contract (docs/TELEMETRY.md, "Traces"): request ids and page counts live on spans, never
