@@ -17,6 +17,9 @@ import diagnose_scenarios as scenarios
 import pytest
 
 from gpctl.main import app
+from growpage.monitoring.alert_rules import alert_rules
+from growpage.monitoring.promql import metric_names
+from growpage.monitoring.recording_rules import recording_rules
 from support.promstack import run_prometheus, run_tool
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
@@ -158,6 +161,12 @@ def test_bundle_records_queries(runner, recorded, tmp_path: Path):
         queries = json.loads(archive.extractfile("raw/prometheus-queries.json").read())
     assert all(entry["time"] == end_s for entry in queries)
     assert any("growpage_kv_page_utilization" in entry["query"] for entry in queries)
+    # diagnose reads every vLLM series its alerts read (the rules file is the reference).
+    # A histogram counts as read through its buckets (diagnose takes the total from le="+Inf").
+    read_by_alerts = {name.removesuffix("_count").removesuffix("_sum")
+                      for rule in [*alert_rules(), *recording_rules()] for name in metric_names(rule.expr)
+                      if name.startswith("vllm:")}
+    assert read_by_alerts and all(any(name in entry["query"] for entry in queries) for name in read_by_alerts)
 
 
 def test_dcgm_joins_through_exported_labels_for_a_namespace_and_pod(runner, recorded):
