@@ -75,6 +75,13 @@ def test_every_alert_that_reads_growpage_has_a_mode_off_near_miss():
         assert any('mode="off"' in series for scenario in quiet for series in scenario.series), name
 
 
+def test_every_page_stays_silent_for_a_healthy_idle_pod():
+    for name in (rule.name for rule in alert_rules() if rule.severity == catalog.SEVERITY_PAGE):
+        if name == "GrowPageAgentDown":
+            continue  # an idle pod is scraped: its near miss is "scraped"
+        assert any("idle" in quiet.title for quiet in quiet_scenarios()[name]), name
+
+
 def test_burn_rate_pairs_have_their_own_for_and_window_labels():
     burns = [rule for rule in alert_rules() if rule.name.endswith("Burn")]
     assert {rule.name for rule in burns} >= {"GrowPageVLLMTimeToFirstTokenFastBurn",

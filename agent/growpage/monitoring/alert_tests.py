@@ -329,7 +329,14 @@ def quiet_scenarios() -> dict[str, list[QuietScenario]]:
                           "vLLM at 99 % (GrowPage's pool 3 % free) but its queue is not growing"),
             QuietScenario({**ENFORCE, **_series(catalog.OOM_EVENTS.name, _constant(0)), **_pool(5, 400, 595),
                            **_slots(300, 16_000, 9_520)}, "stranded pages but no request failed"),
-            QuietScenario({**OFF, **stranded_ooms}, "mode off")],
+            QuietScenario({**OFF, **stranded_ooms}, "mode off"),
+            QuietScenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _constant(0)),
+                           **_vllm(catalog.VLLM_KV_CACHE_USAGE, _constant(0)),
+                           **_vllm(catalog.VLLM_REQUESTS_WAITING, _constant(0)),
+                           **_pool(free=1000, reserved=0, used=0),
+                           **{selector(spec.name, **TARGET): _constant(0) for spec in
+                              (catalog.LIVE_TOKENS, catalog.GRANTED_TOKEN_SLOTS, catalog.USED_TOKEN_SLOTS)}},
+                          "healthy idle pod")],
         "GrowPageVLLMPreemptions": [
             QuietScenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _counter(1))}, "1 preemption a minute"),
             QuietScenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _constant(0))}, "healthy idle pod"),
