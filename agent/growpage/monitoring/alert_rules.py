@@ -105,6 +105,7 @@ PANEL_SCRAPE = "Scrape health (up)"
 PANEL_ACTIVE = "Agent components active"
 PANEL_VLLM_LATENCY = "vLLM time to first token / inter-token latency p99"
 PANEL_VLLM_PREEMPTIONS = "vLLM preemptions per second"
+PANEL_VLLM_BURN_RATE = "vLLM latency SLO burn rate"
 
 
 def in_modes(expr: str, modes: tuple[str, ...], on: str, homes: tuple[str, ...] = ()) -> str:
@@ -250,7 +251,7 @@ def vllm_latency_alerts() -> list[AlertRule]:
             slo.objective, f"vLLM {what} burns its error budget too fast",
             f"requests over the long window had a {what} above {slo.threshold_s:g} s (vLLM's "
             f"{slo.histogram}; SLO: {_pct(slo.objective)} within {slo.threshold_s:g} s)",
-            PANEL_VLLM_LATENCY, _view("service"))
+            PANEL_VLLM_BURN_RATE, _view("service"))
     return rules
 
 

@@ -68,7 +68,7 @@ def _slo_row() -> list[Cell]:
                   f"Share of the {catalog.SLO_COMPLIANCE_WINDOW} error budget ({SLO_ERROR_BUDGET:.0%} of "
                   f"grants may take {_THRESHOLD_MS} or more) not yet spent; below 0 the SLO is missed.",
                   budget_left, RATIO_UNIT, steps("red", (0.0, "green")), 1), 5, 5),
-        Cell(stat("Allocation latency p99", f"SLO: p99 under {_THRESHOLD_MS}; the checklist pages above "
+        Cell(stat("Allocation latency p99", f"SLO: p99 under {_THRESHOLD_MS}; the checklist tickets above "
                   f"{_P99_LIMIT_S * 1000:g} ms.", _quantile(0.99), SECONDS_UNIT,
                   steps("green", (catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, "yellow"), (_P99_LIMIT_S, "red"))),
              4, 5),

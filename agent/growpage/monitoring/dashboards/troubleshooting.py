@@ -131,6 +131,36 @@ def _oom_row() -> list[Cell]:
     ]
 
 
+def _users_row() -> list[Cell]:
+    """What vLLM's users feel, as the pages read it: each SLO's error budget burn per long window,
+    next to GrowPage's view of the same pods (compression headroom, denied growth)."""
+    burn_targets = []
+    for slo in catalog.VLLM_LATENCY_SLOS:
+        budget = round(1 - slo.objective, 10)
+        for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
+            for burn in alert.windows:
+                ratio = rule(rec.vllm_error_ratio_name(slo.name, burn.long_window), service=True)
+                burn_targets.append((f"{ratio} / {budget:g}",
+                                     f"{slo.name} {burn.long_window} {{{{namespace}}}} ({{{{model_name}}}})"))
+    factors = sorted({burn.factor for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS for burn in alert.windows})
+    return [
+        Cell(timeseries(alerts.PANEL_VLLM_BURN_RATE,
+                        "vLLM's time to first token and inter-token latency: how many times faster than "
+                        f"sustainable each long window spends the error budget (1 = the budget lasts "
+                        f"{catalog.SLO_COMPLIANCE_WINDOW}). Pods in mode off are not counted. "
+                        + _runbooks_for(alerts.PANEL_VLLM_BURN_RATE),
+                        targets(*burn_targets), TIMES_UNIT,
+                        steps("green", (factors[0], "yellow"), (factors[-1], "red"))), 12),
+        Cell(timeseries("GrowPage's view: compression headroom and denied growth",
+                        "Page boundaries resolved by compressing instead of growing (in mode monitor: that "
+                        "enforce would resolve so) and growth denied for want of pages, per second. Headroom "
+                        "with users burning budget: enforce can help; denied growth: the KV cache is full. "
+                        + runbook_links("GrowPageKVPagesStranded"),
+                        targets((rule(rec.COMPRESS_DECISIONS_RATE), f"compress {_POD_LEGEND}"),
+                                (rule(rec.DENIED_RATE), f"denied {_POD_LEGEND}")), "ops"), 12),
+    ]
+
+
 def _vllm_row() -> list[Cell]:
     """GrowPage next to vLLM's own metrics and the GPU, joined on the pod (and model_name)."""
     def vllm(name: str) -> str:
@@ -164,7 +194,8 @@ def _vllm_row() -> list[Cell]:
                                  _POD_LEGEND)), "ops"), 8),
         Cell(timeseries(alerts.PANEL_VLLM_LATENCY,
                         "What users feel: GrowPage's grant latency adds to both. "
-                        + _runbooks_for(alerts.PANEL_VLLM_LATENCY, "GrowPageAllocationLatencyHigh"),
+                        + _runbooks_for(alerts.PANEL_VLLM_LATENCY, "GrowPageVLLMTimeToFirstTokenFastBurn",
+                                       "GrowPageAllocationLatencyHigh"),
                         targets((quantile(catalog.VLLM_TTFT, 0.99), f"TTFT {_POD_LEGEND}"),
                                 (quantile(catalog.VLLM_ITL, 0.99), f"ITL {_POD_LEGEND}")), SECONDS_UNIT), 8),
         Cell(timeseries("GPU utilization (DCGM)", f"{catalog.DCGM_GPU_UTIL} / 100. {dcgm} {runbook}",
@@ -205,6 +236,7 @@ def _more_checks_row() -> list[Cell]:
 def troubleshooting_dashboard() -> dict:
     return dashboard(TITLE, UID, "The troubleshooting checklist, in order; each panel links its runbook.", [
         ("Settings in use", [_settings_table()]),
+        ("What users feel: vLLM's latency SLOs, and GrowPage's view", _users_row()),
         (f"1. Utilization below {catalog.CHECKLIST.utilization_sustained_low:.0%} for long: "
          "base_pages too large, or requests mostly short", _utilization_row()),
         (f"2. Allocation latency above {catalog.CHECKLIST.allocation_latency_p99_critical_s * 1000:g} ms: "
