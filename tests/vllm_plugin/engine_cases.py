@@ -67,7 +67,9 @@ def phases(which: str | None = None) -> list[dict]:
         {"name": "off", "growpage": {"mode": "off", **MONITOR, "exporter_port": _free_port()}, "batches": [batch],
          "scrape": True},
         {"name": "enforce_cap", "batches": [batch], "scrape": True,
-         "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()}},
+         "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()},
+         # after the batch, requests with a client's traceparent while vLLM traces (--otlp-traces-endpoint)
+         "traced": {"prompts": PROMPTS[:2], "max_tokens": MAX_TOKENS, "extra_args": {"growpage_namespace": CAPPED}}},
         {"name": "enforce_preempt", "growpage": {**EVICTING, "exporter_port": -1},
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},

@@ -24,6 +24,66 @@ def _scrape(llm, port: int) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/growpage", timeout=10).read().decode()
 
 
+class _Collector:
+    """An OTLP/HTTP trace collector on a loopback port, in this process: keeps every span it receives."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        spans = self.spans = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for resource_spans in request.resource_spans:
+                    service = next((a.value.string_value for a in resource_spans.resource.attributes
+                                    if a.key == "service.name"), "")
+                    for scope in resource_spans.scope_spans:
+                        for span in scope.spans:
+                            spans.append({"name": span.name, "service": service, "trace_id": span.trace_id.hex(),
+                                          "span_id": span.span_id.hex(), "parent_span_id": span.parent_span_id.hex(),
+                                          "events": [e.name for e in span.events]})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}/v1/traces"
+
+
+def _traced_batch(llm, traced: dict, collector: _Collector) -> dict:
+    """Requests carrying a client's ``traceparent``, then the spans the collector received for them."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=traced["max_tokens"], ignore_eos=True,
+                            extra_args=traced.get("extra_args"))
+    trace_ids = {}
+    for index, prompt in enumerate(traced["prompts"]):
+        trace_id = f"{index + 1:032x}"
+        trace_ids[f"traced-{index}"] = trace_id
+        engine.add_request(f"traced-{index}", prompt, params,
+                           trace_headers={"traceparent": f"00-{trace_id}-{index + 1:016x}-01"})
+    while engine.has_unfinished_requests():
+        engine.step()
+    wanted = set(trace_ids.values())
+    for _ in range(100):  # both processes' batch processors flush within a few of their 100 ms delays
+        names = {(s["trace_id"], s["name"]) for s in collector.spans if s["trace_id"] in wanted}
+        if all((t, "llm_request") in names and (t, "growpage.request") in names for t in wanted):
+            break
+        time.sleep(0.1)
+    return {"trace_ids": trace_ids, "spans": [s for s in collector.spans if s["trace_id"] in wanted]}
+
+
 def run_phase(model: str, tmp: str, phase: dict) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -46,6 +106,12 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
               **phase.get("engine", {})}
     if torch.cuda.is_available() and phase["growpage"].get("mode") == "enforce":
         engine.setdefault("async_scheduling", False)  # on by default on CUDA, and enforce needs it off
+    collector = None
+    if phase.get("traced"):  # vLLM traces to a collector in this process; GrowPage joins its spans
+        collector = _Collector()
+        os.environ.update(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="100")
+        engine["otlp_traces_endpoint"] = collector.endpoint
+        engine["disable_log_stats"] = False  # vLLM's request span is built from its request stats
     started = time.monotonic()
     llm = LLM(model=model, additional_config={"growpage": phase["growpage"]}, **engine)
     result = {"name": name, "growpage": phase["growpage"], "start_s": time.monotonic() - started, "batches": {}}
@@ -71,6 +137,8 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
                 "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
                 "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
                 "texts": [o.outputs[0].text for o in outputs]}
+        if collector is not None:
+            result["traced"] = _traced_batch(llm, phase["traced"], collector)
         result["metrics"] = _scrape(llm, port) if phase.get("scrape") and port > 0 else ""
     finally:
         del llm

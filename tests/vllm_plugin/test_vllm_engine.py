@@ -147,3 +147,18 @@ def test_an_fp8_kv_cache_reports_observation_unsupported_and_serves(vllm_runs):
     assert value == 0 and 'reason="active"' not in series, observer
     assert sum(samples(run["metrics"], "growpage_agent_errors_total").values()) == 0
     assert sum(samples(run["metrics"], "growpage_lts_entropy_count").values()) == 0
+
+
+def test_growpage_spans_are_children_of_vllms_request_span(vllm_runs):
+    """vLLM traces to an OTLP collector; each request carrying a client's traceparent yields vLLM's
+    ``llm_request`` span in the client's trace and GrowPage's ``growpage.request`` span under it, with
+    its boundary decisions as events (the capped requests compacted: evict decisions)."""
+    traced = vllm_runs["enforce_cap"]["traced"]
+    for request_id, trace_id in traced["trace_ids"].items():
+        spans = [s for s in traced["spans"] if s["trace_id"] == trace_id]
+        vllm_spans = [s for s in spans if s["name"] == "llm_request"]
+        growpage_spans = [s for s in spans if s["name"] == "growpage.request"]
+        assert len(vllm_spans) == 1 and len(growpage_spans) == 1, (request_id, spans)
+        assert growpage_spans[0]["parent_span_id"] == vllm_spans[0]["span_id"], (request_id, spans)
+        assert "growpage.decision" in growpage_spans[0]["events"], growpage_spans[0]
+        assert vllm_spans[0]["parent_span_id"] != vllm_spans[0]["span_id"]  # vLLM's span sits under the client's

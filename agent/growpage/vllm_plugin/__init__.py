@@ -16,6 +16,7 @@ Per-process state (the observer) starts lazily, keyed by pid. Modules, one way (
     scheduler_agent.py  lifecycle, grants, monitored boundaries, pool gauges, telemetry from start-up
     enforcer.py         enforce: boundary decisions, freeing blocks, compaction plans
     scheduler_hooks.py  wraps Scheduler/KVCacheManager methods for the agent
+    trace_join.py       GrowPage's spans as children of vLLM's llm_request span (both sides derive its id)
     metrics.py          series only the vLLM home has (degraded decisions, observed steps)
     -- worker side --
     keys.py          any backend's paged KV layout, probed; reading keys and moving tokens
@@ -76,6 +77,12 @@ def register() -> None:
 
     install_scheduler_hooks()  # the scheduler agent: metrics from start-up, in every mode
     _install_backend()
+    try:  # the front-end's llm_request span gets the id GrowPage's spans name as their parent
+        from growpage.vllm_plugin.trace_join import install_front_end_hook
+
+        install_front_end_hook()
+    except Exception:
+        logger.warning("growpage: cannot join vLLM's request spans; GrowPage's spans stay roots", exc_info=True)
     _mark_loaded(pid)
 
 

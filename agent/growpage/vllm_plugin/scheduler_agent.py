@@ -55,6 +55,8 @@ class SchedulerView:
         num_pages: usable blocks in vLLM's pool (its null block excluded).
         token_bytes: KV bytes of one token across the layers of the KV cache group.
         component_states: ``{component: "active" or reason}`` known from the configuration.
+        otlp_traces_endpoint: where vLLM exports its traces (``--otlp-traces-endpoint``), or None;
+            GrowPage's spans then go there too, as children of vLLM's ``llm_request`` spans.
     """
 
     model: str
@@ -63,6 +65,7 @@ class SchedulerView:
     num_pages: int
     token_bytes: int
     component_states: dict[str, str]
+    otlp_traces_endpoint: str | None = None
 
 
 @dataclasses.dataclass
@@ -268,13 +271,28 @@ class SchedulerAgent:
             tracked=[r.request_id for r in scheduler.running])
 
     # ---- telemetry -----------------------------------------------------------------------------------
+    def parent_context(self, request_id: str) -> Any:
+        """The trace context ``growpage.request`` continues: vLLM's ``llm_request`` span for the
+        request when it carries trace headers (:mod:`~growpage.vllm_plugin.trace_join`)."""
+        from growpage.vllm_plugin.trace_join import parent_context_for
+
+        request = getattr(self.scheduler, "requests", {}).get(request_id) if self.scheduler is not None else None
+        return parent_context_for(getattr(request, "trace_headers", None), request_id)
+
     def start_telemetry(self) -> None:
         """The telemetry agent and, unless disabled, the exporter on ``exporter_port`` (from start-up)."""
         from growpage.telemetry import TelemetryAgent
+        from growpage.telemetry.tracing import tracing_enabled
         from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
+        from growpage.vllm_plugin.trace_join import vllm_tracer_provider
 
-        self.telemetry = TelemetryAgent.from_env(self, model=self.view.model, engine="vllm",
-                                                 engine_version=self.view.engine_version)
+        common = {"model": self.view.model, "engine": "vllm", "engine_version": self.view.engine_version,
+                  "parent_context": self.parent_context}
+        if self.view.otlp_traces_endpoint and not tracing_enabled():  # vLLM traces: join its traces
+            self.telemetry = TelemetryAgent(self, tracer_provider=vllm_tracer_provider(self.view.otlp_traces_endpoint),
+                                            **common)
+        else:
+            self.telemetry = TelemetryAgent.from_env(self, **common)
         self.telemetry.registry.register(DegradedDecisionsCollector(self, self.view.model))
         self.telemetry.registry.register(ObservationCollector(self, self.view.model))
         if self.settings.exporter_enabled:

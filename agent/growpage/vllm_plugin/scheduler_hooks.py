@@ -79,7 +79,9 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
         device=str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "unknown"),
         num_pages=max(0, int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks) - 1),  # less the null block
         token_bytes=token_bytes(scheduler),
-        component_states=start_up_states(config.mode is Mode.OFF, compilation))
+        component_states=start_up_states(config.mode is Mode.OFF, compilation),
+        otlp_traces_endpoint=getattr(getattr(vllm_config, "observability_config", None), "otlp_traces_endpoint",
+                                     None))
     agent = SchedulerAgent(config, settings, view, enforcer_blocker=blocker)
     if start_telemetry:
         agent.start_telemetry()
