@@ -215,6 +215,19 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
     return StepScores(entropy, bin_mass, mass, planned, len(chunks))
 
 
+def _block_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``[r, H, m, bs]`` dot products of ``query`` (``[r, H, hd]``) with gathered ``keys``
+    (``[r, H, m, bs, hd]``), in the orientation the keys were gathered in: no copy of the keys.
+
+    The CPU ``vec`` kernels store K with slots innermost, so their gathered keys are a transposed
+    view (``[.., hd, bs]`` in memory); a batched matrix-vector product in that orientation reads
+    them as they lie, where making them row-major first cost a copy of every key per layer.
+    """
+    if keys.stride(-2) == 1 and keys.stride(-1) != 1:  # [.., hd, bs] in memory
+        return torch.matmul(query[:, :, None, None, :], keys.transpose(-1, -2))[..., 0, :]
+    return torch.matmul(keys, query[:, :, None, :, None])[..., 0]
+
+
 def _chunk_probabilities(layers: Sequence[ObservedLayer], queries: torch.Tensor, heads: torch.Tensor,
                          block_rows: torch.Tensor, lengths: torch.Tensor, chunk: Chunk,
                          layout: kv_keys.BlockLayout) -> torch.Tensor:
@@ -226,20 +239,19 @@ def _chunk_probabilities(layers: Sequence[ObservedLayer], queries: torch.Tensor,
         block_rows: ``[r, M]`` the chunk's block-table rows.
         lengths: ``[r]`` on the device.
     """
-    num_rows, num_heads, head_dim = queries.shape[1], queries.shape[2], queries.shape[3]
+    num_rows, num_heads = queries.shape[1], queries.shape[2]
     block_size = layout.block_size
     logits = torch.empty(len(layers), num_rows, num_heads, chunk.length, device=queries.device)
     num_blocks = -(-chunk.length // block_size)
     for index, layer in enumerate(layers):
-        query = queries[index, :, :, :, None]  # [r, H, hd, 1]
+        query = queries[index]  # [r, H, hd]
         for first in range(0, num_blocks, chunk.blocks_per_gather):
             last = min(num_blocks, first + chunk.blocks_per_gather)
-            keys = kv_keys.gather_key_blocks(layer.cache, block_rows[:, first:last], heads[index], layout)
-            keys = keys.to(torch.float32, memory_format=torch.contiguous_format)
-            keys = keys.reshape(num_rows, num_heads, (last - first) * block_size, head_dim)
+            keys = kv_keys.gather_key_blocks(layer.cache, block_rows[:, first:last], heads[index], layout).float()
             begin, end = first * block_size, min(last * block_size, chunk.length)
-            logits[index, :, :, begin:end] = torch.matmul(keys[:, :, :end - begin], query)[..., 0] * layer.scale
-            del keys
+            scores = _block_scores(query, keys).reshape(num_rows, num_heads, (last - first) * block_size)
+            logits[index, :, :, begin:end] = scores[:, :, :end - begin] * layer.scale
+            del keys, scores
     outside = torch.arange(chunk.length, device=queries.device)[None, :] >= lengths[:, None]  # [r, K]
     logits.masked_fill_(outside[None, :, None, :], float("-inf"))
     return torch.softmax(logits, dim=-1)
