@@ -55,6 +55,8 @@ NO_DATA_ON_THIS_MACHINE = {
     (_TROUBLESHOOTING, "vLLM preemptions per second", "A"),
     (_TROUBLESHOOTING, "vLLM time to first token / inter-token latency p99", "A"),
     (_TROUBLESHOOTING, "vLLM time to first token / inter-token latency p99", "B"),
+    # One series per vLLM latency SLO and long window: 2 SLOs x 4 windows, refIds A-H.
+    *((_TROUBLESHOOTING, "vLLM latency SLO burn rate", ref_id) for ref_id in "ABCDEFGH"),
     # growpage_agent_active is reported by the vLLM plugin's components, not by the reference engine.
     (_TROUBLESHOOTING, "Agent components active", "A"),
 }
