@@ -1,7 +1,7 @@
 """The mixin's configuration: what a deployment changes without touching the generators.
 
 Like a monitoring mixin's ``config.libsonnet``: the cluster label multi-cluster Prometheus set-ups
-add, the scrape jobs the rules select, and where runbooks live. Metric names, thresholds and
+add, the scrape job the rules select, and where runbooks live. Metric names, thresholds and
 durations stay in :mod:`growpage.catalog`, the one source of truth the agent exports from; this
 config holds only what differs between installations. ``gpctl alerts build`` and ``gpctl dashboards
 build`` take it (``--cluster-label``, ``--runbook-url``), and the committed artefacts are built with
@@ -22,14 +22,13 @@ class MixinConfig:
     Attributes:
         cluster_label: kept by every aggregation (SLOs included), so one Prometheus or Thanos
             serving several clusters keeps their error budgets apart; absent labels are harmless.
-        growpage_job: the scrape job of ``/metrics/growpage``.
-        vllm_job: the scrape job of vLLM's own ``/metrics``.
+        growpage_job: the scrape job of ``/metrics/growpage`` (the agent-down and metrics-absent
+            alerts select it; vLLM's own series are joined on the pod, whatever their job).
         runbook_url_pattern: ``{alert}`` is replaced by the alertname.
     """
 
     cluster_label: str = "cluster"
     growpage_job: str = catalog.SCRAPE_JOB
-    vllm_job: str = catalog.VLLM_SCRAPE_JOB
     runbook_url_pattern: str = catalog.RUNBOOK_BASE_URL + "/{alert}.md"
 
     def runbook_url(self, alert: str) -> str:
