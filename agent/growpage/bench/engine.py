@@ -14,14 +14,20 @@ import dataclasses
 import resource
 import statistics
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from growpage import __version__
 from growpage.chat import chat_token_ids, user_turn
-from growpage.config import GrowPageConfig
+from growpage.config import GrowPageConfig, Mode
 from growpage.engine.engine import EngineConfig, LLMEngine
 from growpage.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from growpage.engine.llama import LlamaModel
+    from growpage.telemetry import TelemetryAgent
 
 PROMPT = "Explain step by step how a bicycle converts pedalling into forward motion."
 
@@ -40,19 +46,20 @@ class EngineBenchSettings:
         return cls(batch_sizes=(1, 4), new_tokens=16, overhead_batch=2, overhead_tokens=12, repeats=2)
 
 
-def _engine(model, tokenizer, model_dir: str, mode: str, batch: int) -> LLMEngine:
-    config = GrowPageConfig(mode=mode, base_pages=16, kv_dtype="float16")
+def _engine(model: LlamaModel, tokenizer: Any, model_dir: str, mode: str, batch: int) -> LLMEngine:
+    config = GrowPageConfig(mode=Mode(mode), base_pages=16, kv_dtype="float16")
     return LLMEngine(EngineConfig(model_dir=model_dir, num_pages=batch * 24 + 32, max_num_seqs=max(batch, 1),
                                   max_num_batched_tokens=4096, enable_prefix_caching=False),
                      config, model=model, tokenizer=tokenizer)
 
 
-def _prompts(tokenizer, batch: int) -> list[list[int]]:
+def _prompts(tokenizer: Any, batch: int) -> list[list[int]]:
     ids = chat_token_ids(tokenizer, user_turn(PROMPT))
     return [ids + [1 + i] for i in range(batch)]  # distinct prompts, equal lengths
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]], new_tokens: int, on_step=None) -> dict:
+def _run(engine: LLMEngine, prompts: list[list[int]], new_tokens: int,
+         on_step: Callable[[], None] | None = None) -> dict[str, float]:
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for prompt in prompts:
         engine.add_request(prompt, params)
@@ -69,7 +76,8 @@ def _run(engine: LLMEngine, prompts: list[list[int]], new_tokens: int, on_step=N
     return {"decode_tokens_per_s": decoded / elapsed, "step_ms": elapsed / max(steps, 1) * 1e3}
 
 
-def bench_throughput(model, tokenizer, model_dir: str, settings: EngineBenchSettings) -> dict:
+def bench_throughput(model: LlamaModel, tokenizer: Any, model_dir: str,
+                     settings: EngineBenchSettings) -> dict[str, dict[str, float]]:
     results = {}
     for batch in settings.batch_sizes:
         engine = _engine(model, tokenizer, model_dir, "off", batch)
@@ -78,7 +86,7 @@ def bench_throughput(model, tokenizer, model_dir: str, settings: EngineBenchSett
     return results
 
 
-def _telemetry_variant(engine: LLMEngine, sample_ratio: float | None):
+def _telemetry_variant(engine: LLMEngine, sample_ratio: float | None) -> tuple[TelemetryAgent, Callable[[], None]]:
     """Attach a telemetry agent (and a tracer sampling at ``sample_ratio``); scrape once a second."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -103,7 +111,7 @@ def _telemetry_variant(engine: LLMEngine, sample_ratio: float | None):
     return agent, on_step
 
 
-def bench_overheads(model, tokenizer, model_dir: str, settings: EngineBenchSettings) -> dict:
+def bench_overheads(model: LlamaModel, tokenizer: Any, model_dir: str, settings: EngineBenchSettings) -> dict[str, Any]:
     variants = {
         "off": ("off", None, False),
         "monitor": ("monitor", None, False),
@@ -116,10 +124,12 @@ def bench_overheads(model, tokenizer, model_dir: str, settings: EngineBenchSetti
     for _ in range(settings.repeats):
         for name, (mode, ratio, metrics) in variants.items():
             engine = _engine(model, tokenizer, model_dir, mode, settings.overhead_batch)
-            agent, on_step = _telemetry_variant(engine, ratio) if metrics else (None, None)
-            run = _run(engine, prompts, settings.overhead_tokens, on_step)
-            if agent is not None:
+            if metrics:
+                agent, on_step = _telemetry_variant(engine, ratio)
+                run = _run(engine, prompts, settings.overhead_tokens, on_step)
                 agent.close()
+            else:
+                run = _run(engine, prompts, settings.overhead_tokens)
             samples[name].append(run["decode_tokens_per_s"])
     medians = {name: statistics.median(values) for name, values in samples.items()}
     return {
@@ -133,7 +143,7 @@ def bench_overheads(model, tokenizer, model_dir: str, settings: EngineBenchSetti
     }
 
 
-def run_engine_bench(model_dir: str, settings: EngineBenchSettings) -> dict:
+def run_engine_bench(model_dir: str, settings: EngineBenchSettings) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from growpage.engine.llama import LlamaModel
@@ -142,7 +152,7 @@ def run_engine_bench(model_dir: str, settings: EngineBenchSettings) -> dict:
         torch.set_num_threads(settings.threads)
     model = LlamaModel.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "engine",
         "growpage_version": __version__,
         "torch_version": torch.__version__,

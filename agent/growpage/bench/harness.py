@@ -11,11 +11,29 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from growpage.chat import chat_token_ids, user_turn
-from growpage.config import GrowPageConfig
+from growpage.config import GrowPageConfig, Mode
 from growpage.core.methods import KVMethod, build_method
+from growpage.core.stats import StatsSnapshot
 from growpage.engine.engine import EngineConfig, LLMEngine
+
+if TYPE_CHECKING:
+    from growpage.bench.workloads import Task
+    from growpage.engine.llama import LlamaModel
+
+
+class RunSettings(Protocol):
+    """What :func:`prepare` reads of a benchmark's settings (quality and serving both have it)."""
+
+    @property
+    def methods(self) -> tuple[str, ...]: ...
+
+    @property
+    def threads(self) -> int | None: ...
+
+    def tasks(self) -> list[Task]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +41,8 @@ class Loaded:
     """The model and tokenizer, loaded once and shared by every engine of a run."""
 
     model_dir: str
-    model: object
-    tokenizer: object
+    model: LlamaModel
+    tokenizer: Any  # a transformers tokenizer
 
 
 def check_methods(methods: tuple[str, ...]) -> None:
@@ -51,7 +69,8 @@ def chat_ids(loaded: Loaded, prompt: str) -> list[int]:
     return chat_token_ids(loaded.tokenizer, user_turn(prompt))
 
 
-def prepare(model_dir: str, settings, loaded: Loaded | None = None) -> tuple[Loaded, list, dict[str, list[int]]]:
+def prepare(model_dir: str, settings: RunSettings,
+            loaded: Loaded | None = None) -> tuple[Loaded, list[Task], dict[str, list[int]]]:
     """What every comparison run starts with: methods checked, the model loaded (unless shared),
     the settings' tasks and their chat-templated prompt ids by task id."""
     check_methods(settings.methods)
@@ -60,7 +79,7 @@ def prepare(model_dir: str, settings, loaded: Loaded | None = None) -> tuple[Loa
     return loaded, tasks, {t.task_id: chat_ids(loaded, t.prompt) for t in tasks}
 
 
-def decision_counts(snapshot) -> dict[str, int]:
+def decision_counts(snapshot: StatsSnapshot) -> dict[str, int]:
     """Decisions (and refusals) taken during a run, by kind, zero counts left out."""
     return {kind: count for kind, count in snapshot.decisions_total.items() if count}
 
@@ -118,8 +137,8 @@ def build_engine(loaded: Loaded, method_name: str, *, base_pages: int, num_pages
     (``growpage_uncalibrated``) keeps them."""
     method = build_method(method_name, seed=seed)
     mode = mode or ("off" if method.family == "full" else "enforce")
-    config = GrowPageConfig(mode=mode, base_pages=base_pages, block_size=block_size, kv_dtype="float16",
-                            **(thresholds or {}))
+    config = GrowPageConfig(mode=Mode(mode), base_pages=base_pages, block_size=block_size,
+                            kv_dtype="float16").replace(**(thresholds or {}))
     engine = LLMEngine(EngineConfig(model_dir=loaded.model_dir, num_pages=num_pages, max_num_seqs=max_num_seqs,
                                     max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False),
                        config, model=loaded.model, tokenizer=loaded.tokenizer, method=method,

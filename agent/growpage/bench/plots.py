@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 FAMILY_MARKERS = {"full": "*", "fixed_budget": "o", "quantization": "s", "growpage": "D", "ablation": "x"}
 
 
-def _pyplot():
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,7 +17,7 @@ def _pyplot():
     return plt
 
 
-def _save(plt, fig, path: Path) -> Path:
+def _save(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

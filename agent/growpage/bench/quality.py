@@ -35,6 +35,8 @@ from growpage.bench.workloads import (
     summary_tasks,
 )
 from growpage.core.methods import METHOD_NAMES, build_method
+from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent
+from growpage.engine.request import Request
 from growpage.engine.sampling import SamplingParams
 
 BUDGET_FREE = ("full_kv", "uniform_int8", "uniform_int4")  # no per-request cap: one run each
@@ -81,8 +83,8 @@ class QualitySettings:
 class _Run:
     """One engine run over a task list: per task, the free and/or teacher-forced request."""
 
-    free: dict[str, object]
-    forced: dict[str, object]
+    free: dict[str, Request]
+    forced: dict[str, Request]
     bytes_trace: dict[str, list[int]]
     bytes_peak: dict[str, int]
     decisions: dict[str, int]
@@ -96,13 +98,13 @@ class _TimelineListener:
         self.clock = clock
         self.events: list[dict] = []
 
-    def on_admit(self, event) -> None:
+    def on_admit(self, event: AdmitEvent) -> None:
         pass
 
-    def on_finish(self, event) -> None:
+    def on_finish(self, event: FinishEvent) -> None:
         pass
 
-    def on_decision(self, event) -> None:
+    def on_decision(self, event: DecisionEvent) -> None:
         if event.request_id == self.request_id:
             # The step being computed is the one the next signal sample is recorded after.
             self.events.append({"step": self.clock.steps + 1, "kind": event.kind, "reason": event.reason, "refusal": event.refusal,
@@ -180,7 +182,7 @@ def _mean_nll(logprobs: list[float]) -> float:
     return -sum(logprobs) / len(logprobs) if logprobs else 0.0
 
 
-def _task_row(task: Task, run: _Run, reference: object, reference_nll: float) -> dict:
+def _task_row(task: Task, run: _Run, reference: Request, reference_nll: float) -> dict:
     row: dict = {"task": task.task_id, "kind": task.kind}
     trace = run.bytes_trace[task.task_id]
     if task.task_id in run.free:

@@ -21,9 +21,19 @@ import time
 from collections.abc import Callable, Sequence
 
 from growpage.bench import harness
-from growpage.bench.workloads import Task, final_answer, has_final_answer, poisson_trace, reasoning_tasks, summary_tasks
+from growpage.bench.workloads import (
+    Arrival,
+    Task,
+    final_answer,
+    has_final_answer,
+    poisson_trace,
+    reasoning_tasks,
+    summary_tasks,
+)
 from growpage.core.methods import build_method
 from growpage.core.quantiles import percentile
+from growpage.engine.engine import LLMEngine
+from growpage.engine.request import Request
 from growpage.engine.sampling import SamplingParams
 
 
@@ -74,7 +84,7 @@ def _add_answer_agreement(runs: list[dict]) -> None:
         run["answer_agreement"] = round(same / len(theirs), 3)
 
 
-def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompts: dict[str, list[int]],
+def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals: list[Arrival], prompts: dict[str, list[int]],
            settings: ServingSettings, tasks: list[Task]) -> dict:
     engine, _ = harness.build_engine(loaded, method, base_pages=settings.base_pages, num_pages=num_pages,
                                      block_size=settings.block_size, max_num_seqs=settings.max_num_seqs,
@@ -128,7 +138,7 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals, prompt
     }
 
 
-def _answer_text(loaded: harness.Loaded, engine, request) -> str:
+def _answer_text(loaded: harness.Loaded, engine: LLMEngine, request: Request) -> str:
     """The text a user would have received: up to the first end-of-sequence token. The trace runs
     with ``ignore_eos`` so every method does the same work; what the model writes after its own
     end of answer is not an answer."""

@@ -15,8 +15,10 @@ registers plugins once per process, so variants cannot share one), on the packag
   compressed, grant latency; per trace: GrowPage / vLLM tokens/s, the share of the attainable gain
   it captured ``(growpage - vllm) / (limit - vllm)``, preemptions, and greedy agreement with vLLM
   alone (identical answers and matched share).
-* **overhead**: monitor mode against vLLM alone on a batch that fits (decode tokens/s, median of
-  ``repeats``): the price of observing.
+* **overhead**: on a batch that fits, after a discarded warm-up run, ``repeats`` interleaved rounds
+  (the order alternates each round) of vLLM alone, ``monitor`` and ``enforce`` with nothing to do
+  (the pool is never short, so nothing is compacted): decode tokens/s medians with their range, the
+  price of observing and of the enforcer's bookkeeping.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from growpage import __version__
 
@@ -48,6 +51,7 @@ class VllmBenchSettings:
         overhead_batch, overhead_tokens, repeats: the monitor-overhead workload.
         growpage: more ``additional_config["growpage"]`` keys for the GrowPage runs.
         threads: ``OMP_NUM_THREADS`` for the engines (None: the environment's).
+        parts: ``pressure`` (the traces) and/or ``overhead``.
     """
 
     requests: int = 16
@@ -56,11 +60,12 @@ class VllmBenchSettings:
     base_pages: int = 4
     seeds: tuple[int, ...] = (0, 1)
     block_size: int = 32
-    overhead_batch: int = 4
-    overhead_tokens: int = 64
-    repeats: int = 2
+    overhead_batch: int = 8
+    overhead_tokens: int = 128
+    repeats: int = 3
     growpage: dict = dataclasses.field(default_factory=dict)
     threads: int | None = None
+    parts: tuple[str, ...] = ("pressure", "overhead")
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:
@@ -97,8 +102,9 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     if settings.threads:
         os.environ["OMP_NUM_THREADS"] = str(settings.threads)
     started = time.monotonic()
-    traces = [_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
-    overhead = _overhead(model_dir, settings, log, timeout_s)
+    traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
+              if "pressure" in settings.parts else [])
+    overhead = _overhead(model_dir, settings, log, timeout_s) if "overhead" in settings.parts else {}
     import vllm
 
     return {"benchmark": "vllm", "growpage_version": __version__, "vllm_version": vllm.__version__,
@@ -148,7 +154,7 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
                                                   [results["growpage"]["outputs"][k] for k in order])}
 
 
-def _answer_agreement(tokenizer, reference: list[list[int]], candidate: list[list[int]]) -> float | None:
+def _answer_agreement(tokenizer: Any, reference: list[list[int]], candidate: list[list[int]]) -> float | None:
     """Share of requests whose final answer (the last number of the text a user would have
     received, up to the first end of sequence) matches vLLM alone's."""
     from growpage.bench.workloads import final_answer
@@ -162,29 +168,60 @@ def _answer_agreement(tokenizer, reference: list[list[int]], candidate: list[lis
     return round(sum(answer(a) == answer(b) for a, b in pairs) / len(pairs), 3) if pairs else None
 
 
-def _prompt_tokens(tokenizer, prompt: str) -> int:
+def _prompt_tokens(tokenizer: Any, prompt: str) -> int:
     from growpage.chat import chat_token_ids, user_turn
 
     return len(chat_token_ids(tokenizer, user_turn(prompt)))
 
 
+OVERHEAD_VARIANTS = ("vllm", "monitor", "enforce_idle")
+
+
+def overhead_order(repeat: int) -> tuple[str, ...]:
+    """The variants' order in round ``repeat``: alternating, so drift over the run (thermal, page
+    cache, a neighbour's load) does not always favour the same variant."""
+    return OVERHEAD_VARIANTS if repeat % 2 == 0 else tuple(reversed(OVERHEAD_VARIANTS))
+
+
+def max_prompt_tokens(prompts: list[str]) -> int:
+    """An upper bound on the prompts' token counts (characters: every token has at least one)."""
+    return max(len(prompt) for prompt in prompts) + 64  # the chat template's tokens
+
+
 def _overhead(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], None] | None,
               timeout_s: float) -> dict:
-    """Monitor mode vs vLLM alone on a batch that fits: tokens/s medians over ``repeats`` runs."""
+    """vLLM alone, monitor and enforce-with-nothing-to-do on a batch that fits, interleaved."""
     from growpage.bench.workloads import reasoning_tasks
     from growpage.demos.vllm_engine import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.overhead_batch, settings.overhead_tokens, seed=7)]
-    rates: dict[str, list[float]] = {"vllm": [], "monitor": []}
-    for _ in range(settings.repeats):
-        for variant, growpage in (("vllm", None), ("monitor", settings.growpage_config("monitor"))):
+    # enforce with nothing to do: a floor above every request's length, so no boundary compacts
+    idle_floor = -(-(max_prompt_tokens(prompts) + settings.overhead_tokens) // settings.block_size) + 1
+    configs = {"vllm": None, "monitor": settings.growpage_config("monitor"),
+               "enforce_idle": {**settings.growpage_config("enforce"), "base_pages": idle_floor}}
+
+    def run(variant: str) -> dict:
+        spec = _spec(model_dir, settings, prompts, settings.overhead_tokens, 256, variant, configs[variant])
+        return run_child(spec, lambda report: None, timeout_s)
+
+    if log:
+        log("vllm bench: overhead, warm-up (discarded)")
+    run("vllm")
+    rates: dict[str, list[float]] = {name: [] for name in OVERHEAD_VARIANTS}
+    compacted: dict[str, int] = {name: 0 for name in OVERHEAD_VARIANTS}
+    for repeat in range(settings.repeats):
+        for variant in overhead_order(repeat):
             if log:
-                log(f"vllm bench: overhead, {variant}")
-            spec = _spec(model_dir, settings, prompts, settings.overhead_tokens, 256, variant, growpage)
-            rates[variant].append(run_child(spec, lambda report: None, timeout_s)["tokens_per_s"])
+                log(f"vllm bench: overhead round {repeat + 1}/{settings.repeats}, {variant}")
+            result = run(variant)
+            rates[variant].append(result["tokens_per_s"])
+            compacted[variant] += int(result.get("compressed_bytes_in", 0) > 0)
     medians = {name: statistics.median(values) for name, values in rates.items()}
     return {"tokens_per_s": rates, "median_tokens_per_s": medians,
-            "monitor_vs_vllm": round(medians["monitor"] / medians["vllm"], 4), "target": 0.97}
+            "range_tokens_per_s": {name: [min(values), max(values)] for name, values in rates.items()},
+            "runs_that_compacted": compacted,
+            "monitor_vs_vllm": round(medians["monitor"] / medians["vllm"], 4),
+            "enforce_idle_vs_vllm": round(medians["enforce_idle"] / medians["vllm"], 4), "target": 0.97}
 
 
 def _summary(traces: list[dict], overhead: dict) -> dict:
@@ -192,4 +229,5 @@ def _summary(traces: list[dict], overhead: dict) -> dict:
             "captured_gain_share_by_seed": {t["seed"]: t["captured_gain_share"] for t in traces},
             "preemptions_by_seed": {t["seed"]: t["preemptions"] for t in traces},
             "answer_agreement_by_seed": {t["seed"]: t["answer_agreement"] for t in traces},
-            "monitor_vs_vllm": overhead["monitor_vs_vllm"]}
+            "monitor_vs_vllm": overhead.get("monitor_vs_vllm"),
+            "enforce_idle_vs_vllm": overhead.get("enforce_idle_vs_vllm")}

@@ -19,8 +19,9 @@ from rich.table import Table
 
 from growpage.agreement import token_agreement
 from growpage.chat import chat_token_ids, user_turn
-from growpage.config import GrowPageConfig
+from growpage.config import GrowPageConfig, Mode
 from growpage.core.quantiles import percentile
+from growpage.core.stats import StatsSnapshot
 from growpage.demos.prompts import REASONING_PROMPTS, SUMMARY_PROMPTS
 from growpage.engine.engine import EngineConfig, LLMEngine
 from growpage.engine.request import Request
@@ -46,12 +47,15 @@ class RunResult:
     label: str
     requests: list[Request]
     wall_s: float
-    stats: object  # StatsSnapshot
+    stats: StatsSnapshot
 
 
-def build_workload(engine: LLMEngine, settings: DemoSettings) -> list[tuple[list[int], SamplingParams, str]]:
+Workload = list[tuple[list[int], SamplingParams, str]]  # (prompt ids, sampling, namespace = kind)
+
+
+def build_workload(engine: LLMEngine, settings: DemoSettings) -> Workload:
     """Long reasoning prompts interleaved with short summaries, chat-templated, greedy."""
-    items = []
+    items: Workload = []
     for index in range(max(len(REASONING_PROMPTS), len(SUMMARY_PROMPTS))):
         for prompts, max_tokens, kind in ((REASONING_PROMPTS, settings.reasoning_max_tokens, "reasoning"),
                                           (SUMMARY_PROMPTS, settings.summary_max_tokens, "summary")):
@@ -61,7 +65,7 @@ def build_workload(engine: LLMEngine, settings: DemoSettings) -> list[tuple[list
     return items
 
 
-def run_workload(engine: LLMEngine, workload, label: str, console: Console | None) -> RunResult:
+def run_workload(engine: LLMEngine, workload: Workload, label: str, console: Console | None) -> RunResult:
     ids = [engine.add_request(prompt, params, namespace=kind) for prompt, params, kind in workload]
     tracked = {rid: engine.requests[rid] for rid in ids}
     started = time.monotonic()
@@ -149,9 +153,9 @@ def run_demo(model_dir: str, settings: DemoSettings, console: Console | None = N
 
     console.print(f"[bold]GrowPage demo[/bold]: model {model_dir}")
     model = LlamaModel.from_pretrained(model_dir)
-    full_config = GrowPageConfig(mode="off", block_size=settings.block_size, base_pages=settings.base_pages,
+    full_config = GrowPageConfig(mode=Mode.OFF, block_size=settings.block_size, base_pages=settings.base_pages,
                                  recent_window_tokens=32, sink_tokens=4)
-    grow_config = dataclasses.replace(full_config, mode="enforce")
+    grow_config = dataclasses.replace(full_config, mode=Mode.ENFORCE)
     full_engine = LLMEngine(EngineConfig(model_dir=model_dir, kv_cache_mib=settings.kv_cache_mib * 4,
                                          max_num_seqs=settings.max_num_seqs), full_config, model=model)
     workload = build_workload(full_engine, settings)

@@ -10,11 +10,13 @@ report (``PROGRESS_PREFIX``) and one per finished variant (``RESULT_PREFIX``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
 import time
+import unittest.mock
 from typing import Any
 
 from growpage.vllm_plugin.scheduler_hooks import existing_agent
@@ -30,15 +32,16 @@ def _growpage_config(spec: dict) -> dict:
     return {"mode": "enforce", "exporter_port": -1, **spec["growpage"]}
 
 
-def _timed_allocations(latencies: list[float]) -> Any:
-    """Wrap ``KVCacheManager.allocate_slots`` (outermost, both variants) to time each call that
-    grants new blocks: the same grant-latency measurement for vLLM alone and with GrowPage."""
+def _timed_allocations(latencies: list[float]) -> contextlib.AbstractContextManager[Any]:
+    """While entered, ``KVCacheManager.allocate_slots`` is wrapped (outermost, both variants) to time
+    each call that grants new blocks: the same grant-latency measurement for vLLM alone and with
+    GrowPage. Leaving restores the method, whatever happened."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     original = KVCacheManager.allocate_slots
 
     @functools.wraps(original)
-    def allocate_slots(self, request, *args, **kwargs):
+    def allocate_slots(self: KVCacheManager, request: Any, *args: Any, **kwargs: Any) -> Any:
         free_before = self.block_pool.get_num_free_blocks()
         started = time.perf_counter()
         result = original(self, request, *args, **kwargs)
@@ -48,28 +51,31 @@ def _timed_allocations(latencies: list[float]) -> Any:
             latencies.append(elapsed / granted)
         return result
 
-    KVCacheManager.allocate_slots = allocate_slots
-    return original
+    return unittest.mock.patch.object(KVCacheManager, "allocate_slots", allocate_slots)
 
 
 def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
-    from vllm import LLM, SamplingParams
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm import LLM, RequestOutput, SamplingParams
+    from vllm.v1.engine.core_client import InprocClient
 
     from growpage.core.quantiles import percentile
 
     config = _growpage_config(spec)
-    os.environ["GROWPAGE_MODE"] = config["mode"]  # off: register() returns at once, no GrowPage code runs
+    if spec.get("growpage") is None:  # vLLM alone: no plugin is loaded, no GrowPage code runs
+        os.environ["VLLM_PLUGINS"] = ""
+    os.environ["GROWPAGE_MODE"] = config["mode"]
     latencies: list[float] = []
-    original = _timed_allocations(latencies)
-    try:
+    with _timed_allocations(latencies):
         llm = LLM(model=spec["model_dir"], gpu_memory_utilization=0.3, enforce_eager=True,
                   block_size=spec["block_size"], max_model_len=spec["max_model_len"],
                   max_num_seqs=len(prompts), max_num_batched_tokens=1024, seed=0,
                   num_gpu_blocks_override=spec["kv_blocks"],
                   additional_config={"growpage": config})
         engine = llm.llm_engine
-        scheduler = engine.engine_core.engine_core.scheduler
+        core = engine.engine_core
+        if not isinstance(core, InprocClient):
+            raise RuntimeError("the engine core must run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+        scheduler: Any = core.engine_core.scheduler  # vLLM's Scheduler (its interface type has no queues)
         pool = scheduler.kv_cache_manager.block_pool
         params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
         for index, prompt in enumerate(prompts):
@@ -80,7 +86,7 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
         started = last_report = time.perf_counter()
         while engine.has_unfinished_requests():
             for output in engine.step():
-                if output.finished:
+                if output.finished and isinstance(output, RequestOutput):  # generation, never pooling
                     outputs[output.request_id] = list(output.outputs[0].token_ids)
             steps += 1
             for request in list(scheduler.running) + list(scheduler.waiting):
@@ -113,8 +119,6 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
             "blocks_free_at_end": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
             "outputs": {rid.split("-", 1)[1]: tokens for rid, tokens in outputs.items()},
         }
-    finally:
-        KVCacheManager.allocate_slots = original
 
 
 def _decisions(scheduler: Any) -> dict[str, int]:

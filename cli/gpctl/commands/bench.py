@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -127,8 +128,10 @@ def _comparison(which: str, quick: bool, model: Path | None, threads: int | None
     loaded = harness.load(model_dir, threads)
     result: dict = {"command": f"gpctl bench {which}" + (" --quick" if quick else "") + _flags(overrides or {}),
                     "threads": torch.get_num_threads()}
-    for name, settings_type, run in (("quality", QualitySettings, run_quality_bench),
-                                     ("serving", ServingSettings, run_serving_bench)):
+    # Both settings types are dataclasses with the fields replaced below; the loop treats them alike.
+    benches: list[tuple[str, Any, Callable[..., dict[str, Any]]]] = [
+        ("quality", QualitySettings, run_quality_bench), ("serving", ServingSettings, run_serving_bench)]
+    for name, settings_type, run in benches:
         if which not in (name, "all"):
             continue
         settings = settings_type.quick() if quick else settings_type()
@@ -186,7 +189,7 @@ def _fixed(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def _comparison_command(which: str):
+def _comparison_command(which: str) -> Callable[..., None]:
     def command(
         quick: Annotated[bool, typer.Option("--quick", help="Small workload: a few minutes on 2 cores.")] = False,
         model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
@@ -272,6 +275,9 @@ def vllm(
     base_pages: Annotated[int | None, typer.Option(min=1, help="GrowPage's floor per request, in blocks "
                                                                "(default 4; 2 for the second table in docs).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="OMP threads of the vLLM engines.")] = None,
+    part: Annotated[list[str] | None, typer.Option(help="pressure (the traces under KV pressure) and/or "
+                                                        "overhead (monitor and idle enforce vs vLLM alone); "
+                                                        "default both.")] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
 ) -> None:
     """vLLM alone vs GrowPage monitor vs enforce inside vLLM: tokens/s, blocks, concurrency, overhead."""
@@ -282,6 +288,12 @@ def vllm(
 
     settings = VllmBenchSettings.quick() if quick else VllmBenchSettings()
     settings = dataclasses.replace(settings, threads=threads)
+    if part:
+        unknown = sorted(set(part) - {"pressure", "overhead"})
+        if unknown:
+            typer.echo(f"error: --part {unknown[0]} is unknown; use --part pressure and/or --part overhead", err=True)
+            raise typer.Exit(2)
+        settings = dataclasses.replace(settings, parts=tuple(part))
     if base_pages is not None:
         settings = dataclasses.replace(settings, base_pages=base_pages)
     console = Console(stderr=True)
