@@ -166,12 +166,14 @@ BUILD_INFO = MetricSpec(
     "GrowPage build and deployment settings (value 1); diagnose reads these instead of guessing.", "",
     labels=("version", "engine", "engine_version", "mode", "block_size", "base_pages", "device"),
     label_exports={"engine": "home", "engine_version": "home_version"})
-AGENT_COMPONENTS = ("observer", "enforcer")
+# scheduler: the vLLM home's scheduler agent (metrics, decisions); observer: attention in the
+# workers; enforcer: enforce inside vLLM. The reference engine reports observer and enforcer.
+AGENT_COMPONENTS = ("scheduler", "observer", "enforcer")
 AGENT_ACTIVE_REASON = "active"
 AGENT_ACTIVE = MetricSpec(
     "growpage_agent_active", MetricType.GAUGE,
-    "1 when the component runs in this process, else 0; reason is \"active\" or why not (e.g. "
-    "unsupported_backend, full_cudagraph, async_scheduling, mode_off).", "",
+    "1 when the component runs, else 0; reason is \"active\" or why not (e.g. mode_off, "
+    "unsupported_backend, full_cudagraph, async_scheduling, model_runner_v2, quantized_kv_cache).", "",
     labels=("component", "reason"), label_values={"component": AGENT_COMPONENTS})
 SAMPLES_DROPPED = MetricSpec(
     "growpage_telemetry_samples_dropped_total", MetricType.COUNTER,

@@ -36,6 +36,7 @@ def value(families, spec, **labels) -> float:
 
 def test_exposition_matches_the_catalog_exactly(agent, manager):
     Workload(manager).run(20)
+    manager.stats.set_component_state("scheduler", "active")  # what the vLLM home's scheduler agent reports
     manager.stats.set_component_state("observer", "active")
     manager.stats.set_component_state("enforcer", "full_cudagraph")
     agent.poll()
