@@ -48,3 +48,12 @@ def test_final_answers_are_read_up_to_the_end_of_sequence():
     # same answer (7) before the end, different rambling after it: they agree
     assert _answer_agreement(Tokenizer(), [[3, 7, 0, 9]], [[5, 7, 0, 4]]) == 1.0
     assert _answer_agreement(Tokenizer(), [[3, 7], [2]], [[3, 8], [2]]) == 0.5
+
+
+def test_the_overhead_rounds_alternate_their_order_and_cover_every_variant():
+    from growpage.bench.vllm import OVERHEAD_VARIANTS, overhead_order
+
+    assert set(OVERHEAD_VARIANTS) == {"vllm", "monitor", "enforce_idle"}
+    assert overhead_order(0) == tuple(reversed(overhead_order(1)))
+    assert all(set(overhead_order(r)) == set(OVERHEAD_VARIANTS) for r in range(4))
+    assert VllmBenchSettings().repeats >= 3

@@ -1,11 +1,12 @@
 """GrowPage inside vLLM v1: a ``vllm.general_plugins`` entry point (and an endpoint plugin).
 
 vLLM calls :func:`register` once in every process it starts (front-end, EngineCore, each worker; on
-CPU each is spawned and re-imports). Unless ``GROWPAGE_MODE=off`` (the kill switch: nothing of
-GrowPage runs), ``register`` checks the vLLM version, wraps the scheduler (in every configured mode,
-``off`` included: the scheduler agent and its exporter start with the scheduler), overrides the
-attention backends GrowPage observes (``CPU_ATTN``; on CUDA ``FLASH_ATTN``, ``FLASHINFER``,
-``TRITON_ATTN``) with subclasses from :mod:`~growpage.vllm_plugin.backend` and wraps the worker.
+CPU each is spawned and re-imports). ``register`` checks the vLLM version and wraps the scheduler
+in every mode, ``off`` included (the scheduler agent and its exporter start with the scheduler, so a
+pod switched off still says so); unless ``GROWPAGE_MODE=off``, it also overrides the attention
+backends GrowPage observes (``CPU_ATTN``; on CUDA ``FLASH_ATTN``, ``FLASHINFER``, ``TRITON_ATTN``)
+with subclasses from :mod:`~growpage.vllm_plugin.backend` and wraps the worker. To run vLLM with no
+GrowPage code at all, leave ``growpage`` out of ``VLLM_PLUGINS``.
 Per-process state (the observer) starts lazily, keyed by pid. Modules, one way (scheduler side and worker side share only ``wire``)::
 
     versions.py      supported vLLM releases; the start-up check
@@ -59,30 +60,37 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent per process.
 
     Raises:
-        RuntimeError: the installed vLLM is not a supported release (set ``GROWPAGE_MODE=off`` or
-            leave ``growpage`` out of ``VLLM_PLUGINS`` to start vLLM without GrowPage).
+        RuntimeError: the installed vLLM is not a supported release (leave ``growpage`` out of
+            ``VLLM_PLUGINS`` to start vLLM without GrowPage; with ``GROWPAGE_MODE=off`` the plugin
+            stays inactive on an unsupported vLLM instead of failing).
     """
     pid = os.getpid()
     first = pid not in _REGISTERED
     _REGISTERED[pid] = _REGISTERED.get(pid, 0) + 1
     if not first:
         return
-    if os.environ.get("GROWPAGE_MODE", "").strip().lower() == "off":
-        # the kill switch: no GrowPage code runs at all (mode "off" in additional_config instead keeps
-        # the scheduler's exporter, so the pod still says what it runs)
-        logger.info("growpage: GROWPAGE_MODE=off, the vLLM plugin stays inactive in pid %d", pid)
+    mode_off = os.environ.get("GROWPAGE_MODE", "").strip().lower() == "off"
+    try:
+        check_vllm_version()
+    except RuntimeError:
+        if not mode_off:
+            raise
+        logger.warning("growpage: this vLLM is not one GrowPage supports and GROWPAGE_MODE=off: the plugin "
+                       "stays inactive in pid %d (no /metrics/growpage)", pid)
         return
-    check_vllm_version()
     from growpage.vllm_plugin.scheduler_hooks import install_scheduler_hooks
 
     install_scheduler_hooks()  # the scheduler agent: metrics from start-up, in every mode
-    _install_backend()
-    try:  # the front-end's llm_request span gets the id GrowPage's spans name as their parent
-        from growpage.vllm_plugin.trace_join import install_front_end_hook
+    if mode_off:  # mode off keeps the exporter (the pod says what it runs); attention is not wrapped
+        logger.info("growpage: GROWPAGE_MODE=off: attention is not observed in pid %d", pid)
+    else:
+        _install_backend()
+        try:  # the front-end's llm_request span gets the id GrowPage's spans name as their parent
+            from growpage.vllm_plugin.trace_join import install_front_end_hook
 
-        install_front_end_hook()
-    except Exception:
-        logger.warning("growpage: cannot join vLLM's request spans; GrowPage's spans stay roots", exc_info=True)
+            install_front_end_hook()
+        except Exception:
+            logger.warning("growpage: cannot join vLLM's request spans; GrowPage's spans stay roots", exc_info=True)
     _mark_loaded(pid)
 
 

