@@ -46,7 +46,7 @@ class ObservedAttentionImpl:
     head_size: int
     attn_type: Any
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         from vllm.config import get_current_vllm_config
 
@@ -61,7 +61,8 @@ class ObservedAttentionImpl:
             self._growpage.disable(QUANTIZED_KV_CACHE, f"the KV cache stores {getattr(self, 'kv_cache_dtype', '?')}; "
                                                        f"{REMEDIES[QUANTIZED_KV_CACHE]}")
 
-    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+    def do_kv_cache_update(self, layer: Any, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)  # type: ignore[misc]
         observer = self._growpage
         if observer is not None and observer.wants_layer(getattr(layer, "layer_name", "")):
@@ -70,7 +71,8 @@ class ObservedAttentionImpl:
                              num_kv_heads=self.num_kv_heads, block_size=int(kv_cache.shape[2]),
                              head_dim=self.head_size)
 
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs) -> torch.Tensor:
+    def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         result = super().forward(layer, query, key, value, kv_cache, attn_metadata,  # type: ignore[misc]
                                  *args, **kwargs)
         observer = self._growpage

@@ -24,6 +24,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -40,7 +41,9 @@ QUICK_GEOMETRY = observation.ObservationGeometry(num_layers=4, num_q_heads=8, nu
 
 
 def _request_caches(layout_name: str, dtype: torch.dtype, device: torch.device, lengths: list[int],
-                    layers: int = 3, heads: int = 3, block_size: int = 16, head_dim: int = 64):
+                    layers: int = 3, heads: int = 3, block_size: int = 16,
+                    head_dim: int = 64) -> tuple[list[torch.Tensor], torch.Tensor, list[list[torch.Tensor]],
+                                                 list[list[torch.Tensor]]]:
     """Caches holding random K/V of ``len(lengths)`` requests, their block rows, and dense copies."""
     blocks_per_request = [-(-n // block_size) for n in lengths]
     num_blocks = sum(blocks_per_request) + 2
@@ -86,7 +89,8 @@ def check_layout(layout_name: str, dtype: torch.dtype, device: torch.device) -> 
     return results
 
 
-def _check_scoring(caches, rows, lengths, keys, layout, device) -> bool:
+def _check_scoring(caches: list[torch.Tensor], rows: torch.Tensor, lengths: list[int], keys: list[list[torch.Tensor]],
+                   layout: Any, device: torch.device) -> bool:
     """Chunked scores equal dense softmax attention, with one chunk and with the smallest chunks."""
     generator = torch.Generator(device="cpu").manual_seed(1)
     kv_heads = torch.tensor([0, 0, 1, 2])  # query heads sharing a KV head, as with grouped queries
@@ -113,7 +117,8 @@ def _check_scoring(caches, rows, lengths, keys, layout, device) -> bool:
     return bool(ok)
 
 
-def _check_move(caches, rows, keys, values, layout, block_size) -> bool:
+def _check_move(caches: list[torch.Tensor], rows: torch.Tensor, keys: list[list[torch.Tensor]],
+                values: list[list[torch.Tensor]], layout: Any, block_size: int) -> bool:
     """Every other token of request 0 to the front of its blocks, in every layer at once."""
     row = rows[0].cpu()
     length = keys[0][0].shape[0]

@@ -93,7 +93,7 @@ def _affine_strides(index: torch.Tensor) -> tuple[int, int, int, int] | None:
 
 def _scratch_like(cache_like: torch.Tensor) -> torch.Tensor:
     """One block shaped like ``cache_like``, zeroed, with its axes in the same physical order."""
-    order = sorted(range(cache_like.dim()), key=lambda axis: (-cache_like.stride(axis), axis))
+    order = sorted(range(cache_like.dim()), key=lambda axis: (-cache_like.stride()[axis], axis))
     physical = torch.zeros([1 if axis == 0 else cache_like.shape[axis] for axis in order],
                            dtype=cache_like.dtype, device=cache_like.device)
     inverse = [order.index(axis) for axis in range(cache_like.dim())]
@@ -309,7 +309,7 @@ def move_tokens_in_layers(kv_caches: Sequence[torch.Tensor], src_slots: torch.Te
         steps = {b - a for a, b in zip(offsets, offsets[1:], strict=False)}
         affine = (layout.key_strides, layout.value_strides)
         if affine[0] is not None and affine[1] is not None and len(steps) <= 1:
-            moved += _move_strided(caches[0], offsets[0], len(offsets), max(steps, default=0), src, dst,
+            moved += _move_strided(caches[0], int(offsets[0]), len(offsets), int(max(steps, default=0)), src, dst,
                                    device_layout, (affine[0], affine[1]))
             continue
         src_offsets = _token_offsets(src, device_layout).reshape(-1)

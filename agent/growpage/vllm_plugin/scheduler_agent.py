@@ -286,13 +286,14 @@ class SchedulerAgent:
         from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
         from growpage.vllm_plugin.trace_join import vllm_tracer_provider
 
-        common = {"model": self.view.model, "engine": "vllm", "engine_version": self.view.engine_version,
-                  "parent_context": self.parent_context}
+        model, version = self.view.model, self.view.engine_version
         if self.view.otlp_traces_endpoint and not tracing_enabled():  # vLLM traces: join its traces
-            self.telemetry = TelemetryAgent(self, tracer_provider=vllm_tracer_provider(self.view.otlp_traces_endpoint),
-                                            **common)
+            self.telemetry = TelemetryAgent(
+                self, model=model, engine="vllm", engine_version=version, parent_context=self.parent_context,
+                tracer_provider=vllm_tracer_provider(self.view.otlp_traces_endpoint))
         else:
-            self.telemetry = TelemetryAgent.from_env(self, **common)
+            self.telemetry = TelemetryAgent.from_env(self, model=model, engine="vllm", engine_version=version,
+                                                     parent_context=self.parent_context)
         self.telemetry.registry.register(DegradedDecisionsCollector(self, self.view.model))
         self.telemetry.registry.register(ObservationCollector(self, self.view.model))
         if self.settings.exporter_enabled:

@@ -86,7 +86,7 @@ def pin_span_ids() -> bool:
         return int(original(self))
 
     setattr(generate_span_id, _WRAPPED_ATTRIBUTE, True)
-    RandomIdGenerator.generate_span_id = generate_span_id  # type: ignore[method-assign]
+    setattr(RandomIdGenerator, "generate_span_id", generate_span_id)  # noqa: B010 (patched on the class)
     return True
 
 
@@ -115,7 +115,7 @@ def install_front_end_hook() -> bool:
             _PINNED_SPAN_ID.reset(token)
 
     setattr(do_tracing, _WRAPPED_ATTRIBUTE, True)
-    OutputProcessor.do_tracing = do_tracing
+    setattr(OutputProcessor, "do_tracing", do_tracing)  # noqa: B010 (patched on the class)
     return True
 
 
