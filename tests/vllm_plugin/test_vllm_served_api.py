@@ -30,7 +30,7 @@ from growpage import catalog
 from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import GrowPageError
 from growpage.vllm_plugin.serve import serve_command
-from support.promstack import free_port, run_prometheus, run_tool, wait_until
+from support.promstack import free_port, http_get_json, run_prometheus, run_tool, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -187,3 +187,71 @@ def test_prometheus_scrapes_growpage_metrics(server: Served, tmp_path: Path):
         assert [float(series["value"][1]) for series in build] == [1.0], build
         assert build[0]["metric"].get("home") == "vllm", build
         assert not prom.query('{__name__=~"vllm:.+"}')
+
+
+RULES_FILE = Path(__file__).resolve().parents[2] / "alerts" / "growpage-rules.yaml"
+IDLE_MINUTES = 5
+
+
+def _scraped_series(text: str, extra: dict[str, str]) -> list[tuple[str, dict[str, str], float]]:
+    """``(name, labels, value)`` of every finite sample of an exposition, with the scrape's labels."""
+    import math
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if math.isfinite(sample.value):
+                series.append((sample.name, {**sample.labels, **extra}, float(sample.value)))
+    return series
+
+
+def _promtool_series(name: str, labels: dict[str, str]) -> str:
+    body = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    return f"{name}{{{body}}}"
+
+
+def test_the_rules_load_on_a_real_pod_and_an_idle_healthy_pod_raises_nothing(server: Served, tmp_path: Path):
+    """The generated rules run on what a real vLLM + GrowPage pod exports: they load, evaluate
+    without errors, the vLLM-facing recording rules produce series, and the same pod left idle
+    (every series as scraped, held for five minutes of rule evaluation in promtool) raises no alert."""
+    if shutil.which("prometheus") is None or shutil.which("promtool") is None:
+        pytest.skip("prometheus/promtool are not installed (apt-get install prometheus)")
+    import yaml
+
+    _ensure_traffic(server)
+    target = server.url.removeprefix("http://")
+    pod = {"namespace": NAMESPACE, "pod": "vllm-0"}  # what the ServiceMonitors' relabeling adds in a cluster
+    scrapes = [{"job_name": job, "metrics_path": path, "scrape_interval": "1s", "scrape_timeout": "900ms",
+                "static_configs": [{"targets": [target], "labels": pod}]}
+               for job, path in ((catalog.SCRAPE_JOB, catalog.METRICS_PATH), ("vllm", "/metrics"))]
+    with run_prometheus(tmp_path / "prometheus", scrapes, rule_files=[RULES_FILE]) as prom:
+        wait_until(prom.targets_up, 60, interval_s=0.5, what="both targets to be up")
+        record = "namespace_model_name:vllm_time_to_first_token:slo_error_ratio_rate5m"
+        wait_until(lambda: prom.query(record), 60, interval_s=0.5, what=f"series of {record}")
+        groups = http_get_json(f"{prom.url}/api/v1/rules")["data"]["groups"]
+        unhealthy = [(rule["name"], rule.get("lastError")) for group in groups for rule in group["rules"]
+                     if rule.get("health") not in ("ok", "unknown")]
+        assert groups and not unhealthy, unhealthy
+        assert not [a for a in prom.alerts() if a["state"] == "firing"], prom.alerts()
+    # Five minutes of evaluation of the idle pod, from exactly what it exports.
+    growpage_text = httpx.get(f"{server.url}{catalog.METRICS_PATH}", timeout=10).text
+    vllm_text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    series = (_scraped_series(growpage_text, {**pod, "job": catalog.SCRAPE_JOB})
+              + _scraped_series(vllm_text, {**pod, "job": "vllm"}))
+    steps = IDLE_MINUTES * 4  # 15 s apart
+    input_series = [{"series": _promtool_series(name, labels), "values": f"{value:g}x{steps}"}
+                    for name, labels, value in series]
+    input_series.append({"series": _promtool_series("up", {**pod, "job": catalog.SCRAPE_JOB}), "values": f"1x{steps}"})
+    input_series.append({"series": _promtool_series("up", {**pod, "job": "vllm"}), "values": f"1x{steps}"})
+    alert_names = sorted({rule["alert"] for group in yaml.safe_load(RULES_FILE.read_text())["groups"]
+                          for rule in group["rules"] if "alert" in rule})
+    test = {"rule_files": [str(RULES_FILE)], "evaluation_interval": "15s",
+            "tests": [{"interval": "15s", "input_series": input_series,
+                       "alert_rule_test": [{"eval_time": f"{IDLE_MINUTES}m", "alertname": name, "exp_alerts": []}
+                                           for name in alert_names]}]}
+    test_path = tmp_path / "idle-pod.test.yaml"
+    test_path.write_text(yaml.safe_dump(test), encoding="utf-8")
+    result = run_tool("promtool", "test", "rules", str(test_path), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
