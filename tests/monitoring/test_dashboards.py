@@ -138,3 +138,20 @@ def test_ratios_across_pods_are_sums_of_numerators_never_averages():
         for query in panel_queries(board):
             for ratio in (catalog.UTILIZATION.name, catalog.FRAGMENTATION.name, catalog.COMPRESSION_RATIO.name):
                 assert f"avg({ratio}" not in query.expr.replace(" ", ""), query.panel
+
+
+def test_grant_latency_panels_draw_exemplars_that_link_to_request_traces():
+    """The latency panels ask Grafana for exemplars (each carries a request's trace_id), and the
+    monitoring component provisions the datasource link from trace_id to the tracing backend."""
+    import yaml
+
+    for name in ("growpage-overview.json", "growpage-troubleshooting.json"):
+        dashboard = json.loads((REPO_ROOT / "dashboards" / name).read_text())
+        panels = [p for row in [dashboard.get("panels", [])] for p in row]
+        panels += [nested for p in panels for nested in p.get("panels", [])]
+        flagged = [p["title"] for p in panels for t in p.get("targets", []) if t.get("exemplar")]
+        assert flagged and all("latency" in title.lower() for title in flagged), (name, flagged)
+    datasource = yaml.safe_load((REPO_ROOT / "deploy" / "components" / "monitoring" / "grafana-datasource.yaml")
+                                .read_text())
+    provisioned = yaml.safe_load(datasource["data"]["growpage-prometheus.yaml"])["datasources"][0]
+    assert provisioned["jsonData"]["exemplarTraceIdDestinations"][0]["name"] == "trace_id"

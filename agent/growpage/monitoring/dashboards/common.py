@@ -49,10 +49,25 @@ def steps(base_color: str, *levels: tuple[float, str]) -> list[dict]:
     return [{"color": base_color, "value": None}, *({"color": c, "value": v} for v, c in levels)]
 
 
+class ExemplarTarget(g.Target):
+    """A query whose exemplars Grafana draws (grafanalib's Target has no such field).
+
+    GrowPage attaches the request's ``trace_id`` and ``span_id`` to grant-latency samples as
+    OpenMetrics exemplars; with Prometheus' exemplar storage on and the datasource's
+    ``exemplarTraceIdDestinations`` pointing at the tracing backend
+    (``deploy/components/monitoring/grafana-datasource.yaml``), a point on the panel opens the trace
+    of the request behind it, GrowPage's spans under vLLM's.
+    """
+
+    def to_json_data(self) -> dict:
+        return {**super().to_json_data(), "exemplar": True}
+
+
 def target(expr: str, legend: str = "", ref_id: str = "A", instant: bool = False,
-           table: bool = False) -> g.Target:
-    return g.Target(expr=expr, legendFormat=legend, refId=ref_id, instant=instant, intervalFactor=1,
-                    format="table" if table else "time_series", datasource=DATASOURCE)
+           table: bool = False, exemplar: bool = False) -> g.Target:
+    kind = ExemplarTarget if exemplar else g.Target
+    return kind(expr=expr, legendFormat=legend, refId=ref_id, instant=instant, intervalFactor=1,
+                format="table" if table else "time_series", datasource=DATASOURCE)
 
 
 def targets(*pairs: tuple[str, str]) -> list[g.Target]:

@@ -104,7 +104,8 @@ def _latency_row() -> list[Cell]:
     lines = steps("green", (catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, "yellow"), (_P99_LIMIT_S, "red"))
     return [
         Cell(timeseries("Page allocation latency p50 / p99", catalog.ALLOCATION_LATENCY.help,
-                        targets((_quantile(0.5), "p50"), (_quantile(0.99), "p99")), SECONDS_UNIT, lines), 12),
+                        [target(_quantile(0.5), "p50", "A", exemplar=True), target(_quantile(0.99), "p99", "B")],
+                        SECONDS_UNIT, lines), 12),
         Cell(heatmap("Page allocation latency distribution", "Grants per latency bucket.", _LATENCY,
                      SECONDS_UNIT), 12),
     ]

@@ -20,6 +20,7 @@ from growpage.monitoring.dashboards.common import (
     runbook_links,
     steps,
     table,
+    target,
     targets,
     timeseries,
 )
@@ -89,7 +90,7 @@ def _latency_row() -> list[Cell]:
         Cell(timeseries(alerts.PANEL_LATENCY_P99,
                         f"Above {limit_s * 1000:g} ms: check block_size against the GPU in the settings table. "
                         + _runbooks_for(alerts.PANEL_LATENCY_P99),
-                        targets((p99, _POD_LEGEND)), SECONDS_UNIT,
+                        [target(p99, _POD_LEGEND, exemplar=True)], SECONDS_UNIT,
                         steps("green", (catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, "yellow"), (limit_s, "red"))),
              12),
         Cell(timeseries(alerts.PANEL_BURN_RATE,
