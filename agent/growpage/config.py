@@ -1,7 +1,7 @@
 """GrowPage configuration: one validated dataclass shared by every home.
 
-Defaults are the contract's reference values (docs/CORE.md). Sources, later wins: defaults < file < ``GROWPAGE_*`` environment
-variables < explicit overrides (e.g. vLLM's ``additional_config["growpage"]``).
+Defaults are the contract's reference values (docs/CORE.md). Sources, later wins: defaults < file <
+``GROWPAGE_*`` environment variables < explicit overrides (e.g. vLLM's ``additional_config["growpage"]``).
 """
 
 from __future__ import annotations
@@ -262,7 +262,8 @@ def _coerce_mapping(raw: Mapping[str, Any], source: str, from_env: bool = False)
 
 
 def _coerce_value(name: str, type_name: str, value: Any, source: str) -> Any:
-    bad = ConfigError(f"{name}={value!r} in {source} is not a valid {type_name.replace('tuple[str, ...]', 'list of names')}")
+    bad = ConfigError(f"{name}={value!r} in {source} is not a valid "
+                      f"{type_name.replace('tuple[str, ...]', 'list of names')}")
     if type_name == "int":
         if isinstance(value, bool):
             raise bad

@@ -65,7 +65,8 @@ def test_serving_runs_every_method_at_every_pool_and_plots(loaded, quality, tmp_
         assert run["tokens_per_s"] > 0 and run["itl_p99_ms"] >= run["itl_p50_ms"] > 0
         assert run["peak_running"] >= 1
         full = next(r for r in serving["runs"] if r["method"] == "full_kv" and r["pool_pages"] == run["pool_pages"])
-        assert set(run["final_answers"]) == {a["task"] for a in serving["arrivals"] if a["task"].startswith("reasoning")}
+        reasoning = {a["task"] for a in serving["arrivals"] if a["task"].startswith("reasoning")}
+        assert set(run["final_answers"]) == reasoning
         same = sum(run["final_answers"][t] == full["final_answers"][t] for t in full["final_answers"])
         assert run["answer_agreement"] == round(same / len(full["final_answers"]), 3)
     written = plots.write_all({"quality": quality, "serving": serving}, tmp_path)

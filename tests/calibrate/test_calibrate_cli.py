@@ -28,7 +28,8 @@ def refused(runner, tmp_path: Path, *args: str, output: Path | None = None) -> s
 
 
 def test_no_source_or_two_sources(runner, tmp_path):
-    assert "choose exactly one source: --endpoint URL, --prometheus URL or --snapshot FILE..." in refused(runner, tmp_path)
+    assert ("choose exactly one source: --endpoint URL, --prometheus URL or --snapshot FILE..."
+            in refused(runner, tmp_path))
     line = refused(runner, tmp_path, "--endpoint", "http://127.0.0.1:1", "--prometheus", "http://127.0.0.1:1")
     assert "(got --endpoint and --prometheus)" in line
 

@@ -119,9 +119,11 @@ def test_from_snapshots_reads_the_increase_between_them(runner, monitored, tmp_p
     # The stamps are fixed, a minute apart: how long serving takes between the scrapes must not
     # change the window the header reports (the clock is the snapshot's, not the test's).
     stamp = 1_700_000_000.0
-    first.write_text(f"# growpage-snapshot-time: {stamp:.3f}\n" + httpx.get(monitored.url + catalog.METRICS_PATH).text)
+    first.write_text(f"# growpage-snapshot-time: {stamp:.3f}\n"
+                     + httpx.get(monitored.url + catalog.METRICS_PATH).text)
     monitored.serve(70)
-    second.write_text(f"# growpage-snapshot-time: {stamp + 60:.3f}\n" + httpx.get(monitored.url + catalog.METRICS_PATH).text)
+    second.write_text(f"# growpage-snapshot-time: {stamp + 60:.3f}\n"
+                      + httpx.get(monitored.url + catalog.METRICS_PATH).text)
     recorded = monitored.recorded
     lts, density, tokens = (recorded.lts_at_finish[before[0]:], recorded.density_at_decision[before[1]:],
                             recorded.tokens_at_finish[before[2]:])
@@ -149,7 +151,8 @@ def test_from_snapshots_reads_the_increase_between_them(runner, monitored, tmp_p
     assert yaml.safe_load(again.read_text()) == yaml.safe_load(written.read_text()) == {"growpage": printed}
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (scripts/install-system-deps.sh)")
+@pytest.mark.skipif(shutil.which("prometheus") is None,
+                    reason="prometheus not installed (scripts/install-system-deps.sh)")
 def test_from_prometheus_matches_its_histogram_quantile(runner, monitored, tmp_path):
     """Bucket increases over the window give the same quantiles Prometheus itself computes."""
     stop = threading.Event()

@@ -210,7 +210,8 @@ def vllm_samples(scenario: Scenario, elapsed_s: float, extra_labels: Mapping[str
                  Series(name, "histogram", f"{name}_count", labels, sum(shares.values()) * events)]
     preemptions = catalog.VLLM_PREEMPTIONS.removesuffix("_total")
     return [*rows,
-            Series(preemptions, "counter", catalog.VLLM_PREEMPTIONS, labels, scenario.vllm_preemptions_per_s * uptime_s),
+            Series(preemptions, "counter", catalog.VLLM_PREEMPTIONS, labels,
+                   scenario.vllm_preemptions_per_s * uptime_s),
             Series(catalog.VLLM_KV_CACHE_USAGE, "gauge", catalog.VLLM_KV_CACHE_USAGE, labels, scenario.vllm_kv_usage),
             Series(catalog.VLLM_REQUESTS_WAITING, "gauge", catalog.VLLM_REQUESTS_WAITING, labels,
                    scenario.vllm_waiting)]

@@ -84,7 +84,8 @@ def assert_over_granting(document: dict) -> dict:
     assert (evidence["base_pages"], evidence["block_size"], evidence["grant_tokens"]) == (BASE_PAGES, BLOCK_SIZE, 32)
     assert evidence["requests_finished"] > 0 and evidence["request_tokens_p50"] < 16, evidence
     assert evidence["suggested_base_pages"] == SUGGESTED_BASE_PAGES, evidence
-    assert any(f"Set base_pages to {SUGGESTED_BASE_PAGES} (now {BASE_PAGES})" in step for step in check["remediation"]), check
+    suggestion = f"Set base_pages to {SUGGESTED_BASE_PAGES} (now {BASE_PAGES})"
+    assert any(suggestion in step for step in check["remediation"]), check
     assert check["runbook_url"].startswith(catalog.RUNBOOK_BASE_URL)
     return evidence
 

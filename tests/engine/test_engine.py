@@ -68,7 +68,8 @@ def assert_same_tokens(expected, actual):
         assert a == b, f"prompt {index}: first difference at token {first}: {a} vs {b}"
 
 
-def test_greedy_with_growpage_off_equals_transformers(llama_model, tokenizer, prepared_model_dir, prompt_ids, hf_greedy):
+def test_greedy_with_growpage_off_equals_transformers(llama_model, tokenizer, prepared_model_dir, prompt_ids,
+                                                       hf_greedy):
     engine = make_engine(llama_model, tokenizer, prepared_model_dir)
     assert_same_tokens(hf_greedy, outputs_of(engine, prompt_ids))
     assert engine.manager.pool.num_free == engine.manager.pool.num_pages  # every page came back
@@ -103,15 +104,16 @@ def test_prefix_pages_are_shared_between_concurrent_requests(llama_model, tokeni
 
 def test_monitor_mode_output_is_identical_to_off(llama_model, tokenizer, prepared_model_dir, prompt_ids):
     off = outputs_of(make_engine(llama_model, tokenizer, prepared_model_dir, mode="off"), prompt_ids)
-    monitor_engine = make_engine(llama_model, tokenizer, prepared_model_dir, mode="monitor", base_pages=2, recent_window_tokens=8,
-                                 density_threshold=0.0)
+    monitor_engine = make_engine(llama_model, tokenizer, prepared_model_dir, mode="monitor", base_pages=2,
+                                 recent_window_tokens=8, density_threshold=0.0)
     assert outputs_of(monitor_engine, prompt_ids) == off
     stats = monitor_engine.manager.make_stats()
     assert sum(stats.decisions_total.values()) > 0  # decisions were computed, nothing enforced
     assert stats.compress_input_bytes_total == 0
 
 
-def test_enforce_on_a_tight_budget_compresses_and_stays_coherent(llama_model, tokenizer, prepared_model_dir, prompt_ids):
+def test_enforce_on_a_tight_budget_compresses_and_stays_coherent(llama_model, tokenizer, prepared_model_dir,
+                                                                  prompt_ids):
     prompt = chat_ids(tokenizer, "Count from one to twenty in words, separated by commas.")
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     full = make_engine(llama_model, tokenizer, prepared_model_dir).generate([prompt], params)[0]

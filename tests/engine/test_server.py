@@ -73,7 +73,8 @@ def test_streaming_matches_the_non_streamed_answer(server):
     assert finish == whole.choices[0].finish_reason
     text = "".join(c.choices[0].text for c in openai.completions.create(
         model=MODEL, prompt="One, two,", max_tokens=6, temperature=0, stream=True))
-    assert text == openai.completions.create(model=MODEL, prompt="One, two,", max_tokens=6, temperature=0).choices[0].text
+    whole = openai.completions.create(model=MODEL, prompt="One, two,", max_tokens=6, temperature=0)
+    assert text == whole.choices[0].text
 
 
 def test_32_concurrent_clients_each_get_their_own_answer(server):

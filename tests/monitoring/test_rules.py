@@ -90,7 +90,8 @@ def test_burn_rate_pairs_have_their_own_for_and_window_labels():
         assert set(rule.labels) == {"long_window", "short_window"}
         assert f"rate{rule.labels['long_window']}" in rule.expr and f"rate{rule.labels['short_window']}" in rule.expr
     pairs = {(rule.name, rule.labels["long_window"]): rule.for_duration for rule in burns}
-    assert pairs[("GrowPageVLLMTimeToFirstTokenFastBurn", "1h")] != pairs[("GrowPageVLLMTimeToFirstTokenFastBurn", "6h")]
+    fast_burn = "GrowPageVLLMTimeToFirstTokenFastBurn"
+    assert pairs[(fast_burn, "1h")] != pairs[(fast_burn, "6h")]
 
 
 def test_severities_come_from_the_one_table():

@@ -2,9 +2,10 @@
 
 Started by ``conftest.py`` (a fresh interpreter keeps pytest's process free of vLLM state). Usage:
 ``python engine_runner.py SPEC.json``; the spec lists ``phases``, each an engine config and batches:
-``{"name", "growpage", "engine": {LLM kwargs}, "env": {variables for this engine}, "batches": [{"name", "prompts", "max_tokens" (one or
-one per prompt), "extra_args" (one per prompt)}], "scrape": bool}`` (scrape ``/metrics/growpage`` before the
-first request and after the batches). Per phase it prints ``GROWPAGE_PHASE {...}``.
+``{"name", "growpage", "engine": {LLM kwargs}, "env": {variables for this engine}, "batches": [{"name",
+"prompts", "max_tokens" (one or one per prompt), "extra_args" (one per prompt)}], "scrape": bool}``
+(scrape ``/metrics/growpage`` before the first request and after the batches). Per phase it prints
+``GROWPAGE_PHASE {...}``.
 """
 
 import gc
@@ -100,8 +101,8 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
     # On CUDA, float16 (FlashAttention has no float32 kernels).
     import torch
 
-    engine = {"dtype": "float16" if torch.cuda.is_available() else "float32", "gpu_memory_utilization": 0.3, "enforce_eager": True, "block_size": 32,
-              "max_model_len": 1024,
+    engine = {"dtype": "float16" if torch.cuda.is_available() else "float32", "gpu_memory_utilization": 0.3,
+              "enforce_eager": True, "block_size": 32, "max_model_len": 1024,
               "max_num_seqs": 16, "max_num_batched_tokens": 512, "seed": 0, "num_gpu_blocks_override": 256,
               **phase.get("engine", {})}
     if torch.cuda.is_available() and phase["growpage"].get("mode") == "enforce":

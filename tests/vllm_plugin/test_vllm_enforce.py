@@ -102,7 +102,8 @@ def test_prefix_shared_prompts_keep_shared_blocks_intact(vllm_runs):
     prompts = rows(enforce, "P_capped", "prompt_token_ids")
     # at some boundary a request held blocks shared with its neighbours, and kept them
     outputs = rows(enforce, "P_capped")
-    assert any(records[(tuple(p), len(g))]["max_shared_blocks"] > 0 for p, g in zip(prompts, outputs, strict=True)), records
+    assert any(records[(tuple(p), len(g))]["max_shared_blocks"] > 0
+               for p, g in zip(prompts, outputs, strict=True)), records
     for prompt, ref, got in zip(prompts, rows(off, "P_capped"), outputs, strict=True):
         record = records[(tuple(prompt), len(got))]
         assert len(got) == MAX_TOKENS

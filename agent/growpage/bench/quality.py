@@ -107,9 +107,10 @@ class _TimelineListener:
     def on_decision(self, event: DecisionEvent) -> None:
         if event.request_id == self.request_id:
             # The step being computed is the one the next signal sample is recorded after.
-            self.events.append({"step": self.clock.steps + 1, "kind": event.kind, "reason": event.reason, "refusal": event.refusal,
-                                "pages_before": event.pages_before, "pages_after": event.pages_after,
-                                "sts_density": event.sts_density, "lts_entropy": event.lts_entropy,
+            self.events.append({"step": self.clock.steps + 1, "kind": event.kind, "reason": event.reason,
+                                "refusal": event.refusal, "pages_before": event.pages_before,
+                                "pages_after": event.pages_after, "sts_density": event.sts_density,
+                                "lts_entropy": event.lts_entropy,
                                 "capacity_boundary_pages": event.capacity_boundary_pages})
 
 

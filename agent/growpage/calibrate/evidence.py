@@ -79,7 +79,8 @@ class Evidence:
                 f"{self.where} has no {', '.join(spec.name for spec in DISTRIBUTIONS)} series: is GrowPage "
                 "running in monitor mode (mode: monitor) and is this its /metrics/growpage data?")
         if len(names) > 1:
-            raise GrowPageError(f"{self.where} has distributions of {len(names)} models ({', '.join(map(repr, names))}); "
+            raise GrowPageError(f"{self.where} has distributions of {len(names)} models "
+                                f"({', '.join(map(repr, names))}); "
                                 "thresholds are per model: pick one with --model-name")
         return self.models[names[0]]
 

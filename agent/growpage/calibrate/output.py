@@ -27,7 +27,8 @@ TOP_LEVEL_KEY = "growpage"
 def check_writable(path: Path) -> None:
     """Fail before reading any source, not after, when ``path`` cannot be written."""
     if path.is_dir():
-        raise GrowPageError(f"--output {path} is a directory: pass a file name, e.g. {path / 'growpage-calibrated.yaml'}")
+        raise GrowPageError(f"--output {path} is a directory: pass a file name, "
+                            f"e.g. {path / 'growpage-calibrated.yaml'}")
     parent = path.resolve().parent
     if not parent.is_dir():
         raise GrowPageError(f"--output {path}: directory {parent} does not exist; create it or pick another path")

@@ -118,5 +118,6 @@ def run(request: CalibrateRequest) -> tuple[Calibration, Evidence]:
     """
     evidence = collect(request)
     model = evidence.for_model(request.model_name)
-    return (calibrate(model, request.quantiles, request.block_size, request.min_samples, evidence.where, evidence.wider),
+    return (calibrate(model, request.quantiles, request.block_size, request.min_samples, evidence.where,
+                      evidence.wider),
             evidence)

@@ -49,7 +49,8 @@ def from_endpoint(url: str, duration_s: float | None = None, timeout_s: float = 
                 sleep(duration_s or 0.0)
             expositions.append(_scrape(client, target))
     source = {"kind": "endpoint", "target": target, "where": f"the agent at {target}", "duration_s": duration_s,
-              "wider": "" if duration_s is None else "a longer --duration, or none (everything since the agent started)"}
+              "wider": "" if duration_s is None
+              else "a longer --duration, or none (everything since the agent started)"}
     return evidence_from_expositions(expositions, source, "scrapes")
 
 
@@ -82,7 +83,8 @@ def from_snapshots(paths: Sequence[Path]) -> Evidence:
                             "'# growpage-snapshot-time: <unix seconds>' first line to each file")
     source = {"kind": "snapshot", "target": ", ".join(str(path) for path in paths),
               "where": f"snapshot {paths[0]}" if len(paths) == 1 else f"snapshots {', '.join(map(str, paths))}",
-              "wider": "" if len(paths) == 1 else "snapshots further apart, or only the newest (totals since the agent started)"}
+              "wider": "" if len(paths) == 1
+              else "snapshots further apart, or only the newest (totals since the agent started)"}
     return evidence_from_expositions(expositions, source, "snapshots")
 
 

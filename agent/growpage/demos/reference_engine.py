@@ -82,7 +82,8 @@ def run_workload(engine: LLMEngine, workload: Workload, label: str, console: Con
                        "denied/throttled", "preempt"):
             table.add_column(column, justify="right")
         table.add_row(str(gauges.pages_free), str(gauges.pages_reserved), str(gauges.pages_used),
-                      f"{gauges.utilization:.2f}", *(str(decisions.get(k, 0)) for k in ("allocate", "quantize", "evict")),
+                      f"{gauges.utilization:.2f}",
+                      *(str(decisions.get(k, 0)) for k in ("allocate", "quantize", "evict")),
                       f"{decisions.get('denied', 0)}/{decisions.get('throttled', 0)}", str(decisions.get("preempt", 0)))
         return Group(table)
 
@@ -125,12 +126,17 @@ def summarize(full: RunResult, growpage: RunResult, console: Console) -> dict:
     table.add_column("value", justify="right")
     rows = [
         ("pages granted (admission + growth)", f"{stats.pages_allocated_total:,}"),
-        ("decisions: allocate / quantize / evict", " / ".join(str(stats.decisions_total[k]) for k in ("allocate", "quantize", "evict"))),
-        ("refused: denied / throttled; preempted", f"{stats.decisions_total['denied']} / {stats.decisions_total['throttled']}; {stats.decisions_total['preempt']}"),
-        ("bytes compressed in -> out", f"{stats.compress_input_bytes_total:,} -> {stats.compress_output_bytes_total:,}"),
+        ("decisions: allocate / quantize / evict",
+         " / ".join(str(stats.decisions_total[k]) for k in ("allocate", "quantize", "evict"))),
+        ("refused: denied / throttled; preempted",
+         f"{stats.decisions_total['denied']} / {stats.decisions_total['throttled']}; "
+         f"{stats.decisions_total['preempt']}"),
+        ("bytes compressed in -> out",
+         f"{stats.compress_input_bytes_total:,} -> {stats.compress_output_bytes_total:,}"),
         ("KV bytes saved by compression", f"{saved / 2**20:.2f} MiB"),
         ("grant latency p50 / p99", f"{p50 * 1e6:.1f} us / {p99 * 1e6:.1f} us"),
-        ("throughput full KV / GrowPage", f"{tokens[full.label] / full.wall_s:.1f} / {tokens[growpage.label] / growpage.wall_s:.1f} tok/s"),
+        ("throughput full KV / GrowPage",
+         f"{tokens[full.label] / full.wall_s:.1f} / {tokens[growpage.label] / growpage.wall_s:.1f} tok/s"),
         ("answers identical to full KV", f"{same:.0%}"),
         ("tokens before first divergence (mean)", f"{prefix_tokens:.1f}"),
         ("share of each answer matched (mean)", f"{matched:.0%}"),

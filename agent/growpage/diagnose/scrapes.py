@@ -36,8 +36,9 @@ def dcgm_user_labels(labels: Mapping[str, str], mapping: Mapping[str, str]) -> d
 
 
 def _relabeled(dcgm: Sequence[Exposition], mapping: Mapping[str, str]) -> list[Exposition]:
-    return [dataclasses.replace(e, samples=tuple(dataclasses.replace(sample, labels=dcgm_user_labels(sample.labels, mapping))
-                                                 for sample in e.samples)) for e in dcgm]
+    return [dataclasses.replace(e, samples=tuple(
+                dataclasses.replace(sample, labels=dcgm_user_labels(sample.labels, mapping)) for sample in e.samples))
+            for e in dcgm]
 
 
 def observations_from_expositions(

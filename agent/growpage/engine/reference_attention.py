@@ -57,7 +57,8 @@ class DenseKVCache:
 def attend_per_request(caches: list[DenseKVCache], rows_per_request: list[int]) -> AttendFn:
     """A model callback for flattened rows: request ``i``'s next ``rows_per_request[i]`` rows use ``caches[i]``."""
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        parts = zip(caches, q.split(rows_per_request), k.split(rows_per_request), v.split(rows_per_request), strict=True)
+        parts = zip(caches, q.split(rows_per_request), k.split(rows_per_request), v.split(rows_per_request),
+                    strict=True)
         return torch.cat([cache.attend(layer, *qkv) for cache, *qkv in parts])
     return attend
 

@@ -192,7 +192,8 @@ def _gpu_utilization(lv: Levels) -> RecordingRule:
 
 
 def _lts_entropy_p50(config: MixinConfig) -> RecordingRule:
-    buckets = _rate_sum(f"{catalog.LTS_ENTROPY.name}_bucket", LTS_ROLLOUT_WINDOW, f"{config.cluster_label}, namespace, le")
+    buckets = _rate_sum(f"{catalog.LTS_ENTROPY.name}_bucket", LTS_ROLLOUT_WINDOW,
+                        f"{config.cluster_label}, namespace, le")
     return RecordingRule(LTS_ENTROPY_P50, f"histogram_quantile(0.5, {buckets})")
 
 

@@ -7,7 +7,8 @@ pod switched off still says so); unless ``GROWPAGE_MODE=off``, it also overrides
 backends GrowPage observes (``CPU_ATTN``; on CUDA ``FLASH_ATTN``, ``FLASHINFER``, ``TRITON_ATTN``)
 with subclasses from :mod:`~growpage.vllm_plugin.backend` and wraps the worker. To run vLLM with no
 GrowPage code at all, leave ``growpage`` out of ``VLLM_PLUGINS``.
-Per-process state (the observer) starts lazily, keyed by pid. Modules, one way (scheduler side and worker side share only ``wire``)::
+Per-process state (the observer) starts lazily, keyed by pid. Modules, one way (scheduler side and
+worker side share only ``wire``)::
 
     versions.py      supported vLLM releases; the start-up check
     settings.py      GrowPageConfig + plugin settings from additional_config["growpage"] / GROWPAGE_*

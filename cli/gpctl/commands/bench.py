@@ -165,7 +165,8 @@ def _print_comparison(result: dict) -> None:
             answers = "—" if p["answer_agreement"] is None else f"{p['answer_agreement']:.0%}"
             table.add_row(p["label"] + (" *" if p["pareto"] else ""), answers, f"{p['agree_prefix_fraction']:.0%}",
                           f"{p['nll_delta']:+.4f}", f"{p['kv_bytes_mean'] / 2**20:.2f}",
-                          f"{p['kv_bytes_ratio_to_full']:.2f}", ", ".join(f"{k} {v}" for k, v in p["decisions"].items()))
+                          f"{p['kv_bytes_ratio_to_full']:.2f}",
+                          ", ".join(f"{k} {v}" for k, v in p["decisions"].items()))
         console.print(table)
         console.print("* on the Pareto frontier (answer agreement vs mean bytes)")
     if "serving" in result:

@@ -56,7 +56,8 @@ def calibrate(
     ] = None,
     model_name: Annotated[
         str | None, typer.Option(metavar="MODEL", show_default=False,
-                                 help="The model to calibrate (its model_name label); needed when the source has several."),
+                                 help="The model to calibrate (its model_name label); "
+                                 "needed when the source has several."),
     ] = None,
     block_size: Annotated[
         int | None, typer.Option(metavar="TOKENS", show_default=False,
@@ -68,7 +69,8 @@ def calibrate(
     ] = _DEFAULTS.lts_grow,
     rollout_quantile: Annotated[
         float, typer.Option(rich_help_panel=_QUANTILES,
-                            help="rollout_entropy_threshold: namespaces whose LTS p50 exceeds it are rollout candidates."),
+                            help="rollout_entropy_threshold: namespaces whose LTS p50 exceeds it "
+                            "are rollout candidates."),
     ] = _DEFAULTS.rollout_entropy,
     density_quantile: Annotated[
         float, typer.Option(rich_help_panel=_QUANTILES,
@@ -90,7 +92,8 @@ def calibrate(
 ) -> None:
     """Choose GrowPage's thresholds from what monitor mode observed, and write them as a config file.
 
-    lts_grow_threshold, rollout_entropy_threshold, density_threshold and base_pages, each at a stated quantile of growpage_lts_entropy, growpage_sts_density_ratio or growpage_request_tokens.
+    lts_grow_threshold, rollout_entropy_threshold, density_threshold and base_pages, each at a stated quantile of
+    growpage_lts_entropy, growpage_sts_density_ratio or growpage_request_tokens.
 
     The file's header gives the source, the window, the sample counts and the command. Exit 2 on bad input.
 

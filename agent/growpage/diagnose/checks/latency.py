@@ -56,8 +56,8 @@ def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFind
     exhausted = free_min is not None and free_min <= t.diagnose.pool_free_low_fraction
     if exhausted or (denied or 0) > 0:
         causes.append(f"pool exhausted (free pages down to {pct(free_min)}, {denied or 0:,.0f} denied)")
-        steps.append(f"The pool runs dry: add replicas (the HPA scales on {catalog.VLLM_REQUESTS_WAITING}), raise vLLM's "
-                     "gpu_memory_utilization, or lower base_pages / max_num_seqs.")
+        steps.append(f"The pool runs dry: add replicas (the HPA scales on {catalog.VLLM_REQUESTS_WAITING}), "
+                     "raise vLLM's gpu_memory_utilization, or lower base_pages / max_num_seqs.")
     mixed = len(scope.build_values("block_size")) > 1 or len(gpu_names) > 1
     if mixed:
         steps.append(f"Pods here differ in block_size or GPU ({', '.join(map(str, scope.build_values('block_size')))}"

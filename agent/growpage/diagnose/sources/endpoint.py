@@ -96,7 +96,8 @@ def _merged(agent: Exposition, vllm: Exposition) -> Exposition:
 
 
 def _without_vllm(exposition: Exposition) -> Exposition:
-    return dataclasses.replace(exposition, samples=tuple(s for s in exposition.samples if not s.name.startswith("vllm:")))
+    return dataclasses.replace(exposition,
+                               samples=tuple(s for s in exposition.samples if not s.name.startswith("vllm:")))
 
 
 def _fetch(client, url: str, what: str) -> tuple[Exposition, float]:

@@ -93,7 +93,8 @@ def _capacity_row() -> list[Cell]:
                                 (f'histogram_quantile(0.95, sum by (le) (label_replace(sum by (pages_le) '
                                  f'({metric(catalog.DEMAND_REQUESTS.name)}), "le", "$1", "pages_le", "(.*)")))',
                                  "p95 per request")), "short"), 8),
-        Cell(timeseries("Pages granted per second", catalog.ALLOCATIONS.help + " Under overload it falls (grants wait for free pages), so the HPA "
+        Cell(timeseries("Pages granted per second",
+                        catalog.ALLOCATIONS.help + " Under overload it falls (grants wait for free pages), so the HPA "
                         f"scales on vLLM's queue ({catalog.VLLM_REQUESTS_WAITING}) instead.",
                         targets((rule(rec.ALLOCATIONS_RATE), "{{namespace}}/{{pod}}")),
                         "short"), 8),
@@ -122,7 +123,8 @@ def _decisions_row() -> list[Cell]:
         Cell(timeseries("Compression ratios", "Bytes in / bytes out of compressions (the SLO), and the "
                         "pool-wide logical / stored KV bytes.",
                         targets((_compress_ratio(RATE), "compressions (bytes in / out)"),
-                                (f"sum({metric(catalog.LOGICAL_BYTES.name)}) / sum({metric(catalog.STORED_BYTES.name)})",
+                                (f"sum({metric(catalog.LOGICAL_BYTES.name)}) / "
+                                 f"sum({metric(catalog.STORED_BYTES.name)})",
                                  "pool (logical / stored)")),
                         TIMES_UNIT, steps("red", (catalog.SLO_COMPRESS_RATIO.objective, "green"))), 6),
         Cell(timeseries("Compression throughput", "Bytes read and written by compressions per second.",

@@ -82,7 +82,8 @@ def _latency_row() -> list[Cell]:
     burn_targets = []
     for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
         for burn in alert.windows:
-            burn_targets.append((f"{rule(rec.slo_error_ratio_name(burn.long_window), service=True)} / {SLO_ERROR_BUDGET:g}",
+            burn_targets.append((f"{rule(rec.slo_error_ratio_name(burn.long_window), service=True)} "
+                                 f"/ {SLO_ERROR_BUDGET:g}",
                                  f"{burn.long_window} {{{{namespace}}}} ({{{{model_name}}}})"))
     factors = sorted({burn.factor for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS
                       for burn in alert.windows})
