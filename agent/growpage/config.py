@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -264,37 +264,56 @@ def _coerce_mapping(raw: Mapping[str, Any], source: str, from_env: bool = False)
 def _coerce_value(name: str, type_name: str, value: Any, source: str) -> Any:
     bad = ConfigError(f"{name}={value!r} in {source} is not a valid "
                       f"{type_name.replace('tuple[str, ...]', 'list of names')}")
-    if type_name == "int":
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                raise bad from None
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        return value
-    if type_name == "float":
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                raise bad from None
-        return float(value) if isinstance(value, int) else value
-    if type_name == "tuple[str, ...]":
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        if isinstance(value, (list, tuple)):
-            return tuple(str(v) for v in value)
-        raise bad
+    coerce = _COERCERS.get(type_name)
+    if coerce is not None:
+        return coerce(value, bad)
     if type_name == "Mode" and isinstance(value, str):
         return value.strip().lower()
     if isinstance(value, str):
         return value.strip()
     return value
+
+
+def _coerce_int(value: Any, bad: ConfigError) -> Any:
+    """Environment variables arrive as text and YAML may write ``4.0``; ``True`` is not a count."""
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise bad from None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _coerce_float(value: Any, bad: ConfigError) -> Any:
+    """Text and ints become floats; anything else is left for validation to reject with its own message."""
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            raise bad from None
+    return float(value) if isinstance(value, int) else value
+
+
+def _coerce_names(value: Any, bad: ConfigError) -> tuple[str, ...]:
+    """A list of names from a comma-separated string (environment) or a YAML/JSON list."""
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if isinstance(value, (list, tuple)):
+        return tuple(str(v) for v in value)
+    raise bad
+
+
+_COERCERS: dict[str, Callable[[Any, ConfigError], Any]] = {
+    "int": _coerce_int,
+    "float": _coerce_float,
+    "tuple[str, ...]": _coerce_names,
+}
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
