@@ -123,15 +123,7 @@ def refill_growth_budget(budget_pages: float, pages_held: int, elapsed_s: float,
 def decide(state: BoundaryState, config: GrowPageConfig) -> Decision:
     """Apply the growth contract (see the module docstring) to one boundary."""
     dense = state.sts_density > config.density_threshold
-    boundary = capacity_boundary_pages(state.base_pages, state.lts_entropy, config.growth_coefficient)
-    if state.pages_held < boundary:
-        wanted, reason = Action.ALLOCATE, Reason.WITHIN_BOUNDARY
-    elif dense:
-        wanted, reason = Action.QUANTIZE, Reason.DENSE_WORKING_SET
-    elif state.lts_entropy > config.lts_grow_threshold:
-        wanted, reason = Action.ALLOCATE, Reason.BROAD_DEMAND
-    else:
-        wanted, reason = Action.EVICT, Reason.NARROW_DEMAND
+    wanted, reason = _wanted_action(state, config, dense)
 
     refusal: Refusal | None = None
     if wanted is Action.ALLOCATE:
@@ -143,7 +135,29 @@ def decide(state: BoundaryState, config: GrowPageConfig) -> Decision:
     for action in compress_order:
         if (state.can_quantize if action is Action.QUANTIZE else state.can_evict):
             return Decision(action, reason, refusal)
+    return _nothing_to_compress(state, wanted, reason, refusal)
 
+
+def _wanted_action(state: BoundaryState, config: GrowPageConfig, dense: bool) -> tuple[Action, Reason]:
+    """What the contract asks for before the pool, the growth budget or the cache have a say."""
+    boundary = capacity_boundary_pages(state.base_pages, state.lts_entropy, config.growth_coefficient)
+    if state.pages_held < boundary:
+        return Action.ALLOCATE, Reason.WITHIN_BOUNDARY
+    if dense:
+        return Action.QUANTIZE, Reason.DENSE_WORKING_SET
+    if state.lts_entropy > config.lts_grow_threshold:
+        return Action.ALLOCATE, Reason.BROAD_DEMAND
+    return Action.EVICT, Reason.NARROW_DEMAND
+
+
+def _nothing_to_compress(state: BoundaryState, wanted: Action, reason: Reason,
+                         refusal: Refusal | None) -> Decision:
+    """The request cannot shrink, so it grows if the pool allows, else it waits or is preempted.
+
+    ``refusal`` is why a wanted allocation was already refused (None when compression was wanted).
+    A denial may still be granted from the admission reserve, since the request would otherwise be
+    preempted; a throttled request only has to wait for its growth budget to refill.
+    """
     if wanted is not Action.ALLOCATE:
         refusal = allocation_refusal(state)
         if refusal is None:
