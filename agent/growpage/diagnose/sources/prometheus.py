@@ -161,6 +161,15 @@ def _dcgm_joined(expr: str, mapping: Mapping[str, str], agents: str) -> str:
 
 def _collect(prom: _Client, q: _Queries, dcgm_labels: Mapping[str, str]) -> dict[str, Scope]:
     """Run every query twice (overall, then by the breakdown label) and assemble one Scope per name."""
+    return _run_templates(prom, q, _templates(q, dcgm_labels))
+
+
+# Scope key (field, or field and statistic) -> (PromQL with a ``{by}`` placeholder, labels to group by).
+_Templates = dict[tuple[str, ...], tuple[str, tuple[str, ...]]]
+
+
+def _templates(q: _Queries, dcgm_labels: Mapping[str, str]) -> _Templates:
+    """The PromQL behind every Scope field, with ``{by}`` where the grouping goes."""
     c = catalog
     r, sub = q.range, q.subquery
 
@@ -177,7 +186,7 @@ def _collect(prom: _Client, q: _Queries, dcgm_labels: Mapping[str, str]) -> dict
     used, unused = c.DCGM_FB_USED, c.DCGM_FB_FREE
     live, granted = q.select(c.LIVE_TOKENS.name), q.select(c.GRANTED_TOKEN_SLOTS.name)
     info = f"last_over_time({q.select(c.BUILD_INFO.name)}{r})"
-    templates: dict[tuple[str, ...], tuple[str, tuple[str, ...]]] = {}
+    templates: _Templates = {}
     for field, name in (("utilization", c.UTILIZATION.name), ("fragmentation", c.FRAGMENTATION.name),
                         ("intra_page_compress_ratio", c.INTRA_PAGE_COMPRESS_RATIO.name)):
         for stat, expr in gauge(name).items():
@@ -231,7 +240,11 @@ def _collect(prom: _Client, q: _Queries, dcgm_labels: Mapping[str, str]) -> dict
     # Age of the newest sample: timestamp() of the raw samples, newest over the window.
     templates[("sample_age_s",)] = (
         f"time() - max {{by}} (max_over_time(timestamp({q.select(c.BUILD_INFO.name)}){sub}))", ())
+    return templates
 
+
+def _run_templates(prom: _Client, q: _Queries, templates: _Templates) -> dict[str, Scope]:
+    """Query each template overall and, when there is one, by the breakdown label; group rows by scope."""
     jobs = [(key, breakdown, expr.replace("{by}", q.by(breakdown, *labels)), labels)
             for key, (expr, labels) in templates.items()
             for breakdown in ((False, True) if q.breakdown_label else (False,))]
