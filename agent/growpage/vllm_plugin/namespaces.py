@@ -62,43 +62,72 @@ def namespace_body(body: bytes, header_namespace: str | None, policy: ClientPoli
         counts: receives ``mode_honoured``/``mode_ignored``, ``namespace_honoured``/``namespace_ignored``.
     """
     counts = counts if counts is not None else collections.Counter()
+    parsed = _payload_and_xargs(body)
+    if parsed is None:
+        return None
+    payload, xargs = parsed
+    mode_removed = _apply_mode_policy(xargs, policy, counts)
+    namespace_removed = _apply_namespace_policy(payload, xargs, header_namespace, policy, counts)
+    namespace = _namespace_to_write(payload, xargs, header_namespace, policy)
+    if namespace is None and not (mode_removed or namespace_removed):
+        return None
+    if namespace is not None:
+        xargs[NAMESPACE_ARG] = namespace[:MAX_NAMESPACE_CHARS]
+    payload["vllm_xargs"] = xargs
+    return json.dumps(payload).encode()
+
+
+def _payload_and_xargs(body: bytes) -> tuple[dict, dict] | None:
+    """The JSON object and a copy of its ``vllm_xargs``, or None for a body this middleware leaves
+    alone: malformed or unexpected shapes are vLLM's to answer."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        return None  # not ours to judge: vLLM answers the malformed request
+        return None
     if not isinstance(payload, dict):
         return None
     xargs = payload.get("vllm_xargs")
     if xargs is not None and not isinstance(xargs, dict):
         return None
-    xargs = dict(xargs or {})
-    changed = False
-    if MODE_ARG in xargs:
-        counts["mode_honoured" if policy.honour_mode else "mode_ignored"] += 1
-        if not policy.honour_mode:
-            del xargs[MODE_ARG]
-            changed = True
+    return payload, dict(xargs or {})
+
+
+def _apply_mode_policy(xargs: dict, policy: ClientPolicy, counts: collections.Counter) -> bool:
+    """Count a client's mode as honoured or ignored, removing it when ignored; True if removed."""
+    if MODE_ARG not in xargs:
+        return False
+    counts["mode_honoured" if policy.honour_mode else "mode_ignored"] += 1
+    if policy.honour_mode:
+        return False
+    del xargs[MODE_ARG]
+    return True
+
+
+def _apply_namespace_policy(payload: dict, xargs: dict, header_namespace: str | None, policy: ClientPolicy,
+                            counts: collections.Counter) -> bool:
+    """Count a client's namespace choice (only when no header overrides it) and remove its
+    ``growpage_namespace`` when the policy ignores it; True if removed."""
     client_namespace = xargs.get(NAMESPACE_ARG) or (payload.get("user") if isinstance(payload.get("user"), str)
                                                     else None)
     if client_namespace and not header_namespace:
         counts["namespace_honoured" if policy.honour_namespace else "namespace_ignored"] += 1
     if not policy.honour_namespace and NAMESPACE_ARG in xargs:
         del xargs[NAMESPACE_ARG]
-        changed = True
+        return True
+    return False
+
+
+def _namespace_to_write(payload: dict, xargs: dict, header_namespace: str | None,
+                        policy: ClientPolicy) -> str | None:
+    """The namespace to set, by precedence (header, then the client's own, then ``user``); None
+    when there is none to set or the client's ``growpage_namespace`` already stands."""
     if header_namespace:
-        namespace = header_namespace
-    elif policy.honour_namespace and xargs.get(NAMESPACE_ARG):
-        namespace = None  # the client's own choice stands
-    elif policy.honour_namespace and isinstance(payload.get("user"), str) and payload["user"]:
-        namespace = payload["user"]
-    else:
-        namespace = None
-    if namespace is None and not changed:
-        return None
-    if namespace is not None:
-        xargs[NAMESPACE_ARG] = namespace[:MAX_NAMESPACE_CHARS]
-    payload["vllm_xargs"] = xargs
-    return json.dumps(payload).encode()
+        return header_namespace
+    if policy.honour_namespace and xargs.get(NAMESPACE_ARG):
+        return None  # the client's own choice stands
+    if policy.honour_namespace and isinstance(payload.get("user"), str) and payload["user"]:
+        return payload["user"]
+    return None
 
 
 def _header(headers: Iterable[tuple[bytes, bytes]], name: str) -> str | None:
