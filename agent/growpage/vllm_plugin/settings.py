@@ -38,8 +38,9 @@ class PluginSettings:
     """Knobs of the vLLM home only.
 
     Attributes:
-        exporter_port: port of the worker's standalone ``/metrics/growpage`` exporter; 0 picks a free
-            one, -1 disables it. The API server's ``/metrics/growpage`` route reads this exporter.
+        exporter_port: port of the scheduler's standalone ``/metrics/growpage`` exporter (EngineCore,
+            from start-up); 0 picks a free one, -1 disables it. The API server's
+            ``/metrics/growpage`` route reads this exporter.
         exporter_host: listen address of that exporter.
         observed_heads: query heads sampled per observed layer (evenly spaced).
         observe_every_steps: observe attention on one step in this many (1: every step). The
