@@ -130,6 +130,9 @@ def test_grants_are_timed_where_vllm_allocates_and_observation_is_counted(runs):
     steps = sum(samples(metrics, "growpage_vllm_steps_total").values())
     observed = sum(samples(metrics, "growpage_vllm_observed_steps_total").values())
     assert 0 < observed <= steps  # enforce_eager on CPU: every step with a tracked request runs attention in Python
+    tracked = sum(samples(metrics, "growpage_vllm_tracked_requests_total").values())
+    seen = sum(samples(metrics, "growpage_vllm_observed_requests_total").values())
+    assert tracked >= len(rows(runs["monitor"], "A")) and seen == tracked  # every finished request was observed
 
 
 def test_an_fp8_kv_cache_reports_observation_unsupported_and_serves(vllm_runs):

@@ -142,6 +142,14 @@ def test_monitor_admits_times_grants_and_decides_past_the_grant():
     # vLLM preempts it: counted, released, admitted again when it runs again
     agent.on_preempt(request)
     assert agent.stats.oom_events_total == 1 and "r" not in agent.controller.requests
+    _run(agent, scheduler, request, new_blocks=4)
+    agent.on_free(request)  # it finishes, observed before its preemption only: not observed since
+    assert (agent.requests_total, agent.requests_observed_total) == (1, 0)
+    other = _request("o", prompt=3, computed=0)
+    _run(agent, scheduler, other, new_blocks=1)
+    agent.take_report(WorkerReport(readings={"o": (0.5, 1.5)}, ready_to_compact=True, observer_state="active"))
+    agent.on_free(other)
+    assert (agent.requests_total, agent.requests_observed_total) == (2, 1)  # the share of requests observed
     agent.on_free(_request("never-ran", prompt=3, computed=0))  # an abort before it ran: nothing to release
 
 

@@ -18,6 +18,8 @@ from typing import Any
 DEGRADED_METRIC = "growpage_vllm_decisions_degraded"
 STEPS_METRIC = "growpage_vllm_steps"
 OBSERVED_STEPS_METRIC = "growpage_vllm_observed_steps"
+REQUESTS_METRIC = "growpage_vllm_tracked_requests"
+OBSERVED_REQUESTS_METRIC = "growpage_vllm_observed_requests"
 
 
 class DegradedDecisionsCollector:
@@ -45,8 +47,11 @@ class DegradedDecisionsCollector:
 class ObservationCollector:
     """How much of the work the observer saw: ``growpage_vllm_steps_total`` (engine steps with a
     request GrowPage tracks) and ``growpage_vllm_observed_steps_total`` (those whose attention was
-    observed). Their ratio is the share of steps observed: below 1 under full CUDA graphs (decode
-    steps replay without Python) or with ``observe_every_steps`` > 1."""
+    observed); ``growpage_vllm_tracked_requests_total`` (finished requests GrowPage tracked) and
+    ``growpage_vllm_observed_requests_total`` (those observed at least once). The ratios are the
+    shares of steps and of requests observed: below 1 under full CUDA graphs (decode steps replay
+    without Python; a request decoded entirely in replayed steps is never observed) or with
+    ``observe_every_steps`` > 1."""
 
     def __init__(self, agent: Any, model: str):
         self._agent = agent
@@ -60,10 +65,15 @@ class ObservationCollector:
         observed = CounterMetricFamily(OBSERVED_STEPS_METRIC, "Engine steps whose attention GrowPage observed "
                                        "(not replayed from a full CUDA graph, not skipped by observe_every_steps).",
                                        labels=("model_name",))
+        requests = CounterMetricFamily(REQUESTS_METRIC, "Finished requests GrowPage tracked.",
+                                       labels=("model_name",))
+        observed_requests = CounterMetricFamily(OBSERVED_REQUESTS_METRIC, "Finished requests whose attention "
+                                                "GrowPage observed at least once.", labels=("model_name",))
         try:
             steps.add_metric((self._model,), float(self._agent.steps_total))
             observed.add_metric((self._model,), float(self._agent.steps_observed_total))
+            requests.add_metric((self._model,), float(self._agent.requests_total))
+            observed_requests.add_metric((self._model,), float(self._agent.requests_observed_total))
         except Exception:  # a scrape never raises
             self._agent.stats.record_error("plugin")
-        yield steps
-        yield observed
+        yield from (steps, observed, requests, observed_requests)

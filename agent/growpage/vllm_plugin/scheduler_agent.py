@@ -110,6 +110,8 @@ class SchedulerAgent:
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
         self.steps_total = 0
         self.steps_observed_total = 0
+        self.requests_total = 0  # finished requests GrowPage tracked
+        self.requests_observed_total = 0  # of them, those whose attention was observed at least once
         self.telemetry: Any = None
         self.exporter: Any = None
 
@@ -221,7 +223,10 @@ class SchedulerAgent:
     def _release(self, request: Any, reason: str) -> None:
         self.seen.pop(request.request_id, None)
         self._allocations.pop(request.request_id, None)
-        self.controller.release(request.request_id, reason, num_tokens=int(request.num_tokens))
+        released = self.controller.release(request.request_id, reason, num_tokens=int(request.num_tokens))
+        if released is not None and reason == "finished":  # a preempted request is counted when it ends
+            self.requests_total += 1
+            self.requests_observed_total += int(released.observed)
 
     # ---- the workers' reports ---------------------------------------------------------------------
     def on_output(self, scheduler: Any, model_runner_output: Any) -> None:
