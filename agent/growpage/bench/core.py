@@ -68,20 +68,8 @@ class CoreBenchSettings:
                    observation_cap_bytes=2 ** 16)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _median_time(fn: Callable[[], object], repeats: int, device: str) -> float:
-    samples = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return observation.median_time(fn, repeats, torch.device(device))
 
 
 def bench_decide(calls: int = 20_000) -> dict:

@@ -145,6 +145,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn``, the device drained around each."""
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 def _timed(fn: Callable[[], object], repeats: int, device: torch.device) -> tuple[float, int | None]:
     """Median seconds of ``fn`` and, on CUDA, its peak bytes above what was allocated before."""
     fn()  # warm-up (allocator, kernels)
@@ -156,14 +168,7 @@ def _timed(fn: Callable[[], object], repeats: int, device: torch.device) -> tupl
         fn()
         _sync(device)
         peak = torch.cuda.max_memory_allocated(device) - before
-    samples = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples), peak
+    return median_time(fn, repeats, device), peak
 
 
 def _synthetic_step(geometry: ObservationGeometry, requests: int, tokens: int, device: torch.device,

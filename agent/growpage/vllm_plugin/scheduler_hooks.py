@@ -21,15 +21,14 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
+from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
 from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, SchedulerView
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
-_WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
 _AGENT_ATTRIBUTE = "_growpage_agent"
 
 
@@ -108,21 +107,17 @@ def install_scheduler_hooks() -> bool:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    if getattr(Scheduler.schedule, _WRAPPED_ATTRIBUTE, False):
+    if is_wrapped(Scheduler.schedule):
         return False
     allocate_signature = inspect.signature(KVCacheManager.allocate_slots)
     if "delay_cache_blocks" not in allocate_signature.parameters:
         raise RuntimeError("this vLLM's KVCacheManager.allocate_slots has no delay_cache_blocks; "
                            "GrowPage needs it (see SUPPORTED_VLLM_SPEC)")
-    wrappers: dict[tuple[Any, str], Callable[[Any], Any]] = {
-        (Scheduler, "__init__"): _wrap_init, (Scheduler, "schedule"): _wrap_schedule,
-        (KVCacheManager, "allocate_slots"): functools.partial(_wrap_allocate, signature=allocate_signature),
-        (Scheduler, "_preempt_request"): _wrap_preempt, (Scheduler, "_free_request"): _wrap_free,
-        (Scheduler, "update_from_output"): _wrap_update}
-    for (owner, name), wrap in wrappers.items():
-        wrapper = wrap(getattr(owner, name))
-        setattr(wrapper, _WRAPPED_ATTRIBUTE, True)
-        setattr(owner, name, wrapper)
+    wrap_methods([
+        (Scheduler, "__init__", _wrap_init), (Scheduler, "schedule", _wrap_schedule),
+        (KVCacheManager, "allocate_slots", functools.partial(_wrap_allocate, signature=allocate_signature)),
+        (Scheduler, "_preempt_request", _wrap_preempt), (Scheduler, "_free_request", _wrap_free),
+        (Scheduler, "update_from_output", _wrap_update)])
     return True
 
 

@@ -26,9 +26,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
+
 logger = logging.getLogger("vllm.growpage")
 
-_WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
 _PINNED_SPAN_ID: contextvars.ContextVar[int | None] = contextvars.ContextVar("growpage_pinned_span_id",
                                                                              default=None)
 
@@ -73,10 +74,13 @@ def pin_span_ids() -> bool:
     """
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-    original = RandomIdGenerator.generate_span_id
-    if getattr(original, _WRAPPED_ATTRIBUTE, False):
+    if is_wrapped(RandomIdGenerator.generate_span_id):
         return False
+    wrap_methods([(RandomIdGenerator, "generate_span_id", _pinning_span_ids)])
+    return True
 
+
+def _pinning_span_ids(original: Any) -> Any:
     @functools.wraps(original)
     def generate_span_id(self: Any) -> int:
         pinned = _PINNED_SPAN_ID.get()
@@ -85,20 +89,21 @@ def pin_span_ids() -> bool:
             return pinned
         return int(original(self))
 
-    setattr(generate_span_id, _WRAPPED_ATTRIBUTE, True)
-    setattr(RandomIdGenerator, "generate_span_id", generate_span_id)  # noqa: B010 (patched on the class)
-    return True
+    return generate_span_id
 
 
 def install_front_end_hook() -> bool:
     """Wrap ``OutputProcessor.do_tracing`` once per process. Returns False when already done."""
     from vllm.v1.engine.output_processor import OutputProcessor
 
-    original = OutputProcessor.do_tracing
-    if getattr(original, _WRAPPED_ATTRIBUTE, False):
+    if is_wrapped(OutputProcessor.do_tracing):
         return False
     pin_span_ids()
+    wrap_methods([(OutputProcessor, "do_tracing", _pinning_request_span)])
+    return True
 
+
+def _pinning_request_span(original: Any) -> Any:
     @functools.wraps(original)
     def do_tracing(self: Any, engine_core_output: Any, req_state: Any, *args: Any, **kwargs: Any) -> Any:
         span_id = None
@@ -114,9 +119,7 @@ def install_front_end_hook() -> bool:
         finally:
             _PINNED_SPAN_ID.reset(token)
 
-    setattr(do_tracing, _WRAPPED_ATTRIBUTE, True)
-    setattr(OutputProcessor, "do_tracing", do_tracing)  # noqa: B010 (patched on the class)
-    return True
+    return do_tracing
 
 
 def vllm_tracer_provider(endpoint: str, service_name: str = "growpage") -> Any:

@@ -26,11 +26,11 @@ import logging
 import os
 from typing import Any
 
+from growpage.vllm_plugin.patching import WrapTarget, is_wrapped, wrap_methods
 from growpage.vllm_plugin.wire import REPORT_ATTRIBUTE
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
-_WRAPPED_ATTRIBUTE = "__growpage_wrapped__"
 
 # pid -> the observer of that process (None: GrowPage is off there).
 _OBSERVERS: dict[int, Any] = {}
@@ -133,9 +133,9 @@ def install_worker_hooks() -> bool:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.gpu_worker import Worker
 
-    if getattr(Worker.execute_model, _WRAPPED_ATTRIBUTE, False):
+    if is_wrapped(Worker.execute_model):
         return False
-    targets: list[tuple[Any, str, Any]] = [
+    targets: list[WrapTarget] = [
         (Worker, "execute_model", _wrap_execute), (Worker, "sample_tokens", _wrap_sample),
         (GPUModelRunner, "_prepare_inputs", _wrap_v1_prepare)]
     try:
@@ -144,10 +144,7 @@ def install_worker_hooks() -> bool:
         targets.append((ModelRunnerV2, "prepare_inputs", _wrap_v2_prepare))
     except Exception:  # a build where V2 cannot even be imported cannot run it either
         logger.debug("growpage: Model Runner V2 is not importable here; only V1 is hooked", exc_info=True)
-    for owner, name, wrap in targets:
-        wrapper = wrap(getattr(owner, name))
-        setattr(wrapper, _WRAPPED_ATTRIBUTE, True)
-        setattr(owner, name, wrapper)
+    wrap_methods(targets)
     return True
 
 
