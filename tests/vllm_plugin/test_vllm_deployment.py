@@ -32,6 +32,7 @@ from growpage.engine.model_prep import resolve_model_dir  # noqa: E402
 from growpage.errors import GrowPageError  # noqa: E402
 from growpage.vllm_plugin.serve import SERVER_MODULE  # noqa: E402
 from growpage.vllm_plugin.settings import DEFAULT_FLOOR_TOKENS  # noqa: E402
+from support.processes import stop_group  # noqa: E402
 from support.promstack import free_port, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -119,13 +120,4 @@ def test_the_rendered_deployment_starts_vllm_with_the_plugin_exporting_before_an
         assert any('component="scheduler"' in line and 'reason="active"' in line and line.endswith(" 1.0")
                    for line in active), active
     finally:
-        import signal
-
-        try:
-            os.killpg(os.getpgid(process.pid), signal.SIGTERM)
-            process.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(os.getpgid(process.pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_group(process)

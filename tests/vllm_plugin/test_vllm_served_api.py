@@ -10,9 +10,7 @@ killed at the end.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,6 +28,7 @@ from growpage import catalog
 from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import GrowPageError
 from growpage.vllm_plugin.serve import serve_command
+from support.processes import stop_group
 from support.promstack import free_port, http_get_json, run_prometheus, run_tool, wait_until
 
 pytestmark = pytest.mark.slow
@@ -50,29 +49,6 @@ class Served:
 
     def log_tail(self, chars: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
-
-
-def _stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (API server, EngineCore, helpers), then SIGKILL it."""
-    try:
-        pgid = os.getpgid(process.pid)
-    except ProcessLookupError:
-        return
-    for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        # The leader is gone; children may still be exiting: make sure none survives.
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        break
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +91,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         print(f"vLLM server healthy after {time.monotonic() - started:.0f}s")
         yield served
     finally:
-        _stop_group(process)
+        stop_group(process)
 
 
 def _complete(served: Served, headers: dict[str, str] | None = None) -> dict:

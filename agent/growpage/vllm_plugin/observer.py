@@ -291,7 +291,7 @@ class VllmObserver:
             raise RuntimeError("growpage fault injection: observe")
         if self._layout is None:
             return
-        plan = self._step_rows(metadata, kv_cache.device, query.device)
+        plan = self._step_rows(metadata, query.device)
         if plan is None:
             return
         heads = self._sampled_heads(impl.num_heads)
@@ -320,7 +320,7 @@ class VllmObserver:
         for layer in range(len(pending)):
             self._step.append(_LayerObservation(plan.rows, scores.bin_mass[layer], scores.entropy[layer]))
 
-    def _step_rows(self, metadata: Any, device: torch.device, query_device: torch.device) -> _StepRows | None:
+    def _step_rows(self, metadata: Any, query_device: torch.device) -> _StepRows | None:
         """Who this step observes, and their index tensors, built at the step's first observed layer
         and reused by the others (the batch is the same in every layer)."""
         if self._step_planned:

@@ -229,7 +229,7 @@ class SchedulerAgent:
             self.requests_observed_total += int(released.observed)
 
     # ---- the workers' reports ---------------------------------------------------------------------
-    def on_output(self, scheduler: Any, model_runner_output: Any) -> None:
+    def on_output(self, model_runner_output: Any) -> None:
         """Take the worker's :class:`WorkerReport`; poll telemetry when the engine goes idle."""
         report = getattr(model_runner_output, REPORT_ATTRIBUTE, None)
         if isinstance(report, WorkerReport):

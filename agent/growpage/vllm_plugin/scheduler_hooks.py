@@ -203,7 +203,7 @@ def _wrap_update(original: Any) -> Any:
                            **kwargs: Any) -> Any:
         agent = agent_of(self)
         if agent is not None:
-            agent.guarded("worker report", agent.on_output, self, model_runner_output)
+            agent.guarded("worker report", agent.on_output, model_runner_output)
         result = original(self, scheduler_output, model_runner_output, *args, **kwargs)
         if agent is not None:
             agent.guarded("idle poll", agent.after_output, self)
