@@ -10,13 +10,13 @@ from cache_layouts import probed, row_major_write, transposed_write
 
 from growpage.core.controller import GrowthController
 from growpage.core.policy import Action
+from growpage.core.pressure import protected_tokens
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin.compaction import (
     choose_keep,
     compaction_target_tokens,
     physical_slot_mapping,
     physical_slots,
-    protected_tokens,
     slot_positions,
 )
 from growpage.vllm_plugin.compactor import WorkerCompactor

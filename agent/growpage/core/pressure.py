@@ -23,6 +23,24 @@ import dataclasses
 from collections.abc import Sequence
 
 
+def protected_tokens(physical_tokens: int, shared_prefix_tokens: int, sink_tokens: int,
+                     recent_window_tokens: int) -> int:
+    """How many of a request's physical tokens a compaction must keep.
+
+    Sinks and shared-prefix tokens sit at the start (they were never dropped), the recent window at
+    the end (its tokens were always inside the window when earlier compactions ran).
+    """
+    head = max(shared_prefix_tokens, sink_tokens)
+    return min(physical_tokens, head + recent_window_tokens)
+
+
+def floor_pages(base_pages: int, protected: int, block_size: int) -> int:
+    """The fewest pages a running request may be compressed to: its ``base_pages``, and never fewer
+    than its protected tokens plus the page its next token takes. The one floor both homes use
+    (pressure relief, boundary evictions, the headroom a router sees)."""
+    return max(base_pages, -(-protected // block_size) + 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class PoolPressure:
     """The pool at the start of a step.

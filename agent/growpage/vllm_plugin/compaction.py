@@ -27,17 +27,6 @@ import torch
 from growpage.core.evict import select_keep
 
 
-def protected_tokens(physical_tokens: int, shared_prefix_tokens: int, sink_tokens: int,
-                     recent_window_tokens: int) -> int:
-    """How many of a request's physical tokens a compaction must keep.
-
-    Sinks and shared-prefix tokens sit at the start (they were never dropped), the recent window at
-    the end (its tokens were always inside the window when earlier compactions ran).
-    """
-    head = max(shared_prefix_tokens, sink_tokens)
-    return min(physical_tokens, head + recent_window_tokens)
-
-
 def compaction_target_tokens(physical_tokens: int, allowed_blocks: int, block_size: int,
                              evict_min_pages: int, protected: int) -> int | None:
     """Physical tokens to keep when a request at a block boundary evicts, or None when it cannot.

@@ -42,8 +42,8 @@ from typing import Any
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import BoundaryCall, GrowthController, PoolView
 from growpage.core.policy import Action, Reason
-from growpage.core.pressure import PoolPressure, ReclaimCandidate, measure_pressure, plan_reclaim
-from growpage.vllm_plugin.compaction import compaction_target_tokens, protected_tokens
+from growpage.core.pressure import PoolPressure, ReclaimCandidate, measure_pressure, plan_reclaim, protected_tokens
+from growpage.vllm_plugin.compaction import compaction_target_tokens
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 from growpage.vllm_plugin.wire import (
     DROPPED_ATTRIBUTE,
