@@ -12,9 +12,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 logger = logging.getLogger(__name__)
+
+_Sample = TypeVar("_Sample")  # one bounded sample list holds one kind of value
 
 DECISION_KINDS = ("allocate", "quantize", "evict", "denied", "throttled", "preempt")
 ACTIVE = "active"  # a component's state when it runs; anything else is the reason it does not
@@ -165,7 +167,7 @@ class StatsRecorder:
     def add_listener(self, listener: StatsListener) -> None:
         self.listeners.append(listener)
 
-    def _notify(self, method: str, event) -> None:
+    def _notify(self, method: str, event: AdmitEvent | DecisionEvent | FinishEvent) -> None:
         for listener in self.listeners:
             try:
                 getattr(listener, method)(event)
@@ -186,7 +188,7 @@ class StatsRecorder:
         self._events: list[DecisionEvent] = []
         self._dropped = 0
 
-    def _append(self, samples: list, value, limit: int = MAX_SAMPLES) -> None:
+    def _append(self, samples: list[_Sample], value: _Sample, limit: int = MAX_SAMPLES) -> None:
         if len(samples) < limit:
             samples.append(value)
         else:

@@ -13,6 +13,7 @@ import dataclasses
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from growpage import catalog
 from growpage.diagnose.checks.vllm import VLLM_HOME
@@ -21,6 +22,9 @@ from growpage.diagnose.exposition import Exposition, parse_exposition, with_snap
 from growpage.diagnose.scrapes import observations_from_expositions
 from growpage.diagnose.sources import http
 from growpage.diagnose.sources.result import SourceResult
+
+if TYPE_CHECKING:
+    import httpx
 
 DCGM_METRICS_PATH = "/metrics"
 
@@ -75,7 +79,7 @@ def _home(exposition: Exposition) -> str | None:
     return next(iter(homes)) if len(homes) == 1 else None
 
 
-def _scrape_vllm(client, url: str) -> tuple[Exposition | None, str | None]:
+def _scrape_vllm(client: httpx.Client, url: str) -> tuple[Exposition | None, str | None]:
     """vLLM's /metrics, or why it could not be read (never fatal: GrowPage's route is the source)."""
     try:
         response = http.get(client, url, "vLLM")
@@ -100,7 +104,7 @@ def _without_vllm(exposition: Exposition) -> Exposition:
                                samples=tuple(s for s in exposition.samples if not s.name.startswith("vllm:")))
 
 
-def _fetch(client, url: str, what: str) -> tuple[Exposition, float]:
+def _fetch(client: httpx.Client, url: str, what: str) -> tuple[Exposition, float]:
     response = http.get(client, url, what)
     if response.status_code == 404:
         raise DiagnoseError(f"{what} at {url} answered HTTP 404: check the path (the agent serves "
@@ -112,7 +116,7 @@ def _fetch(client, url: str, what: str) -> tuple[Exposition, float]:
     return exposition, response.elapsed_s
 
 
-def _scrape_agent(client, url: str) -> tuple[Exposition, float]:
+def _scrape_agent(client: httpx.Client, url: str) -> tuple[Exposition, float]:
     exposition, elapsed_s = _fetch(client, url, "the agent")
     if not exposition.has_growpage:
         hint = ("this looks like vLLM's own /metrics; GrowPage serves " + catalog.METRICS_PATH
@@ -122,7 +126,7 @@ def _scrape_agent(client, url: str) -> tuple[Exposition, float]:
     return exposition, elapsed_s
 
 
-def _scrape_dcgm(client, url: str) -> Exposition:
+def _scrape_dcgm(client: httpx.Client, url: str) -> Exposition:
     exposition, _ = _fetch(client, url, "the DCGM exporter")
     if not exposition.has_dcgm:
         raise DiagnoseError(f"{url} serves no {catalog.DCGM_FB_USED}/{catalog.DCGM_FB_FREE}: is it a "
