@@ -1,4 +1,4 @@
-"""Config: the seed's defaults, every source, and errors that name the field and the fix."""
+"""Config: the published defaults, every source, and errors that name the field and the fix."""
 
 import json
 

@@ -11,8 +11,8 @@ from growpage.kv_size import (
     estimate_kv_size,
     format_bytes,
     format_exact_bytes,
+    quoted_example_note,
     resolve_geometry,
-    seed_example_note,
 )
 
 KiB = 1024
@@ -20,8 +20,8 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 
-def test_seed_example_has_the_right_numbers():
-    # The seed claimed ~1.8 GB per request and 14 GB for batch 8; these are the true figures.
+def test_quoted_example_has_the_right_numbers():
+    # This example is often quoted at ~1.8 GB per request and 14 GB for batch 8; these are the true figures.
     estimate = estimate_kv_size(32, 32, 128, tokens=128 + 512, batch=8, dtype="float16")
 
     assert estimate.bytes_per_token == 524_288 == 512 * KiB
@@ -37,12 +37,12 @@ def test_seed_example_has_the_right_numbers():
     assert "524,288 B per token" in estimate.formula
 
 
-def test_seed_example_note_corrects_the_seed_only_for_its_example():
-    seed = estimate_kv_size(32, 32, 128, tokens=640, batch=8)
-    note = seed_example_note(seed)
+def test_quoted_example_note_corrects_only_the_quoted_example():
+    example = estimate_kv_size(32, 32, 128, tokens=640, batch=8)
+    note = quoted_example_note(example)
     assert note is not None and "1.8 GB" in note and "320 MiB" in note and "2.5 GiB" in note
     assert "\n" not in note
-    assert seed_example_note(estimate_kv_size(32, 8, 128, tokens=640)) is None
+    assert quoted_example_note(estimate_kv_size(32, 8, 128, tokens=640)) is None
 
 
 def test_smollm2_135m_preset_is_23040_bytes_per_token_in_fp16():

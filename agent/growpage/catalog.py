@@ -294,8 +294,9 @@ VLLM_METRICS = (VLLM_KV_CACHE_USAGE, VLLM_PREEMPTIONS, VLLM_REQUESTS_RUNNING, VL
                 *(f"{histogram}_{suffix}" for histogram in (VLLM_TTFT, VLLM_ITL)
                   for suffix in ("bucket", "sum", "count")))
 
-# Runbook page (under RUNBOOK_BASE_URL) for each ``gpctl diagnose`` check id. Stable names owned by
-# diagnose; the lead reconciles them with the alert runbooks (runbooks/<AlertName>.md).
+# Runbook page (under RUNBOOK_BASE_URL) for each ``gpctl diagnose`` check id: the alert runbook
+# (runbooks/<AlertName>.md) of the alert that watches the same condition, so a finding and a page lead
+# to one page. The check ids are stable names owned by diagnose.
 CHECK_RUNBOOKS = {
     "vllm-latency": "GrowPageVLLMTimeToFirstTokenFastBurn.md",
     "slo-utilization": "GrowPageKVUtilizationLow.md",

@@ -274,17 +274,17 @@ def estimate_kv_size(
     )
 
 
-def seed_example_note(estimate: KVSizeEstimate) -> str | None:
+def quoted_example_note(estimate: KVSizeEstimate) -> str | None:
     """A correction when ``estimate`` is a widely quoted worked example, else ``None``.
 
     That example prices 32 layers x 32 KV heads x head_dim 128, FP16, 128 + 512 tokens at about 1.8 GB
     per request and 14 GB for a batch of 8; the true figures are 320 MiB and 2.5 GiB.
     """
-    is_seed_example = (
+    is_quoted_example = (
         (estimate.layers, estimate.kv_heads, estimate.head_dim, estimate.tokens) == (32, 32, 128, 640)
         and estimate.dtype in ("float16", "bfloat16")
     )
-    if not is_seed_example:
+    if not is_quoted_example:
         return None
     return (
         "note: this example is often quoted at ~1.8 GB per request and 14 GB for "

@@ -17,7 +17,7 @@ from growpage import __version__
 from growpage.errors import GrowPageError
 
 SMOLLM2_ARGS = ["kv-size", "--model", "smollm2-135m"]
-SEED_ARGS = ["kv-size", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--tokens", "640"]
+QUOTED_EXAMPLE_ARGS = ["kv-size", "--layers", "32", "--kv-heads", "32", "--head-dim", "128", "--tokens", "640"]
 
 
 @pytest.fixture
@@ -54,15 +54,15 @@ def test_version(runner):
     assert result.output.strip() == f"gpctl {__version__}"
 
 
-def test_kv_size_text_shows_the_right_seed_numbers_and_formula(runner):
-    result = runner.invoke(app, [*SEED_ARGS, "--batch", "8"])
+def test_kv_size_text_shows_the_quoted_example_s_true_numbers_and_formula(runner):
+    result = runner.invoke(app, [*QUOTED_EXAMPLE_ARGS, "--batch", "8"])
     assert result.exit_code == 0, result.output
     for expected in ("512 KiB", "524,288", "320 MiB", "335,544,320", "2.5 GiB", "2,684,354,560"):
         assert expected in result.stdout
     assert "Pages per request" in result.stdout and " 40 " in result.stdout
     assert "Pages per batch" in result.stdout and " 320 " in result.stdout
     assert "32 layers x 32 KV heads x 128 head_dim x 2 (K and V) x 2 B (float16)" in result.stdout
-    assert "1.8 GB" in result.stdout  # the correction of the seed's figure
+    assert "1.8 GB" in result.stdout  # the quoted figure, corrected
 
 
 def test_kv_size_text_fits_80_columns():
@@ -75,7 +75,7 @@ def test_kv_size_text_fits_80_columns():
 
 
 def test_kv_size_json_is_stable_and_exact(runner):
-    result = runner.invoke(app, [*SEED_ARGS, "--batch", "8", "--output", "json"])
+    result = runner.invoke(app, [*QUOTED_EXAMPLE_ARGS, "--batch", "8", "--output", "json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["bytes_per_token"] == 524_288
@@ -112,7 +112,7 @@ def test_kv_size_model_preset_with_override(runner):
     ],
 )
 def test_kv_size_bad_input_is_one_error_line_and_exit_2(runner, extra_args, fragment):
-    result = runner.invoke(app, [*SEED_ARGS, *extra_args])
+    result = runner.invoke(app, [*QUOTED_EXAMPLE_ARGS, *extra_args])
     assert result.exit_code == 2
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
@@ -159,7 +159,7 @@ def test_console_script_version_and_bad_input_without_traceback():
     assert version.stdout.strip() == f"gpctl {__version__}"
 
     bad = subprocess.run(
-        [script, *SEED_ARGS, "--dtype", "fp8"], capture_output=True, text=True, env=env, timeout=60
+        [script, *QUOTED_EXAMPLE_ARGS, "--dtype", "fp8"], capture_output=True, text=True, env=env, timeout=60
     )
     assert bad.returncode == 2
     assert bad.stdout == ""

@@ -1,4 +1,4 @@
-"""GrowPage enforce (Stage 2) inside the real vLLM engine: caps hold, outputs stay right, no block leaks.
+"""GrowPage enforce inside the real vLLM engine: caps hold, outputs stay right, no block leaks.
 
 The engines run once per session (``conftest.py``: ``vllm_runs``; cases in ``engine_cases.py``).
 """

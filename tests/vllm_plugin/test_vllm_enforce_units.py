@@ -1,4 +1,4 @@
-"""Stage 2 without an engine: accounting, keep sets, moving K/V, the scheduler-side enforcer."""
+"""Enforce without an engine: accounting, keep sets, moving K/V, the scheduler-side enforcer."""
 
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
         "growpage_random": lambda: KVMethod("growpage_random", "ablation", random_decide(random.Random(seed)),
                                             token_score=TokenScore.ACCUMULATED, relieves_pressure=True),
         "growpage_no_pressure": lambda: _growpage("growpage_no_pressure", "ablation", decide, relieves_pressure=False),
-        # scores from 10 observed layers instead of 3 (issue 13: do more layers pay for their cost?)
+        # scores from 10 observed layers instead of 3: measures whether more layers pay for their cost
         "growpage_10_layers": lambda: KVMethod("growpage_10_layers", "ablation", decide, relieves_pressure=True,
                                                config_overrides={"observed_layers": 10}),
         # the published defaults, whatever a calibrated config says (benchmarks run calibrated)

@@ -10,7 +10,7 @@ density <= threshold, LTS >  allocate one page (pool and ``max_growth_rate`` per
 density <= threshold, LTS <= evict lowest-scored tokens (sinks and recent window kept)
 ==========================  =================================================================
 
-The seed leaves the third row open; we evict because low entropy means attention is concentrated
+The third row could as well grow; it evicts because low entropy means attention is concentrated
 on few tokens, which is exactly when dropping the unattended ones costs least.
 
 Fallbacks, so that every outcome is defined: an allocation refused (pool empty: ``denied``; budget

@@ -38,7 +38,7 @@ class SummaryBank:
 
     Per row: the STS ring ``[W, B]`` uint8, a step counter (int64), and the LTS registers (EMA,
     interval sum: float32; updates, interval steps: int32). ``config.summary_bytes_per_request``
-    states the total (280 bytes with the defaults, under the seed's 2 KB).
+    states the total (280 bytes with the defaults, well under a 2 KB per-request budget).
     """
 
     def __init__(self, config: GrowPageConfig, max_requests: int, device: torch.device | str = "cpu"):

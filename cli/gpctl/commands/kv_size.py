@@ -18,8 +18,8 @@ from growpage.kv_size import (
     estimate_kv_size,
     format_bytes,
     format_exact_bytes,
+    quoted_example_note,
     resolve_geometry,
-    seed_example_note,
 )
 
 
@@ -73,7 +73,7 @@ def kv_size(
         dtype=dtype,
         block_size=block_size,
     )
-    note = seed_example_note(estimate)
+    note = quoted_example_note(estimate)
     if output is OutputFormat.JSON:
         document = {"model": geometry.name, **estimate.to_dict(), "note": note}
         typer.echo(json.dumps(document, indent=2))
