@@ -295,8 +295,8 @@ VLLM_METRICS = (VLLM_KV_CACHE_USAGE, VLLM_PREEMPTIONS, VLLM_REQUESTS_RUNNING, VL
                   for suffix in ("bucket", "sum", "count")))
 
 # Runbook page (under RUNBOOK_BASE_URL) for each ``gpctl diagnose`` check id: the alert runbook
-# (runbooks/<AlertName>.md) of the alert that watches the same condition, so a finding and a page lead
-# to one page. The check ids are stable names owned by diagnose.
+# (runbooks/<AlertName>.md) of the alert that watches the same condition, so a diagnose finding and
+# that alert open the same runbook. The check ids are stable names owned by diagnose.
 CHECK_RUNBOOKS = {
     "vllm-latency": "GrowPageVLLMTimeToFirstTokenFastBurn.md",
     "slo-utilization": "GrowPageKVUtilizationLow.md",
