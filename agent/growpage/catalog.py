@@ -193,6 +193,24 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 METRICS_BY_NAME = {spec.name: spec for spec in METRICS}
 
+# The load a router compares replicas by (growpage.core.headroom), served by the vLLM home only: its
+# scheduler agent computes it every step, and the endpoint plugin answers GET LOAD_PATH from it. Not
+# part of METRICS, the contract both homes serve.
+LOAD_PATH = "/get_load"  # what vLLM's router (power_of_two) polls: {"load": N}
+HEADROOM_PAGES = MetricSpec(
+    "growpage_kv_headroom_pages", MetricType.GAUGE,
+    "Free KV pages plus the pages GrowPage could reclaim by compressing enforced requests to their floor: "
+    "the room this replica has without preempting.", "pages")
+RECLAIMABLE_PAGES = MetricSpec(
+    "growpage_kv_reclaimable_pages", MetricType.GAUGE,
+    "Pages GrowPage could free by compressing the running requests it enforces, none below its floor "
+    "(0 in monitor and off).", "pages")
+ROUTER_LOAD = MetricSpec(
+    "growpage_router_load", MetricType.GAUGE,
+    "What GET /get_load answers: percent of the requests this replica can hold without preempting that it "
+    "runs or queues (0 idle, 100 full, above 100 it queues).", "percent")
+ROUTER_METRICS: tuple[MetricSpec, ...] = (HEADROOM_PAGES, RECLAIMABLE_PAGES, ROUTER_LOAD)
+
 
 @dataclasses.dataclass(frozen=True)
 class SLO:

@@ -219,3 +219,71 @@ def test_model_runner_v2_batch_is_read_from_its_own_input_batch():
     assert (req_ids, starts, seq_lens) == (["a", "b"], [0, 5, 6], [5, 41]) and block_table is table
     with pytest.raises(RuntimeError, match="FLASH_ATTN"):  # FlashInfer's metadata has no block table
         batch_view(runner, types.SimpleNamespace())
+
+
+def _decoding_agent(mode: str, **growpage):
+    """An agent whose one running request is past its prompt and holds 10 blocks of 4 tokens."""
+    scheduler = _scheduler({"mode": mode, "base_pages": 3, "recent_window_tokens": 2, "sink_tokens": 1,
+                            **growpage})
+    agent = build_agent(scheduler, start_telemetry="exporter_port" in growpage)
+    request = _request("r", prompt=7, computed=0)
+    _run(agent, scheduler, request, new_blocks=10)
+    request.num_computed_tokens = 40
+    agent.take_report(WorkerReport(readings={}, ready_to_compact=True, observer_state="active"))
+    agent.refresh_headroom(scheduler)
+    return agent, scheduler
+
+
+def test_headroom_counts_what_enforce_could_reclaim_down_to_the_floor():
+    agent, _ = _decoding_agent("enforce")
+    room = agent.headroom
+    # floor: base_pages 3 (1 sink + 2 recent tokens fit in one page, plus the next token's)
+    assert (room.running, room.free_pages, room.reclaimable_pages) == (1, POOL - 10, 7)
+    assert room.headroom_pages == POOL - 3
+
+
+@pytest.mark.parametrize("mode", ["off", "monitor"])
+def test_headroom_in_off_and_monitor_is_the_free_pages_only(mode):
+    agent, _ = _decoding_agent(mode)
+    assert agent.headroom.reclaimable_pages == 0 and agent.headroom.headroom_pages == POOL - 10
+
+
+def test_headroom_of_an_enforcer_whose_worker_cannot_move_tokens_is_the_free_pages_only():
+    agent, scheduler = _decoding_agent("enforce")
+    agent.take_report(WorkerReport(readings={}, ready_to_compact=False, observer_state="active"))
+    agent.refresh_headroom(scheduler)
+    assert agent.headroom.reclaimable_pages == 0
+
+
+def test_idle_engine_reads_load_zero_with_the_whole_pool_as_headroom():
+    agent, scheduler = _decoding_agent("enforce")
+    scheduler.running.clear()
+    scheduler.kv_cache_manager.block_pool.free = list(range(1, POOL + 1))
+    agent.after_output(scheduler)
+    assert agent.headroom.load == 0 and agent.headroom.headroom_pages == POOL
+
+
+def test_get_load_answers_the_exported_load_and_503_when_the_exporter_is_gone():
+    pytest.importorskip("vllm")
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from growpage.vllm_plugin.endpoint import GrowPageEndpoint
+
+    agent, _ = _decoding_agent("enforce", exporter_port=0, exporter_host="127.0.0.1")
+    endpoint, app = GrowPageEndpoint(), Starlette()
+    endpoint.attach_router(app)
+    endpoint.upstream_url = f"http://127.0.0.1:{agent.exporter.port}{catalog.METRICS_PATH}"
+    try:
+        with TestClient(app) as client:
+            answer = client.get(catalog.LOAD_PATH)
+            metrics = httpx.get(endpoint.upstream_url, timeout=10).text
+            agent.telemetry.close()
+            gone = client.get(catalog.LOAD_PATH)
+    finally:
+        agent.telemetry.close()
+    # 1 request, 10 pages each, headroom 17 pages: room for 1 more -> 1 of 2 taken
+    assert answer.status_code == 200 and answer.json() == {"load": agent.headroom.load} == {"load": 50}
+    assert 'growpage_kv_headroom_pages{model_name="m"} 17.0' in metrics
+    assert 'growpage_kv_reclaimable_pages{model_name="m"} 7.0' in metrics
+    assert gone.status_code == 503 and "not answering" in gone.json()["error"]

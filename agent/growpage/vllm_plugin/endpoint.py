@@ -5,6 +5,10 @@ which serves them on its standalone exporter (``exporter_port``, loopback-reacha
 that exporter's exposition, so the API port answers ``/metrics/growpage`` with GrowPage's series only.
 It is inserted *first*: vLLM mounts its registry at ``/metrics`` and that mount's pattern also matches
 ``/metrics/growpage``. vLLM loads endpoint plugins only when named: ``VLLM_PLUGINS=growpage``.
+``GET /get_load`` answers ``{"load": N}``, what vLLM's router (``power_of_two``) polls: N is
+``growpage_router_load`` read from the same exporter (:mod:`~growpage.vllm_plugin.headroom`; the
+formula and why: :mod:`growpage.core.headroom`). A 503 when the exporter cannot be read makes the
+router fall back to its own count of requests in flight.
 It also adds :class:`~growpage.vllm_plugin.namespaces.NamespaceMiddleware`, which maps the
 ``x-growpage-namespace`` header or the OpenAI ``user`` field to ``vllm_xargs.growpage_namespace``.
 """
@@ -40,7 +44,11 @@ class GrowPageEndpoint:
         def metrics(request: Any) -> Response:  # sync: Starlette runs it in its thread pool
             return self._relay(request.headers.get("accept"), Response)
 
+        def load(request: Any) -> Response:
+            return self.load_response(Response)
+
         app.router.routes.insert(0, Route(catalog.METRICS_PATH, metrics, methods=["GET"]))
+        app.router.routes.insert(0, Route(catalog.LOAD_PATH, load, methods=["GET"]))
         from growpage.vllm_plugin.namespaces import NamespaceMiddleware
 
         try:
@@ -72,6 +80,24 @@ class GrowPageEndpoint:
         if settings.exporter_enabled and settings.exporter_port > 0:
             self.upstream_url = f"http://127.0.0.1:{settings.exporter_port}{catalog.METRICS_PATH}"
         logger.info("growpage: /metrics/growpage relays %s (mode=%s)", self.upstream_url, config.mode.value)
+
+    def load_response(self, response_class: Any) -> Any:
+        """``{"load": N}`` from the exporter's ``growpage_router_load``, or a 503 saying why not."""
+        import json
+
+        from growpage.vllm_plugin.headroom import load_from_exposition
+
+        def unavailable(reason: str) -> Any:
+            return response_class(json.dumps({"error": reason}), status_code=503, media_type="application/json")
+
+        response = self._relay("text/plain", response_class)
+        if response.status_code != 200:
+            return unavailable(bytes(response.body).decode(errors="replace").strip())
+        value = load_from_exposition(bytes(response.body).decode(errors="replace"))
+        if value is None:
+            return unavailable(f"{self.upstream_url} serves no {catalog.ROUTER_LOAD.name}; run the same GrowPage "
+                               "version in the API server and in the engine core")
+        return response_class(json.dumps({"load": value}), media_type="application/json")
 
     def _relay(self, accept: str | None, response_class: Any) -> Any:
         if self.upstream_url is None:

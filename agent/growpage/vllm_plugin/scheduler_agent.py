@@ -31,9 +31,13 @@ from collections.abc import Callable
 from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.controller import GrowthController, PoolView, Reading
+from growpage.core.controller import GrowthController, Reading
+from growpage.core.headroom import Headroom
+from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
+from growpage.core.step_control import RequestView
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
+from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, REPORT_ATTRIBUTE, WorkerReport
 
@@ -114,6 +118,8 @@ class SchedulerAgent:
         self.requests_observed_total = 0  # of them, those whose attention was observed at least once
         self.telemetry: Any = None
         self.exporter: Any = None
+        # the router's view (growpage.core.headroom), replaced whole on the engine thread, read by scrapes
+        self.headroom: Headroom = idle_headroom(view.num_pages, self.config)
 
     # ---- StatsSource ----------------------------------------------------------------------------
     @property
@@ -173,6 +179,7 @@ class SchedulerAgent:
             self._decide_monitored(scheduler, request, seen, held)
         if self.enforcer is not None:
             self.enforcer.after_schedule(scheduler, output)
+        self.guarded("reading the headroom", self.refresh_headroom, scheduler)
         if self.telemetry is not None:
             self.telemetry.on_step()
 
@@ -194,15 +201,17 @@ class SchedulerAgent:
 
     def _decide_monitored(self, scheduler: Any, request: Any, seen: _Seen, held: int) -> None:
         """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what
-        GrowPage would have done (vLLM's plain paging is what happened)."""
+        GrowPage would have done (vLLM's plain paging is what happened). Whether it could evict is
+        the controller's answer for a compressible request: above its floor, past its protected tokens."""
         config = self.config
-        evictable = request.num_computed_tokens - config.sink_tokens - config.recent_window_tokens
-        call = self.controller.decide(
-            request.request_id, pages_held=seen.pages_held,
-            pool=PoolView(scheduler.kv_cache_manager.block_pool.get_num_free_blocks()),
-            can_quantize=False,  # kv_cache_dtype is deployment-wide in vLLM: no per-request quantization
-            can_evict=evictable >= config.evict_min_pages * config.block_size)
-        self.controller.record_decision(call, kind=call.decision.action, enforced=False, pages_after=held)
+        view = RequestView(
+            request.request_id, pages_held=seen.pages_held, allowance_pages=seen.pages_held, needs_page=True,
+            protected_tokens=protected_tokens(int(request.num_computed_tokens), 0, config.sink_tokens,
+                                              config.recent_window_tokens),
+            can_evict=True)  # kv_cache_dtype is deployment-wide in vLLM: no per-request quantization
+        plan = self.controller.plan_boundary(
+            view, free_pages=scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+        self.controller.record_decision(plan.call, kind=plan.call.decision.action, enforced=False, pages_after=held)
 
     # ---- request ends -----------------------------------------------------------------------------
     def on_preempt(self, request: Any) -> None:
@@ -250,8 +259,21 @@ class SchedulerAgent:
     def after_output(self, scheduler: Any) -> None:
         """After vLLM processed the step's output: an idle engine runs no further step, so poll now
         (the gauges then show the pool as the last request left it, not as it ran)."""
-        if self.telemetry is not None and not scheduler.running and not scheduler.waiting:
-            self.telemetry.poll()
+        if not scheduler.running and not scheduler.waiting:
+            self.guarded("reading the headroom", self.refresh_headroom, scheduler)
+            if self.telemetry is not None:
+                self.telemetry.poll()
+
+    def refresh_headroom(self, scheduler: Any) -> None:
+        """Read the pool and the running requests into :attr:`headroom` (nothing is reclaimable unless
+        the enforcer runs and its worker can move tokens)."""
+        def mode_of(request_id: str) -> Mode | None:
+            control = self.controller.requests.get(request_id)
+            return control.mode if control is not None else None
+
+        can_compact = self.enforcer is not None and bool(getattr(self.enforcer, "worker_ready", False))
+        self.headroom = read_headroom(scheduler, self.view.num_pages, self.config, enforced_mode=mode_of,
+                                      can_compact=can_compact)
 
     # ---- stats ----------------------------------------------------------------------------------------
     def make_stats(self) -> StatsSnapshot:
@@ -288,6 +310,7 @@ class SchedulerAgent:
         """The telemetry agent and, unless disabled, the exporter on ``exporter_port`` (from start-up)."""
         from growpage.telemetry import TelemetryAgent
         from growpage.telemetry.tracing import tracing_enabled
+        from growpage.vllm_plugin.headroom import HeadroomCollector
         from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
         from growpage.vllm_plugin.trace_join import vllm_tracer_provider
 
@@ -301,6 +324,7 @@ class SchedulerAgent:
                                                      parent_context=self.parent_context)
         self.telemetry.registry.register(DegradedDecisionsCollector(self, self.view.model))
         self.telemetry.registry.register(ObservationCollector(self, self.view.model))
+        self.telemetry.registry.register(HeadroomCollector(self, self.view.model))
         if self.settings.exporter_enabled:
             try:
                 self.exporter = exporter = self.telemetry.serve(self.settings.exporter_port,
