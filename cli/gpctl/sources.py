@@ -2,14 +2,15 @@
 saved snapshots (choose one).
 
 Declared once so both commands name, group and parse them alike; each command adds only what the
-source means for it (one scrape or two, rates or bucket increases).
+source means for it (one scrape or two, rates or bucket increases). The options that mean the same in
+both (``--since``, ``--at``, ``--timeout``, the snapshot files) are whole ``Annotated`` aliases.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -17,6 +18,7 @@ from growpage import catalog
 from growpage.errors import GrowPageError
 
 SOURCES_PANEL = "Sources (choose one)"
+ADVANCED_PANEL = "Advanced"
 
 
 def snapshot_files_argument() -> Any:
@@ -54,3 +56,12 @@ def snapshot_paths(snapshot: Sequence[Path] | None, files: Sequence[Path] | None
     if files and not snapshot:
         raise error(f"unexpected argument {files[0]}: snapshot files go after --snapshot")
     return tuple(snapshot or ()) + tuple(files or ())
+
+
+SnapshotFiles = Annotated[list[Path] | None, snapshot_files_argument()]
+SinceOption = Annotated[str, typer.Option(metavar="DURATION", help="With --prometheus: the window to read.")]
+AtOption = Annotated[str | None, typer.Option(
+    metavar="TIME", rich_help_panel=ADVANCED_PANEL, show_default=False,
+    help="With --prometheus: the window's end (unix seconds or ISO 8601), e.g. an incident's end; default now.")]
+TimeoutOption = Annotated[str, typer.Option(metavar="DURATION", rich_help_panel=ADVANCED_PANEL,
+                                            help="Per HTTP request, from connecting to the last byte.")]

@@ -15,7 +15,17 @@ import typer
 from rich.console import Console
 
 from gpctl.errors import print_error
-from gpctl.sources import endpoint_option, prometheus_option, snapshot_files_argument, snapshot_option, snapshot_paths
+from gpctl.sources import (
+    ADVANCED_PANEL,
+    AtOption,
+    SinceOption,
+    SnapshotFiles,
+    TimeoutOption,
+    endpoint_option,
+    prometheus_option,
+    snapshot_option,
+    snapshot_paths,
+)
 from growpage.diagnose import (
     EXIT_CANNOT_DIAGNOSE,
     DiagnoseError,
@@ -28,8 +38,6 @@ from growpage.diagnose import diagnose as run_diagnosis
 from growpage.diagnose.bundle import check_writable, write_bundle
 from growpage.diagnose.render import render_text, to_json
 
-_ADVANCED = "Advanced"
-
 
 class OutputFormat(enum.StrEnum):
     """How ``diagnose`` prints its report."""
@@ -38,55 +46,42 @@ class OutputFormat(enum.StrEnum):
     JSON = "json"
 
 
+EndpointOption = Annotated[str | None, endpoint_option("scraped twice.")]
+PrometheusOption = Annotated[str | None, prometheus_option("PromQL over --since.")]
+SnapshotOption = Annotated[list[Path] | None, snapshot_option(" or a --bundle tarball; two or more give rates.")]
+DcgmOption = Annotated[str | None, typer.Option(
+    metavar="URL", show_default=False, help="With --endpoint: a DCGM exporter URL (GPU framebuffer, GPU model).")]
+DurationOption = Annotated[str, typer.Option(
+    metavar="DURATION", help="With --endpoint: time between the two scrapes.")]
+NamespaceOption = Annotated[str | None, typer.Option(
+    metavar="NAMESPACE", show_default=False, help="With --prometheus: only this namespace (breakdown by pod).")]
+PodOption = Annotated[str | None, typer.Option(
+    metavar="POD", show_default=False, help="With --prometheus: only this pod.")]
+OutputOption = Annotated[OutputFormat, typer.Option(help="text (a report) or json.")]
+BundleOption = Annotated[Path | None, typer.Option(
+    metavar="FILE.tar.gz", show_default=False,
+    help="Also write raw data, build info and the report to this .tar.gz.")]
+DcgmLabelOption = Annotated[list[str] | None, typer.Option(
+    metavar="TARGET=LABEL", rich_help_panel=ADVANCED_PANEL, show_default=False,
+    help="The DCGM label naming the GPU's user, when relabeling differs from dcgm-exporter's "
+         "exported_namespace/exported_pod, e.g. pod=kubernetes_pod_name. Repeatable.")]
+
+
 def diagnose(
-    files: Annotated[list[Path] | None, snapshot_files_argument()] = None,
-    endpoint: Annotated[str | None, endpoint_option("scraped twice.")] = None,
-    prometheus: Annotated[str | None, prometheus_option("PromQL over --since.")] = None,
-    snapshot: Annotated[
-        list[Path] | None, snapshot_option(" or a --bundle tarball; two or more give rates."),
-    ] = None,
-    dcgm: Annotated[
-        str | None,
-        typer.Option(metavar="URL", show_default=False,
-                     help="With --endpoint: a DCGM exporter URL (GPU framebuffer, GPU model)."),
-    ] = None,
-    duration: Annotated[
-        str, typer.Option(metavar="DURATION", help="With --endpoint: time between the two scrapes."),
-    ] = "15s",
-    since: Annotated[
-        str, typer.Option(metavar="DURATION", help="With --prometheus: the window to look back over."),
-    ] = "30m",
-    namespace: Annotated[
-        str | None,
-        typer.Option(metavar="NAMESPACE", show_default=False,
-                     help="With --prometheus: only this namespace (breakdown by pod)."),
-    ] = None,
-    pod: Annotated[
-        str | None, typer.Option(metavar="POD", show_default=False, help="With --prometheus: only this pod."),
-    ] = None,
-    output: Annotated[OutputFormat, typer.Option(help="text (a report) or json.")] = OutputFormat.TEXT,
-    bundle: Annotated[
-        Path | None,
-        typer.Option(metavar="FILE.tar.gz", show_default=False,
-                     help="Also write raw data, build info and the report to this .tar.gz."),
-    ] = None,
-    at: Annotated[
-        str | None,
-        typer.Option(metavar="TIME", rich_help_panel=_ADVANCED, show_default=False,
-                     help="With --prometheus: evaluate at this time (unix seconds or ISO 8601) instead of now, "
-                          "e.g. an incident's end."),
-    ] = None,
-    timeout: Annotated[
-        str, typer.Option(metavar="DURATION", rich_help_panel=_ADVANCED,
-                          help="Per HTTP request, from connecting to the last byte."),
-    ] = "10s",
-    dcgm_label: Annotated[
-        list[str] | None,
-        typer.Option(metavar="TARGET=LABEL", rich_help_panel=_ADVANCED, show_default=False,
-                     help="The DCGM label naming the GPU's user, when relabeling differs from "
-                          "dcgm-exporter's exported_namespace/exported_pod, e.g. pod=kubernetes_pod_name. "
-                          "Repeatable."),
-    ] = None,
+    files: SnapshotFiles = None,
+    endpoint: EndpointOption = None,
+    prometheus: PrometheusOption = None,
+    snapshot: SnapshotOption = None,
+    dcgm: DcgmOption = None,
+    duration: DurationOption = "15s",
+    since: SinceOption = "30m",
+    namespace: NamespaceOption = None,
+    pod: PodOption = None,
+    output: OutputOption = OutputFormat.TEXT,
+    bundle: BundleOption = None,
+    at: AtOption = None,
+    timeout: TimeoutOption = "10s",
+    dcgm_label: DcgmLabelOption = None,
 ) -> None:
     """Walk the troubleshooting checklist: SLOs, over-granting, allocation latency, OOM and
     fragmentation, rollout, agent health; evidence and a fix for each finding.
@@ -105,20 +100,26 @@ def diagnose(
             at_s=parse_time_s(at, "--at") if at is not None else None, namespace=namespace, pod=pod,
             snapshots=snapshots, timeout_s=parse_duration_s(timeout, "--timeout"),
             dcgm_labels=parse_label_map(dcgm_label or [], "--dcgm-label"))
-        if bundle is not None:
-            check_writable(bundle)
-        progress = Console(stderr=True, highlight=False)
-        if request.endpoint and progress.is_terminal:
-            # Only on a terminal: scripts read stdout, and stderr stays one line on errors.
-            progress.print(f"Scraping the agent twice, {request.duration_s:g}s apart (--duration)...")
-        report, result = run_diagnosis(request)
-        if output is OutputFormat.JSON:
-            typer.echo(to_json(report))
-        else:
-            render_text(report, Console(highlight=False))
-        if bundle is not None:
-            write_bundle(bundle, report, result)
+        exit_code = _diagnose(request, output, bundle)
     except DiagnoseError as error:
         print_error(" ".join(str(error).split()))
         raise typer.Exit(EXIT_CANNOT_DIAGNOSE) from None
-    raise typer.Exit(report.exit_code)
+    raise typer.Exit(exit_code)
+
+
+def _diagnose(request: DiagnoseRequest, output: OutputFormat, bundle: Path | None) -> int:
+    """Run the checklist, print the report (and write the bundle); returns the report's exit code."""
+    if bundle is not None:
+        check_writable(bundle)
+    progress = Console(stderr=True, highlight=False)
+    if request.endpoint and progress.is_terminal:
+        # Only on a terminal: scripts read stdout, and stderr stays one line on errors.
+        progress.print(f"Scraping the agent twice, {request.duration_s:g}s apart (--duration)...")
+    report, result = run_diagnosis(request)
+    if output is OutputFormat.JSON:
+        typer.echo(to_json(report))
+    else:
+        render_text(report, Console(highlight=False))
+    if bundle is not None:
+        write_bundle(bundle, report, result)
+    return report.exit_code
