@@ -27,47 +27,74 @@ if TYPE_CHECKING:  # the engine's modules load torch: imported only when a serve
 PUBLIC_HELP = ("Endpoints open without the API key: health, metrics, both (health,metrics) or none.")
 
 
+ModelOption = Annotated[Path | None, typer.Option(
+    help="A prepared HF Llama-family folder. Default: the packaged model (`gpctl model prepare`).")]
+HostOption = Annotated[str, typer.Option(help="Address every listener binds (0.0.0.0 inside a pod).")]
+PortOption = Annotated[int, typer.Option(min=1, max=65535)]
+EngineOption = Annotated[str, typer.Option(
+    help="vllm (vLLM with the GrowPage plugin) or reference (GrowPage's own engine, where per-request "
+         "quantization lives).")]
+ModeOption = Annotated[str | None, typer.Option(help="GrowPage mode: off | monitor | enforce.")]
+ConfigOption = Annotated[Path | None, typer.Option(envvar="GROWPAGE_CONFIG",
+                                                   help="GrowPage config file (YAML/JSON/TOML).")]
+BasePagesOption = Annotated[int | None, typer.Option(
+    help="The floor no compression goes below, in pages (vllm: default 1,024 tokens in vLLM's block size; "
+         "reference: pages granted at admission, default 128).")]
+BlockSizeOption = Annotated[int | None, typer.Option(help="Tokens per page.")]
+KvCacheMibOption = Annotated[int, typer.Option(min=1, help="Memory for KV pages.")]
+MaxModelLenOption = Annotated[int | None, typer.Option(
+    min=1, help="Context a request may use (prompt + output); default: the model's.")]
+MaxNumSeqsOption = Annotated[int, typer.Option(min=1, help="Running requests at most.")]
+MaxNumBatchedTokensOption = Annotated[int, typer.Option(min=1, help="Tokens per step at most.")]
+ServedModelNameOption = Annotated[str | None, typer.Option(help="Model id for clients.")]
+MetricsPortOption = Annotated[int | None, typer.Option(help="Also serve /metrics/growpage on this port.")]
+MetricsHostOption = Annotated[str | None, typer.Option(
+    help="Address of the --metrics-port listener. Default: --host.")]
+NoPrefixCachingOption = Annotated[bool, typer.Option("--no-prefix-caching")]
+ApiKeyOption = Annotated[str | None, typer.Option(
+    envvar="GROWPAGE_API_KEY", show_default=False,
+    help="Require 'Authorization: Bearer KEY' (prefer the GROWPAGE_API_KEY variable: argv is visible to ps).")]
+PublicOption = Annotated[str, typer.Option(help=PUBLIC_HELP)]
+ApiDocsOption = Annotated[bool, typer.Option("--api-docs", help="Serve /docs, /redoc and /openapi.json.")]
+MaxRequestBytesOption = Annotated[int | None, typer.Option(
+    help="Largest request body (413 above it). Default: 4 MiB.")]
+AllowModeOverrideOption = Annotated[bool | None, typer.Option(
+    "--allow-mode-override/--no-allow-mode-override",
+    help="Honour a request's growpage_mode / X-GrowPage-Mode. Default: not when --mode enforce.")]
+ClientNamespacesOption = Annotated[bool | None, typer.Option(
+    "--client-namespaces/--no-client-namespaces",
+    help="Honour the body's namespace / user fields. Default: not when --mode enforce.")]
+NamespaceHeaderOption = Annotated[str, typer.Option(
+    help="Header a trusted gateway sets to the namespace ('' trusts none).")]
+ShutdownTimeoutOption = Annotated[float, typer.Option(
+    min=0, help="Seconds running requests get after SIGTERM (a second signal exits at once).")]
+
+
 def serve(
-    model: Annotated[Path | None, typer.Option(help="A prepared HF Llama-family folder. "
-                                                    "Default: the packaged model (`gpctl model prepare`).")] = None,
-    host: Annotated[str, typer.Option(help="Address every listener binds (0.0.0.0 inside a pod).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    engine: Annotated[str, typer.Option(help="vllm (vLLM with the GrowPage plugin) or reference (GrowPage's "
-                                             "own engine, where per-request quantization lives).")] = "vllm",
-    mode: Annotated[str | None, typer.Option(help="GrowPage mode: off | monitor | enforce.")] = None,
-    config: Annotated[Path | None, typer.Option(envvar="GROWPAGE_CONFIG",
-                                                help="GrowPage config file (YAML/JSON/TOML).")] = None,
-    base_pages: Annotated[int | None, typer.Option(help="The floor no compression goes below, in pages (vllm: "
-                                                        "default 1,024 tokens in vLLM's block size; reference: "
-                                                        "pages granted at admission, default 128).")] = None,
-    block_size: Annotated[int | None, typer.Option(help="Tokens per page.")] = None,
-    kv_cache_mib: Annotated[int, typer.Option(min=1, help="Memory for KV pages.")] = 256,
-    max_model_len: Annotated[int | None, typer.Option(min=1, help="Context a request may use (prompt + output); "
-                                                                  "default: the model's.")] = None,
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="Running requests at most.")] = 32,
-    max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step at most.")] = 512,
-    served_model_name: Annotated[str | None, typer.Option(help="Model id for clients.")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Also serve /metrics/growpage on this port.")] = None,
-    metrics_host: Annotated[str | None, typer.Option(help="Address of the --metrics-port listener. "
-                                                          "Default: --host.")] = None,
-    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching")] = False,
-    api_key: Annotated[str | None, typer.Option(envvar="GROWPAGE_API_KEY", show_default=False,
-                                                help="Require 'Authorization: Bearer KEY' (prefer the "
-                                                     "GROWPAGE_API_KEY variable: argv is visible to ps).")] = None,
-    public: Annotated[str, typer.Option(help=PUBLIC_HELP)] = "health,metrics",
-    api_docs: Annotated[bool, typer.Option("--api-docs", help="Serve /docs, /redoc and /openapi.json.")] = False,
-    max_request_bytes: Annotated[int | None, typer.Option(help="Largest request body (413 above it). "
-                                                                "Default: 4 MiB.")] = None,
-    allow_mode_override: Annotated[bool | None, typer.Option(
-        "--allow-mode-override/--no-allow-mode-override",
-        help="Honour a request's growpage_mode / X-GrowPage-Mode. Default: not when --mode enforce.")] = None,
-    client_namespaces: Annotated[bool | None, typer.Option(
-        "--client-namespaces/--no-client-namespaces",
-        help="Honour the body's namespace / user fields. Default: not when --mode enforce.")] = None,
-    namespace_header: Annotated[str, typer.Option(help="Header a trusted gateway sets to the namespace "
-                                                       "('' trusts none).")] = "x-growpage-namespace",
-    shutdown_timeout: Annotated[float, typer.Option(min=0, help="Seconds running requests get after SIGTERM "
-                                                                "(a second signal exits at once).")] = 50.0,
+    model: ModelOption = None,
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 8000,
+    engine: EngineOption = "vllm",
+    mode: ModeOption = None,
+    config: ConfigOption = None,
+    base_pages: BasePagesOption = None,
+    block_size: BlockSizeOption = None,
+    kv_cache_mib: KvCacheMibOption = 256,
+    max_model_len: MaxModelLenOption = None,
+    max_num_seqs: MaxNumSeqsOption = 32,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = 512,
+    served_model_name: ServedModelNameOption = None,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = None,
+    no_prefix_caching: NoPrefixCachingOption = False,
+    api_key: ApiKeyOption = None,
+    public: PublicOption = "health,metrics",
+    api_docs: ApiDocsOption = False,
+    max_request_bytes: MaxRequestBytesOption = None,
+    allow_mode_override: AllowModeOverrideOption = None,
+    client_namespaces: ClientNamespacesOption = None,
+    namespace_header: NamespaceHeaderOption = "x-growpage-namespace",
+    shutdown_timeout: ShutdownTimeoutOption = 50.0,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics/growpage."""
     public_names = _public_names(public)
@@ -79,18 +106,14 @@ def serve(
         raise typer.Exit(_serve_vllm(model, host, port, mode, config, base_pages, block_size, max_num_seqs,
                                      max_num_batched_tokens, served_model_name, metrics_port, listen,
                                      no_prefix_caching, api_key, max_model_len, shutdown_timeout,
-                                     client_choices={"client_mode": _choice(allow_mode_override),
-                                                     "client_namespaces": _choice(client_namespaces),
-                                                     "namespace_header": namespace_header or ""}))
+                                     _client_choices(allow_mode_override, client_namespaces, namespace_header)))
     if engine != "reference":
         raise GrowPageError(f"--engine {engine} is unknown; use --engine reference or --engine vllm")
 
     from growpage.config import load_config
     from growpage.engine.engine import EngineConfig
-    from growpage.engine.llama_config import LlamaConfig
     from growpage.engine.model_prep import resolve_model_dir
     from growpage.engine.server_settings import ServerSettings
-    from growpage.engine.startup import available_memory_mib, check_serving
 
     overrides = {key: value for key, value in (("mode", mode), ("base_pages", base_pages),
                                                 ("block_size", block_size)) if value is not None}
@@ -100,17 +123,29 @@ def serve(
         max_request_bytes=max_request_bytes, allow_mode_override=allow_mode_override,
         client_namespaces=client_namespaces, namespace_header=namespace_header or "",
         shutdown_timeout_s=shutdown_timeout)
-    model_dir = resolve_model_dir(model)
-    geometry = LlamaConfig.from_folder(Path(model_dir))
-    engine_config = EngineConfig(model_dir=str(model_dir), kv_cache_mib=kv_cache_mib, max_num_seqs=max_num_seqs,
-                                 max_num_batched_tokens=max_num_batched_tokens,
+    engine_config = EngineConfig(model_dir=str(resolve_model_dir(model)), kv_cache_mib=kv_cache_mib,
+                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                  enable_prefix_caching=not no_prefix_caching,
                                  served_model_name=served_model_name, max_model_len=max_model_len)
+    num_pages = _checked_num_pages(engine_config, growpage_config)
+    _serve_reference(engine_config, growpage_config, settings, host, port, metrics_port, listen, num_pages)
+
+
+def _checked_num_pages(engine_config: EngineConfig, growpage_config: GrowPageConfig) -> int:
+    """The reference engine's pool size, after checking the config against the model and the machine.
+
+    Raises before anything is allocated (one line, exit 2) for a pool that cannot hold a full-context
+    request, a grant larger than the pool, or memory the machine lacks.
+    """
+    from growpage.engine.llama_config import LlamaConfig
+    from growpage.engine.startup import available_memory_mib, check_serving
+
+    geometry = LlamaConfig.from_folder(Path(engine_config.model_dir))
     plan = check_serving(growpage_config, num_layers=geometry.num_layers, num_kv_heads=geometry.num_kv_heads,
                          head_dim=geometry.head_dim, model_context=geometry.max_position_embeddings,
-                         kv_cache_mib=kv_cache_mib, max_model_len=max_model_len,
+                         kv_cache_mib=engine_config.kv_cache_mib, max_model_len=engine_config.max_model_len,
                          available_mib=available_memory_mib(engine_config.device))
-    _serve_reference(engine_config, growpage_config, settings, host, port, metrics_port, listen, plan.num_pages)
+    return plan.num_pages
 
 
 def _serve_reference(engine_config: EngineConfig, growpage_config: GrowPageConfig, settings: ServerSettings, host: str,
@@ -138,6 +173,13 @@ def _public_names(public: str) -> tuple[str, ...]:
 def _choice(flag: bool | None) -> str:
     """A --x/--no-x flag as the vLLM plugin's client-choice setting (unset: ``auto``)."""
     return "auto" if flag is None else ("honour" if flag else "ignore")
+
+
+def _client_choices(allow_mode_override: bool | None, client_namespaces: bool | None,
+                    namespace_header: str) -> dict[str, str]:
+    """What a request may choose for itself, as the vLLM plugin's settings."""
+    return {"client_mode": _choice(allow_mode_override), "client_namespaces": _choice(client_namespaces),
+            "namespace_header": namespace_header or ""}
 
 
 def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, config: Path | None,
