@@ -112,7 +112,8 @@ def main(model: str, tmp: str) -> None:
     with open(enforce_log, encoding="utf-8") as handle:
         records = [json.loads(line) for line in handle if line.strip()]
     result = {"counts": view.counts, "router_live": sorted(view.live),
-              "engine_cached": sorted(engine_cached_hashes(llm)), "compactions": sum(1 for r in records if "compaction" in r),
+              "engine_cached": sorted(engine_cached_hashes(llm)),
+              "compactions": sum(1 for r in records if "compaction" in r),
               "generated": [len(o.outputs[0].token_ids) for o in outputs]}
     print("GROWPAGE_KV_EVENTS " + json.dumps(result), flush=True)
 
