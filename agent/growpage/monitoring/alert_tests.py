@@ -264,6 +264,11 @@ def scenarios() -> dict[str, list[Scenario]]:
 
 def quiet_scenarios() -> dict[str, list[QuietScenario]]:
     """Near misses per alertname: the condition is false, the alert must stay silent."""
+    return {**_vllm_burn_quiet(), **_pool_use_quiet(), **_pressure_quiet(), **_growth_quiet(), **_agent_quiet()}
+
+
+def _pool_use_quiet() -> dict[str, list[QuietScenario]]:
+    """How much of the granted KV is live, and how the pool is cut up."""
     other_pod = {"pod": "vllm-reasoning-5d8c7b9f4-b7n1c", "instance": "10.42.0.18:8000"}
 
     def other(metric: str, values: str, **extra: str) -> dict[str, str]:
@@ -275,19 +280,7 @@ def quiet_scenarios() -> dict[str, list[QuietScenario]]:
                 **other(catalog.GRANTED_TOKEN_SLOTS.name, _constant(1000)),
                 **other(catalog.UTILIZATION.name, _constant(0.3)),
                 **other(catalog.REQUESTS_RUNNING.name, _constant(1))}
-    enforcing = {**ENFORCE,
-                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
-                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="enforcer")}
-    monitoring = {**MONITOR,
-                  **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
-                  **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="mode_monitor")}
-    off = {**OFF,
-           **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="observer", reason="mode_off"),
-           **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="mode_off")}
-    stranded_ooms = {**_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(5, 400, 595),
-                     **_slots(3236, 16_000, 9_520)}
     return {
-        **_vllm_burn_quiet(),
         "GrowPageKVUtilizationLow": [
             QuietScenario(two_pods, "utilization is summed over pods, not averaged"),
             QuietScenario({**ENFORCE, **_slots(0, 1000), **_running(0)}, "idle: no request running"),
@@ -300,23 +293,19 @@ def quiet_scenarios() -> dict[str, list[QuietScenario]]:
             QuietScenario({**ENFORCE, **_slots(300, 1000), **_running(3)},
                           "inside vLLM: base_pages is a floor, low utilization is slack"),
             QuietScenario({**_build_info("off", "reference"), **_slots(300, 1000), **_running(3)}, "mode off")],
-        "GrowPageCompressRatioLow": [
-            QuietScenario({**ENFORCE, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(3000)),
-                           **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}, "bursts at 3x"),
-            QuietScenario({**MONITOR, **_series(catalog.COMPRESS_INPUT_BYTES.name, _constant(0)),
-                           **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _constant(0))},
-                          "no compressions (mode monitor)"),
-            QuietScenario({**OFF, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(1970)),
-                           **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}, "mode off")],
-        "GrowPageAllocationLatencyHigh": [
-            QuietScenario({**MONITOR, **_latency(1.0, 100)}, "every grant under 15 ms"),
-            QuietScenario({**{k: v for k, v in _latency_scenario().series.items() if "build_info" not in k}, **OFF},
-                          "mode off")],
         "GrowPageFragmentationHigh": [
             QuietScenario({**MONITOR, **_slots(34, 100), **_pool(990, 0, 10), **_running(1)},
                           "nearly idle: 1 request, pool 99 % free"),
             QuietScenario({**MONITOR, **_slots(80, 100), **_pool(10, 0, 990)}, "pool short but fragmentation 20 %"),
             QuietScenario({**OFF, **_slots(34, 100), **_pool(100, 0, 900)}, "mode off")],
+    }
+
+
+def _pressure_quiet() -> dict[str, list[QuietScenario]]:
+    """A pool that is full for a reason, or preempts rarely: no stranded pages, no preemption storm."""
+    stranded_ooms = {**_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(5, 400, 595),
+                     **_slots(3236, 16_000, 9_520)}
+    return {
         "GrowPageKVPagesStranded": [
             QuietScenario({**ENFORCE, **_series(catalog.OOM_EVENTS.name, _counter(1)), **_pool(300, 300, 400),
                            **_slots(300, 11_200, 6_400)}, "OOMs but 30 % of the pool is free"),
@@ -341,13 +330,30 @@ def quiet_scenarios() -> dict[str, list[QuietScenario]]:
             QuietScenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _counter(1))}, "1 preemption a minute"),
             QuietScenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _constant(0))}, "healthy idle pod"),
             QuietScenario({**OFF, **_vllm(catalog.VLLM_PREEMPTIONS, _counter(6))}, "mode off")],
-        "GrowPageAgentDown": [QuietScenario(_series("up", _constant(1)), "scraped"),
-                              QuietScenario({**_series("up", _constant(1)), **off},
-                                            "mode off: the route answers, nothing runs")],
-        "GrowPageMetricsAbsent": [QuietScenario({**_series("up", _constant(1)), **MONITOR}, "build info present"),
-                                  QuietScenario({**_series("up", _constant(1)), **OFF}, "mode off exports it too")],
-        "GrowPageAgentErrors": [QuietScenario(_series(catalog.AGENT_ERRORS.name, _constant(3), component="actuator"),
-                                              "old faults, none new")],
+    }
+
+
+def _growth_quiet() -> dict[str, list[QuietScenario]]:
+    """GrowPage's own decisions: compressions worth their cost, grants fast enough, growth rarely refused."""
+    return {
+        "GrowPageCompressRatioLow": [
+            QuietScenario({**ENFORCE, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(3000)),
+                           **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}, "bursts at 3x"),
+            QuietScenario({**MONITOR, **_series(catalog.COMPRESS_INPUT_BYTES.name, _constant(0)),
+                           **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _constant(0))},
+                          "no compressions (mode monitor)"),
+            QuietScenario({**OFF, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(1970)),
+                           **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}, "mode off")],
+        "GrowPageAllocationLatencyHigh": [
+            QuietScenario({**MONITOR, **_latency(1.0, 100)}, "every grant under 15 ms"),
+            QuietScenario({**{k: v for k, v in _latency_scenario().series.items() if "build_info" not in k}, **OFF},
+                          "mode off")],
+        burn_rate_alert_name("fast"): [
+            QuietScenario({**ENFORCE, **_latency(1 - 3 * 1.5 * SLO_ERROR_BUDGET)}, "a slow burn (4.5x)"),
+            QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
+        burn_rate_alert_name("slow"): [
+            QuietScenario({**ENFORCE, **_latency(1 - 0.5 * SLO_ERROR_BUDGET)}, "half the error budget (0.5x)"),
+            QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
         "GrowPageGrowthThrottled": [
             QuietScenario({**ENFORCE, **_series(catalog.DECISIONS.name, _counter(2), decision="throttled"),
                            **_series(catalog.DECISIONS.name, _counter(8), decision="allocate")}, "20 % throttled"),
@@ -356,15 +362,31 @@ def quiet_scenarios() -> dict[str, list[QuietScenario]]:
                           "mode monitor: nothing is refused for real"),
             QuietScenario({**OFF, **_series(catalog.DECISIONS.name, _counter(6), decision="throttled"),
                            **_series(catalog.DECISIONS.name, _counter(4), decision="allocate")}, "mode off")],
+    }
+
+
+def _agent_quiet() -> dict[str, list[QuietScenario]]:
+    """The agent itself: scraped, exporting, without new faults, its components active or idle by design."""
+    enforcing = {**ENFORCE,
+                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
+                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="enforcer")}
+    monitoring = {**MONITOR,
+                  **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
+                  **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="mode_monitor")}
+    off = {**OFF,
+           **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="observer", reason="mode_off"),
+           **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="mode_off")}
+    return {
+        "GrowPageAgentDown": [QuietScenario(_series("up", _constant(1)), "scraped"),
+                              QuietScenario({**_series("up", _constant(1)), **off},
+                                            "mode off: the route answers, nothing runs")],
+        "GrowPageMetricsAbsent": [QuietScenario({**_series("up", _constant(1)), **MONITOR}, "build info present"),
+                                  QuietScenario({**_series("up", _constant(1)), **OFF}, "mode off exports it too")],
+        "GrowPageAgentErrors": [QuietScenario(_series(catalog.AGENT_ERRORS.name, _constant(3), component="actuator"),
+                                              "old faults, none new")],
         "GrowPageAgentInactive": [QuietScenario(enforcing, "every component active"),
                                   QuietScenario(monitoring, "mode monitor: the enforcer idles by design"),
                                   QuietScenario(off, "mode off: inactive by design")],
-        burn_rate_alert_name("fast"): [
-            QuietScenario({**ENFORCE, **_latency(1 - 3 * 1.5 * SLO_ERROR_BUDGET)}, "a slow burn (4.5x)"),
-            QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
-        burn_rate_alert_name("slow"): [
-            QuietScenario({**ENFORCE, **_latency(1 - 0.5 * SLO_ERROR_BUDGET)}, "half the error budget (0.5x)"),
-            QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
     }
 
 
