@@ -33,18 +33,7 @@ def oom_fragmentation(scope: Scope, window: Window, t: Thresholds) -> ScopeFindi
     limits = t.checklist
     per_s = (vllm_preemptions / window.duration_s if window.kind != "lifetime" and window.duration_s > 0
              else None)
-    proof = evidence(
-        metric, ooms, 0, window, preemptions=preemptions, vllm_preemptions=vllm_preemptions,
-        vllm_preemptions_per_s=per_s, vllm_preemptions_per_s_threshold=catalog.VLLM_PREEMPTIONS_PER_S_HIGH,
-        vllm_kv_cache_usage_max=scope.vllm_kv_cache_usage_max,
-        vllm_kv_cache_usage_threshold=limits.vllm_kv_cache_usage_full, vllm_queue_growth=scope.vllm_queue_growth,
-        pool_free_fraction_min=free_min,
-        pool_free_low_threshold=limits.pool_free_low, stranded_slots_max=stranded,
-        stranded_slots_threshold=limits.stranded_slots_high, fragmentation_max=fragmentation,
-        fragmentation_threshold=limits.fragmentation_high,
-        gpu_framebuffer_used_max=scope.gpu_framebuffer_used_max, mode=scope.build_value("mode"),
-        home=scope.build_value("engine"), base_pages=scope.build_value("base_pages"),
-        block_size=scope.build_value("block_size"))
+    proof = _evidence(scope, window, t, preemptions, per_s, fragmentation)
     if not in_modes(scope, catalog.MODES_OBSERVING):
         return ScopeFinding(Status.OK, "mode off: GrowPage observes no page here", proof)
     failures = ooms + preemptions + vllm_preemptions
@@ -80,10 +69,34 @@ def oom_fragmentation(scope: Scope, window: Window, t: Thresholds) -> ScopeFindi
         return alert_finding(tuple(alerts), "; ".join(parts), proof, tuple(dict.fromkeys(steps)))
     if failures == 0:
         return ScopeFinding(Status.OK, "no OOM or preemption in the window", proof)
-    # Failures the alerts do not page for: advice, not a finding (severity info).
-    if growpage_full or vllm_full:
+    return _unpaged_failures(scope, t, events, proof, growpage_full or vllm_full, is_stranded)
+
+
+def _evidence(scope: Scope, window: Window, t: Thresholds, preemptions: float, vllm_preemptions_per_s: float | None,
+              fragmentation: float | None) -> dict[str, object]:
+    """What the finding shows: failures, both pools' fullness, stranded slots, fragmentation, the build."""
+    limits = t.checklist
+    return evidence(
+        catalog.OOM_EVENTS.name, scope.oom_events or 0.0, 0, window, preemptions=preemptions,
+        vllm_preemptions=scope.vllm_preemptions or 0.0, vllm_preemptions_per_s=vllm_preemptions_per_s,
+        vllm_preemptions_per_s_threshold=catalog.VLLM_PREEMPTIONS_PER_S_HIGH,
+        vllm_kv_cache_usage_max=scope.vllm_kv_cache_usage_max,
+        vllm_kv_cache_usage_threshold=limits.vllm_kv_cache_usage_full, vllm_queue_growth=scope.vllm_queue_growth,
+        pool_free_fraction_min=scope.pool_free_fraction_min,
+        pool_free_low_threshold=limits.pool_free_low, stranded_slots_max=scope.stranded_slots_max,
+        stranded_slots_threshold=limits.stranded_slots_high, fragmentation_max=fragmentation,
+        fragmentation_threshold=limits.fragmentation_high,
+        gpu_framebuffer_used_max=scope.gpu_framebuffer_used_max, mode=scope.build_value("mode"),
+        home=scope.build_value("engine"), base_pages=scope.build_value("base_pages"),
+        block_size=scope.build_value("block_size"))
+
+
+def _unpaged_failures(scope: Scope, t: Thresholds, events: str, proof: dict[str, object], full: bool,
+                      is_stranded: bool) -> ScopeFinding:
+    """Failures the alerts do not page for: advice, not a finding (severity info)."""
+    if full:
         why = (f"{events}; the KV cache was full of live tokens: memory is genuinely full, a capacity question"
-               if not is_stranded or stranded is None else f"{events}")
+               if not is_stranded else f"{events}")
         return ScopeFinding(Status.OK, why, proof, advice.genuinely_full(scope, t), Severity.INFO)
     return ScopeFinding(
         Status.OK, f"{events} while the pool still had free pages: not a shortage of GrowPage pages", proof,

@@ -170,6 +170,12 @@ _Templates = dict[tuple[str, ...], tuple[str, tuple[str, ...]]]
 
 def _templates(q: _Queries, dcgm_labels: Mapping[str, str]) -> _Templates:
     """The PromQL behind every Scope field, with ``{by}`` where the grouping goes."""
+    return {**_growpage_templates(q), **_dcgm_templates(q, dcgm_labels), **_vllm_templates(q),
+            **_target_templates(q)}
+
+
+def _growpage_templates(q: _Queries) -> _Templates:
+    """GrowPage's own series: gauges as mean/min/max/last, counters and histograms as increases."""
     c = catalog
     r, sub = q.range, q.subquery
 
@@ -182,10 +188,7 @@ def _templates(q: _Queries, dcgm_labels: Mapping[str, str]) -> _Templates:
         return f"sum {{by}} (increase({q.select(name)}{r}))"
 
     pool, free = q.select(c.POOL_PAGES.name), q.select(c.POOL_PAGES.name, 'state="free"')
-    agents = q.select(c.BUILD_INFO.name)
-    used, unused = c.DCGM_FB_USED, c.DCGM_FB_FREE
     live, granted = q.select(c.LIVE_TOKENS.name), q.select(c.GRANTED_TOKEN_SLOTS.name)
-    info = f"last_over_time({q.select(c.BUILD_INFO.name)}{r})"
     templates: _Templates = {}
     for field, name in (("utilization", c.UTILIZATION.name), ("fragmentation", c.FRAGMENTATION.name),
                         ("intra_page_compress_ratio", c.INTRA_PAGE_COMPRESS_RATIO.name)):
@@ -205,24 +208,38 @@ def _templates(q: _Queries, dcgm_labels: Mapping[str, str]) -> _Templates:
         f"min {{by}} (min_over_time((sum without (state) ({free}) / sum without (state) ({pool})){sub}))", ())
     templates[("pool_pages_last",)] = (f"sum {{by}} (last_over_time({pool}{r}))", ("state",))
     templates[("requests_running_max",)] = (f"max {{by}} (max_over_time({q.select(c.REQUESTS_RUNNING.name)}{r}))", ())
-    templates[("build_infos",)] = (f"max {{by}} ({info})", _BUILD_LABELS)
-    framebuffer = _dcgm_joined(f"{used} / ({used} + {unused})", dcgm_labels, agents)
-    templates[("gpu_framebuffer_used_max",)] = (f"max {{by}} (max_over_time({framebuffer}{sub}))", ())
-    templates[("gpu_models",)] = (
-        f"count {{by}} ({_dcgm_joined(f'last_over_time({used}{r})', dcgm_labels, f'last_over_time({agents}{r})')})",
-        (c.DCGM_MODEL_NAME_LABEL,))
+    templates[("build_infos",)] = (f"max {{by}} (last_over_time({q.select(c.BUILD_INFO.name)}{r}))", _BUILD_LABELS)
     templates[("stranded_slots_max",)] = (
         f"max {{by}} (max_over_time((1 - sum {{by}} ({live}) / (sum {{by}} ({granted}) > 0)){sub}))", ())
     # Pooled utilization as the alerts read it: sum of live tokens over sum of granted slots.
     pooled = f"(sum {{by}} ({live}) / (sum {{by}} ({granted}) > 0))"
     for stat, function in (("mean", "avg"), ("min", "min"), ("max", "max"), ("last", "last")):
         templates[("pooled_utilization", stat)] = (f"{function}_over_time({pooled}{sub})", ())
-    # vLLM's own series of the selection's pods (another scrape job: joined on the pod, never on $job).
-    vllm_pods = f"max by (namespace, pod) (last_over_time({agents}{r}))"
+    templates[("inactive_components",)] = (
+        f"max {{by}} (last_over_time({q.select(c.AGENT_ACTIVE.name)}{r}) < 1)", ("component", "reason"))
+    return templates
+
+
+def _dcgm_templates(q: _Queries, dcgm_labels: Mapping[str, str]) -> _Templates:
+    """The GPUs of the selection's pods, from a DCGM exporter: framebuffer use and models."""
+    r, sub = q.range, q.subquery
+    agents = q.select(catalog.BUILD_INFO.name)
+    used, unused = catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE
+    framebuffer = _dcgm_joined(f"{used} / ({used} + {unused})", dcgm_labels, agents)
+    models = _dcgm_joined(f"last_over_time({used}{r})", dcgm_labels, f"last_over_time({agents}{r})")
+    return {("gpu_framebuffer_used_max",): (f"max {{by}} (max_over_time({framebuffer}{sub}))", ()),
+            ("gpu_models",): (f"count {{by}} ({models})", (catalog.DCGM_MODEL_NAME_LABEL,))}
+
+
+def _vllm_templates(q: _Queries) -> _Templates:
+    """vLLM's own series of the selection's pods (another scrape job: joined on the pod, never on $job)."""
+    c, r = catalog, q.range
+    vllm_pods = f"max by (namespace, pod) (last_over_time({q.select(c.BUILD_INFO.name)}{r}))"
 
     def vllm(expr: str) -> str:
         return f"({expr} and on (namespace, pod) {vllm_pods})"
 
+    templates: _Templates = {}
     for field, histogram in (("vllm_ttft", c.VLLM_TTFT), ("vllm_itl", c.VLLM_ITL)):
         templates[(field, "buckets")] = (f"sum {{by}} ({vllm(f'increase({histogram}_bucket{r})')})", ("le",))
         templates[(field, "sum")] = (f"sum {{by}} ({vllm(f'increase({histogram}_sum{r})')})", ())
@@ -231,16 +248,21 @@ def _templates(q: _Queries, dcgm_labels: Mapping[str, str]) -> _Templates:
         f"max {{by}} ({vllm(f'max_over_time({c.VLLM_KV_CACHE_USAGE}{r})')})", ())
     templates[("vllm_queue_growth",)] = (
         f"sum {{by}} ({vllm(f'delta({c.VLLM_REQUESTS_WAITING}{r})')})", ())
-    templates[("inactive_components",)] = (
-        f"max {{by}} (last_over_time({q.select(c.AGENT_ACTIVE.name)}{r}) < 1)", ("component", "reason"))
+    return templates
+
+
+def _target_templates(q: _Queries) -> _Templates:
+    """The scrape itself: targets up and down, and how old the newest sample is."""
+    info = f"last_over_time({q.select(catalog.BUILD_INFO.name)}{q.range})"
     # Targets whose scrape exported GrowPage in the window, by job/instance: works with any job name.
     up = q.select("up")
-    templates[("targets_total",)] = (f"count {{by}} ({up} and on (job, instance) {info})", ())
-    templates[("targets_down",)] = (f"count {{by}} (({up} == 0) and on (job, instance) {info})", ())
-    # Age of the newest sample: timestamp() of the raw samples, newest over the window.
-    templates[("sample_age_s",)] = (
-        f"time() - max {{by}} (max_over_time(timestamp({q.select(c.BUILD_INFO.name)}){sub}))", ())
-    return templates
+    return {
+        ("targets_total",): (f"count {{by}} ({up} and on (job, instance) {info})", ()),
+        ("targets_down",): (f"count {{by}} (({up} == 0) and on (job, instance) {info})", ()),
+        # Age of the newest sample: timestamp() of the raw samples, newest over the window.
+        ("sample_age_s",): (
+            f"time() - max {{by}} (max_over_time(timestamp({q.select(catalog.BUILD_INFO.name)}){q.subquery}))", ()),
+    }
 
 
 def _run_templates(prom: _Client, q: _Queries, templates: _Templates) -> dict[str, Scope]:
@@ -260,28 +282,43 @@ def _run_templates(prom: _Client, q: _Queries, templates: _Templates) -> dict[st
     return {scope: _scope(scope, found) for scope, found in values.items()}
 
 
-def _scope(name: str, found: Mapping[tuple[str, ...], list[tuple[dict[str, str], float]]]) -> Scope:
-    def one(key: tuple[str, ...]) -> float | None:
-        rows = [value for _, value in found.get(key, ()) if math.isfinite(value)]  # NaN/Inf are no data
+_Rows = Mapping[tuple[str, ...], list[tuple[dict[str, str], float]]]
+
+
+class _ScopeRows:
+    """One scope's query results (template key -> rows of labels and value), read as Scope's field types.
+
+    NaN and Inf are no data: a field whose rows are all non-finite reads ``None``.
+    """
+
+    def __init__(self, found: _Rows):
+        self.found = found
+
+    def one(self, key: tuple[str, ...]) -> float | None:
+        rows = [value for _, value in self.found.get(key, ()) if math.isfinite(value)]
         return rows[0] if rows else None
 
-    def by_label(key: tuple[str, ...], label: str) -> dict[str, float] | None:
-        rows = [(labels, value) for labels, value in found.get(key, ()) if math.isfinite(value)]
+    def by_label(self, key: tuple[str, ...], label: str) -> dict[str, float] | None:
+        rows = [(labels, value) for labels, value in self.found.get(key, ()) if math.isfinite(value)]
         return {labels.get(label, ""): value for labels, value in rows} if rows else None
 
-    def gauge(field: str) -> GaugeStats | None:
-        mean, low, high, last = (one((field, stat)) for stat in ("mean", "min", "max", "last"))
+    def gauge(self, field: str) -> GaugeStats | None:
+        mean, low, high, last = (self.one((field, stat)) for stat in ("mean", "min", "max", "last"))
         if mean is None or low is None or high is None or last is None:
             return None
         return GaugeStats(mean=mean, min=low, max=high, last=last)
 
-    def histogram(field: str) -> HistogramCounts | None:
-        buckets = by_label((field, "buckets"), "le")
+    def histogram(self, field: str) -> HistogramCounts | None:
+        buckets = self.by_label((field, "buckets"), "le")
         if not buckets:
             return None
         return HistogramCounts(buckets=tuple(sorted((float(le), count) for le, count in buckets.items() if le)),
-                               total_sum=one((field, "sum")))
+                               total_sum=self.one((field, "sum")))
 
+
+def _scope(name: str, found: _Rows) -> Scope:
+    rows = _ScopeRows(found)
+    one, by_label, gauge, histogram = rows.one, rows.by_label, rows.gauge, rows.histogram
     targets_total, targets_down = one(("targets_total",)), one(("targets_down",))
     return Scope(
         name=name,
