@@ -236,15 +236,7 @@ def estimate_kv_size(
     _require_positive("batch", batch, "the number of concurrent requests")
     _require_positive("block_size", block_size, "token slots per page, e.g. 16")
     dtype = canonical_dtype(dtype)
-    bits_per_element = DTYPE_BITS[dtype]
-
-    # A head vector is packed on its own (two int4 per byte), so an odd int4 head_dim rounds up.
-    bytes_per_head_vector = math.ceil(head_dim * bits_per_element / 8)
-    data_bytes_per_token = layers * kv_heads * KV_TENSORS_PER_LAYER * bytes_per_head_vector
-    scale_bytes_per_page = 0
-    if dtype in QUANTIZED_DTYPES:
-        scale_bytes_per_page = layers * KV_TENSORS_PER_LAYER * kv_heads * SCALE_BYTES
-
+    data_bytes_per_token, scale_bytes_per_page = _element_bytes(layers, kv_heads, head_dim, dtype)
     pages_per_request = math.ceil(tokens / block_size)
     bytes_per_page = block_size * data_bytes_per_token + scale_bytes_per_page
     # A partly filled last page still carries its full set of scales.
@@ -272,6 +264,20 @@ def estimate_kv_size(
         formula=_formula(layers, kv_heads, head_dim, dtype, block_size, data_bytes_per_token,
                          scale_bytes_per_page),
     )
+
+
+def _element_bytes(layers: int, kv_heads: int, head_dim: int, dtype: str) -> tuple[int, int]:
+    """``(data bytes per token, scale bytes per page)`` of a model's K and V in ``dtype`` (canonical).
+
+    Quantized pages carry one scale per layer, tensor (K, V) and KV head; unquantized pages none.
+    """
+    # A head vector is packed on its own (two int4 per byte), so an odd int4 head_dim rounds up.
+    bytes_per_head_vector = math.ceil(head_dim * DTYPE_BITS[dtype] / 8)
+    data_bytes_per_token = layers * kv_heads * KV_TENSORS_PER_LAYER * bytes_per_head_vector
+    scale_bytes_per_page = 0
+    if dtype in QUANTIZED_DTYPES:
+        scale_bytes_per_page = layers * KV_TENSORS_PER_LAYER * kv_heads * SCALE_BYTES
+    return data_bytes_per_token, scale_bytes_per_page
 
 
 def quoted_example_note(estimate: KVSizeEstimate) -> str | None:
