@@ -122,47 +122,70 @@ def probe_layout(write: CacheWrite, cache_like: torch.Tensor, num_kv_heads: int,
     # coordinate of (slot, head, dim), in the [tokens, heads, head_dim] order vLLM writes
     coordinates = torch.arange(count, device=device).view(num_kv_heads, block_size, head_dim).permute(1, 0, 2)
     slots = torch.arange(block_size, dtype=torch.long, device=device)
+    indices = []
+    for writes_key in (True, False):
+        probed = _probe_tensor(write, writes_key, scratch, coordinates, slots)
+        if probed is None:
+            return None
+        positions, found = probed
+        index = torch.empty(count, dtype=torch.long, device=device)
+        index[found] = _storage_offsets(positions, cache_like)
+        indices.append(index.view(num_kv_heads, block_size, head_dim))
+    return BlockLayout(key_index=indices[0], value_index=indices[1], block_stride=int(cache_like.stride(0)))
+
+
+def _probe_tensor(write: CacheWrite, writes_key: bool, scratch: torch.Tensor, coordinates: torch.Tensor,
+                  slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Where the backend puts each element of K (``writes_key``) or V in ``scratch``.
+
+    Each write stores one base-``DIGIT_BASE`` digit (plus one, so zero means unwritten) of every
+    element's coordinate; reading the digits back spells out the coordinate at each written place.
+
+    Returns:
+        ``(positions, coordinates)``: the written places in ``scratch``'s logical order ``[count]``, and the
+        coordinate found at each ``[count]``; None when the writes do not round-trip exactly.
+    """
+    count, device = coordinates.numel(), coordinates.device
     num_digits = 1
     while DIGIT_BASE ** num_digits < count:
         num_digits += 1
-    # a logical element of one block -> its offset from the block's base in the real storage
-    inner_shape = torch.tensor(cache_like.shape[1:], device=device)
-    inner_strides = torch.tensor(cache_like.stride()[1:], device=device)
-    indices = []
-    for writes_key in (True, False):
-        found: torch.Tensor | None = None
-        positions: torch.Tensor | None = None
-        for digit in range(num_digits):
-            probe = ((coordinates // DIGIT_BASE ** digit) % DIGIT_BASE + 1).to(cache_like.dtype)
-            zeros = torch.zeros_like(probe)
-            scratch.zero_()
-            try:
-                write(probe if writes_key else zeros, zeros if writes_key else probe, scratch, slots)
-            except Exception:
-                return None  # the backend cannot write this layout from a scratch block
-            flat = scratch.contiguous().reshape(-1).float()  # logical order
-            written = flat.nonzero().flatten()
-            if positions is None:
-                positions, found = written, torch.zeros(written.numel(), dtype=torch.long, device=device)
-            if written.numel() != count or not torch.equal(written, positions):
-                return None
-            digits = flat[written].round().long() - 1
-            if ((digits < 0) | (digits >= DIGIT_BASE)).any():
-                return None
-            assert found is not None
-            found += digits * DIGIT_BASE ** digit
-        assert found is not None and positions is not None
-        if not torch.equal(torch.sort(found).values, torch.arange(count, device=device)):
-            return None  # not a permutation: values were transformed (quantized, scaled)
-        offsets = torch.zeros_like(positions)
-        remainder = positions.clone()
-        for axis in range(inner_shape.numel() - 1, -1, -1):  # unravel, then dot with the real strides
-            offsets += (remainder % inner_shape[axis]) * inner_strides[axis]
-            remainder = remainder // inner_shape[axis]
-        index = torch.empty(count, dtype=torch.long, device=device)
-        index[found] = offsets
-        indices.append(index.view(num_kv_heads, block_size, head_dim))
-    return BlockLayout(key_index=indices[0], value_index=indices[1], block_stride=int(cache_like.stride(0)))
+    found: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    for digit in range(num_digits):
+        probe = ((coordinates // DIGIT_BASE ** digit) % DIGIT_BASE + 1).to(scratch.dtype)
+        zeros = torch.zeros_like(probe)
+        scratch.zero_()
+        try:
+            write(probe if writes_key else zeros, zeros if writes_key else probe, scratch, slots)
+        except Exception:
+            return None  # the backend cannot write this layout from a scratch block
+        flat = scratch.contiguous().reshape(-1).float()  # logical order
+        written = flat.nonzero().flatten()
+        if positions is None:
+            positions, found = written, torch.zeros(written.numel(), dtype=torch.long, device=device)
+        if written.numel() != count or not torch.equal(written, positions):
+            return None
+        digits = flat[written].round().long() - 1
+        if ((digits < 0) | (digits >= DIGIT_BASE)).any():
+            return None
+        assert found is not None
+        found += digits * DIGIT_BASE ** digit
+    assert found is not None and positions is not None
+    if not torch.equal(torch.sort(found).values, torch.arange(count, device=device)):
+        return None  # not a permutation: values were transformed (quantized, scaled)
+    return positions, found
+
+
+def _storage_offsets(positions: torch.Tensor, cache_like: torch.Tensor) -> torch.Tensor:
+    """Logical positions within one block ``[n]`` -> offsets from the block's base in the real storage."""
+    inner_shape = torch.tensor(cache_like.shape[1:], device=positions.device)
+    inner_strides = torch.tensor(cache_like.stride()[1:], device=positions.device)
+    offsets = torch.zeros_like(positions)
+    remainder = positions.clone()
+    for axis in range(inner_shape.numel() - 1, -1, -1):  # unravel, then dot with the real strides
+        offsets += (remainder % inner_shape[axis]) * inner_strides[axis]
+        remainder = remainder // inner_shape[axis]
+    return offsets
 
 
 def storage_of(kv_cache: torch.Tensor) -> torch.Tensor:
