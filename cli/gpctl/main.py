@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from gpctl.commands import alerts, bench, calibrate, dashboards, demo, diagnose, kv_size, model, serve
+from gpctl.commands import alerts, bench, calibrate, dashboards, demo, diagnose, fleet, kv_size, model, serve
 from gpctl.errors import GrowPageGroup
 from growpage import __version__
 
@@ -45,6 +45,7 @@ def _root(
 
 app.command(name="kv-size")(kv_size.kv_size)
 app.command(name="serve")(serve.serve)
+app.command(name="fleet")(fleet.fleet)
 app.command(name="demo")(demo.demo)
 app.add_typer(bench.app, name="bench")
 app.add_typer(model.app, name="model")

@@ -42,6 +42,9 @@ BasePagesOption = Annotated[int | None, typer.Option(
          "reference: pages granted at admission, default 128).")]
 BlockSizeOption = Annotated[int | None, typer.Option(help="Tokens per page.")]
 KvCacheMibOption = Annotated[int, typer.Option(min=1, help="Memory for KV pages.")]
+KvBlocksOption = Annotated[int | None, typer.Option(
+    min=1, help="vllm: KV blocks in the pool (vLLM's --num-gpu-blocks-override; a fleet sizes replicas with it). "
+                "Default: what --gpu-memory-utilization leaves.")]
 MaxModelLenOption = Annotated[int | None, typer.Option(
     min=1, help="Context a request may use (prompt + output); default: the model's.")]
 MaxNumSeqsOption = Annotated[int, typer.Option(min=1, help="Running requests at most.")]
@@ -80,6 +83,7 @@ def serve(
     base_pages: BasePagesOption = None,
     block_size: BlockSizeOption = None,
     kv_cache_mib: KvCacheMibOption = 256,
+    kv_blocks: KvBlocksOption = None,
     max_model_len: MaxModelLenOption = None,
     max_num_seqs: MaxNumSeqsOption = 32,
     max_num_batched_tokens: MaxNumBatchedTokensOption = 512,
@@ -106,7 +110,8 @@ def serve(
         raise typer.Exit(_serve_vllm(model, host, port, mode, config, base_pages, block_size, max_num_seqs,
                                      max_num_batched_tokens, served_model_name, metrics_port, listen,
                                      no_prefix_caching, api_key, max_model_len, shutdown_timeout,
-                                     _client_choices(allow_mode_override, client_namespaces, namespace_header)))
+                                     _client_choices(allow_mode_override, client_namespaces, namespace_header),
+                                     kv_blocks))
     if engine != "reference":
         raise GrowPageError(f"--engine {engine} is unknown; use --engine reference or --engine vllm")
 
@@ -186,7 +191,8 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
                 base_pages: int | None, block_size: int | None, max_num_seqs: int, max_num_batched_tokens: int,
                 served_model_name: str | None, metrics_port: int | None, metrics_host: str, no_prefix_caching: bool,
                 api_key: str | None, max_model_len: int | None,
-                shutdown_timeout: float, client_choices: dict[str, str] | None = None) -> int:
+                shutdown_timeout: float, client_choices: dict[str, str] | None = None,
+                kv_blocks: int | None = None) -> int:
     """Start vLLM's OpenAI server with the GrowPage plugin as a child; returns its exit status."""
     import sys
 
@@ -216,6 +222,8 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
         extra += ["--served-model-name", served_model_name]
     if no_prefix_caching:
         extra += ["--no-enable-prefix-caching"]
+    if kv_blocks is not None:
+        extra += ["--num-gpu-blocks-override", str(kv_blocks)]
     env_extra = {"VLLM_API_KEY": api_key} if api_key else {}  # the environment, not argv: ps shows argv
     model_dir = resolve_model_dir(model)
     typer.echo(f"serving {model_dir} on vLLM with GrowPage mode={growpage_config.mode.value} "

@@ -1,0 +1,74 @@
+"""``gpctl fleet``: N ``gpctl serve --engine vllm`` replicas and vLLM's router on this machine.
+
+The library (:mod:`growpage.vllm_plugin.fleet`) starts and stops the processes; this command parses
+the options, prints where everything listens and waits for SIGINT/SIGTERM (or a process that dies),
+then stops every process group it started.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from growpage.errors import ConfigError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--kv-blocks {text!r}: give whole numbers separated by commas, e.g. 64,256") from None
+    if any(value < 1 for value in values):
+        raise ConfigError(f"--kv-blocks {text!r}: every replica needs at least 1 block")
+    return values
+
+
+def fleet(
+    replicas: Annotated[int, typer.Option(help="Replicas to start.")] = 2,
+    port: Annotated[int, typer.Option(help="API port of the first replica (the next ones follow).")] = 8001,
+    router_port: Annotated[int, typer.Option(help="The router's port: send requests here.")] = 8000,
+    metrics_port: Annotated[int, typer.Option(help="GrowPage exporter port of the first replica.")] = 9464,
+    policy: Annotated[str, typer.Option(help="vllm-router policy (power_of_two reads GrowPage's /get_load).")]
+    = "power_of_two",
+    mode: Annotated[str, typer.Option(help="GrowPage mode of every replica: off | monitor | enforce, or vllm "
+                                           "(vLLM alone).")] = "enforce",
+    kv_blocks: Annotated[str, typer.Option(help="KV blocks per replica, one value for all or one per replica "
+                                                "(e.g. 64,256). Default: vLLM's sizing.")] = "",
+    base_pages: Annotated[int | None, typer.Option(help="The floor no compression goes below, in blocks.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(min=1, help="Context per request.")] = None,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Running requests per replica at most.")] = 8,
+    model: Annotated[Path | None, typer.Option(help="Model folder (default: the packaged model).")] = None,
+    served_model_name: Annotated[str, typer.Option(help="Model id clients send.")] = "growpage",
+    load_poll: Annotated[int, typer.Option(min=1, help="Seconds between the router's /get_load polls.")] = 1,
+    log_dir: Annotated[Path, typer.Option(help="One log file per process.")] = Path("fleet-logs"),
+    startup_timeout: Annotated[float, typer.Option(min=1, help="Seconds each process may take to answer.")] = 900,
+) -> None:
+    """Start a fleet on loopback and keep it up until Ctrl-C (every process group is stopped then)."""
+    from growpage.vllm_plugin.fleet import Fleet, fleet_spec, router_executable
+    from growpage.vllm_plugin.serve import check_vllm_installed
+
+    spec = fleet_spec(replicas=replicas, port=port, router_port=router_port, metrics_port=metrics_port, mode=mode,
+                      kv_blocks=_int_list(kv_blocks), policy=policy, model=str(model) if model else None,
+                      base_pages=base_pages, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                      served_model_name=served_model_name, load_poll_s=load_poll)
+    check_vllm_installed()
+    router_executable()  # fails with the fix before a minute of vLLM start-up
+    stopping = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with Fleet(spec, log_dir) as running:
+            typer.echo(f"starting {replicas} replicas and the router (logs in {log_dir})", err=True)
+            running.start(startup_timeout)
+            for name, where in running.urls().items():
+                typer.echo(f"{name}: {where}")
+            while not stopping.wait(1.0):
+                if running.exited():
+                    raise ConfigError(f"{', '.join(running.exited())} exited; see the logs in {log_dir}")
+            typer.echo("stopping the fleet", err=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
