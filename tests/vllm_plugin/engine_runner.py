@@ -85,16 +85,8 @@ def _traced_batch(llm, traced: dict, collector: _Collector) -> dict:
     return {"trace_ids": trace_ids, "spans": [s for s in collector.spans if s["trace_id"] in wanted]}
 
 
-def run_phase(model: str, tmp: str, phase: dict) -> dict:
-    from vllm import LLM, SamplingParams
-
-    name = phase["name"]
-    load_log = os.path.join(tmp, f"loads-{name}.log")
-    enforce_log = os.path.join(tmp, f"enforce-{name}.log")
-    os.environ["GROWPAGE_VLLM_LOAD_LOG"] = load_log  # spawned EngineCore and worker inherit these
-    os.environ["GROWPAGE_VLLM_ENFORCE_LOG"] = enforce_log
-    saved_env = {key: os.environ.get(key) for key in phase.get("env", {})}
-    os.environ.update(phase.get("env", {}))  # e.g. one CPU per tensor-parallel worker
+def _engine_args(phase: dict) -> dict:
+    """vLLM's engine arguments for ``phase``: the suite's small engine, then the phase's own."""
     # float32: vLLM's CPU kernels then take the `vec` path, whose outputs repeat exactly from engine
     # to engine; bf16 on AMX CPUs does not (runs were seen to part at near-ties), and these tests
     # compare token ids across engines. AMX itself is covered by the layout tests and the demo test.
@@ -107,6 +99,37 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
               **phase.get("engine", {})}
     if torch.cuda.is_available() and phase["growpage"].get("mode") == "enforce":
         engine.setdefault("async_scheduling", False)  # on by default on CUDA, and enforce needs it off
+    return engine
+
+
+def _generate(llm, batch: dict) -> dict:
+    """One batch, greedy and to its full length: its time, token ids, prompt token ids and texts."""
+    from vllm import SamplingParams
+
+    count = len(batch["prompts"])
+    extra = batch.get("extra_args") or [None] * count
+    max_tokens = batch["max_tokens"] if isinstance(batch["max_tokens"], list) else [batch["max_tokens"]] * count
+    params = [SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, extra_args=args)
+              for tokens, args in zip(max_tokens, extra, strict=True)]
+    started = time.monotonic()
+    outputs = llm.generate(batch["prompts"], params, use_tqdm=False)
+    return {"generate_s": time.monotonic() - started,
+            "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+            "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
+            "texts": [o.outputs[0].text for o in outputs]}
+
+
+def run_phase(model: str, tmp: str, phase: dict) -> dict:
+    from vllm import LLM
+
+    name = phase["name"]
+    load_log = os.path.join(tmp, f"loads-{name}.log")
+    enforce_log = os.path.join(tmp, f"enforce-{name}.log")
+    os.environ["GROWPAGE_VLLM_LOAD_LOG"] = load_log  # spawned EngineCore and worker inherit these
+    os.environ["GROWPAGE_VLLM_ENFORCE_LOG"] = enforce_log
+    saved_env = {key: os.environ.get(key) for key in phase.get("env", {})}
+    os.environ.update(phase.get("env", {}))  # e.g. one CPU per tensor-parallel worker
+    engine = _engine_args(phase)
     collector = None
     if phase.get("traced"):  # vLLM traces to a collector in this process; GrowPage joins its spans
         collector = _Collector()
@@ -126,18 +149,7 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
                                                           timeout=10).read().decode()
     try:
         for batch in phase["batches"]:
-            count = len(batch["prompts"])
-            extra = batch.get("extra_args") or [None] * count
-            max_tokens = batch["max_tokens"] if isinstance(batch["max_tokens"], list) else [batch["max_tokens"]] * count
-            params = [SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, extra_args=args)
-                      for tokens, args in zip(max_tokens, extra, strict=True)]
-            started = time.monotonic()
-            outputs = llm.generate(batch["prompts"], params, use_tqdm=False)
-            result["batches"][batch["name"]] = {
-                "generate_s": time.monotonic() - started,
-                "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-                "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
-                "texts": [o.outputs[0].text for o in outputs]}
+            result["batches"][batch["name"]] = _generate(llm, batch)
         if collector is not None:
             result["traced"] = _traced_batch(llm, phase["traced"], collector)
         result["metrics"] = _scrape(llm, port) if phase.get("scrape") and port > 0 else ""
