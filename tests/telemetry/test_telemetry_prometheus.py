@@ -59,55 +59,65 @@ def test_prometheus_scrapes_every_contract_metric_from_a_live_engine(live_engine
             f"count_over_time({selector(catalog.ALLOCATIONS.name)}[1m])") >= 4, 30, what="4 scrapes")
         wait_until(lambda: prom.query(selector(catalog.INTRA_PAGE_COMPRESS_RATIO.name)), 30,
                    what="a compression")
+        assert_every_series_with_its_labels_and_metadata(prom)
+        assert_values_an_sre_expects(prom)
+        assert_exemplars_name_exported_spans(prom, spans)
 
-        for spec in catalog.METRICS:  # present, with the model label and only the contract's labels
-            for name in spec.series_names:
-                result = prom.query(selector(name))
-                assert result, f"{name} is missing from Prometheus"
-                for series in result:
-                    labels = set(series["metric"]) - {"__name__", "job", "instance"}
-                    bucket = {"le"} if name.endswith("_bucket") else set()
-                    expected = {catalog.MODEL_LABEL, *spec.exported_labels} | bucket
-                    assert labels == expected, (name, series["metric"])
-                    assert series["metric"][catalog.MODEL_LABEL] == MODEL
-            # Prometheus keys OpenMetrics metadata by family name (counters without _total).
-            counter = spec.type is catalog.MetricType.COUNTER
-            family = spec.name.removesuffix("_total") if counter else spec.name
-            metadata = prom.metadata(family)
-            assert {m["type"] for m in metadata} == {PROMETHEUS_TYPE[spec.type]}, (family, metadata)
-            assert {m["help"] for m in metadata} == {spec.help}
 
-        def value(expr):
-            result = prom.query_value(expr)
-            assert result is not None, expr
-            return result
+def assert_every_series_with_its_labels_and_metadata(prom):
+    """Every contract series is present, with the model label and only the contract's labels."""
+    for spec in catalog.METRICS:
+        for name in spec.series_names:
+            result = prom.query(selector(name))
+            assert result, f"{name} is missing from Prometheus"
+            for series in result:
+                labels = set(series["metric"]) - {"__name__", "job", "instance"}
+                bucket = {"le"} if name.endswith("_bucket") else set()
+                expected = {catalog.MODEL_LABEL, *spec.exported_labels} | bucket
+                assert labels == expected, (name, series["metric"])
+                assert series["metric"][catalog.MODEL_LABEL] == MODEL
+        # Prometheus keys OpenMetrics metadata by family name (counters without _total).
+        counter = spec.type is catalog.MetricType.COUNTER
+        family = spec.name.removesuffix("_total") if counter else spec.name
+        metadata = prom.metadata(family)
+        assert {m["type"] for m in metadata} == {PROMETHEUS_TYPE[spec.type]}, (family, metadata)
+        assert {m["help"] for m in metadata} == {spec.help}
 
-        assert 0.0 <= value(selector(catalog.UTILIZATION.name)) <= 1.0
-        assert 0.0 <= value(selector(catalog.FRAGMENTATION.name)) <= 1.0
-        assert value(selector(catalog.COMPRESSION_RATIO.name)) >= 1.0
-        assert value(selector(catalog.INTRA_PAGE_COMPRESS_RATIO.name)) > 1.0
-        assert value(f"sum({selector(catalog.POOL_PAGES.name)})") == 32
-        assert value(f"max_over_time({selector(catalog.REQUESTS_RUNNING.name)}[1m])") > 0
-        assert value(f"max_over_time({selector(catalog.DEMAND_P95.name)}[1m])") >= 4  # base_pages
-        assert value(f"increase({selector(catalog.ALLOCATIONS.name)}[1m])") > 0
-        assert value(f"sum({selector(catalog.DECISIONS.name)})") > 0
-        assert value(f'{catalog.DECISIONS.name}{{decision="denied"}}') > 0
-        assert value(f"{selector(catalog.COMPRESS_INPUT_BYTES.name)} - "
-                     f"{selector(catalog.COMPRESS_OUTPUT_BYTES.name)}") > 0
-        assert value(f"sum({selector(catalog.AGENT_ERRORS.name)})") == 0
-        assert value(f'{selector(catalog.BUILD_INFO.name)[:-1]},device="cpu",mode="enforce"}}') == 1
-        # The SLO's query: p99 of page grants, a number (not NaN) from real buckets.
-        p99 = value("histogram_quantile(0.99, sum by (le) (rate("
-                    f"{catalog.ALLOCATION_LATENCY.name}_bucket[30s])))")
-        assert 0 < p99 <= catalog.ALLOCATION_LATENCY.buckets[-1]
-        assert value(f"{catalog.LTS_ENTROPY.name}_count") > 0
-        assert value(f"{catalog.STS_DENSITY.name}_count") > 0
 
-        # Exemplars travelled with the OpenMetrics scrape and name spans the tracer exported.
-        now = time.time()
-        exemplars = wait_until(lambda: http_get_json(
-            f"{prom.url}/api/v1/query_exemplars?query={catalog.ALLOCATION_LATENCY.name}_bucket"
-            f"&start={now - 120}&end={now + 5}")["data"], 20, what="exemplars")
-        trace_ids = {format(s.context.trace_id, "032x") for s in spans.get_finished_spans()}
-        linked = [e["labels"]["trace_id"] for series in exemplars for e in series["exemplars"]]
-        assert linked and set(linked) <= trace_ids
+def assert_values_an_sre_expects(prom):
+    def value(expr):
+        result = prom.query_value(expr)
+        assert result is not None, expr
+        return result
+
+    assert 0.0 <= value(selector(catalog.UTILIZATION.name)) <= 1.0
+    assert 0.0 <= value(selector(catalog.FRAGMENTATION.name)) <= 1.0
+    assert value(selector(catalog.COMPRESSION_RATIO.name)) >= 1.0
+    assert value(selector(catalog.INTRA_PAGE_COMPRESS_RATIO.name)) > 1.0
+    assert value(f"sum({selector(catalog.POOL_PAGES.name)})") == 32
+    assert value(f"max_over_time({selector(catalog.REQUESTS_RUNNING.name)}[1m])") > 0
+    assert value(f"max_over_time({selector(catalog.DEMAND_P95.name)}[1m])") >= 4  # base_pages
+    assert value(f"increase({selector(catalog.ALLOCATIONS.name)}[1m])") > 0
+    assert value(f"sum({selector(catalog.DECISIONS.name)})") > 0
+    assert value(f'{catalog.DECISIONS.name}{{decision="denied"}}') > 0
+    assert value(f"{selector(catalog.COMPRESS_INPUT_BYTES.name)} - "
+                 f"{selector(catalog.COMPRESS_OUTPUT_BYTES.name)}") > 0
+    assert value(f"sum({selector(catalog.AGENT_ERRORS.name)})") == 0
+    assert value(f'{selector(catalog.BUILD_INFO.name)[:-1]},device="cpu",mode="enforce"}}') == 1
+    # The SLO's query: p99 of page grants, a number (not NaN) from real buckets.
+    p99 = value("histogram_quantile(0.99, sum by (le) (rate("
+                f"{catalog.ALLOCATION_LATENCY.name}_bucket[30s])))")
+    assert 0 < p99 <= catalog.ALLOCATION_LATENCY.buckets[-1]
+    assert value(f"{catalog.LTS_ENTROPY.name}_count") > 0
+    assert value(f"{catalog.STS_DENSITY.name}_count") > 0
+
+
+def assert_exemplars_name_exported_spans(prom, spans):
+    """Exemplars travelled with the OpenMetrics scrape and name spans the tracer exported."""
+    now = time.time()
+    exemplars = wait_until(lambda: http_get_json(
+        f"{prom.url}/api/v1/query_exemplars?query={catalog.ALLOCATION_LATENCY.name}_bucket"
+        f"&start={now - 120}&end={now + 5}")["data"], 20, what="exemplars")
+    trace_ids = {format(s.context.trace_id, "032x") for s in spans.get_finished_spans()}
+    linked = [e["labels"]["trace_id"] for series in exemplars for e in series["exemplars"]]
+    assert linked and set(linked) <= trace_ids
