@@ -32,7 +32,8 @@ class Task:
         kind: reasoning | retrieval | summary.
         prompt: the user message (chat-templated by the harness).
         max_tokens: new tokens at most.
-        expected: the ground truth where one exists (retrieval), else None.
+        expected: the ground truth where one exists (retrieval; reasoning prompts with a single
+            numeric result), else None.
     """
 
     task_id: str
@@ -86,8 +87,25 @@ def reasoning_tasks(count: int, max_tokens: int, seed: int = 0) -> list[Task]:
         template = templates[index % len(templates)]
         numbers = dict(a=rng.randint(120, 480), b=rng.randint(12, 48), c=rng.randint(3, 11),
                        d=rng.randint(2, 9), e=rng.randint(20, 99))
-        tasks.append(Task(f"reasoning-{index}", "reasoning", template.format(**numbers), max_tokens))
+        tasks.append(Task(f"reasoning-{index}", "reasoning", template.format(**numbers), max_tokens,
+                          expected=true_result(template, numbers)))
     return tasks
+
+
+def true_result(template: str, numbers: dict[str, int]) -> str | None:
+    """The true final answer of a reasoning prompt, or None where the question has no single number
+    (weeks and days; change a buyer cannot get; minutes that do not divide evenly)."""
+    a, b, c, d, e = (numbers[key] for key in "abcde")
+    results: dict[str, int | None] = {
+        _ARITHMETIC[0]: a * b + c - d,
+        _ARITHMETIC[1]: a + b + c + d + e,
+        _WORD_PROBLEMS[0]: (a + b - c) * d,
+        _WORD_PROBLEMS[1]: a // (b - c) if a % (b - c) == 0 else None,
+        _WORD_PROBLEMS[2]: None,
+        _WORD_PROBLEMS[3]: a - d * b - 2 * d * c if a >= d * b + 2 * d * c else None,
+    }
+    result = results[template]
+    return None if result is None else str(result)
 
 
 def passkey_prompt(context_tokens: int, depth: float, key: str) -> str:

@@ -29,3 +29,6 @@ SUMMARY_PROMPTS = (
     "Summarize in one sentence: Heavy rain flooded several roads overnight; the morning commute "
     "was delayed but no injuries were reported.",
 )
+# The true final answer of each reasoning prompt above, or None where it is not one number (a
+# time of day; two questions in one).
+REASONING_ANSWERS = ("42", "12", None, "129", None, "1081")
