@@ -229,12 +229,8 @@ def estimate_kv_size(
     Raises:
         GrowPageError: a size is not a positive integer, or the dtype is unknown.
     """
-    _require_positive("layers", layers, "the model's num_hidden_layers")
-    _require_positive("kv_heads", kv_heads, "the model's num_key_value_heads")
-    _require_positive("head_dim", head_dim, "the model's head_dim (hidden_size / num_attention_heads)")
-    _require_positive("tokens", tokens, "prompt plus generated tokens per request")
-    _require_positive("batch", batch, "the number of concurrent requests")
-    _require_positive("block_size", block_size, "token slots per page, e.g. 16")
+    _require_sizes(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens, batch=batch,
+                   block_size=block_size)
     dtype = canonical_dtype(dtype)
     data_bytes_per_token, scale_bytes_per_page = _element_bytes(layers, kv_heads, head_dim, dtype)
     pages_per_request = math.ceil(tokens / block_size)
@@ -264,6 +260,22 @@ def estimate_kv_size(
         formula=_formula(layers, kv_heads, head_dim, dtype, block_size, data_bytes_per_token,
                          scale_bytes_per_page),
     )
+
+
+_SIZE_HINTS = {
+    "layers": "the model's num_hidden_layers",
+    "kv_heads": "the model's num_key_value_heads",
+    "head_dim": "the model's head_dim (hidden_size / num_attention_heads)",
+    "tokens": "prompt plus generated tokens per request",
+    "batch": "the number of concurrent requests",
+    "block_size": "token slots per page, e.g. 16",
+}
+
+
+def _require_sizes(**sizes: int) -> None:
+    """Each of ``sizes`` is a positive integer; the error says where the right value comes from."""
+    for name, value in sizes.items():
+        _require_positive(name, value, _SIZE_HINTS[name])
 
 
 def _element_bytes(layers: int, kv_heads: int, head_dim: int, dtype: str) -> tuple[int, int]:

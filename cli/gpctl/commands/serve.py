@@ -101,10 +101,7 @@ def serve(
     shutdown_timeout: ShutdownTimeoutOption = 50.0,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics/growpage."""
-    public_names = _public_names(public)
-    if api_key and "metrics" not in public_names and metrics_port is not None:
-        raise ConfigError("--metrics-port serves /metrics/growpage without the API key; drop --metrics-port or "
-                          "add metrics to --public")
+    public_names = _public_names(public, api_key, metrics_port)
     listen = metrics_host or host
     if engine == "vllm":
         raise typer.Exit(_serve_vllm(model, host, port, mode, config, base_pages, block_size, max_num_seqs,
@@ -170,9 +167,14 @@ def _serve_reference(engine_config: EngineConfig, growpage_config: GrowPageConfi
         stack.close()
 
 
-def _public_names(public: str) -> tuple[str, ...]:
+def _public_names(public: str, api_key: str | None, metrics_port: int | None) -> tuple[str, ...]:
+    """The endpoints open without the API key; refuses a --metrics-port that would open metrics anyway."""
     names = tuple(part.strip().lower() for part in public.split(",") if part.strip())
-    return () if names == ("none",) else names
+    names = () if names == ("none",) else names
+    if api_key and "metrics" not in names and metrics_port is not None:
+        raise ConfigError("--metrics-port serves /metrics/growpage without the API key; drop --metrics-port or "
+                          "add metrics to --public")
+    return names
 
 
 def _choice(flag: bool | None) -> str:
