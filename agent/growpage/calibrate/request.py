@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import shlex
 from pathlib import Path
 
 from growpage.calibrate import sources
 from growpage.calibrate.evidence import Evidence
 from growpage.calibrate.thresholds import DEFAULT_MIN_SAMPLES, Calibration, Quantiles, calibrate
+from growpage.diagnose.sources.choice import require_modules, require_one_source
 from growpage.errors import GrowPageError
 
 DEFAULT_OUTPUT = Path("growpage-calibrated.yaml")
@@ -47,12 +47,7 @@ class CalibrateRequest:
     dry_run: bool = False
 
     def __post_init__(self) -> None:
-        chosen = [name for name, value in (("--endpoint", self.endpoint), ("--prometheus", self.prometheus),
-                                           ("--snapshot", self.snapshots)) if value]
-        if len(chosen) != 1:
-            given = f" (got {' and '.join(chosen)})" if chosen else ""
-            raise GrowPageError("choose exactly one source: --endpoint URL, --prometheus URL or "
-                                f"--snapshot FILE...{given}")
+        require_one_source(self.endpoint, self.prometheus, self.snapshots)
         if (self.namespace or self.at_s is not None) and not self.prometheus:
             raise GrowPageError("--namespace and --at go with --prometheus (an agent's own metrics carry no "
                                 "namespace; use --model-name to pick a model)")
@@ -96,12 +91,8 @@ class CalibrateRequest:
 
 def collect(request: CalibrateRequest) -> Evidence:
     """Read the requested source; raises GrowPageError with one line when it cannot."""
-    needed = ["httpx"] if request.endpoint or request.prometheus else []
-    if not request.prometheus:
-        needed.append("prometheus_client")  # the exposition parser
-    missing = [name for name in needed if importlib.util.find_spec(name) is None]
-    if missing:
-        raise GrowPageError(f"gpctl calibrate needs {' and '.join(missing)}: pip install {' '.join(missing)}")
+    require_modules("calibrate", reads_http=bool(request.endpoint or request.prometheus),
+                    parses_expositions=not request.prometheus)
     if request.endpoint:
         return sources.from_endpoint(request.endpoint, request.duration_s, request.timeout_s)
     if request.prometheus:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.util
 import re
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from growpage.diagnose.checks import run_checks
 from growpage.diagnose.errors import DiagnoseError
 from growpage.diagnose.findings import Report
 from growpage.diagnose.sources import endpoint, prometheus, snapshot
+from growpage.diagnose.sources.choice import require_modules, require_one_source
 from growpage.diagnose.sources.result import SourceResult
 
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
@@ -85,12 +85,7 @@ class DiagnoseRequest:
         return dict(catalog.DCGM_EXPORTED_LABELS if self.dcgm_labels is None else self.dcgm_labels)
 
     def __post_init__(self) -> None:
-        chosen = [name for name, value in (("--endpoint", self.endpoint), ("--prometheus", self.prometheus),
-                                           ("--snapshot", self.snapshots)) if value]
-        if len(chosen) != 1:
-            given = f" (got {' and '.join(chosen)})" if chosen else ""
-            raise DiagnoseError(f"choose exactly one source: --endpoint URL, --prometheus URL or "
-                                f"--snapshot FILE...{given}")
+        require_one_source(self.endpoint, self.prometheus, self.snapshots, DiagnoseError)
         if self.dcgm and not self.endpoint:
             raise DiagnoseError("--dcgm goes with --endpoint (with --prometheus, DCGM series are queried; "
                                 "with --snapshot, pass the DCGM exposition as another snapshot file)")
@@ -98,21 +93,9 @@ class DiagnoseRequest:
             raise DiagnoseError("--namespace, --pod and --at go with --prometheus")
 
 
-def require_modules(request: DiagnoseRequest) -> None:
-    """One clear line, not an ImportError, when an optional dependency diagnose needs is missing."""
-    needed = []
-    if request.endpoint or request.prometheus:
-        needed.append("httpx")  # HTTP with explicit timeouts
-    if not request.prometheus:
-        needed.append("prometheus_client")  # the exposition parsers
-    missing = [name for name in needed if importlib.util.find_spec(name) is None]
-    if missing:
-        raise DiagnoseError(f"gpctl diagnose needs {' and '.join(missing)}: pip install "
-                            f"{' '.join(missing)} (or install growpage with its telemetry and dev extras)")
-
-
 def collect(request: DiagnoseRequest) -> SourceResult:
-    require_modules(request)
+    require_modules("diagnose", reads_http=bool(request.endpoint or request.prometheus),
+                    parses_expositions=not request.prometheus, error=DiagnoseError)
     if request.endpoint:
         return endpoint.observe(request.endpoint, request.dcgm, request.duration_s, request.timeout_s,
                                 dcgm_labels=request.dcgm_label_map)
