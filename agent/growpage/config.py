@@ -274,15 +274,21 @@ def _coerce_value(name: str, type_name: str, value: Any, source: str) -> Any:
     return value
 
 
-def _coerce_int(value: Any, bad: ConfigError) -> Any:
-    """Environment variables arrive as text and YAML may write ``4.0``; ``True`` is not a count."""
+def _number_from_text(value: Any, bad: ConfigError, parse: Callable[[str], int | float]) -> Any:
+    """Text (environment variables arrive as text) parsed by ``parse``; ``True`` is not a number."""
     if isinstance(value, bool):
         raise bad
     if isinstance(value, str):
         try:
-            return int(value.strip())
+            return parse(value.strip())
         except ValueError:
             raise bad from None
+    return value
+
+
+def _coerce_int(value: Any, bad: ConfigError) -> Any:
+    """YAML may write ``4.0`` for a count; anything else is left for validation to reject."""
+    value = _number_from_text(value, bad, int)
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -290,13 +296,7 @@ def _coerce_int(value: Any, bad: ConfigError) -> Any:
 
 def _coerce_float(value: Any, bad: ConfigError) -> Any:
     """Text and ints become floats; anything else is left for validation to reject with its own message."""
-    if isinstance(value, bool):
-        raise bad
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            raise bad from None
+    value = _number_from_text(value, bad, float)
     return float(value) if isinstance(value, int) else value
 
 
