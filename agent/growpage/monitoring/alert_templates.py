@@ -31,11 +31,18 @@ def humanize(value: float) -> str:
                 break
             prefix, value = candidate, value / 1000
     else:
-        for candidate in _SMALL_PREFIXES:
-            if abs(value) >= 1:
-                break
-            prefix, value = candidate, value * 1000
+        value, prefix = _below_one(value)
     return f"{_go_g4(value)}{prefix}"
+
+
+def _below_one(value: float) -> tuple[float, str]:
+    """A value under 1 scaled by 1000 until it is not, with its SI prefix (m, u, n, ...)."""
+    prefix = ""
+    for candidate in _SMALL_PREFIXES:
+        if abs(value) >= 1:
+            break
+        prefix, value = candidate, value * 1000
+    return value, prefix
 
 
 def humanize_duration(value: float) -> str:
@@ -54,11 +61,7 @@ def humanize_duration(value: float) -> str:
         if minutes:
             return f"{sign}{minutes}m {seconds}s"
         return f"{sign}{_go_g4(value)}s"
-    prefix = ""
-    for candidate in _SMALL_PREFIXES:
-        if abs(value) >= 1:
-            break
-        prefix, value = candidate, value * 1000
+    value, prefix = _below_one(value)
     return f"{_go_g4(value)}{prefix}s"
 
 
