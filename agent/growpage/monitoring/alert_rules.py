@@ -416,3 +416,11 @@ def alert_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
 def alert_names() -> list[str]:
     """Alertnames in rule order, each once (burn-rate alerts have one rule per window pair)."""
     return list(dict.fromkeys(rule.name for rule in alert_rules()))
+
+
+def rules_by_name(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, list[AlertRule]]:
+    """Alertname -> its rules (one, or one per burn-rate window pair), in rule order."""
+    grouped: dict[str, list[AlertRule]] = {}
+    for rule in alert_rules(config):
+        grouped.setdefault(rule.name, []).append(rule)
+    return grouped

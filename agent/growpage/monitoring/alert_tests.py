@@ -16,8 +16,8 @@ from growpage.monitoring.alert_rules import (
     SLO_ERROR_BUDGET,
     VLLM_SLO_ALERT_STEMS,
     AlertRule,
-    alert_rules,
     burn_rate_alert_name,
+    rules_by_name,
 )
 from growpage.monitoring.alert_templates import render
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
@@ -427,14 +427,6 @@ def _quiet_case(rules: list[AlertRule], quiet: QuietScenario) -> dict:
         "input_series": [{"series": name, "values": values} for name, values in quiet.series.items()],
         "alert_rule_test": [{"eval_time": quiet_eval_time(rules), "alertname": rules[0].name, "exp_alerts": []}],
     }
-
-
-def rules_by_name(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, list[AlertRule]]:
-    """Alertname -> its rules (one, or one per burn-rate window pair), in rule order."""
-    grouped: dict[str, list[AlertRule]] = {}
-    for rule in alert_rules(config):
-        grouped.setdefault(rule.name, []).append(rule)
-    return grouped
 
 
 def scenario_rule(rules: list[AlertRule], scenario: Scenario) -> AlertRule:

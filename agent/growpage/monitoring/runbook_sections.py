@@ -11,7 +11,7 @@ import re
 
 from growpage import catalog
 from growpage.errors import GrowPageError
-from growpage.monitoring.alert_rules import AlertRule, alert_rules
+from growpage.monitoring.alert_rules import AlertRule, rules_by_name
 from growpage.monitoring.alertmanager import INHIBIT_PAIRS, RECEIVER_BY_SEVERITY
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 
@@ -50,17 +50,10 @@ def _rule_section(rules: list[AlertRule]) -> str:
     return table + "".join(f"\n\n```promql\n{r.expr}\n```" for r in rules)
 
 
-def _grouped(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, list[AlertRule]]:
-    grouped: dict[str, list[AlertRule]] = {}
-    for rule in alert_rules(config):
-        grouped.setdefault(rule.name, []).append(rule)
-    return grouped
-
-
 def _index_section() -> str:
     lines = ["| Alert | Severity | Summary |", "|---|---|---|"]
     lines += [f"| [{name}]({name}.md) | {rules[0].severity} | {rules[0].summary} |"
-              for name, rules in _grouped().items()]
+              for name, rules in rules_by_name().items()]
     return "\n".join(lines)
 
 
@@ -83,14 +76,14 @@ def runbook_files(read_runbook, config: MixinConfig = DEFAULT_CONFIG) -> dict[st
     Raises:
         GrowPageError: a runbook is missing or has no generated block.
     """
-    sections = {f"{name}.md": _rule_section(rules) for name, rules in _grouped(config).items()}
+    sections = {f"{name}.md": _rule_section(rules) for name, rules in rules_by_name(config).items()}
     sections[INDEX] = _index_section()
     missing = [name for name in sections if read_runbook(name) is None]
     if missing:
         raise GrowPageError(f"missing runbooks: {', '.join(f'runbooks/{m}' for m in missing)}; write them "
                             f"(Meaning, Impact, Diagnosis, Mitigation) with the generated-block markers; "
                             f"runbook URLs point at {config.runbook_url('<AlertName>')}")
-    severities = {f"{name}.md": rules[0].severity for name, rules in _grouped(config).items()}
+    severities = {f"{name}.md": rules[0].severity for name, rules in rules_by_name(config).items()}
     updated = {name: replace_generated(read_runbook(name), section, name) for name, section in sections.items()}
     for name, severity in severities.items():
         lead = ESCALATION_LEADS[severity]
