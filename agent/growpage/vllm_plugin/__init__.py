@@ -43,6 +43,7 @@ import logging
 import os
 
 from growpage.vllm_plugin.versions import SUPPORTED_VLLM_SPEC, check_vllm_version
+from growpage.vllm_plugin.wire import append_log_line
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -97,14 +98,7 @@ def register() -> None:
 
 def _mark_loaded(pid: int) -> None:
     """Append ``pid`` to ``$GROWPAGE_VLLM_LOAD_LOG`` when set (tests count loads per process)."""
-    path = os.environ.get("GROWPAGE_VLLM_LOAD_LOG")
-    if not path:
-        return
-    try:
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(f"{pid}\n")
-    except OSError:
-        logger.warning("growpage: cannot write the load log %s", path)
+    append_log_line(os.environ.get("GROWPAGE_VLLM_LOAD_LOG"), str(pid))
 
 
 def _install_backend() -> None:

@@ -76,10 +76,16 @@ class WorkerReport:
 
 def append_enforce_log(path: str | None, record: dict) -> None:
     """One JSON line in ``$GROWPAGE_VLLM_ENFORCE_LOG`` (tests and benchmarks; no-op when unset)."""
+    append_log_line(path, json.dumps(record))
+
+
+def append_log_line(path: str | None, line: str) -> None:
+    """One line in a log file that tests and benchmarks name by environment (no-op when ``path`` is
+    unset); a write that fails only warns, since serving must not depend on it."""
     if not path:
         return
     try:
         with open(path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(line + "\n")
     except OSError:
         logger.warning("growpage: cannot write %s", path)
