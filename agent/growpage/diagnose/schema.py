@@ -18,6 +18,16 @@ _EVIDENCE = {
         "window": {"type": "string"},
     },
 }
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+# What a check reports, and what each scope of its breakdown reports.
+_FINDING_PROPERTIES = {
+    "status": _STATUS,
+    "severity": _SEVERITY,
+    "summary": {"type": "string"},
+    "evidence": _EVIDENCE,
+    "remediation": _STRINGS,
+    "alerts": _STRINGS,
+}
 
 REPORT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -53,7 +63,7 @@ REPORT_SCHEMA = {
             "required": ["ok", "warning", "critical", "unknown"],
             "additionalProperties": {"type": "integer"},
         },
-        "notes": {"type": "array", "items": {"type": "string"}},
+        "notes": _STRINGS,
         "checks": {
             "type": "array",
             "items": {
@@ -65,13 +75,8 @@ REPORT_SCHEMA = {
                                     "over-granting", "allocation-latency", "oom-fragmentation", "rollout",
                                     "agent-health"]},
                     "title": {"type": "string"},
-                    "status": _STATUS,
-                    "severity": _SEVERITY,
-                    "summary": {"type": "string"},
-                    "evidence": _EVIDENCE,
-                    "remediation": {"type": "array", "items": {"type": "string"}},
+                    **_FINDING_PROPERTIES,
                     "runbook_url": {"type": "string"},
-                    "alerts": {"type": "array", "items": {"type": "string"}},
                     "breakdown": {
                         "oneOf": [
                             {"type": "null"},
@@ -86,14 +91,7 @@ REPORT_SCHEMA = {
                                             "type": "object",
                                             "required": ["status", "severity", "summary", "evidence",
                                                          "remediation"],
-                                            "properties": {
-                                                "status": _STATUS,
-                                                "severity": _SEVERITY,
-                                                "summary": {"type": "string"},
-                                                "evidence": _EVIDENCE,
-                                                "remediation": {"type": "array", "items": {"type": "string"}},
-                                                "alerts": {"type": "array", "items": {"type": "string"}},
-                                            },
+                                            "properties": _FINDING_PROPERTIES,
                                         },
                                     },
                                 },
