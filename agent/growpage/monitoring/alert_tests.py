@@ -10,6 +10,7 @@ long after ``for`` would have elapsed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 from growpage import catalog
 from growpage.monitoring.alert_rules import (
@@ -195,31 +196,33 @@ def _stranded_scenarios() -> list[Scenario]:
             Scenario(vllm, "1m", dict(POD), 6, "vLLM preemptions at kv_cache_usage_perc 99 %, queue growing")]
 
 
-def _vllm_burn_scenarios() -> dict[str, list[Scenario]]:
-    result: dict[str, list[Scenario]] = {}
+def _vllm_burn_alerts() -> Iterator[tuple[str, catalog.LatencySLO, float, catalog.BurnRateAlert]]:
+    """``(alertname, SLO, error budget, burn-rate alert)`` of each burn-rate alert on vLLM's latency SLOs."""
     for slo in catalog.VLLM_LATENCY_SLOS:
         budget = round(1 - slo.objective, 10)
         for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
-            name = burn_rate_alert_name(alert.speed, VLLM_SLO_ALERT_STEMS[slo.name])
-            result[name] = [_burn_scenario(burn, lambda share, total=1000, slo=slo, **other: _vllm_latency(
-                slo, share, total, **other), budget, ENFORCE) for burn in alert.windows]
+            yield burn_rate_alert_name(alert.speed, VLLM_SLO_ALERT_STEMS[slo.name]), slo, budget, alert
+
+
+def _vllm_burn_scenarios() -> dict[str, list[Scenario]]:
+    result: dict[str, list[Scenario]] = {}
+    for name, slo, budget, alert in _vllm_burn_alerts():
+        result[name] = [_burn_scenario(burn, lambda share, total=1000, slo=slo, **other: _vllm_latency(
+            slo, share, total, **other), budget, ENFORCE) for burn in alert.windows]
     return result
 
 
 def _vllm_burn_quiet() -> dict[str, list[QuietScenario]]:
     result: dict[str, list[QuietScenario]] = {}
-    for slo in catalog.VLLM_LATENCY_SLOS:
-        budget = round(1 - slo.objective, 10)
-        for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
-            name = burn_rate_alert_name(alert.speed, VLLM_SLO_ALERT_STEMS[slo.name])
-            near = (QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 3 * 1.5 * budget)}, "a slow burn (4.5x)")
-                    if alert.speed == "fast" else
-                    QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 0.5 * budget)}, "half the error budget"))
-            result[name] = [
-                near,
-                QuietScenario({**ENFORCE, **_vllm_latency(slo, 1.0, 0)}, "healthy idle pod: no requests"),
-                QuietScenario({**OFF, **_vllm_latency(slo, 0.5)}, "mode off: vLLM burns, GrowPage is not there"),
-            ]
+    for name, slo, budget, alert in _vllm_burn_alerts():
+        near = (QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 3 * 1.5 * budget)}, "a slow burn (4.5x)")
+                if alert.speed == "fast" else
+                QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 0.5 * budget)}, "half the error budget"))
+        result[name] = [
+            near,
+            QuietScenario({**ENFORCE, **_vllm_latency(slo, 1.0, 0)}, "healthy idle pod: no requests"),
+            QuietScenario({**OFF, **_vllm_latency(slo, 0.5)}, "mode off: vLLM burns, GrowPage is not there"),
+        ]
     return result
 
 
