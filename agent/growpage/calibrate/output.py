@@ -88,18 +88,20 @@ def write_config(path: Path, text: str) -> None:
     try:
         handle, temporary = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".yaml")
     except OSError as error:
-        raise GrowPageError(f"cannot write --output {path} ({error.strerror}): pick a writable path "
-                            "or use --dry-run") from None
+        raise _cannot_write(path, error) from None
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
         load_config(temporary, env={})  # a ConfigError here is a calibrate bug: it propagates
         os.replace(temporary, path)  # atomic: a deployment never reads half a file
     except OSError as error:
-        raise GrowPageError(f"cannot write --output {path} ({error.strerror}): pick a writable path "
-                            "or use --dry-run") from None
+        raise _cannot_write(path, error) from None
     finally:
         Path(temporary).unlink(missing_ok=True)
+
+
+def _cannot_write(path: Path, error: OSError) -> GrowPageError:
+    return GrowPageError(f"cannot write --output {path} ({error.strerror}): pick a writable path or use --dry-run")
 
 
 def to_json(calibration: Calibration, evidence: Evidence, command: str, written: Path | None) -> str:
