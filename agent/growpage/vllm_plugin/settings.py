@@ -136,10 +136,10 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
 def default_base_pages(block_size: int) -> int:
     """The floor inside vLLM when none is given: :data:`DEFAULT_FLOOR_TOKENS` in vLLM's block size.
 
-    The reference engine's default (128 pages) is counted in 16-token pages; vLLM's blocks are 16
-    tokens on most GPUs and 32 or more elsewhere, so a floor in pages would mean a different number
-    of tokens on each, and 128 blocks of 32 (4,096 tokens) is longer than most requests: enforce
-    would never compress.
+    Inside vLLM a GrowPage page is one of vLLM's blocks. The reference engine's default floor, 128
+    pages of 16 tokens, taken as 128 blocks would mean a different number of tokens on each backend
+    (vLLM's blocks are 16 tokens on most GPUs and 32 or more elsewhere), and 128 blocks of 32 (4,096
+    tokens) is longer than most requests: enforce would never compress.
     """
     return max(1, -(-DEFAULT_FLOOR_TOKENS // block_size))
 
