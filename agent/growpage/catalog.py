@@ -210,6 +210,8 @@ ROUTER_LOAD = MetricSpec(
     "What GET /get_load answers: percent of the requests this replica can hold without preempting that it "
     "runs or queues (0 idle, 100 full, above 100 it queues).", "percent")
 ROUTER_METRICS: tuple[MetricSpec, ...] = (HEADROOM_PAGES, RECLAIMABLE_PAGES, ROUTER_LOAD)
+# The load at and above which a replica holds all it can without preempting (the fleet alert's "full").
+FLEET_LOAD_FULL = 100.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +370,7 @@ class AlertDurations:
     growth_throttled: str = "30m"
     agent_inactive: str = "10m"
     vllm_preemptions: str = "15m"
+    fleet_routes_to_preempting: str = "10m"
 
 
 # Windows of the rules (ratios over increases). The compress ratio reads an hour: compressions come
@@ -500,6 +503,7 @@ SEVERITY_TABLE: tuple[Condition, ...] = (
     Condition("GrowPageVLLMTimeToFirstTokenSlowBurn", "vllm-latency", SEVERITY_TICKET),
     Condition("GrowPageVLLMInterTokenLatencySlowBurn", "vllm-latency", SEVERITY_TICKET),
     Condition("GrowPageVLLMPreemptions", "oom-fragmentation", SEVERITY_TICKET),
+    Condition("GrowPageFleetRoutesToPreemptingReplica", "oom-fragmentation", SEVERITY_TICKET),
     Condition("GrowPageFragmentationHigh", "oom-fragmentation", SEVERITY_TICKET),
     Condition("GrowPageKVUtilizationLow", "slo-utilization", SEVERITY_TICKET),
     Condition("GrowPageKVOverGranting", "over-granting", SEVERITY_TICKET),

@@ -25,6 +25,8 @@ GAUGE_VALUES = {
     catalog.GRANTED_TOKEN_SLOTS.name: 40_000.0, catalog.USED_TOKEN_SLOTS.name: 31_428.0,
     catalog.LOGICAL_BYTES.name: 1.6e9, catalog.STORED_BYTES.name: 1.0e9,
     catalog.REQUESTS_RUNNING.name: 3.0, catalog.BUILD_INFO.name: 1.0,
+    # the vLLM home's router signals (catalog.ROUTER_METRICS)
+    catalog.HEADROOM_PAGES.name: 1200.0, catalog.RECLAIMABLE_PAGES.name: 200.0, catalog.ROUTER_LOAD.name: 60.0,
 }
 POOL_PAGES = {"free": 1000.0, "reserved": 500.0, "used": 2500.0}
 AGENT_ACTIVE = {"observer": "active", "enforcer": "active"}
@@ -97,10 +99,11 @@ def _family(spec: MetricSpec) -> tuple[str, str]:
 
 
 def openmetrics_history(end_s: float, duration_s: int = 1800, step_s: int = 15) -> str:
-    """Every catalog metric for both pods, ``end_s - duration_s`` .. ``end_s`` every ``step_s``."""
+    """Every catalog metric (the vLLM home's router signals too) for both pods, ``end_s - duration_s`` ..
+    ``end_s`` every ``step_s``."""
     times = [end_s - duration_s + i * step_s for i in range(duration_s // step_s + 1)]
     lines: list[str] = []
-    for spec in catalog.METRICS:
+    for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS):
         family, kind = _family(spec)
         lines += [f"# TYPE {family} {kind}", f"# HELP {family} {spec.help}"]
         for namespace, pod, mode in PODS:

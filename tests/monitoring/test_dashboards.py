@@ -17,7 +17,8 @@ from growpage.monitoring.promql import metric_names
 from growpage.monitoring.recording_rules import recording_rule_names
 
 COMMITTED = {path.name: json.loads(path.read_text()) for path in (REPO_ROOT / "dashboards").glob("*.json")}
-ALLOWED_METRICS = ({name for spec in catalog.METRICS for name in spec.series_names} | recording_rule_names()
+ALLOWED_METRICS = ({name for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS) for name in spec.series_names}
+                   | recording_rule_names()
                    | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE, catalog.DCGM_GPU_UTIL, *catalog.VLLM_METRICS})
 VARIABLES = ("datasource", "cluster", "job", "namespace", "pod", catalog.MODEL_LABEL)
 
@@ -64,6 +65,9 @@ def test_every_query_uses_the_templated_datasource_and_variables_exist(name):
 @pytest.mark.parametrize("name", sorted(COMMITTED))
 def test_units_are_set_where_they_matter(name):
     units = {p["fieldConfig"]["defaults"].get("unit") for p in _panels(COMMITTED[name])}
+    if name == "growpage-fleet.json":  # pages, the load in percent, requests and preemptions per second
+        assert {"short", "percent", "reqps", "ops"} <= units
+        return
     assert {"percentunit", "s"} <= units
     if name == "growpage-overview.json":
         assert {"bytes", "Bps", "ops"} <= units

@@ -78,8 +78,8 @@ def test_cluster_wide_monitoring_is_not_in_an_application_overlay(rendered, over
 
 
 def test_monitoring_holds_the_rules_and_dashboards_once(monitoring):
-    # two dashboards, the datasource with exemplar links, the rules
-    assert sorted(d["kind"] for d in monitoring) == ["ConfigMap", "ConfigMap", "ConfigMap", "PrometheusRule"]
+    # three dashboards (overview, troubleshooting, fleet), the datasource with exemplar links, the rules
+    assert sorted(d["kind"] for d in monitoring) == ["ConfigMap"] * 4 + ["PrometheusRule"]
     for document in monitoring:
         if document["kind"] == "ConfigMap":
             kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)

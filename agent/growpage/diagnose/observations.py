@@ -216,6 +216,9 @@ class Scope:
     vllm_preemptions: float | None = None  # increase
     vllm_kv_cache_usage_max: float | None = None
     vllm_queue_growth: float | None = None  # waiting requests at the end minus at the start
+    # Each replica's lowest growpage_router_load in the window, by pod ("" where the series has no pod
+    # label): a replica at FLEET_LOAD_FULL or more all window said it was full to the router.
+    router_load_min_by_pod: Mapping[str, float] | None = None
     gpu_framebuffer_used_max: float | None = None  # DCGM used / (used + free), highest in window
     gpu_models: tuple[str, ...] = ()
     # Health of the data path: endpoint response time, or Prometheus sample age and targets.

@@ -107,6 +107,7 @@ def build_scope(name: str, agent: Sequence[Exposition], dcgm: Sequence[Expositio
         vllm_preemptions=counter_increase(agent, catalog.VLLM_PREEMPTIONS, keep),
         vllm_kv_cache_usage_max=_gauge_max(agent, catalog.VLLM_KV_CACHE_USAGE, keep),
         vllm_queue_growth=_growth(agent, catalog.VLLM_REQUESTS_WAITING, keep),
+        router_load_min_by_pod=_min_by_pod(agent, catalog.ROUTER_LOAD.name, keep),
         targets_total=_targets(agent, keep, down=False),
         targets_down=_targets(agent, keep, down=True),
         gpu_framebuffer_used_max=_framebuffer_used_max(dcgm, keep),
@@ -197,6 +198,16 @@ def gauge_stats(expositions: Sequence[Exposition], name: str, keep: LabelFilter)
     newest = next(values for values in reversed(per_exposition) if values)
     return GaugeStats(mean=sum(values) / len(values), min=min(values), max=max(values),
                       last=sum(newest) / len(newest))
+
+
+def _min_by_pod(expositions: Sequence[Exposition], name: str, keep: LabelFilter) -> dict[str, float] | None:
+    """The lowest value of ``name`` in the window, per pod."""
+    lowest: dict[str, float] = {}
+    for exposition in expositions:
+        for labels, value in _series(exposition, name, keep).items():
+            pod = dict(labels).get("pod", "")
+            lowest[pod] = min(value, lowest.get(pod, value))
+    return lowest or None
 
 
 def _gauge_max(expositions: Sequence[Exposition], name: str, keep: LabelFilter) -> float | None:

@@ -106,6 +106,7 @@ PANEL_ACTIVE = "Agent components active"
 PANEL_VLLM_LATENCY = "vLLM time to first token / inter-token latency p99"
 PANEL_VLLM_PREEMPTIONS = "vLLM preemptions per second"
 PANEL_VLLM_BURN_RATE = "vLLM latency SLO burn rate"
+PANEL_FLEET_LOAD = "Router load per replica (GET /get_load)"  # on GrowPage / Fleet
 
 
 def in_modes(expr: str, modes: tuple[str, ...], on: str, homes: tuple[str, ...] = ()) -> str:
@@ -329,6 +330,32 @@ def _preemption_alert(lv: rec.Levels) -> AlertRule:
         PANEL_VLLM_PREEMPTIONS, growpage_view=_view("pod"))
 
 
+def fleet_routing_alert(lv: rec.Levels) -> AlertRule:
+    """A router keeps sending new requests to a replica that preempts and says it is full, while a
+    sibling of the same service says it has room (docs/FLEET.md). Every replica full is capacity
+    (``GrowPageVLLMPreemptions``), not routing."""
+    per_s, window, full = catalog.VLLM_PREEMPTIONS_PER_S_HIGH, catalog.RATE_WINDOW, catalog.FLEET_LOAD_FULL
+    service = lv.slo  # the replicas of one model in one namespace
+    load = catalog.ROUTER_LOAD.name
+    expr = (f"sum by ({lv.pod}) (rate({catalog.VLLM_PREEMPTIONS}[{window}])) > {per_s:g}\n"
+            f"and on ({lv.join})\n"
+            f"sum by ({lv.pod}) (rate({catalog.VLLM_TTFT}_count[{window}])) > 0\n"
+            f"and on ({lv.join})\n"
+            f"min by ({lv.join}) (min_over_time({load}[{window}])) >= {full:g}\n"
+            f"and on ({service})\n"
+            f"min by ({service}) ({load}) < {full:g}")
+    return AlertRule(
+        "GrowPageFleetRoutesToPreemptingReplica", _observing(expr, lv.join),
+        catalog.ALERT_FOR.fleet_routes_to_preempting,
+        "The router keeps sending requests to a replica that preempts while another has room",
+        f"{_WHERE}: vLLM preempts {{{{ $value | humanize }}}} requests per second (over {window}) and new "
+        f"requests keep arriving, although this replica's {load} (what it answers GET {catalog.LOAD_PATH}) "
+        f"stayed at {full:g} or more while another replica of the service reads below {full:g}: the router "
+        f"is not steering by GrowPage's load (policy not power_of_two, or workers it does not poll). "
+        f"See docs/FLEET.md. {_DIAGNOSE}",
+        PANEL_FLEET_LOAD)
+
+
 def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     """The agent's own health: scraped, exporting, not failing, actually running."""
     lv = rec.Levels.of(config)
@@ -401,8 +428,8 @@ def checklist_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     """Per pod: stranded pages and preemptions, over-granting, grant latency, fragmentation, throttling."""
     lv = rec.Levels.of(config)
     _, over_granting = _utilization_alerts(lv)
-    return _with_config([_stranded_alert(lv), _preemption_alert(lv), over_granting, _latency_alert(lv),
-                         _fragmentation_alert(lv), _throttle_alert(lv)], config)
+    return _with_config([_stranded_alert(lv), _preemption_alert(lv), fleet_routing_alert(lv), over_granting,
+                         _latency_alert(lv), _fragmentation_alert(lv), _throttle_alert(lv)], config)
 
 
 def _with_config(rules: list[AlertRule], config: MixinConfig) -> list[AlertRule]:

@@ -141,6 +141,28 @@ def _vllm(metric: str, values: str) -> dict[str, str]:
     return {selector(metric, **VLLM_TARGET): values}
 
 
+SIBLING = {"pod": "vllm-reasoning-5d8c7b9f4-b7n1c", "instance": "10.42.0.18:8000"}  # another replica
+
+
+def _fleet(preempt_per_minute: float, arrivals_per_minute: float, load: float, sibling_load: float,
+           mode: dict[str, str]) -> dict[str, str]:
+    """A replica that preempts and keeps getting new requests, its load, and a sibling's load."""
+    return {**mode, **_vllm(catalog.VLLM_PREEMPTIONS, _counter(preempt_per_minute)),
+            **_histogram(catalog.VLLM_TTFT, catalog.SLO_VLLM_TTFT.threshold_s, 1.0, arrivals_per_minute, VLLM_TARGET),
+            **_series(catalog.ROUTER_LOAD.name, _constant(load)),
+            selector(catalog.ROUTER_LOAD.name, **{**TARGET, **SIBLING}): _constant(sibling_load)}
+
+
+def _fleet_quiet() -> dict[str, list[QuietScenario]]:
+    """Routing that is right, or a fleet that is simply full."""
+    return {"GrowPageFleetRoutesToPreemptingReplica": [
+        QuietScenario(_fleet(6, 30, 150, 120, ENFORCE), "every replica full: capacity, not routing"),
+        QuietScenario(_fleet(6, 0, 150, 20, ENFORCE), "the router stopped sending to it"),
+        QuietScenario(_fleet(6, 30, 80, 20, ENFORCE), "the replica says it has room"),
+        QuietScenario(_fleet(1, 30, 150, 20, ENFORCE), "1 preemption a minute"),
+        QuietScenario(_fleet(6, 30, 150, 20, OFF), "mode off")]}
+
+
 def _burn_scenario(burn: catalog.BurnRateWindow, latency, budget: float, mode: dict[str, str]) -> Scenario:
     # Just above this window's limit and below any faster window's, so only this pair trips.
     # Two pods share the errors: the SLO is the service's, whichever pod served.
@@ -251,6 +273,8 @@ def scenarios() -> dict[str, list[Scenario]]:
         # rate() over 5m divides by the whole window: from 0 at 0m it passes 0.05/s at 3m.
         "GrowPageVLLMPreemptions": [Scenario({**MONITOR, **_vllm(catalog.VLLM_PREEMPTIONS, _counter(6))}, "3m",
                                              dict(POD), 0.1, "6 preemptions a minute")],
+        "GrowPageFleetRoutesToPreemptingReplica": [Scenario(_fleet(6, 30, 150, 20, ENFORCE), "3m", dict(POD), 0.1,
+                                                            "load 150 here, 20 on a sibling, still 30 arrivals/min")],
         "GrowPageAgentDown": [Scenario(_series("up", _constant(0)), "0m", dict(TARGET), 0)],
         "GrowPageMetricsAbsent": [Scenario(_series("up", _constant(1)), "0m", {"job": catalog.SCRAPE_JOB}, 1)],
         "GrowPageAgentErrors": [Scenario(_series(catalog.AGENT_ERRORS.name, _counter(2), component="actuator"),
@@ -267,7 +291,8 @@ def scenarios() -> dict[str, list[Scenario]]:
 
 def quiet_scenarios() -> dict[str, list[QuietScenario]]:
     """Near misses per alertname: the condition is false, the alert must stay silent."""
-    return {**_vllm_burn_quiet(), **_pool_use_quiet(), **_pressure_quiet(), **_growth_quiet(), **_agent_quiet()}
+    return {**_vllm_burn_quiet(), **_pool_use_quiet(), **_pressure_quiet(), **_growth_quiet(), **_agent_quiet(),
+            **_fleet_quiet()}
 
 
 def _pool_use_quiet() -> dict[str, list[QuietScenario]]:

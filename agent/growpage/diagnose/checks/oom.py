@@ -59,6 +59,11 @@ def oom_fragmentation(scope: Scope, window: Window, t: Thresholds) -> ScopeFindi
         parts.append(f"vLLM preempted {per_s:.2f} requests per second (> {catalog.VLLM_PREEMPTIONS_PER_S_HIGH:g})")
         if not is_stranded:
             steps += advice.genuinely_full(scope, t)
+        if (routing := fleet_routing(scope)) is not None:
+            alerts.append("GrowPageFleetRoutesToPreemptingReplica")
+            parts.append(routing)
+            steps.append("A router sends work to a replica that says it is full: see runbook "
+                         "GrowPageFleetRoutesToPreemptingReplica.md.")
     if fragmentation is not None and fragmentation > limits.fragmentation_high and short:
         alerts.append("GrowPageFragmentationHigh")
         parts.append(f"fragmentation {fragmentation:.2f} (> {limits.fragmentation_high}) while the pool is down "
@@ -70,6 +75,22 @@ def oom_fragmentation(scope: Scope, window: Window, t: Thresholds) -> ScopeFindi
     if failures == 0:
         return ScopeFinding(Status.OK, "no OOM or preemption in the window", proof)
     return _unpaged_failures(scope, t, events, proof, growpage_full or vllm_full, is_stranded)
+
+
+def fleet_routing(scope: Scope) -> str | None:
+    """Why a router in front of the scope's replicas sends new requests to one that says it is full
+    (its lowest ``growpage_router_load`` all window at FLEET_LOAD_FULL or more) while another says it
+    has room, or None. Read over the scope (a namespace), not per pod: it goes with the preemption
+    finding, which is the scope's too."""
+    loads, full = scope.router_load_min_by_pod, catalog.FLEET_LOAD_FULL
+    arrivals = scope.vllm_ttft.count if scope.vllm_ttft is not None else 0.0
+    if not loads or not arrivals:
+        return None
+    full_pods = sorted(pod for pod, load in loads.items() if load >= full)
+    if not full_pods or all(load >= full for load in loads.values()):
+        return None
+    return (f"{arrivals:,.0f} new requests arrived while {', '.join(full_pods)} reported a router load of "
+            f"{full:g} or more all window and another replica reported room")
 
 
 def _evidence(scope: Scope, window: Window, t: Thresholds, preemptions: float, vllm_preemptions_per_s: float | None,

@@ -248,6 +248,8 @@ def _vllm_templates(q: _Queries) -> _Templates:
         f"max {{by}} ({vllm(f'max_over_time({c.VLLM_KV_CACHE_USAGE}{r})')})", ())
     templates[("vllm_queue_growth",)] = (
         f"sum {{by}} ({vllm(f'delta({c.VLLM_REQUESTS_WAITING}{r})')})", ())
+    templates[("router_load_min_by_pod",)] = (f"min {{by}} (min_over_time({q.select(c.ROUTER_LOAD.name)}{r}))",
+                                              ("pod",))
     return templates
 
 
@@ -351,6 +353,7 @@ def _scope(name: str, found: _Rows) -> Scope:
         vllm_preemptions=one(("vllm_preemptions",)),
         vllm_kv_cache_usage_max=one(("vllm_kv_cache_usage_max",)),
         vllm_queue_growth=one(("vllm_queue_growth",)),
+        router_load_min_by_pod=by_label(("router_load_min_by_pod",), "pod"),
         gpu_framebuffer_used_max=one(("gpu_framebuffer_used_max",)),
         gpu_models=tuple(sorted(m for m in (by_label(("gpu_models",), catalog.DCGM_MODEL_NAME_LABEL) or {}) if m)),
         sample_age_s=one(("sample_age_s",)),

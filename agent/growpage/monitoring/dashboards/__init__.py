@@ -1,4 +1,4 @@
-"""The generated Grafana dashboards (grafanalib): ``GrowPage / Overview`` and ``/ Troubleshooting``."""
+"""The generated Grafana dashboards (grafanalib): ``GrowPage / Overview``, ``/ Troubleshooting`` and ``/ Fleet``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from growpage import catalog
 from growpage.monitoring.dashboards.common import to_json_text
+from growpage.monitoring.dashboards.fleet import fleet_dashboard
 from growpage.monitoring.dashboards.overview import overview_dashboard
 from growpage.monitoring.dashboards.troubleshooting import troubleshooting_dashboard
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
@@ -19,6 +20,7 @@ def dashboards(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, dict]:
     return {
         "growpage-overview.json": configured(overview_dashboard(), config),
         "growpage-troubleshooting.json": configured(troubleshooting_dashboard(), config),
+        "growpage-fleet.json": configured(fleet_dashboard(), config),
     }
 
 
@@ -44,4 +46,5 @@ def configured(document: Any, config: MixinConfig) -> Any:
     return text
 
 
-__all__ = ["configured", "dashboards", "overview_dashboard", "to_json_text", "troubleshooting_dashboard"]
+__all__ = ["configured", "dashboards", "fleet_dashboard", "overview_dashboard", "to_json_text",
+           "troubleshooting_dashboard"]

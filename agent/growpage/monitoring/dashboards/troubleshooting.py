@@ -24,6 +24,7 @@ from growpage.monitoring.dashboards.common import (
     targets,
     timeseries,
 )
+from growpage.monitoring.dashboards.fleet import load_panel
 from growpage.monitoring.promql import selector
 
 UID = "growpage-troubleshooting"
@@ -231,7 +232,8 @@ def _more_checks_row() -> list[Cell]:
                         + _runbooks_for(alerts.PANEL_ACTIVE),
                         targets((f"max by (namespace, pod, component, reason) ({metric(catalog.AGENT_ACTIVE.name)})",
                                  "{{component}} {{reason}} " + _POD_LEGEND)), "short",
-                        steps("red", (1.0, "green"))), 24),
+                        steps("red", (1.0, "green"))), 12),
+        Cell(load_panel(), 12),  # a fleet behind vLLM's router: GrowPage / Fleet has the rest
     ]
 
 

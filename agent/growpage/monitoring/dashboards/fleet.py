@@ -1,0 +1,83 @@
+"""``GrowPage / Fleet``: the replicas behind vLLM's router side by side, and where the router sends work.
+
+One line per replica (pod) in every panel: the KV headroom each one reports (free plus reclaimable
+pages), what it answers the router's ``/get_load``, and whether new requests keep arriving at a
+replica while it preempts (``GrowPageFleetRoutesToPreemptingReplica``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from growpage import catalog
+from growpage.monitoring.alert_rules import PANEL_FLEET_LOAD
+from growpage.monitoring.dashboards.common import (
+    RATE,
+    VLLM_FILTER,
+    Cell,
+    dashboard,
+    metric,
+    runbook_links,
+    steps,
+    targets,
+    timeseries,
+)
+from growpage.monitoring.promql import selector
+
+UID = "growpage-fleet"
+TITLE = "GrowPage / Fleet"
+FLEET_ALERT = "GrowPageFleetRoutesToPreemptingReplica"
+_POD_LEGEND = "{{namespace}}/{{pod}}"
+PANEL_LOAD = PANEL_FLEET_LOAD
+PANEL_ARRIVALS = "New requests per second per replica"
+PANEL_PREEMPTIONS = "vLLM preemptions per second per replica"
+
+
+def _per_pod(expr: str) -> str:
+    return f"sum by (namespace, pod) ({expr})"
+
+
+def load_panel() -> Any:
+    """Each replica's answer to the router's poll; on the Troubleshooting dashboard too (the fleet alert's panel)."""
+    full = catalog.FLEET_LOAD_FULL
+    return timeseries(PANEL_LOAD, catalog.ROUTER_LOAD.help + f" At {full:g} and above the replica holds all it "
+                      "can without preempting; vLLM's router (power_of_two) sends to the lower of two. "
+                      + runbook_links(FLEET_ALERT),
+                      targets((f"max by (namespace, pod) ({metric(catalog.ROUTER_LOAD.name)})", _POD_LEGEND)),
+                      "percent", steps("green", (full, "red")))
+
+
+def _headroom_row() -> list[Cell]:
+    return [
+        Cell(timeseries("KV headroom per replica", catalog.HEADROOM_PAGES.help + " More is room the router can use.",
+                        targets((_per_pod(metric(catalog.HEADROOM_PAGES.name)), _POD_LEGEND)), "short"), 8),
+        Cell(timeseries("Reclaimable pages per replica", catalog.RECLAIMABLE_PAGES.help,
+                        targets((_per_pod(metric(catalog.RECLAIMABLE_PAGES.name)), _POD_LEGEND)), "short"), 8),
+        Cell(load_panel(), 8),
+    ]
+
+
+def _routing_row() -> list[Cell]:
+    def vllm(name: str) -> str:
+        return selector(name, VLLM_FILTER)
+
+    arrivals = f"rate({vllm(f'{catalog.VLLM_TTFT}_count')}[{RATE}])"
+    preemptions = f"rate({vllm(catalog.VLLM_PREEMPTIONS)}[{RATE}])"
+    return [
+        Cell(timeseries(PANEL_ARRIVALS, f"Requests that got their first token, per second (rate of "
+                        f"{catalog.VLLM_TTFT}_count): where the router has been sending work. "
+                        + runbook_links(FLEET_ALERT), targets((_per_pod(arrivals), _POD_LEGEND)), "reqps"), 12),
+        Cell(timeseries(PANEL_PREEMPTIONS, f"rate({catalog.VLLM_PREEMPTIONS}): requests evicted for want of KV. "
+                        "Arrivals at a replica that preempts, while another has headroom, are the router's to "
+                        "fix. " + runbook_links(FLEET_ALERT, "GrowPageVLLMPreemptions"),
+                        targets((_per_pod(preemptions), _POD_LEGEND)), "ops",
+                        steps("green", (catalog.VLLM_PREEMPTIONS_PER_S_HIGH, "red"))), 12),
+    ]
+
+
+def fleet_dashboard() -> dict:
+    return dashboard(TITLE, UID, "Replicas behind vLLM's router side by side: KV headroom, the load each one "
+                     "reports, and where the router sends work.", [
+                         ("Where the router can send work: headroom and load per replica", _headroom_row()),
+                         ("Is the router sending work to a replica that preempts?", _routing_row()),
+                     ])
