@@ -72,3 +72,38 @@ def fleet(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def bench_fleet(
+    quick: Annotated[bool, typer.Option("--quick", help="A shorter trace (8 requests, shorter generations).")]
+    = False,
+    variant: Annotated[list[str] | None, typer.Option(help="round_robin, power_of_two_vllm or growpage "
+                                                            "(repeat; default: all three).")] = None,
+    model: Annotated[Path | None, typer.Option(help="Model folder (default: the packaged model).")] = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
+    log_dir: Annotated[Path, typer.Option(help="One log file per process and variant.")] = Path("fleet-bench-logs"),
+) -> None:
+    """Two replicas (one with a third of the other's KV) behind vLLM's router, the same skewed trace per
+    variant: preemptions, p99 TTFT and ITL, correct answers per second (docs/FLEET.md)."""
+    import dataclasses
+    import json
+
+    from growpage.bench.fleet import VARIANTS, FleetBenchSettings, run_fleet_bench, table
+    from growpage.engine.model_prep import resolve_model_dir
+    from growpage.vllm_plugin.fleet import router_executable
+    from growpage.vllm_plugin.serve import check_vllm_installed
+
+    unknown = sorted(set(variant or ()) - set(VARIANTS))
+    if unknown:
+        raise ConfigError(f"--variant {', '.join(unknown)} is unknown; choose from {', '.join(VARIANTS)}")
+    check_vllm_installed()
+    router_executable()
+    settings = FleetBenchSettings.quick() if quick else FleetBenchSettings()
+    if variant:
+        settings = dataclasses.replace(settings, variants=tuple(variant))
+    report = run_fleet_bench(settings, str(resolve_model_dir(model)), log_dir,
+                             log=lambda line: typer.echo(line, err=True))
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    typer.echo(table(report))

@@ -1,0 +1,200 @@
+"""A fleet benchmark: two replicas behind vLLM's router, one with a third of the other's KV space.
+
+The same skewed trace (long-context retrieval questions with true answers, ``growpage.bench.tasks``,
+interleaved with long step-by-step generations) goes through the router once per variant:
+
+- ``round_robin``: vLLM alone on both replicas, the router alternating;
+- ``power_of_two_vllm``: vLLM alone, ``power_of_two`` on vLLM's own load (no ``/get_load``: the
+  router counts its own requests in flight per replica);
+- ``growpage``: GrowPage enforcing on both replicas, ``power_of_two`` reading their ``/get_load``.
+
+Per variant: vLLM's preemptions on both replicas (``vllm:num_preemptions_total``), p99 time to first
+token and inter-token latency seen by the client (streamed chat completions), correct answers and
+correct answers per second of the trace's span, and the requests each replica finished. Client-side
+times are wall-clock measurements of this machine, reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from growpage.bench.tasks import Task, is_correct, reasoning_tasks, retrieval_tasks
+
+VARIANTS: dict[str, tuple[str, str]] = {  # name -> (router policy, replica mode)
+    "round_robin": ("round_robin", "vllm"),
+    "power_of_two_vllm": ("power_of_two", "vllm"),
+    "growpage": ("power_of_two", "enforce"),
+}
+MODEL_NAME = "growpage-bench"
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetBenchSettings:
+    """The fleet and the trace (defaults: a run of a few minutes per variant on 2 CPU cores)."""
+
+    kv_blocks: tuple[int, int] = (32, 96)  # replica A holds a third of B's KV
+    base_pages: int = 6
+    max_model_len: int = 1024
+    max_num_seqs: int = 8
+    retrieval: int = 8  # 512-token retrieval questions (passkey, code), 16 new tokens
+    reasoning: int = 8  # step-by-step generations
+    reasoning_tokens: int = 192
+    arrival_gap_s: float = 0.5
+    seed: int = 0
+    variants: tuple[str, ...] = tuple(VARIANTS)
+    port: int = 18201
+    router_port: int = 18200
+    metrics_port: int = 19201
+    cpu_binds: tuple[str, ...] = ("0", "1")
+
+    @classmethod
+    def quick(cls) -> FleetBenchSettings:
+        return cls(retrieval=4, reasoning=4, reasoning_tokens=96)
+
+
+def skewed_trace(settings: FleetBenchSettings) -> list[Task]:
+    """Retrieval questions and long generations, alternating: each long generation arrives next to
+    a question whose prompt alone fills half of replica A's KV."""
+    questions = retrieval_tasks(settings.seed, families=("passkey", "code"), context_tokens=(512,))
+    # not every step-by-step prompt has a single true result: draw more, keep the first that do
+    generations = reasoning_tasks(settings.reasoning * 3, settings.reasoning_tokens, settings.seed)[:settings.reasoning]
+    trace: list[Task] = []
+    for index in range(max(settings.retrieval, len(generations))):
+        if index < settings.retrieval:
+            trace.append(questions[index % len(questions)])
+        if index < len(generations):
+            trace.append(generations[index])
+    return trace
+
+
+def stream_request(url: str, task: Task, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """One streamed chat completion: time to first token, the gaps between tokens, the reply, correct?"""
+    import httpx
+
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": task.prompt}], "stream": True,
+            "max_tokens": task.max_tokens, "temperature": 0}
+    started, stamps, text = clock(), [], []
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=900) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                delta = json.loads(line[6:])["choices"][0].get("delta", {}).get("content") or ""
+                if delta:
+                    stamps.append(clock())
+                    text.append(delta)
+    except httpx.HTTPError as error:
+        return {"task_id": task.task_id, "family": task.family, "error": str(error), "correct": False}
+    reply = "".join(text)
+    return {"task_id": task.task_id, "family": task.family, "correct": is_correct(task, reply), "reply": reply,
+            "ttft_s": stamps[0] - started if stamps else None, "tokens": len(stamps),
+            "gaps_s": [later - earlier for earlier, later in zip(stamps, stamps[1:], strict=False)],
+            "started_s": started, "finished_s": stamps[-1] if stamps else clock()}
+
+
+def run_trace(url: str, trace: Sequence[Task], gap_s: float) -> list[dict[str, Any]]:
+    """Send the trace open-loop (one request every ``gap_s``), wait for every reply."""
+    results: list[dict[str, Any]] = [{} for _ in trace]
+
+    def send(index: int) -> None:
+        results[index] = stream_request(url, trace[index])
+
+    threads = [threading.Thread(target=send, args=(index,), daemon=True) for index in range(len(trace))]
+    for thread in threads:
+        thread.start()
+        time.sleep(gap_s)
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def vllm_counters(url: str) -> dict[str, float]:
+    """vLLM's preemptions and finished requests on one replica (its own ``/metrics``)."""
+    import httpx
+
+    wanted = {"vllm:num_preemptions_total": "preemptions", "vllm:request_success_total": "finished"}
+    counters = dict.fromkeys(wanted.values(), 0.0)
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            counters[wanted[name]] += float(line.rsplit(" ", 1)[1])
+    return counters
+
+
+def percentile(values: Sequence[float], quantile: float) -> float | None:
+    """Nearest-rank percentile (None for no values)."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))]
+
+
+def summarize(results: Sequence[dict[str, Any]], before: Sequence[dict[str, float]],
+              after: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """One variant's numbers (see the module docstring)."""
+    served = [r for r in results if "error" not in r]
+    span_s = (max(r["finished_s"] for r in served) - min(r["started_s"] for r in served)) if served else 0.0
+    correct = sum(1 for r in results if r.get("correct"))
+    retrieval = [r for r in results if r.get("family") != "reasoning"]
+    return {
+        "requests": len(results), "errors": len(results) - len(served),
+        "preemptions": sum(a["preemptions"] - b["preemptions"] for a, b in zip(after, before, strict=True)),
+        "finished_per_replica": [a["finished"] - b["finished"] for a, b in zip(after, before, strict=True)],
+        "ttft_p99_s": percentile([r["ttft_s"] for r in served if r.get("ttft_s") is not None], 0.99),
+        "itl_p99_s": percentile([gap for r in served for gap in r["gaps_s"]], 0.99),
+        "correct": correct, "retrieval_correct": sum(1 for r in retrieval if r.get("correct")),
+        "retrieval": len(retrieval), "span_s": span_s,
+        "correct_per_s": correct / span_s if span_s > 0 else 0.0,
+    }
+
+
+def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir: Path) -> dict[str, Any]:
+    """Start the variant's fleet, send the trace through its router, stop it."""
+    from growpage.vllm_plugin.fleet import Fleet, fleet_spec
+
+    policy, mode = VARIANTS[name]
+    spec = fleet_spec(replicas=2, port=settings.port, router_port=settings.router_port,
+                      metrics_port=settings.metrics_port, mode=mode, kv_blocks=list(settings.kv_blocks),
+                      policy=policy, model=model_dir, base_pages=settings.base_pages,
+                      max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
+                      served_model_name=MODEL_NAME, load_poll_s=1, cpu_binds=settings.cpu_binds)
+    with Fleet(spec, log_dir / name) as fleet:
+        fleet.start(startup_timeout_s=900)
+        urls = [replica.url for replica in spec.replicas]
+        before = [vllm_counters(url) for url in urls]
+        results = run_trace(spec.router_url, skewed_trace(settings), settings.arrival_gap_s)
+        after = [vllm_counters(url) for url in urls]
+    return {"policy": policy, "replica_mode": mode, **summarize(results, before, after), "results": results}
+
+
+def run_fleet_bench(settings: FleetBenchSettings, model_dir: str, log_dir: Path,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every variant of ``settings`` one after another; returns the settings and each variant's numbers."""
+    report: dict[str, Any] = {"settings": dataclasses.asdict(settings), "variants": {}}
+    for name in settings.variants:
+        log(f"fleet bench: {name} ({VARIANTS[name][0]}, replicas {VARIANTS[name][1]})")
+        report["variants"][name] = run_variant(name, settings, model_dir, log_dir)
+        numbers = {k: v for k, v in report["variants"][name].items() if k != "results"}
+        log(f"fleet bench: {name}: {json.dumps(numbers)}")
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    """The variants side by side, one line each (fits 100 columns)."""
+    lines = [f"{'variant':<18} {'preempt':>7} {'TTFT p99':>9} {'ITL p99':>8} {'correct':>8} {'corr/s':>7} "
+             f"{'A/B finished':>13}"]
+    for name, v in report["variants"].items():
+        ttft = f"{v['ttft_p99_s']:.2f}s" if v["ttft_p99_s"] is not None else "-"
+        itl = f"{v['itl_p99_s'] * 1000:.0f}ms" if v["itl_p99_s"] is not None else "-"
+        finished = "/".join(f"{n:g}" for n in v["finished_per_replica"])
+        lines.append(f"{name:<18} {v['preemptions']:>7g} {ttft:>9} {itl:>8} "
+                     f"{v['correct']:>3}/{v['requests']:<4} {v['correct_per_s']:>7.3f} {finished:>13}")
+    return "\n".join(lines)
