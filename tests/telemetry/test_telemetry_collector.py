@@ -10,15 +10,8 @@ from growpage import __version__, catalog
 from growpage.telemetry import TelemetryAgent, collector
 from growpage.telemetry.collector import exposition_unit
 from support.factories import make_manager
+from support.metric_families import PROMETHEUS_TYPE, family_name
 from support.promstack import run_tool
-
-PROMETHEUS_TYPE = {catalog.MetricType.GAUGE: "gauge", catalog.MetricType.COUNTER: "counter",
-                   catalog.MetricType.HISTOGRAM: "histogram", catalog.MetricType.INFO: "gauge"}
-
-
-def family_name(spec: catalog.MetricSpec) -> str:
-    """The name the parsers give a family (counters lose ``_total``)."""
-    return spec.name.removesuffix("_total") if spec.type is catalog.MetricType.COUNTER else spec.name
 
 
 def scrape(agent, accept=None) -> dict:

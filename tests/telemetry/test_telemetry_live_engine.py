@@ -16,12 +16,11 @@ import pytest
 from growpage import __version__, catalog
 from growpage.config import GrowPageConfig
 from support.live_agent import drive_load, run_live_agent, scrape_config
+from support.metric_families import assert_metadata
 from support.promstack import run_prometheus, run_tool, wait_until
 
 BASE_PAGES, BLOCK_SIZE, NUM_PAGES = 2, 16, 400
 NUM_REQUESTS, MAX_TOKENS = 4, 48
-PROMETHEUS_TYPE = {catalog.MetricType.GAUGE: "gauge", catalog.MetricType.COUNTER: "counter",
-                   catalog.MetricType.HISTOGRAM: "histogram", catalog.MetricType.INFO: "gauge"}
 # The only labels a series may carry besides the contract's: what the scrape adds.
 SCRAPE_LABELS = {"__name__", "job", "instance"}
 
@@ -70,11 +69,7 @@ def test_every_contract_metric_arrives_with_its_type_and_labels(scraped):
         for label, values in spec.label_values.items():  # bounded sets: every value, from the start
             seen = {s["metric"][label] for s in prometheus.query(spec.name)}
             assert seen == set(values), (spec.name, label, seen)
-        # Prometheus keys OpenMetrics metadata by family name (a counter without _total).
-        family = spec.name.removesuffix("_total") if spec.type is catalog.MetricType.COUNTER else spec.name
-        metadata = prometheus.metadata(family)
-        assert {m["type"] for m in metadata} == {PROMETHEUS_TYPE[spec.type]}, (family, metadata)
-        assert {m["help"] for m in metadata} == {spec.help}
+        assert_metadata(prometheus, spec)
 
 
 def test_values_are_what_the_served_requests_imply(scraped):

@@ -10,11 +10,10 @@ from telemetry_workload import MODEL, Workload, in_memory_tracing
 from growpage import catalog
 from growpage.telemetry import TelemetryAgent
 from support.factories import make_manager
+from support.metric_families import assert_metadata
 from support.promstack import http_get_json, run_prometheus, wait_until
 
 JOB = {"job": catalog.SCRAPE_JOB}
-PROMETHEUS_TYPE = {catalog.MetricType.GAUGE: "gauge", catalog.MetricType.COUNTER: "counter",
-                   catalog.MetricType.HISTOGRAM: "histogram", catalog.MetricType.INFO: "gauge"}
 
 
 @pytest.fixture
@@ -76,12 +75,7 @@ def assert_every_series_with_its_labels_and_metadata(prom):
                 expected = {catalog.MODEL_LABEL, *spec.exported_labels} | bucket
                 assert labels == expected, (name, series["metric"])
                 assert series["metric"][catalog.MODEL_LABEL] == MODEL
-        # Prometheus keys OpenMetrics metadata by family name (counters without _total).
-        counter = spec.type is catalog.MetricType.COUNTER
-        family = spec.name.removesuffix("_total") if counter else spec.name
-        metadata = prom.metadata(family)
-        assert {m["type"] for m in metadata} == {PROMETHEUS_TYPE[spec.type]}, (family, metadata)
-        assert {m["help"] for m in metadata} == {spec.help}
+        assert_metadata(prom, spec)
 
 
 def assert_values_an_sre_expects(prom):
