@@ -15,6 +15,8 @@ and ``runbook_url``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 from growpage import catalog
 from growpage.monitoring import recording_rules as rec
@@ -201,8 +203,8 @@ VLLM_SLO_ALERT_STEMS = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken",
                         catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency"}
 
 
-def _burn_rules(stem: str, error_ratio, objective: float, summary: str, description: str, panel: str,
-                view: str = "", scope=lambda expr: expr) -> list[AlertRule]:
+def _burn_rules(stem: str, error_ratio: Callable[[str], str], objective: float, summary: str, description: str,
+                panel: str, view: str = "", scope: Callable[[str], str] = lambda expr: expr) -> list[AlertRule]:
     """One rule per burn-rate window pair, each with its ``for`` and its window labels.
 
     Args:
@@ -248,7 +250,7 @@ def vllm_latency_alerts() -> list[AlertRule]:
     for slo in catalog.VLLM_LATENCY_SLOS:
         what = "time to first token" if slo is catalog.SLO_VLLM_TTFT else "inter-token latency"
         rules += _burn_rules(
-            VLLM_SLO_ALERT_STEMS[slo.name], lambda window, name=slo.name: rec.vllm_error_ratio_name(name, window),
+            VLLM_SLO_ALERT_STEMS[slo.name], functools.partial(rec.vllm_error_ratio_name, slo.name),
             slo.objective, f"vLLM {what} burns its error budget too fast",
             f"requests over the long window had a {what} above {slo.threshold_s:g} s (vLLM's "
             f"{slo.histogram}; SLO: {_pct(slo.objective)} within {slo.threshold_s:g} s)",

@@ -10,7 +10,7 @@ long after ``for`` would have elapsed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from growpage import catalog
 from growpage.monitoring.alert_rules import (
@@ -163,7 +163,9 @@ def _fleet_quiet() -> dict[str, list[QuietScenario]]:
         QuietScenario(_fleet(6, 30, 150, 20, OFF), "mode off")]}
 
 
-def _burn_scenario(burn: catalog.BurnRateWindow, latency, budget: float, mode: dict[str, str]) -> Scenario:
+def _burn_scenario(burn: catalog.BurnRateWindow, latency: Callable[..., dict[str, str]], budget: float,
+                   mode: dict[str, str]) -> Scenario:
+    """``latency(good_share, per_minute, **target)``: the histogram series of the SLO being burnt."""
     # Just above this window's limit and below any faster window's, so only this pair trips.
     # Two pods share the errors: the SLO is the service's, whichever pod served.
     total = 1000

@@ -21,7 +21,7 @@ def generated_header(command: str) -> str:
 class _LiteralDumper(yaml.SafeDumper):
     """Writes multi-line strings (PromQL) as ``|`` blocks so reviews read like the source."""
 
-    def ignore_aliases(self, data) -> bool:  # no &id001 anchors: every file reads on its own
+    def ignore_aliases(self, data: object) -> bool:  # no &id001 anchors: every file reads on its own
         return True
 
 

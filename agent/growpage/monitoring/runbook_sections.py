@@ -8,6 +8,7 @@ SRE opens at 3 a.m. can never disagree with the rule that woke them.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from growpage import catalog
 from growpage.errors import GrowPageError
@@ -67,7 +68,8 @@ def replace_generated(text: str, section: str, file_name: str) -> str:
     return f"{head}{BEGIN}\n{section}\n{END}{tail}"
 
 
-def runbook_files(read_runbook, config: MixinConfig = DEFAULT_CONFIG) -> dict[str, str]:
+def runbook_files(read_runbook: Callable[[str], str | None],
+                  config: MixinConfig = DEFAULT_CONFIG) -> dict[str, str]:
     """File name -> updated runbook text, for every alert and the index.
 
     Args:
@@ -78,14 +80,20 @@ def runbook_files(read_runbook, config: MixinConfig = DEFAULT_CONFIG) -> dict[st
     """
     sections = {f"{name}.md": _rule_section(rules) for name, rules in rules_by_name(config).items()}
     sections[INDEX] = _index_section()
-    missing = [name for name in sections if read_runbook(name) is None]
+    texts = {name: read_runbook(name) for name in sections}
+    missing = [name for name, text in texts.items() if text is None]
     if missing:
         raise GrowPageError(f"missing runbooks: {', '.join(f'runbooks/{m}' for m in missing)}; write them "
                             f"(Meaning, Impact, Diagnosis, Mitigation) with the generated-block markers; "
                             f"runbook URLs point at {config.runbook_url('<AlertName>')}")
     severities = {f"{name}.md": rules[0].severity for name, rules in rules_by_name(config).items()}
-    updated = {name: replace_generated(read_runbook(name), section, name) for name, section in sections.items()}
+    updated = {name: replace_generated(text, sections[name], name) for name, text in texts.items()
+               if text is not None}
     for name, severity in severities.items():
-        lead = ESCALATION_LEADS[severity]
-        updated[name] = _ESCALATION_LEAD.sub(lambda _match, lead=lead: lead, updated[name])
+        updated[name] = _with_escalation_lead(updated[name], ESCALATION_LEADS[severity])
     return updated
+
+
+def _with_escalation_lead(text: str, lead: str) -> str:
+    """``text`` with its escalation sentence replaced by ``lead``, taken as it is (no group references)."""
+    return _ESCALATION_LEAD.sub(lambda _match: lead, text)

@@ -81,7 +81,7 @@ def runbook_links(*alert_names: str) -> str:
 
 
 def timeseries(title: str, description: str, panel_targets: list[g.Target], unit: str,
-               thresholds: list[dict] | None = None, stacked: bool = False, bars: bool = False):
+               thresholds: list[dict] | None = None, stacked: bool = False, bars: bool = False) -> g.TimeSeries:
     return g.TimeSeries(
         title=title, description=description, dataSource=DATASOURCE, targets=panel_targets, unit=unit,
         thresholds=thresholds or steps("green"), thresholdsStyleMode="dashed" if thresholds else "off",
@@ -130,7 +130,8 @@ class Heatmap(g.Panel):
 def heatmap(title: str, description: str, histogram: str, unit: str) -> Heatmap:
     expr = f"sum by (le) (increase({metric(f'{histogram}_bucket')}[{RATE}]))"
     heatmap_target = attr.evolve(target(expr, "{{le}}"), format="heatmap")
-    return Heatmap(title=title, description=description, dataSource=DATASOURCE,
+    # grafanalib ships no type information: mypy's attrs plugin knows Heatmap's own field, not g.Panel's.
+    return Heatmap(title=title, description=description, dataSource=DATASOURCE,  # type: ignore[call-arg]
                    targets=[heatmap_target], unit=unit, maxDataPoints=200)
 
 
