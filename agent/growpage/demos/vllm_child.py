@@ -54,33 +54,64 @@ def _timed_allocations(latencies: list[float]) -> contextlib.AbstractContextMana
     return unittest.mock.patch.object(KVCacheManager, "allocate_slots", allocate_slots)
 
 
+def _sampling(spec: dict, index: int) -> Any:
+    """Greedy; ``ignore_eos`` unless ``spec["ignore_eos"]`` is false; with ``spec["logprobs"]`` each
+    emitted token's raw log-probability; with ``spec["forced"]`` (one token list per prompt) the
+    request emits that list (:mod:`growpage.bench.forced_decoding`)."""
+    from vllm import SamplingParams
+
+    from growpage.bench.forced_decoding import REFERENCE_KEY
+
+    forced = spec.get("forced")
+    logprobs = 0 if spec.get("logprobs") or forced else None
+    if forced:
+        return SamplingParams(temperature=0, max_tokens=len(forced[index]), ignore_eos=True, logprobs=logprobs,
+                              extra_args={REFERENCE_KEY: forced[index]})
+    return SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=spec.get("ignore_eos", True),
+                          logprobs=logprobs)
+
+
+def _engine(spec: dict, num_prompts: int) -> Any:
+    from vllm import LLM
+
+    from growpage.bench.forced_decoding import FORCE_PROCESSOR
+
+    return LLM(model=spec["model_dir"], gpu_memory_utilization=0.3, enforce_eager=True,
+               block_size=spec["block_size"], max_model_len=spec["max_model_len"],
+               max_num_seqs=num_prompts, max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024), seed=0,
+               num_gpu_blocks_override=spec["kv_blocks"], logprobs_mode="raw_logprobs",
+               logits_processors=[FORCE_PROCESSOR] if spec.get("forced") else None,
+               additional_config={"growpage": _growpage_config(spec)})
+
+
+def _token_logprobs(completion: Any) -> list[float]:
+    """The raw log-probability of each emitted token (empty when none were asked for)."""
+    if not completion.logprobs:
+        return []
+    return [float(step[token].logprob) for token, step in zip(completion.token_ids, completion.logprobs, strict=True)]
+
+
 def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
-    from vllm import LLM, RequestOutput, SamplingParams
+    from vllm import RequestOutput
     from vllm.v1.engine.core_client import InprocClient
 
     from growpage.core.quantiles import percentile
 
-    config = _growpage_config(spec)
     if spec.get("growpage") is None:  # vLLM alone: no plugin is loaded, no GrowPage code runs
         os.environ["VLLM_PLUGINS"] = ""
-    os.environ["GROWPAGE_MODE"] = config["mode"]
+    os.environ["GROWPAGE_MODE"] = _growpage_config(spec)["mode"]
     latencies: list[float] = []
     with _timed_allocations(latencies):
-        llm = LLM(model=spec["model_dir"], gpu_memory_utilization=0.3, enforce_eager=True,
-                  block_size=spec["block_size"], max_model_len=spec["max_model_len"],
-                  max_num_seqs=len(prompts), max_num_batched_tokens=1024, seed=0,
-                  num_gpu_blocks_override=spec["kv_blocks"],
-                  additional_config={"growpage": config})
-        engine = llm.llm_engine
+        engine = _engine(spec, len(prompts)).llm_engine
         core = engine.engine_core
         if not isinstance(core, InprocClient):
             raise RuntimeError("the engine core must run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
         scheduler: Any = core.engine_core.scheduler  # vLLM's Scheduler (its interface type has no queues)
         pool = scheduler.kv_cache_manager.block_pool
-        params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
         for index, prompt in enumerate(prompts):
-            engine.add_request(f"{variant}-{index}", prompt, params)
+            engine.add_request(f"{variant}-{index}", prompt, _sampling(spec, index))
         outputs: dict[str, list[int]] = {}
+        logprobs: dict[str, list[float]] = {}
         preemptions: dict[str, int] = {}
         peak_running = steps = running_steps = 0
         started = last_report = time.perf_counter()
@@ -88,6 +119,7 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
             for output in engine.step():
                 if output.finished and isinstance(output, RequestOutput):  # generation, never pooling
                     outputs[output.request_id] = list(output.outputs[0].token_ids)
+                    logprobs[output.request_id] = _token_logprobs(output.outputs[0])
             steps += 1
             for request in list(scheduler.running) + list(scheduler.waiting):
                 preemptions[request.request_id] = max(preemptions.get(request.request_id, 0),
@@ -97,12 +129,8 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
             now = time.perf_counter()
             if now - last_report >= spec["report_interval_s"] or not engine.has_unfinished_requests():
                 last_report = now
-                _emit(PROGRESS_PREFIX, {
-                    "variant": variant, "elapsed_s": round(now - started, 1), "finished": len(outputs),
-                    "requests": len(prompts), "running": len(scheduler.running),
-                    "waiting": len(scheduler.waiting), "blocks_free": pool.get_num_free_blocks(),
-                    "blocks_total": pool.num_gpu_blocks - 1, "preemptions": sum(preemptions.values()),
-                    "decisions": _decisions(scheduler)})
+                _emit(PROGRESS_PREFIX, _progress(variant, scheduler, round(now - started, 1), len(outputs),
+                                                 len(prompts), sum(preemptions.values())))
         elapsed = time.perf_counter() - started
         agent = existing_agent(scheduler)
         stats = agent.stats if agent is not None and agent.enforcer is not None else None
@@ -118,7 +146,18 @@ def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
             "grant_latency_p99_s": percentile(latencies, 0.99),
             "blocks_free_at_end": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
             "outputs": {rid.split("-", 1)[1]: tokens for rid, tokens in outputs.items()},
+            "logprobs": {rid.split("-", 1)[1]: values for rid, values in logprobs.items() if values},
         }
+
+
+def _progress(variant: str, scheduler: Any, elapsed_s: float, finished: int, requests: int,
+              preemptions: int) -> dict:
+    """One live report: the queues, the block pool and GrowPage's decisions so far."""
+    pool = scheduler.kv_cache_manager.block_pool
+    return {"variant": variant, "elapsed_s": elapsed_s, "finished": finished, "requests": requests,
+            "running": len(scheduler.running), "waiting": len(scheduler.waiting),
+            "blocks_free": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
+            "preemptions": preemptions, "decisions": _decisions(scheduler)}
 
 
 def _decisions(scheduler: Any) -> dict[str, int]:
@@ -143,5 +182,13 @@ def main(spec: dict) -> None:
     _emit(RESULT_PREFIX, run_variant(spec["variant"], spec, prompts))
 
 
+def read_spec(argument: str) -> dict:
+    """The run's spec: JSON, or ``@path`` of a JSON file (what the parent passes)."""
+    if argument.startswith("@"):
+        with open(argument[1:], encoding="utf-8") as spec_file:
+            return dict(json.load(spec_file))
+    return dict(json.loads(argument))
+
+
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    main(read_spec(sys.argv[1]))
