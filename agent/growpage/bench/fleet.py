@@ -16,7 +16,9 @@ times are wall-clock measurements of this machine, reported, never asserted.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
 import json
 import math
 import threading
@@ -39,13 +41,13 @@ MODEL_NAME = "growpage-bench"
 class FleetBenchSettings:
     """The fleet and the trace (defaults: a run of a few minutes per variant on 2 CPU cores)."""
 
-    kv_blocks: tuple[int, int] = (32, 96)  # replica A holds a third of B's KV
+    kv_blocks: tuple[int, int] = (33, 99)  # A holds a third of B's KV (one block is vLLM's null block)
     base_pages: int = 6
     max_model_len: int = 1024
     max_num_seqs: int = 8
     retrieval: int = 8  # 512-token retrieval questions (passkey, code), 16 new tokens
-    reasoning: int = 8  # step-by-step generations
-    reasoning_tokens: int = 192
+    reasoning: int = 12  # step-by-step generations
+    reasoning_tokens: int = 256
     arrival_gap_s: float = 0.5
     seed: int = 0
     variants: tuple[str, ...] = tuple(VARIANTS)
@@ -60,17 +62,20 @@ class FleetBenchSettings:
 
 
 def skewed_trace(settings: FleetBenchSettings) -> list[Task]:
-    """Retrieval questions and long generations, alternating: each long generation arrives next to
-    a question whose prompt alone fills half of replica A's KV."""
+    """Retrieval questions and long generations in the order question, generation, generation,
+    question (repeated): a router that alternates sends both kinds to both replicas, and a question's
+    prompt alone fills half of replica A's KV while generations grow beside it."""
     questions = retrieval_tasks(settings.seed, families=("passkey", "code"), context_tokens=(512,))
     # not every step-by-step prompt has a single true result: draw more, keep the first that do
     generations = reasoning_tasks(settings.reasoning * 3, settings.reasoning_tokens, settings.seed)[:settings.reasoning]
+    queues = {"question": collections.deque(questions[i % len(questions)] for i in range(settings.retrieval)),
+              "generation": collections.deque(generations)}
+    pattern = itertools.cycle(("question", "generation", "generation", "question"))
     trace: list[Task] = []
-    for index in range(max(settings.retrieval, len(generations))):
-        if index < settings.retrieval:
-            trace.append(questions[index % len(questions)])
-        if index < len(generations):
-            trace.append(generations[index])
+    while queues["question"] or queues["generation"]:
+        kind = next(pattern)
+        queue = queues[kind] or queues["generation" if kind == "question" else "question"]
+        trace.append(queue.popleft())
     return trace
 
 

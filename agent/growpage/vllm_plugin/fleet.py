@@ -161,6 +161,8 @@ def check_ports_free(spec: FleetSpec) -> None:
     """Raise a one-line :class:`ConfigError` naming the first port another process holds."""
     for port in (spec.router_port, *(r.port for r in spec.replicas), *(r.metrics_port for r in spec.replicas)):
         with socket.socket() as sock:
+            # as the servers bind: a port whose last connections linger in TIME_WAIT is free, a listener is not
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
