@@ -91,3 +91,16 @@ def test_accuracy_by_family_and_what_is_headlined():
     assert accuracy["room"]["accuracy"] == 0.5
     assert headline_families(accuracy) == ["code"]
     assert headline_families({"reasoning": {"correct": 1, "total": 1, "accuracy": 1.0}}) == []
+
+
+def test_workload_tasks_are_scored_where_they_have_a_true_answer():
+    from growpage.bench.tasks import with_truth
+    from growpage.bench.workloads import reasoning_tasks as workload_reasoning
+    from growpage.bench.workloads import retrieval_tasks as workload_retrieval
+    from growpage.bench.workloads import summary_tasks
+
+    passkey = workload_retrieval((512,), (0.5,), 16)[0]
+    scored = with_truth(passkey)
+    assert scored is not None and scored.family == "passkey" and is_correct(scored, f"It is {passkey.expected}.")
+    assert with_truth(summary_tasks(1, 8)[0]) is None
+    assert [with_truth(t) is None for t in workload_reasoning(4, 8)] == [False, False, False, True]

@@ -57,3 +57,24 @@ def test_the_overhead_rounds_alternate_their_order_and_cover_every_variant():
     assert overhead_order(0) == tuple(reversed(overhead_order(1)))
     assert all(set(overhead_order(r)) == set(OVERHEAD_VARIANTS) for r in range(4))
     assert VllmBenchSettings().repeats >= 3
+
+
+def test_retrieval_under_pressure_is_16_requests_in_a_quarter_of_their_kv():
+    from growpage.bench.goodput import retrieval_tasks
+    from growpage.bench.vllm import PARTS
+
+    settings = VllmBenchSettings()
+    tasks = retrieval_tasks(settings)
+    assert len(tasks) >= 16 and len({t.answer for t in tasks}) == len(tasks)
+    assert settings.retrieval_kv_share <= 0.25 and {"retrieval", "accuracy"} <= set(PARTS)
+    assert settings.repeats >= 3  # interleaved rounds for every pressure and retrieval variant
+
+
+def test_reasoning_prompts_are_scored_only_where_they_have_a_true_result():
+    from growpage.bench.vllm import _true_results
+    from growpage.bench.workloads import reasoning_tasks
+
+    tasks = reasoning_tasks(6, 8)
+    scored = _true_results(tasks)
+    assert [s is None for s in scored] == [t.expected is None for t in tasks]
+    assert all(s.family == "reasoning" and s.answer == t.expected for s, t in zip(scored, tasks, strict=True) if s)

@@ -25,6 +25,7 @@ import dataclasses
 import random
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 FAMILIES = ("passkey", "code", "room", "multikey")
 CONTEXT_TOKENS = (512, 1024, 2048)
@@ -219,6 +220,17 @@ def reasoning_tasks(count: int, max_tokens: int, seed: int = 0) -> list[Task]:
 
     return [Task("reasoning", task.prompt, task.expected, task.task_id, max_tokens=task.max_tokens)
             for task in workload_reasoning(count, max_tokens, seed) if task.expected is not None]
+
+
+def with_truth(task: Any) -> Task | None:
+    """A benchmark workload's task (``workloads.Task``: ``kind``, ``expected``) as a task to score,
+    or None where it has no true answer (summaries, reasoning without a single result)."""
+    if isinstance(task, Task):
+        return task
+    if task.expected is None:
+        return None
+    family = "reasoning" if task.kind == "reasoning" else "passkey"
+    return Task(family, task.prompt, task.expected, task.task_id, max_tokens=task.max_tokens)
 
 
 def numbers_in(text: str) -> list[str]:

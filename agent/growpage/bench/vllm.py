@@ -35,6 +35,7 @@ from typing import Any
 from growpage import __version__
 
 VARIANTS = ("vllm", "growpage", "limit")
+PARTS = ("pressure", "overhead", "retrieval", "accuracy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,12 @@ class VllmBenchSettings:
         overhead_batch, overhead_tokens, repeats: the monitor-overhead workload.
         growpage: more ``additional_config["growpage"]`` keys for the GrowPage runs.
         threads: ``OMP_NUM_THREADS`` for the engines (None: the environment's).
-        parts: ``pressure`` (the traces) and/or ``overhead``.
+        parts: ``pressure`` (the traces), ``overhead``, ``retrieval`` (retrieval under KV pressure)
+            and/or ``accuracy`` (full KV's accuracy on every retrieval family).
+        repeats: also the interleaved rounds of every pressure and retrieval variant.
+        retrieval_families, retrieval_context_tokens, retrieval_depths: the retrieval workload
+            (``growpage.bench.tasks``; one request per family, length and depth, seed ``seeds[0]``).
+        retrieval_kv_share: its KV space as a share of what every request needs at once.
     """
 
     requests: int = 16
@@ -66,11 +72,15 @@ class VllmBenchSettings:
     growpage: dict = dataclasses.field(default_factory=dict)
     threads: int | None = None
     parts: tuple[str, ...] = ("pressure", "overhead")
+    retrieval_families: tuple[str, ...] = ("code", "multikey")
+    retrieval_context_tokens: tuple[int, ...] = (512, 1024)
+    retrieval_depths: tuple[float, ...] = (0.1, 0.35, 0.65, 0.9)
+    retrieval_kv_share: float = 0.25
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:
         return cls(requests=6, max_tokens=80, kv_blocks=14, base_pages=2, seeds=(0,), overhead_batch=2,
-                   overhead_tokens=16, repeats=1)
+                   overhead_tokens=16, repeats=1, retrieval_families=("code",), retrieval_context_tokens=(512,))
 
     def growpage_config(self, mode: str = "enforce") -> dict:
         return {"mode": mode, "base_pages": self.base_pages, "sink_tokens": 4, "recent_window_tokens": 16,
@@ -102,56 +112,119 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     if settings.threads:
         os.environ["OMP_NUM_THREADS"] = str(settings.threads)
     started = time.monotonic()
+    if {"pressure", "retrieval"} & set(settings.parts):
+        _warm_up(model_dir, settings, log, timeout_s)
     traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
               if "pressure" in settings.parts else [])
     overhead = _overhead(model_dir, settings, log, timeout_s) if "overhead" in settings.parts else {}
+    from growpage.bench import goodput
+
+    retrieval = goodput.retrieval_under_pressure(model_dir, settings, log, timeout_s) \
+        if "retrieval" in settings.parts else {}
+    accuracy = goodput.full_kv_accuracy(model_dir, settings, log, timeout_s) if "accuracy" in settings.parts else {}
     import vllm
 
     return {"benchmark": "vllm", "growpage_version": __version__, "vllm_version": vllm.__version__,
             "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
             "settings": dataclasses.asdict(settings), "traces": traces, "overhead": overhead,
-            "summary": _summary(traces, overhead), "wall_s": round(time.monotonic() - started, 1)}
+            "retrieval": retrieval, "accuracy": accuracy,
+            "summary": _summary(traces, overhead) | goodput.summary(traces, retrieval, accuracy),
+            "wall_s": round(time.monotonic() - started, 1)}
+
+
+def _warm_up(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], None] | None,
+             timeout_s: float) -> None:
+    """One short vLLM run, discarded: the first engine of a session pays for cold caches."""
+    from growpage.bench.workloads import reasoning_tasks
+    from growpage.demos.vllm_engine import run_child
+
+    if log:
+        log("vllm bench: warm-up (discarded)")
+    prompts = [task.prompt for task in reasoning_tasks(2, 8, seed=7)]
+    run_child(_spec(model_dir, settings, prompts, 8, 64, "vllm", None), lambda report: None, timeout_s)
 
 
 def _spec(model_dir: str, settings: VllmBenchSettings, prompts: list[str], max_tokens: int, kv_blocks: int,
           variant: str, growpage: dict | None) -> dict:
-    return {"model_dir": model_dir, "prompts": prompts, "variant": variant, "growpage": growpage,
-            "block_size": settings.block_size, "kv_blocks": kv_blocks, "max_tokens": max_tokens,
-            "max_model_len": min(2048, (kv_blocks - 1) * settings.block_size), "report_interval_s": 5.0}
+    from growpage.bench.goodput import spec
+
+    return spec(model_dir, settings.block_size, prompts, max_tokens, kv_blocks, variant, growpage)
 
 
 def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable[[str], None] | None,
            timeout_s: float) -> dict:
+    """One pressure trace: every variant ``repeats`` times, interleaved; then GrowPage forced
+    through the limit's (full KV's) continuation for its NLL increase."""
     from transformers import AutoTokenizer
 
     from growpage.agreement import token_agreement
+    from growpage.bench import goodput
     from growpage.bench.workloads import reasoning_tasks
     from growpage.demos.vllm_engine import run_child
 
-    prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]
+    tasks = reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)
+    prompts = [task.prompt for task in tasks]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     longest = max(_prompt_tokens(tokenizer, prompt) for prompt in prompts)
     blocks = {"vllm": settings.kv_blocks, "growpage": settings.kv_blocks, "limit": settings.limit_blocks(longest)}
     configs = {"vllm": None, "growpage": settings.growpage_config(), "limit": None}
-    results = {}
-    for variant in VARIANTS:
-        if log:
-            log(f"vllm bench: trace seed {seed}, {variant} ({blocks[variant]} blocks)")
+
+    def run(variant: str) -> dict:
         spec = _spec(model_dir, settings, prompts, settings.max_tokens, blocks[variant], variant, configs[variant])
-        results[variant] = run_child(spec, lambda report: None, timeout_s)
+        return run_child({**spec, "logprobs": True}, lambda report: None, timeout_s)
+
+    runs = goodput.repeated(run, VARIANTS, settings.repeats, log, f"trace seed {seed}")
+    results = {variant: runs[variant][0] for variant in VARIANTS}  # agreement: the first round
     order = sorted(results["vllm"]["outputs"], key=int)
     agreement = token_agreement([results["vllm"]["outputs"][k] for k in order],
                                 [results["growpage"]["outputs"][k] for k in order])
-    base, grow, limit = (results[v]["tokens_per_s"] for v in VARIANTS)
+    rates = {variant: goodput.spread([r["tokens_per_s"] for r in runs[variant]]) for variant in VARIANTS}
+    base, grow, limit = (rates[v]["median"] for v in VARIANTS)
     return {"seed": seed, "kv_blocks": blocks,
-            "variants": {name: {k: v for k, v in r.items() if k != "outputs"} for name, r in results.items()},
+            "variants": {name: goodput.without_outputs(r) for name, r in results.items()},
+            "repeats": {name: [goodput.without_outputs(r) for r in values] for name, values in runs.items()},
+            "tokens_per_s": rates,
             "growpage_vs_vllm": round(grow / base, 3), "limit_vs_vllm": round(limit / base, 3),
             "captured_gain_share": round((grow - base) / (limit - base), 3) if limit > base else None,
             "preemptions": {name: r["preemptions"] for name, r in results.items()},
             "identical_share": round(agreement.identical_share, 3),
             "mean_matched_share": round(agreement.mean_matched_share, 3),
             "answer_agreement": _answer_agreement(tokenizer, [results["vllm"]["outputs"][k] for k in order],
-                                                  [results["growpage"]["outputs"][k] for k in order])}
+                                                  [results["growpage"]["outputs"][k] for k in order]),
+            "goodput": {variant: goodput.scored(tokenizer, _true_results(tasks), values)
+                        for variant, values in runs.items()},
+            "nll_increase": {"growpage": _forced_nll(model_dir, settings, prompts, blocks["growpage"],
+                                                     runs["limit"][0], log, timeout_s)}}
+
+
+def _true_results(tasks: list[Any]) -> list[Any]:
+    """The reasoning prompts as tasks with true answers (None where a prompt has no single result)."""
+    from growpage.bench.tasks import with_truth
+
+    return [with_truth(task) for task in tasks]
+
+
+def _forced_nll(model_dir: str, settings: VllmBenchSettings, prompts: list[str], kv_blocks: int, reference: dict,
+                log: Callable[[str], None] | None, timeout_s: float) -> dict:
+    """GrowPage forced through full KV's continuation (``reference``: the limit's run, with raw
+    log-probabilities): the per-token NLL increase over full KV."""
+    from growpage.bench.fidelity import forced_spec, nll_increase
+    from growpage.bench.goodput import without_outputs
+    from growpage.demos.vllm_engine import run_child
+
+    if log:
+        log("vllm bench: growpage forced through full KV's continuation (fidelity)")
+    keys = [str(index) for index in range(len(prompts))]
+    spec = _spec(model_dir, settings, prompts, settings.max_tokens, kv_blocks, "growpage", settings.growpage_config())
+    forced = run_child(forced_spec(spec, [reference["outputs"][key] for key in keys]), lambda report: None, timeout_s)
+    if any(forced["outputs"][key] != reference["outputs"][key] for key in keys):
+        from growpage.errors import GrowPageError
+
+        raise GrowPageError("the forced run did not emit the reference tokens: the forcing logits processor "
+                            "was not applied (vLLM's logits_processors setting)")
+    fidelity = nll_increase({key: reference["logprobs"][key] for key in keys},
+                            {key: forced["logprobs"][key] for key in keys})
+    return {**fidelity, "forced_run": without_outputs(forced)}
 
 
 def _answer_agreement(tokenizer: Any, reference: list[list[int]], candidate: list[list[int]]) -> float | None:
@@ -169,9 +242,9 @@ def _answer_agreement(tokenizer: Any, reference: list[list[int]], candidate: lis
 
 
 def _prompt_tokens(tokenizer: Any, prompt: str) -> int:
-    from growpage.chat import chat_token_ids, user_turn
+    from growpage.bench.goodput import prompt_tokens
 
-    return len(chat_token_ids(tokenizer, user_turn(prompt)))
+    return prompt_tokens(tokenizer, prompt)
 
 
 OVERHEAD_VARIANTS = ("vllm", "monitor", "enforce_idle")

@@ -1,0 +1,225 @@
+"""Goodput inside vLLM: correct answers per second, accuracy and fidelity next to tokens/s.
+
+Used by ``gpctl bench vllm`` (:mod:`growpage.bench.vllm`). Every variant of a comparison runs
+``repeats`` times, interleaved (the order reverses each round, so drift over the run does not
+always favour the same variant), after a discarded warm-up; results are medians with their range,
+every repeat kept in the JSON. Parts:
+
+* ``retrieval``: retrieval tasks (``growpage.bench.tasks``) all at once under KV pressure (a KV
+  space for about ``retrieval_kv_share`` of them) with vLLM alone and with GrowPage, and with room
+  for all (the limit): accuracy against ground truth per family, correct answers per second, wall
+  time. Prompt-heavy work: compression can only cost answers here, unless it avoids waiting.
+* ``accuracy``: full KV's accuracy on every retrieval family (48 tasks by default), with room for
+  all: which families are headlined (full KV >= 80 %).
+* on the pressure traces (reasoning, decode-heavy): reasoning accuracy against true results,
+  reported apart, and GrowPage's NLL increase over full KV by forced decoding
+  (:mod:`growpage.bench.fidelity`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from growpage.bench.tasks import Task, accuracy_by_family, headline_families, is_correct
+
+if TYPE_CHECKING:
+    from growpage.bench.vllm import VllmBenchSettings
+
+Log = Callable[[str], None] | None
+RETRIEVAL_VARIANTS = ("vllm", "growpage", "limit")
+
+
+def spec(model_dir: str, block_size: int, prompts: list[str], max_tokens: int, kv_blocks: int, variant: str,
+         growpage: dict | None, max_model_len: int | None = None) -> dict:
+    """One vLLM run (:mod:`growpage.demos.vllm_child`): ``growpage`` None is vLLM alone."""
+    return {"model_dir": model_dir, "prompts": prompts, "variant": variant, "growpage": growpage,
+            "block_size": block_size, "kv_blocks": kv_blocks, "max_tokens": max_tokens,
+            "max_model_len": max_model_len or min(2048, (kv_blocks - 1) * block_size), "report_interval_s": 5.0}
+
+
+def prompt_tokens(tokenizer: Any, prompt: str) -> int:
+    from growpage.chat import chat_token_ids, user_turn
+
+    return len(chat_token_ids(tokenizer, user_turn(prompt)))
+
+
+def round_order(variants: Sequence[str], repeat: int) -> tuple[str, ...]:
+    """The variants' order in round ``repeat``: reversed every other round."""
+    return tuple(variants) if repeat % 2 == 0 else tuple(reversed(variants))
+
+
+def repeated(run: Callable[[str], dict], variants: Sequence[str], repeats: int, log: Log,
+             label: str) -> dict[str, list[dict]]:
+    """``repeats`` interleaved rounds of every variant; each variant's results in round order."""
+    results: dict[str, list[dict]] = {variant: [] for variant in variants}
+    for repeat in range(repeats):
+        for variant in round_order(variants, repeat):
+            if log:
+                log(f"vllm bench: {label}, round {repeat + 1}/{repeats}, {variant}")
+            results[variant].append(run(variant))
+    return results
+
+
+def spread(values: Sequence[float], digits: int = 3) -> dict:
+    """Median, range and every value (rounded)."""
+    return {"median": round(statistics.median(values), digits), "range": [round(min(values), digits),
+                                                                            round(max(values), digits)],
+            "values": [round(value, digits) for value in values]}
+
+
+def answer_texts(tokenizer: Any, result: dict, count: int) -> list[str]:
+    """Each request's reply as a user reads it: up to its first end of sequence."""
+    texts = []
+    for index in range(count):
+        token_ids = result["outputs"][str(index)]
+        ends = [i for i, token in enumerate(token_ids) if token == tokenizer.eos_token_id]
+        texts.append(tokenizer.decode(token_ids[:ends[0]] if ends else token_ids, skip_special_tokens=True))
+    return texts
+
+
+def scored(tokenizer: Any, tasks: Sequence[Task | None], runs: list[dict]) -> dict:
+    """Accuracy against ground truth of each run (``tasks[i]`` is prompt ``i``'s task, None where it
+    has no true answer) and correct answers per second of wall time."""
+    answerable = [(index, task) for index, task in enumerate(tasks) if task is not None]
+    if not answerable:
+        return {"answerable": 0}
+    accuracies, per_second, by_family = [], [], []
+    for run in runs:
+        texts = answer_texts(tokenizer, run, len(tasks))
+        correct = [is_correct(task, texts[index]) for index, task in answerable]
+        accuracies.append(sum(correct) / len(correct))
+        per_second.append(sum(correct) / run["elapsed_s"])
+        by_family.append(accuracy_by_family([task for _, task in answerable], correct))
+    return {"answerable": len(answerable), "accuracy": spread(accuracies), "correct_per_s": spread(per_second),
+            "accuracy_by_family": by_family[0], "accuracy_by_family_every_repeat": by_family}
+
+
+def without_outputs(result: dict) -> dict:
+    return {key: value for key, value in result.items() if key not in ("outputs", "logprobs")}
+
+
+def retrieval_tasks(settings: VllmBenchSettings) -> list[Task]:
+    from growpage.bench.tasks import retrieval_tasks as generate
+
+    return generate(settings.seeds[0], families=settings.retrieval_families,
+                    context_tokens=settings.retrieval_context_tokens, depths=settings.retrieval_depths)
+
+
+def _blocks(lengths: list[int], max_tokens: int, block_size: int) -> list[int]:
+    return [math.ceil((length + max_tokens) / block_size) for length in lengths]
+
+
+def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: Log, timeout_s: float) -> dict:
+    """Every retrieval task at once, vLLM alone and GrowPage in a KV space for about
+    ``retrieval_kv_share`` of them, the limit with room for all; interleaved repeats."""
+    from transformers import AutoTokenizer
+
+    from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS
+    from growpage.demos.vllm_engine import run_child
+
+    tasks = retrieval_tasks(settings)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [prompt_tokens(tokenizer, task.prompt) for task in tasks]
+    needed = _blocks(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
+    tight = max(max(needed) + 1, round(sum(needed) * settings.retrieval_kv_share) + 1)
+    blocks = {"vllm": tight, "growpage": tight, "limit": sum(needed) + 1}
+    configs = {"vllm": None, "growpage": settings.growpage_config(), "limit": None}
+    max_model_len = max(needed) * settings.block_size
+
+    def run(variant: str) -> dict:
+        run_spec = spec(model_dir, settings.block_size, [task.prompt for task in tasks], RETRIEVAL_MAX_TOKENS,
+                        blocks[variant], variant, configs[variant], max_model_len)
+        return run_child({**run_spec, "ignore_eos": False}, lambda report: None, timeout_s)
+
+    results = repeated(run, RETRIEVAL_VARIANTS, settings.repeats, log, "retrieval under KV pressure")
+    variants = {variant: {"kv_blocks": blocks[variant], **scored(tokenizer, tasks, runs),
+                          "elapsed_s": spread([r["elapsed_s"] for r in runs]),
+                          "tokens_per_s": spread([r["tokens_per_s"] for r in runs]),
+                          "preemptions": [r["preemptions"] for r in runs], "decisions": runs[0]["decisions"],
+                          "runs": [without_outputs(r) for r in runs]}
+                for variant, runs in results.items()}
+    return {"tasks": [{"task": t.task_id, "family": t.family, "answer": t.answer, "prompt_tokens": n}
+                      for t, n in zip(tasks, lengths, strict=True)],
+            "variants": variants, "comparison": _retrieval_comparison(variants)}
+
+
+def _retrieval_comparison(variants: dict[str, dict]) -> dict:
+    """GrowPage against vLLM alone: accuracy share and wall-time ratio (medians)."""
+    base, grow = variants["vllm"], variants["growpage"]
+    base_accuracy = base["accuracy"]["median"]
+    return {"growpage_accuracy_share_of_vllm": round(grow["accuracy"]["median"] / base_accuracy, 3)
+            if base_accuracy else None,
+            "growpage_wall_vs_vllm": round(grow["elapsed_s"]["median"] / base["elapsed_s"]["median"], 3),
+            "growpage_correct_per_s_vs_vllm": round(grow["correct_per_s"]["median"]
+                                                    / max(base["correct_per_s"]["median"], 1e-9), 3),
+            "targets": {"accuracy_share_of_vllm": 0.95, "wall_vs_vllm": 1.05}}
+
+
+def full_kv_accuracy(model_dir: str, settings: VllmBenchSettings, log: Log, timeout_s: float) -> dict:
+    """Full KV (vLLM alone, room for all, greedy) on every retrieval family at every length and
+    depth (``growpage.bench.tasks`` defaults, seed ``seeds[0]``): accuracy per family, and the
+    families a benchmark may headline."""
+    from transformers import AutoTokenizer
+
+    from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS
+    from growpage.bench.tasks import retrieval_tasks as generate
+    from growpage.demos.vllm_engine import run_child
+
+    tasks = generate(settings.seeds[0])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    needed = _blocks([prompt_tokens(tokenizer, task.prompt) for task in tasks], RETRIEVAL_MAX_TOKENS,
+                     settings.block_size)
+    if log:
+        log(f"vllm bench: full-KV accuracy on {len(tasks)} retrieval tasks")
+    run_spec = spec(model_dir, settings.block_size, [task.prompt for task in tasks], RETRIEVAL_MAX_TOKENS,
+                    sum(needed) + 1, "vllm", None, max(needed) * settings.block_size)
+    result = run_child({**run_spec, "ignore_eos": False}, lambda report: None, timeout_s)
+    texts = answer_texts(tokenizer, result, len(tasks))
+    correct = [is_correct(task, text) for task, text in zip(tasks, texts, strict=True)]
+    by_family = accuracy_by_family(tasks, correct)
+    return {"tasks": len(tasks), "accuracy_by_family": by_family, "headlined": headline_families(by_family),
+            "replies": {task.task_id: {"answer": task.answer, "reply": text, "correct": ok}
+                        for task, text, ok in zip(tasks, texts, correct, strict=True)},
+            "elapsed_s": round(result["elapsed_s"], 1)}
+
+
+def summary(traces: list[dict], retrieval: dict, accuracy: dict) -> dict:
+    """The goodput lines of ``gpctl bench vllm``'s summary."""
+    return {"nll_increase_by_seed": {t["seed"]: t["nll_increase"]["growpage"]["mean"] for t in traces},
+            "reasoning_accuracy_by_seed": {t["seed"]: {v: g.get("accuracy", {}).get("median")
+                                                       for v, g in t["goodput"].items()} for t in traces},
+            "retrieval": retrieval.get("comparison"),
+            "full_kv_accuracy_by_family": {family: tally["accuracy"] for family, tally
+                                           in accuracy.get("accuracy_by_family", {}).items()},
+            "headlined_families": accuracy.get("headlined")}
+
+
+def _cell(measure: dict | None, digits: int, percent: bool = False) -> str:
+    """``median [min-max]`` of a :func:`spread`, a dash where there is none."""
+    if not measure:
+        return "-"
+    scale, suffix = (100, "%") if percent else (1, "")
+    low, high = (value * scale for value in measure["range"])
+    median = measure["median"] * scale
+    if low == high:
+        return f"{median:.{digits}f}{suffix}"
+    return f"{median:.{digits}f}{suffix} [{low:.{digits}f}-{high:.{digits}f}]"
+
+
+def goodput_rows(result: dict) -> list[tuple[str, ...]]:
+    """Table rows of ``gpctl bench vllm``'s JSON: one per workload and variant."""
+    rows: list[tuple[str, ...]] = []
+    for trace in result.get("traces", []):
+        for variant in trace["tokens_per_s"]:
+            scores = trace["goodput"].get(variant, {})
+            nll = trace["nll_increase"].get(variant)
+            rows.append((f"reasoning seed {trace['seed']} (apart)", variant, _cell(trace["tokens_per_s"][variant], 1),
+                         _cell(scores.get("accuracy"), 0, percent=True), _cell(scores.get("correct_per_s"), 3),
+                         "0 (ref)" if variant == "limit" else f"{nll['mean']:+.4f}" if nll else "-"))
+    for variant, scores in result.get("retrieval", {}).get("variants", {}).items():
+        rows.append(("retrieval under KV pressure", variant, _cell(scores["tokens_per_s"], 1),
+                     _cell(scores.get("accuracy"), 0, percent=True), _cell(scores.get("correct_per_s"), 3), "-"))
+    return rows
