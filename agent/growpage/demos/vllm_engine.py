@@ -19,13 +19,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 
 from rich.console import Console
 from rich.table import Table
 
 from growpage.agreement import token_agreement
-from growpage.demos.prompts import REASONING_PROMPTS
+from growpage.demos.prompts import REASONING_ANSWERS, REASONING_PROMPTS
 from growpage.demos.vllm_child import PROGRESS_PREFIX, RESULT_PREFIX
 from growpage.errors import GrowPageError
 
@@ -91,9 +92,42 @@ def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console |
     console.print("Each run starts an engine first (about a minute here).")
     show = _progress_printer(console)
     configs = {"vllm": None, "growpage": settings.growpage_config()}
-    results = {variant: run_child({**spec, "variant": variant, "growpage": configs[variant]}, show, timeout_s)
+    results = {variant: run_child({**spec, "variant": variant, "growpage": configs[variant], "logprobs": True}, show,
+                                  timeout_s)
                for variant in VARIANTS}
-    return summarize(results, settings, console)
+    console.print("Fidelity: GrowPage again, forced through vLLM alone's answers.")
+    forced = _forced(spec, configs["growpage"], results["vllm"], show, timeout_s)
+    for result in results.values():
+        result["correct"] = _correct(model_dir, settings, result)
+    return summarize(results, settings, console, forced)
+
+
+def _forced(spec: dict, growpage: dict, reference: dict, show: Callable[[dict], None], timeout_s: float) -> dict:
+    """GrowPage forced through ``reference``'s tokens (vLLM alone's answers), its per-token NLL
+    increase over them under ``nll_increase``."""
+    from growpage.bench.fidelity import forced_spec, nll_increase
+
+    keys = [str(index) for index in range(len(spec["prompts"]))]
+    forced = run_child(forced_spec({**spec, "variant": "growpage", "growpage": growpage},
+                                   [reference["outputs"][key] for key in keys]), show, timeout_s)
+    forced["nll_increase"] = nll_increase({key: reference["logprobs"][key] for key in keys},
+                                          {key: forced["logprobs"][key] for key in keys})
+    return forced
+
+
+def _correct(model_dir: str, settings: VllmDemoSettings, result: dict) -> tuple[int, int]:
+    """(correct final answers, prompts with a single true answer) of one run."""
+    from transformers import AutoTokenizer
+
+    from growpage.bench.goodput import answer_texts
+    from growpage.bench.tasks import Task, is_correct
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = answer_texts(tokenizer, result, settings.requests)
+    truths = [REASONING_ANSWERS[i % len(REASONING_ANSWERS)] for i in range(settings.requests)]
+    scored = [is_correct(Task("reasoning", "", truth, str(i)), text)
+              for i, (truth, text) in enumerate(zip(truths, texts, strict=True)) if truth is not None]
+    return sum(scored), len(scored)
 
 
 def _vllm_version() -> str:
@@ -110,7 +144,18 @@ def run_child(spec: dict, on_progress: Callable[[dict], None], timeout_s: float)
     """
     env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    process = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, json.dumps(spec)],
+    # the spec goes through a file: long prompts exceed what one command-line argument may hold
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="growpage-spec-", delete=False) as spec_file:
+        json.dump(spec, spec_file)
+    try:
+        return _run_spec_file(spec_file.name, spec, env, on_progress, timeout_s)
+    finally:
+        os.unlink(spec_file.name)
+
+
+def _run_spec_file(path: str, spec: dict, env: dict[str, str], on_progress: Callable[[dict], None],
+                   timeout_s: float) -> dict:
+    process = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, "@" + path],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     result: dict | None = None
     try:
@@ -154,8 +199,10 @@ def _decision_letters(decisions: dict | None) -> str:
     return " ".join(f"{kind[0]}{count}" for kind, count in sorted((decisions or {}).items())) or "-"
 
 
-def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Console) -> dict:
-    """Print the side-by-side table; return the numbers behind it."""
+def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Console,
+              forced: dict | None = None) -> dict:
+    """Print the side-by-side table; return the numbers behind it (``forced``: GrowPage forced
+    through vLLM alone's answers, for the NLL increase)."""
     base, grow = results["vllm"], results["growpage"]
     order = sorted(base["outputs"], key=int)
     agreement = token_agreement([base["outputs"][key] for key in order], [grow["outputs"][key] for key in order])
@@ -179,6 +226,9 @@ def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Con
         ("grant p99", latency(base, "grant_latency_p99_s"), latency(grow, "grant_latency_p99_s")),
         ("same answer", "ref", f"{agreement.identical_share:.0%}"),
         ("matched share", "ref", f"{agreement.mean_matched_share:.0%}"),
+        ("correct answers", _correct_cell(base), _correct_cell(grow)),
+        ("correct/s", _per_second(base), _per_second(grow)),
+        ("NLL +nats/token", "ref", "-" if forced is None else f"{forced['nll_increase']['mean']:+.3f}"),
     ]
     for row in rows:
         table.add_row(*row)
@@ -188,10 +238,30 @@ def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Con
     console.print(f"GrowPage / vLLM alone: {ratio:.2f}x tokens/s, preemptions {grow['preemptions']} vs "
                   f"{base['preemptions']}.", highlight=False)
     leaked = {name: r["blocks_total"] - r["blocks_free_at_end"] for name, r in results.items()}
+    if forced is not None:
+        console.print("NLL: per token, of vLLM alone's answers under GrowPage's cache (forced decoding); "
+                      "correct: true results, where a prompt has one.", highlight=False)
     return {"settings": dataclasses.asdict(settings), "throughput_ratio": ratio,
+            "correct": {name: r.get("correct") for name, r in results.items()},
+            "fidelity": None if forced is None else {"nll_increase": forced["nll_increase"],
+                                                     "forced_run": _without_outputs(forced)},
             "identical_share": agreement.identical_share, "mean_matched_share": agreement.mean_matched_share,
             "mean_prefix_tokens": agreement.mean_prefix_tokens, "blocks_leaked": leaked,
-            "variants": {name: {k: v for k, v in r.items() if k != "outputs"} for name, r in results.items()}}
+            "variants": {name: _without_outputs(r) for name, r in results.items()}}
+
+
+def _without_outputs(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k not in ("outputs", "logprobs")}
+
+
+def _correct_cell(result: dict) -> str:
+    correct = result.get("correct")
+    return "-" if not correct else f"{correct[0]} of {correct[1]}"
+
+
+def _per_second(result: dict) -> str:
+    correct = result.get("correct")
+    return "-" if not correct else f"{correct[0] / result['elapsed_s']:.2f}"
 
 
 def _mib(bytes_in: int, bytes_out: int) -> str:

@@ -103,6 +103,9 @@ def _flags(overrides: dict) -> str:
     flags = []
     for key, value in overrides.items():
         flag = "--" + _FLAG_NAMES.get(key, key.replace("_", "-"))
+        if value is True:  # a switch
+            flags.append(f" {flag}")
+            continue
         flags += [f" {flag} {item}" for item in value] if isinstance(value, tuple) else [f" {flag} {value}"]
     return "".join(flags)
 
@@ -159,12 +162,16 @@ def _print_comparison(result: dict) -> None:
     console = Console()
     if "quality" in result:
         table = Table(title="quality vs KV bytes (agreement with full KV)")
-        for column in ("method", "answers", "prefix", "NLL Δ", "KV MiB mean", "× full", "decisions"):
+        for column in ("method", "answers", "prefix", "NLL Δ", "correct retr.", "correct reas.", "correct/s",
+                       "KV MiB mean", "× full", "decisions"):
             table.add_column(column, justify="left" if column in ("method", "decisions") else "right")
         for p in result["quality"]["results"]:
             answers = "—" if p["answer_agreement"] is None else f"{p['answer_agreement']:.0%}"
+            accuracy = p.get("accuracy", {})
             table.add_row(p["label"] + (" *" if p["pareto"] else ""), answers, f"{p['agree_prefix_fraction']:.0%}",
-                          f"{p['nll_delta']:+.4f}", f"{p['kv_bytes_mean'] / 2**20:.2f}",
+                          f"{p['nll_delta']:+.4f}", _share(accuracy.get("retrieval")),
+                          _share(accuracy.get("reasoning")),
+                          _fixed(p.get("correct_per_s"), 3), f"{p['kv_bytes_mean'] / 2**20:.2f}",
                           f"{p['kv_bytes_ratio_to_full']:.2f}",
                           ", ".join(f"{k} {v}" for k, v in p["decisions"].items()))
         console.print(table)
@@ -172,17 +179,25 @@ def _print_comparison(result: dict) -> None:
     if "serving" in result:
         table = Table(title=f"serving (full-KV demand {result['serving']['full_kv_demand_pages']} pages)")
         for column in ("pool", "method", "tokens/s", "ITL p50 ms", "ITL p99 ms", "queue p50 s", "preempt",
-                       "peak running", "answers"):
+                       "peak running", "answers", "correct retr. / reas.", "correct/s", "NLL Δ"):
             table.add_column(column, justify="left" if column == "method" else "right")
         for r in result["serving"]["runs"]:
+            accuracy, per_second = r.get("accuracy", {}), r.get("correct_per_s", {})
             table.add_row(str(r["pool_pages"]), r["method"], f"{r['tokens_per_s']:.1f}", _fixed(r["itl_p50_ms"], 0),
                           _fixed(r["itl_p99_ms"], 0), _fixed(r["queueing_p50_s"], 2), str(r["preemptions"]),
                           str(r["peak_running"]),
-                          "—" if r.get("answer_agreement") is None else f"{r['answer_agreement']:.0%}")
+                          "—" if r.get("answer_agreement") is None else f"{r['answer_agreement']:.0%}",
+                          f"{_share(accuracy.get('retrieval'))} / {_share(accuracy.get('reasoning'))}",
+                          _fixed(sum(per_second.values()) if per_second else None, 3),
+                          "—" if r.get("nll_increase") is None else f"{r['nll_increase']:+.4f}")
         console.print(table)
         console.print(f"verdict: {json.dumps(result['serving']['verdict'])}")
     for plot in result.get("plots", []):
         console.print(f"plot: {plot}")
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
 
 
 def _fixed(value: float | None, digits: int) -> str:
@@ -216,6 +231,10 @@ def _comparison_command(which: str) -> Callable[..., None]:
         config: Annotated[Path | None, typer.Option(
             help="A GrowPage config file whose thresholds (gpctl calibrate's output) GrowPage runs with; "
                  "default: the published thresholds.")] = None,
+        retrieval: Annotated[int | None, typer.Option(
+            min=0, help="serving: retrieval tasks with true answers mixed into the trace.")] = None,
+        fidelity: Annotated[bool, typer.Option(
+            "--fidelity", help="serving: also force every run through full KV's continuation (NLL Δ).")] = False,
     ) -> None:
         if pool is not None and pool not in ("ample", "budget"):
             raise typer.BadParameter(f"{pool!r} is not a pool; use ample or budget", param_hint="--pool")
@@ -223,7 +242,8 @@ def _comparison_command(which: str) -> Callable[..., None]:
                      "pool_requests": tuple(pool_requests) if pool_requests else None,
                      "retrieval_depths": tuple(retrieval_depth) if retrieval_depth else None, "pool": pool,
                      "thresholds_file": str(config) if config else None,
-                     "budgets": tuple(budget) if budget else None}
+                     "budgets": tuple(budget) if budget else None, "retrieval": retrieval,
+                     "fidelity": True if fidelity else None}
         if config is not None:
             from growpage.bench.harness import thresholds_from
             from growpage.errors import ConfigError
@@ -244,6 +264,47 @@ app.command("serving", help="Throughput vs latency under fixed page pools, Poiss
     _comparison_command("serving"))
 app.command("all", help="quality and serving in one run, one model load (JSON + plots).")(
     _comparison_command("all"))
+
+
+@app.command()
+def fidelity(
+    quick: Annotated[bool, typer.Option("--quick", help="Small workload: a smoke run.")] = False,
+    model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's choice).")] = None,
+    method: Annotated[list[str] | None, typer.Option(help="Methods compared with full KV (repeatable).")] = None,
+    budget: Annotated[list[int] | None, typer.Option(min=1, help="Budgets in pages (repeatable).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Workload seed.")] = None,
+    config: Annotated[Path | None, typer.Option(help="A GrowPage config file with calibrated thresholds.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
+) -> None:
+    """Reference engine: per-token NLL increase and KL over full KV of full KV's own continuation,
+    teacher-forced under each method's cache (inside vLLM: gpctl bench vllm --part pressure)."""
+    import dataclasses
+
+    from growpage.bench.fidelity import FidelitySettings, run_fidelity
+    from growpage.engine.model_prep import resolve_model_dir
+
+    settings = FidelitySettings.quick() if quick else FidelitySettings()
+    overrides: dict[str, Any] = {"methods": tuple(method) if method else None,
+                                 "budgets": tuple(budget) if budget else None,
+                                 "seed": seed, "threads": threads, "thresholds_file": str(config) if config else None}
+    try:
+        settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        console = Console(stderr=True)
+        result = run_fidelity(str(resolve_model_dir(model)), settings, progress=lambda m: console.log(f"fidelity: {m}"))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    _write(result, output)
+    typer.echo(json.dumps(result, indent=2))
+    table = Table(title=f"fidelity: {result['reference_tokens']} tokens of full KV's continuation, forced")
+    for column in ("method", "NLL +nats/token", "per-request range", "KL >= (nats/token)", "decisions"):
+        table.add_column(column, justify="left" if column in ("method", "decisions") else "right")
+    for row in result["results"]:
+        nll, kl = row["nll_increase"], row["kl_lower_bound"]["mean"]
+        table.add_row(row["method"] + (f"@{row['budget_pages']}" if row["budget_pages"] else ""), f"{nll['mean']:+.4f}",
+                      f"{nll['range'][0]:+.3f}..{nll['range'][1]:+.3f}", "-" if kl is None else f"{kl:.4f}",
+                      ", ".join(f"{k} {v}" for k, v in row["decisions"].items()))
+    Console(stderr=True).print(table)
 
 
 @app.command("calibration-trace")
@@ -276,27 +337,33 @@ def vllm(
     base_pages: Annotated[int | None, typer.Option(min=1, help="GrowPage's floor per request, in blocks "
                                                                "(default 4; 2 for the second table in docs).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="OMP threads of the vLLM engines.")] = None,
-    part: Annotated[list[str] | None, typer.Option(help="pressure (the traces under KV pressure) and/or "
-                                                        "overhead (monitor and idle enforce vs vLLM alone); "
-                                                        "default both.")] = None,
+    part: Annotated[list[str] | None, typer.Option(help="pressure (the traces under KV pressure), overhead "
+                                                        "(monitor and idle enforce vs vLLM alone), retrieval "
+                                                        "(retrieval under KV pressure: accuracy, correct "
+                                                        "answers/s), accuracy (full KV on every retrieval "
+                                                        "family); default pressure and overhead.")] = None,
+    seed: Annotated[list[int] | None, typer.Option(help="Trace seeds (repeatable; default 0 and 1).")] = None,
+    repeats: Annotated[int | None, typer.Option(min=1, help="Interleaved rounds of every variant (default 3).")
+                       ] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
 ) -> None:
-    """vLLM alone vs GrowPage monitor vs enforce inside vLLM: tokens/s, blocks, concurrency, overhead."""
+    """vLLM alone vs GrowPage inside vLLM: tokens/s, correct answers/s, accuracy, NLL increase, overhead."""
     import dataclasses
 
-    from growpage.bench.vllm import VllmBenchSettings, run_vllm_bench
+    from growpage.bench.vllm import PARTS, VllmBenchSettings, run_vllm_bench
     from growpage.errors import GrowPageError
 
     settings = VllmBenchSettings.quick() if quick else VllmBenchSettings()
     settings = dataclasses.replace(settings, threads=threads)
     if part:
-        unknown = sorted(set(part) - {"pressure", "overhead"})
+        unknown = sorted(set(part) - set(PARTS))
         if unknown:
-            typer.echo(f"error: --part {unknown[0]} is unknown; use --part pressure and/or --part overhead", err=True)
+            typer.echo(f"error: --part {unknown[0]} is unknown; use --part {', '.join(PARTS)}", err=True)
             raise typer.Exit(2)
         settings = dataclasses.replace(settings, parts=tuple(part))
-    if base_pages is not None:
-        settings = dataclasses.replace(settings, base_pages=base_pages)
+    overrides: dict[str, Any] = {"base_pages": base_pages, "seeds": tuple(seed) if seed else None,
+                                 "repeats": repeats}
+    settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     console = Console(stderr=True)
     try:
         result = run_vllm_bench(str(model) if model else None, settings, log=lambda line: console.log(line))
@@ -305,3 +372,24 @@ def vllm(
         raise typer.Exit(2) from None
     _write(result, output)
     typer.echo(json.dumps(result, indent=2))
+    _print_goodput(result, console)
+
+
+def _print_goodput(result: dict, console: Console) -> None:
+    """Tokens/s next to accuracy, correct answers/s and NLL increase (medians, range in brackets)."""
+    from growpage.bench.goodput import goodput_rows
+
+    rows = goodput_rows(result)
+    if not rows:
+        return
+    table = Table(title="gpctl bench vllm: goodput (median \\[min-max] of the repeats)")
+    for column in ("workload", "variant", "tokens/s", "accuracy", "correct/s", "NLL +nats/token"):
+        table.add_column(column, justify="left" if column in ("workload", "variant") else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    families = result.get("accuracy", {}).get("accuracy_by_family")
+    if families:
+        console.print("full-KV accuracy per family: " + ", ".join(
+            f"{name} {tally['correct']}/{tally['total']}" for name, tally in families.items())
+            + f"; headlined (>= 80 %): {', '.join(result['accuracy']['headlined']) or 'none'}")
