@@ -11,16 +11,16 @@ from cache_layouts import probed, row_major_write, transposed_write
 from growpage.core.controller import GrowthController
 from growpage.core.policy import Action
 from growpage.core.pressure import protected_tokens
+from growpage.core.step_control import enforceable_action
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin.compaction import (
     choose_keep,
-    compaction_target_tokens,
     physical_slot_mapping,
     physical_slots,
     slot_positions,
 )
 from growpage.vllm_plugin.compactor import WorkerCompactor
-from growpage.vllm_plugin.enforcer import SchedulerEnforcer, enforced_action
+from growpage.vllm_plugin.enforcer import VLLM_ACTIONS, SchedulerEnforcer
 from growpage.vllm_plugin.keys import move_tokens
 from growpage.vllm_plugin.settings import split_settings
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PAYLOAD_ATTRIBUTE
@@ -28,14 +28,10 @@ from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PAYLOAD_ATTRIBUTE
 BLOCK = 4
 
 
-def test_target_keeps_protected_tokens_and_frees_at_least_one_block():
+def test_protected_tokens_cover_the_sinks_or_the_shared_prefix_and_the_recent_window():
     assert protected_tokens(16, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=3) == 5
     assert protected_tokens(16, shared_prefix_tokens=8, sink_tokens=2, recent_window_tokens=3) == 11
-    assert compaction_target_tokens(16, allowed_blocks=4, block_size=BLOCK, evict_min_pages=1, protected=5) == 12
-    # after a recompute the request holds more than its allowance: back to allowance - 1
-    assert compaction_target_tokens(32, allowed_blocks=4, block_size=BLOCK, evict_min_pages=1, protected=5) == 12
-    # the shared prefix fills the allowance: nothing can be freed
-    assert compaction_target_tokens(16, allowed_blocks=4, block_size=BLOCK, evict_min_pages=1, protected=15) is None
+    assert protected_tokens(4, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=3) == 4
 
 
 def test_slot_positions_follow_survivors_then_contiguous_tail():
@@ -86,11 +82,15 @@ def test_move_tokens_copies_keys_and_values_in_either_layout(write):
 
 
 def test_quantize_and_defer_degrade_to_what_vllm_can_do():
-    assert enforced_action(Action.QUANTIZE, can_evict=True, pool_free_pages=5) is Action.EVICT
-    assert enforced_action(Action.QUANTIZE, can_evict=False, pool_free_pages=5) is Action.ALLOCATE
-    assert enforced_action(Action.DEFER, can_evict=False, pool_free_pages=0) is Action.PREEMPT
-    assert enforced_action(Action.EVICT, can_evict=True, pool_free_pages=0) is Action.EVICT
-    assert enforced_action(Action.ALLOCATE, can_evict=True, pool_free_pages=1) is Action.ALLOCATE
+    def vllm(decided: Action, can_evict: bool, free: int) -> Action:
+        return enforceable_action(decided, can_evict=can_evict, free_pages=free, enforceable=VLLM_ACTIONS)
+
+    assert vllm(Action.QUANTIZE, True, 5) is Action.EVICT
+    assert vllm(Action.QUANTIZE, False, 5) is Action.ALLOCATE
+    assert vllm(Action.DEFER, False, 0) is Action.PREEMPT
+    assert vllm(Action.EVICT, True, 0) is Action.EVICT
+    assert vllm(Action.EVICT, False, 3) is Action.ALLOCATE
+    assert vllm(Action.ALLOCATE, True, 1) is Action.ALLOCATE
 
 
 # ---- the scheduler-side enforcer against stand-ins of vLLM's scheduler objects ------------------------

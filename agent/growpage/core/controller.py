@@ -8,6 +8,9 @@ compression could free) and carry out the decisions; the controller owns
 - the admission grant (:meth:`GrowthController.grant_pages`, :meth:`GrowthController.admit`);
 - the boundary routine: growth-budget refill -> :class:`~growpage.core.policy.BoundaryState` ->
   the method's ``decide`` -> one decision event (:meth:`decide`, then :meth:`record_decision`);
+- the per-step call (:meth:`GrowthController.plan_step`): pool pressure, the growth reserve,
+  floors, every boundary's enforceable action with its fallback, and the reclaims
+  (:mod:`growpage.core.step_control`); homes translate their state into views and carry it out;
 - which layers are observed (:func:`observed_layer_indices`);
 - the fault guard: a fault inside GrowPage is counted in ``growpage_agent_errors_total`` and its
   traceback logged the first time per component only (:meth:`fault`, :meth:`guard`);
@@ -30,7 +33,20 @@ from typing import Protocol
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.methods import GROWPAGE, KVMethod
 from growpage.core.policy import Action, BoundaryState, Decision, Reason, capacity_boundary_pages, refill_growth_budget
+from growpage.core.pressure import Reclaim, floor_pages, measure_pressure, plan_reclaim
 from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder, StatsSnapshot
+from growpage.core.step_control import (
+    ALL_ACTIONS,
+    BoundaryPlan,
+    RequestView,
+    StepControl,
+    StepPool,
+    enforceable_action,
+    evict_pages_after,
+    growth_reserve,
+    reclaim_candidates,
+    request_floor,
+)
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -123,6 +139,17 @@ class Reading:
     lts_entropy: float
 
 
+def _free_pages_change(plan: BoundaryPlan, view: RequestView) -> int:
+    """How a boundary's action changes the pool's free pages this step (its next token's page included)."""
+    if not plan.enforced:
+        return -1  # the engine's own paging grows it
+    if plan.action is Action.ALLOCATE:
+        return -1
+    if plan.action is Action.EVICT:
+        return view.pages_held - plan.pages_after
+    return 0  # quantize frees a page and writes into it; defer and preempt take none now
+
+
 class GrowthController:
     """One home's per-request GrowPage logic (see the module docstring).
 
@@ -207,6 +234,89 @@ class GrowthController:
             admission_reserve_pages=min(pool.admission_reserve_pages, pool.free_pages))
         boundary = capacity_boundary_pages(request.base_pages, request.lts_entropy, self.config.growth_coefficient)
         return BoundaryCall(request, state, self.method.decide(state, self.config), boundary, started, now)
+
+    # ---- the per-step call -------------------------------------------------------------------------
+    def plan_step(self, pool: StepPool, views: Sequence[RequestView], *,
+                  enforceable: frozenset[Action] = ALL_ACTIONS,
+                  decide_modes: frozenset[Mode] = frozenset((Mode.MONITOR, Mode.ENFORCE))) -> StepControl:
+        """Decide one step for a home: pressure, reserve, boundaries, reclaims (see :mod:`~growpage.core.step_control`).
+
+        Args:
+            pool: the pool as the step starts.
+            views: every running request (uncontrolled ones count for growth and floors only).
+            enforceable: the actions the home can carry out; the others degrade.
+            decide_modes: modes whose boundaries are decided here (a home that records monitored
+                boundaries after its engine grew them passes only ENFORCE).
+        """
+        base, block = self.config.base_pages, self.config.block_size
+        floors = {v.request_id: request_floor(v, base, block) for v in views}
+        waiting = pool.waiting_prompt_tokens
+        pressure = measure_pressure(
+            free_pages=pool.free_pages, total_pages=pool.total_pages, growth_pages=sum(v.needs_page for v in views),
+            running_floor_pages=sum(floors.values()),
+            waiting_prompt_pages=self.grant_pages(waiting) if waiting is not None else None,
+            waiting_floor_pages=base if waiting is not None else 0, batch_full=pool.batch_full)
+        reserve = growth_reserve(pressure)
+        boundaries, free = self._plan_boundaries(views, pool.free_pages, reserve, enforceable, decide_modes)
+        waiting_for_room = [b for b in boundaries if b.enforced and b.action is Action.PREEMPT]
+        deficit = max(0, len(waiting_for_room) + pressure.admission_pages - free)
+        settled = {b.request_id for b in boundaries}
+        reclaims = self.plan_relief(deficit, [v for v in views if v.request_id not in settled])
+        free += sum(r.pages_gained for r in reclaims)
+        settled_plans = []
+        for plan in boundaries:
+            if plan in waiting_for_room:  # grows if the reclaims made room, else the engine preempts
+                plan = dataclasses.replace(plan, fallback=Action.ALLOCATE if free >= 1 else Action.PREEMPT)
+                free -= plan.fallback is Action.ALLOCATE
+            settled_plans.append(plan)
+        return StepControl(pressure=pressure, reserve_pages=reserve, boundaries=tuple(settled_plans),
+                           reclaims=tuple(reclaims))
+
+    def plan_relief(self, pages_needed: int, views: Sequence[RequestView]) -> list[Reclaim]:
+        """Which of ``views`` compress, and to what, so ``pages_needed`` pages come free (enforced,
+        compressible requests only, lowest LTS first, never below a floor); empty for methods that
+        leave pressure to the engine."""
+        if pages_needed <= 0 or not self.method.relieves_pressure:
+            return []
+        base, block = self.config.base_pages, self.config.block_size
+        enforced = [v for v in views if (c := self.requests.get(v.request_id)) is not None and c.mode is Mode.ENFORCE]
+        floors = {v.request_id: request_floor(v, base, block) for v in enforced}
+        lts = {v.request_id: self.requests[v.request_id].lts_entropy for v in enforced}
+        return plan_reclaim(pages_needed, reclaim_candidates(enforced, floors, lts))
+
+    def _plan_boundaries(self, views: Sequence[RequestView], free: int, reserve: int, enforceable: frozenset[Action],
+                         decide_modes: frozenset[Mode]) -> tuple[list[BoundaryPlan], int]:
+        """Every boundary's plan in order, each seeing the pool the ones before it left; and the free
+        pages projected once this step's growth is done."""
+        boundaries = []
+        for view in views:
+            control = self.requests.get(view.request_id)
+            if control is None or control.mode not in decide_modes or not view.at_boundary:
+                free -= view.needs_page  # the engine's own paging grows it
+                continue
+            plan = self.plan_boundary(view, free_pages=free, reserve_pages=reserve, enforceable=enforceable)
+            free += _free_pages_change(plan, view)
+            boundaries.append(plan)
+        return boundaries, free
+
+    def plan_boundary(self, view: RequestView, *, free_pages: int, reserve_pages: int = 0,
+                      enforceable: frozenset[Action] = ALL_ACTIONS) -> BoundaryPlan:
+        """Run the contract on one boundary and say what the home carries out (see :class:`BoundaryPlan`)."""
+        request = self.requests[view.request_id]
+        to_free = self.method.pages_to_free(view.pages_held, request.base_pages, self.config.evict_min_pages)
+        floor = floor_pages(request.base_pages, view.protected_tokens, self.config.block_size)
+        evicted_pages = evict_pages_after(view, floor=floor, pages_to_free=to_free)
+        call = self.decide(view.request_id, pages_held=view.pages_held, pool=PoolView(free_pages, reserve_pages),
+                           can_quantize=view.can_quantize, can_evict=evicted_pages is not None)
+        enforced = request.mode is Mode.ENFORCE
+        action = call.decision.action
+        if enforced:
+            action = enforceable_action(action, can_evict=evicted_pages is not None, free_pages=free_pages,
+                                        enforceable=enforceable)
+        pages_after = {Action.ALLOCATE: view.pages_held + 1, Action.EVICT: evicted_pages}.get(action)
+        return BoundaryPlan(call=call, action=action, enforced=enforced,
+                            fallback=Action.ALLOCATE if free_pages >= 1 else Action.PREEMPT,
+                            pages_after=view.pages_held if pages_after is None else pages_after)
 
     def record_decision(self, call: BoundaryCall, *, kind: Action, enforced: bool, pages_after: int,
                         bytes_in: int = 0, bytes_out: int = 0) -> DecisionEvent:

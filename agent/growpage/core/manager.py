@@ -32,15 +32,16 @@ import torch
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
-from growpage.core.controller import BoundaryCall, ControlledRequest, GrowthController, PoolView, Reading
+from growpage.core.controller import ControlledRequest, GrowthController, Reading
 from growpage.core.devices import device_name
 from growpage.core.evict import max_pool_scores, select_keep, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
 from growpage.core.methods import GROWPAGE, KVMethod, TokenScore
 from growpage.core.policy import Action, Reason
 from growpage.core.pool import PagePool
-from growpage.core.pressure import ReclaimCandidate, plan_reclaim
+from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
+from growpage.core.step_control import BoundaryPlan, RequestView, StepControl, StepPool
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.errors import GrowPageError
 
@@ -156,6 +157,7 @@ class GrowPageManager:
         # Pages the oldest waiting request needs to be admitted; set by the scheduler each step so
         # growth yields to admission (see growpage.core.policy).
         self.admission_reserve_pages = 0
+        self._step_boundaries: dict[str, BoundaryPlan] = {}  # this step's planned boundaries, not yet reached
         self._free_rows = list(range(max_requests - 1, -1, -1))
         self.observed_layers = self.controller.observed_layers
         self._quant_format = PageFormat.for_bits(config.quantization_bits)
@@ -259,51 +261,89 @@ class GrowPageManager:
         self.stats.record_oom()
         return SlotStatus.PREEMPT
 
+    # ---- the per-step controller call ------------------------------------------------------------
+    def control_step(self, batch: Sequence[tuple[str, int]], *, waiting_prompt_tokens: int | None = None,
+                  batch_full: bool = False) -> StepControl:
+        """Ask the controller about this step (pressure, reserve, boundaries, reclaims) and relieve
+        pool pressure now, before any request needs a page; boundaries are carried out as each
+        request's ``ensure_slots`` reaches them.
+
+        Args:
+            batch: ``(request_id, num_new_tokens)`` of the running requests, in scheduling order.
+            waiting_prompt_tokens: the oldest waiting request's tokens (None: none waits).
+            batch_full: no more requests may run.
+        """
+        views = [self._view(self.requests[r], n) for r, n in batch if r in self.requests]
+        pool = StepPool(self.pool.num_free, self.pool.num_pages, waiting_prompt_tokens, batch_full)
+        control = self.controller.plan_step(pool, views)
+        self.admission_reserve_pages = control.reserve_pages
+        self._step_boundaries = {b.request_id: b for b in control.boundaries}
+        for reclaim in control.reclaims:
+            with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):
+                self._relieve(self.requests[reclaim.request_id], reclaim.pages_gained)
+        return control
+
+    def _view(self, request: RequestKV, num_tokens: int) -> RequestView:
+        """A request as the controller sees it; compression plans are probed only at a boundary."""
+        needs_page = self.free_slots(request.request_id) < num_tokens
+        shared = [p for p in request.pages if self.pool.is_shared(p)]
+        stored = sum(self.store.fill[p] for p in request.pages)
+        protected = protected_tokens(stored, len(shared) * self.config.block_size, self.config.sink_tokens,
+                                     self.config.recent_window_tokens)
+        at_boundary = needs_page and request.mode is not Mode.OFF
+        return RequestView(
+            request.request_id, pages_held=request.pages_held, allowance_pages=request.pages_held,
+            needs_page=needs_page, protected_tokens=protected,
+            compressible=request.mode is Mode.ENFORCE and not request.reserved and len(shared) < len(request.pages),
+            can_evict=at_boundary and self._plan_evict(request) is not None,
+            can_quantize=at_boundary and self._plan_quantize(request) is not None)
+
+    def _boundary_plan(self, request: RequestKV) -> BoundaryPlan:
+        """This boundary's plan: the one the step planned, or (a second boundary in one step, a
+        request admitted after the plan) the controller's answer now, with the step's reserve."""
+        planned = self._step_boundaries.pop(request.request_id, None)
+        if planned is not None and planned.call.state.pages_held == request.pages_held:
+            return planned
+        reading = self.summaries.read([request.summary_row])[0]
+        self.controller.update_reading(request.request_id, Reading(reading.sts_density, reading.lts_entropy))
+        view = self._view(request, self.free_slots(request.request_id) + 1)
+        return self.controller.plan_boundary(view, free_pages=self.pool.num_free,
+                                             reserve_pages=self.admission_reserve_pages)
+
     def _cross_boundary(self, request: RequestKV) -> SlotStatus:
         if request.mode is Mode.OFF:
             return self._plain_paging(request)
-        call: BoundaryCall | None = None
-        quantize_plan = evict_plan = None
+        plan: BoundaryPlan | None = None
         with self.controller.guard("policy", "decision failed; falling back to plain paging"):
-            reading = self.summaries.read([request.summary_row])[0]
-            quantize_plan = self._plan_quantize(request)
-            evict_plan = self._plan_evict(request)
-            call = self.controller.decide(
-                request.request_id, pages_held=request.pages_held,
-                pool=PoolView(self.pool.num_free, self.admission_reserve_pages),
-                can_quantize=quantize_plan is not None, can_evict=evict_plan is not None,
-                reading=Reading(reading.sts_density, reading.lts_entropy))
-        if call is None:
+            plan = self._boundary_plan(request)
+        if plan is None:
             return self._plain_paging(request)
-
         bytes_in = bytes_out = 0
-        enforced = request.mode is Mode.ENFORCE
         status = None
-        if enforced:
-            with self.controller.guard("actuator", f"{call.decision.action.value} failed; "
-                                       "falling back to plain paging"):
-                status, bytes_in, bytes_out = self._apply(request, call.decision.action, quantize_plan, evict_plan)
-        if status is None:
+        if plan.enforced and plan.action is not Action.PREEMPT:
+            with self.controller.guard("actuator", f"{plan.action.value} failed; falling back to plain paging"):
+                status, bytes_in, bytes_out = self._apply(request, plan)
+        if status is None:  # the fallback: plain paging
             status = self._plain_paging(request)
-        self.controller.record_decision(call, kind=call.decision.action, enforced=enforced,
+        self.controller.record_decision(plan.call, kind=plan.call.decision.action, enforced=plan.enforced,
                                         pages_after=request.pages_held, bytes_in=bytes_in, bytes_out=bytes_out)
         return status
 
-    def _apply(self, request: RequestKV, action: Action, quantize_plan: _QuantizePlan | None,
-               evict_plan: _EvictPlan | None) -> tuple[SlotStatus, int, int]:
+    def _apply(self, request: RequestKV, plan: BoundaryPlan) -> tuple[SlotStatus, int, int] | None:
+        """Carry out an enforced boundary; None when its compression plan no longer exists."""
+        action = plan.action
         if action is Action.ALLOCATE:
             self._grant_one(request)
             return SlotStatus.OK, 0, 0
         if action is Action.QUANTIZE:
-            assert quantize_plan is not None, "the policy quantizes only when a plan exists"
-            return (SlotStatus.OK, *self._quantize(request, quantize_plan))
+            quantize_plan = self._plan_quantize(request)
+            return None if quantize_plan is None else (SlotStatus.OK, *self._quantize(request, quantize_plan))
         if action is Action.EVICT:
-            assert evict_plan is not None, "the policy evicts only when a plan exists"
-            return (SlotStatus.OK, *self._evict(request, evict_plan))
+            evict_plan = self._plan_evict(request, pages_to_free=request.pages_held + 1 - plan.pages_after)
+            return None if evict_plan is None else (SlotStatus.OK, *self._evict(request, evict_plan))
         if action is Action.DEFER:
             return SlotStatus.DEFER, 0, 0
-        self.stats.record_oom()
-        return SlotStatus.PREEMPT, 0, 0
+        return None
 
     def compress_prompt(self, request_id: str) -> None:
         """Once a request's prompt is cached: methods that compress after prefill (fixed budgets,
@@ -324,25 +364,22 @@ class GrowPageManager:
                                             reason=Reason.PROMPT_BUDGET)
 
     def relieve_pressure(self, pages_needed: int, exclude: str | None = None) -> int:
-        """Compress other running requests so ``pages_needed`` pages come free, before the engine
-        preempts anyone (lowest LTS first, never below ``base_pages``: :mod:`growpage.core.pressure`).
+        """The fallback when a page is still missing: compress other running requests so
+        ``pages_needed`` pages come free, before the engine preempts anyone (the controller's
+        relief plan: lowest LTS first, never below a request's floor).
 
         Returns:
             Pages returned to the pool (may be fewer than asked; then preemption is the last resort).
         """
         if not self.method.relieves_pressure or pages_needed <= 0:
             return 0
-        candidates = []
+        reclaims = []
         with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):
             self._refresh_readings(list(self.requests.values()))
-            for request in self.requests.values():
-                if request.request_id == exclude or request.mode is not Mode.ENFORCE or request.reserved:
-                    continue
-                if request.pages_held > request.base_pages:
-                    candidates.append(ReclaimCandidate(request.request_id, request.pages_held, request.base_pages,
-                                                       request.control.lts_entropy, needs_page=False))
+            views = [self._view(r, 0) for r in self.requests.values() if r.request_id != exclude]
+            reclaims = self.controller.plan_relief(pages_needed, views)
         freed = 0
-        for item in plan_reclaim(pages_needed, candidates):
+        for item in reclaims:
             request = self.requests[item.request_id]
             free_before = self.pool.num_free
             with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):

@@ -4,8 +4,9 @@ decode under a token budget, and preemption by recompute.
 One step's order (vLLM v1's, in miniature): running requests first, oldest first (decodes and the
 rest of chunked prefills), then waiting requests while their grant fits the pool. Room for new
 tokens comes from ``GrowPageManager.ensure_slots``, which is where GrowPage grows or compresses a
-request at its page boundary. When the manager says PREEMPT, the youngest running request is
-preempted (its pages released, its tokens recomputed later) and the slot request retried.
+request at its page boundary, as the step's controller call (``GrowPageManager.control_step``)
+planned. When the manager says PREEMPT, the youngest running request is preempted (its pages
+released, its tokens recomputed later) and the slot request retried.
 """
 
 from __future__ import annotations
@@ -121,9 +122,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput(chunks=[], preempted=[], deferred=[], evicted_unfittable=[])
         budget = self.max_num_batched_tokens
-        room_to_admit = self.waiting and len(self.running) < self.max_num_seqs
-        self.manager.admission_reserve_pages = (self.manager.pages_for_prompt(self.waiting[0].num_tokens)
-                                                if room_to_admit else 0)
+        # one controller call for the step: the reserve growth leaves for the others and the next
+        # admission, boundaries, and pressure relief before anyone needs a page
+        self.manager.control_step(
+            [(r.request_id, min(r.num_uncomputed_tokens, budget)) for r in self.running],
+            waiting_prompt_tokens=self.waiting[0].num_tokens if self.waiting else None,
+            batch_full=len(self.running) >= self.max_num_seqs)
         for request in list(self.running):
             if budget == 0:
                 break

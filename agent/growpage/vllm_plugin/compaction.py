@@ -27,32 +27,6 @@ import torch
 from growpage.core.evict import select_keep
 
 
-def compaction_target_tokens(physical_tokens: int, allowed_blocks: int, block_size: int,
-                             evict_min_pages: int, protected: int) -> int | None:
-    """Physical tokens to keep when a request at a block boundary evicts, or None when it cannot.
-
-    The request is compacted to ``allowed_blocks - evict_min_pages`` full blocks, so that the block
-    vLLM then allocates for the next token brings it back to ``allowed_blocks``. After a
-    preemption (recompute) a request may hold more than its allowance; the same target applies.
-
-    Args:
-        physical_tokens: tokens in the request's blocks now.
-        allowed_blocks: blocks the request may hold (its grant plus the allocations granted).
-        block_size: tokens per block.
-        evict_min_pages: blocks an eviction frees at least.
-        protected: tokens that must survive (:func:`protected_tokens`).
-
-    Returns:
-        The number of tokens to keep (a multiple of ``block_size``), or None when keeping the
-        protected tokens leaves no block to free.
-    """
-    held_blocks = -(-physical_tokens // block_size)
-    target_blocks = max(allowed_blocks - evict_min_pages, -(-protected // block_size), 0)
-    if target_blocks >= held_blocks:
-        return None
-    return target_blocks * block_size
-
-
 def slot_positions(kept_positions: torch.Tensor | None, physical_tokens: int, dropped: int) -> torch.Tensor:
     """``[physical_tokens]`` long: the logical position of each physical slot.
 

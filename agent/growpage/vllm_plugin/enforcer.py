@@ -3,17 +3,20 @@
 vLLM has no API that shrinks a running request's KV, so GrowPage keeps a *physical* length next to
 vLLM's logical ``num_computed_tokens`` (see :mod:`~growpage.vllm_plugin.compaction`). Per step:
 
-1. ``before_schedule``: each enforced decode request whose blocks are full and that holds its
-   allowance of blocks is at a *boundary*; :func:`growpage.core.policy.decide` runs on it:
+1. ``before_schedule``: one call to :meth:`~growpage.core.controller.GrowthController.plan_step`
+   with a view of every running request (blocks held, whether its blocks are full, protected
+   tokens, whether its blocks are its own) answers for the whole step; this module carries it out:
 
    - ``allocate``: the allowance grows by one block and vLLM allocates it as usual;
-   - ``evict``: the request's block list is truncated to the target, the tail blocks go back to the
-     pool, ``request.growpage_dropped`` grows by the tokens evicted, and a compaction plan for the
-     worker is recorded (the worker moves the survivors before this step's writes);
-   - ``quantize`` cannot be enforced (``kv_cache_dtype`` is deployment-wide in vLLM) and degrades
-     to ``evict`` when eviction can free a block, else to ``allocate``; ``defer`` (throttled)
-     degrades the same way; ``preempt`` is left to vLLM (its allocation fails and vLLM preempts).
-     Both the decided and the enforced kind are recorded.
+   - ``evict``: the request's block list is truncated to the planned pages, the tail blocks go
+     back to the pool, ``request.growpage_dropped`` grows by the tokens evicted, and a compaction
+     plan for the worker is recorded (the worker moves the survivors before this step's writes);
+   - ``quantize`` and ``defer`` cannot be carried out here (``kv_cache_dtype`` is deployment-wide;
+     vLLM's scheduler has no "skip this request") and the controller degrades them to ``evict`` or
+     ``allocate`` (:data:`VLLM_ACTIONS`); both the decided and the enforced kind are recorded;
+   - the reclaims compress other running requests when the pool cannot hold this step's growth
+     and the next admission; a boundary that could do nothing itself then grows into the room
+     made, or is left to vLLM's preemption.
 2. ``KVCacheManager.allocate_slots`` (wrapped) sees ``num_computed_tokens - growpage_dropped`` and
    never hashes a compacted request's blocks again (their content no longer matches the hash chain).
 3. ``after_schedule``: the plans and the ``dropped`` of every compacted running request ride to the
@@ -40,10 +43,10 @@ import time
 from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.controller import BoundaryCall, GrowthController, PoolView
+from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
-from growpage.core.pressure import PoolPressure, ReclaimCandidate, measure_pressure, plan_reclaim, protected_tokens
-from growpage.vllm_plugin.compaction import compaction_target_tokens
+from growpage.core.pressure import Reclaim, protected_tokens
+from growpage.core.step_control import BoundaryPlan, RequestView, StepPool
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 from growpage.vllm_plugin.wire import (
     DROPPED_ATTRIBUTE,
@@ -72,22 +75,43 @@ class EnforcedRequest:
     max_shared_blocks: int = 0  # most leading blocks shared through the prefix cache at a boundary
 
 
-def enforced_action(decided: Action, can_evict: bool, pool_free_pages: int) -> Action:
-    """What vLLM can do for a decision: ALLOCATE and EVICT as decided; the rest degrades.
+VLLM_ACTIONS = frozenset((Action.ALLOCATE, Action.EVICT, Action.PREEMPT))
+"""What vLLM's scheduler can carry out: ``kv_cache_dtype`` is deployment-wide (no per-request
+quantization) and it has no "skip this request this step"."""
 
-    ``quantize`` and ``defer`` become ``evict`` when eviction frees a block, else ``allocate``;
-    ``preempt`` and an ``allocate`` against an empty pool are left to vLLM's own preemption
-    (reported as ``preempt``).
-    """
-    if decided is Action.EVICT:
-        return Action.EVICT if can_evict else Action.ALLOCATE
-    if decided in (Action.QUANTIZE, Action.DEFER):
-        if can_evict:
-            return Action.EVICT
-        decided = Action.ALLOCATE
-    if decided is Action.ALLOCATE and pool_free_pages >= 1:
-        return Action.ALLOCATE
-    return Action.PREEMPT
+
+@dataclasses.dataclass
+class _Running:
+    """One running request's blocks as this step starts, and what follows from them."""
+
+    request: Any
+    tracked: EnforcedRequest | None
+    blocks: list
+    block_size: int
+    physical: int = 0  # tokens its blocks hold as the step starts (vLLM's count less what compaction dropped)
+
+    def __post_init__(self) -> None:
+        self.physical = int(self.request.num_computed_tokens) - getattr(self.request, DROPPED_ATTRIBUTE, 0)
+
+    @property
+    def decoding(self) -> bool:
+        return _is_decoding(self.request)
+
+    @property
+    def at_boundary(self) -> bool:
+        """Its blocks are full: this step's token needs a new one."""
+        physical = self.physical
+        return (self.decoding and physical > 0 and physical % self.block_size == 0
+                and len(self.blocks) * self.block_size == physical)
+
+    @property
+    def shared_blocks(self) -> int:
+        return _leading_shared_blocks(self.blocks)
+
+    @property
+    def private_tail(self) -> bool:
+        """No block after the shared prefix is shared (compaction rewrites only its own blocks)."""
+        return all(getattr(b, "ref_cnt", 1) <= 1 for b in self.blocks[self.shared_blocks:])
 
 
 class SchedulerEnforcer:
@@ -120,96 +144,76 @@ class SchedulerEnforcer:
 
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Any) -> None:
-        """Decide every boundary with the pool's pressure in view, then compress running requests
-        if the pool still cannot hold this step, before vLLM's scheduling (and preemption) runs."""
-        manager = scheduler.kv_cache_manager
-        pool = manager.block_pool
+        """One controller call for the step (boundaries and pressure relief, with the pool's pressure
+        in view), carried out before vLLM's scheduling (and preemption) runs."""
+        pool = scheduler.kv_cache_manager.block_pool
         if self.start_free_blocks is None:
             self.start_free_blocks = pool.get_num_free_blocks()
-        req_to_blocks = _req_to_blocks(manager)
-        decoding: list[tuple[Any, EnforcedRequest, list, int, bool]] = []
-        growth_blocks = 0  # blocks running requests need this step, enforced or not
+        req_to_blocks = _req_to_blocks(scheduler.kv_cache_manager)
+        running: dict[str, _Running] = {}
         for request in list(scheduler.running):
             tracked = self._track(request)
             blocks = req_to_blocks.get(request.request_id)
-            if blocks is None or not _is_decoding(request):
-                continue
-            physical = request.num_computed_tokens - getattr(request, DROPPED_ATTRIBUTE, 0)
-            at_boundary = physical > 0 and physical % self.block_size == 0 and len(blocks) * self.block_size == physical
-            growth_blocks += at_boundary
-            if tracked is not None:
-                decoding.append((request, tracked, blocks, physical, at_boundary))
-        pressure = self._pressure(scheduler, growth_blocks)
-        handled = set()
-        waiting_for_room = []  # boundaries that could neither grow nor compress themselves
-        for request, tracked, blocks, physical, at_boundary in decoding:
-            if at_boundary and len(blocks) >= tracked.allowed_blocks:
-                # the others' growth and the next admission come first: growth yields to them
-                reserve = max(0, pressure.growth_pages - 1) + pressure.admission_pages
-                stuck = self._boundary(scheduler, request, tracked, blocks, physical, reserve)
-                if stuck is not None:
-                    waiting_for_room.append(stuck)
-                handled.add(request.request_id)
-        if self.worker_ready:
-            # every boundary request still takes one block this step (evicting ones free theirs first)
-            pressure = self._pressure(scheduler, growth_blocks)
-            if pressure.under_pressure:
-                self._reclaim(scheduler, [d for d in decoding if d[0].request_id not in handled],
-                              pressure.deficit_pages)
-        pool = manager.block_pool
-        for call, tracked, held in waiting_for_room:
-            # compressing the others made room: grow; else vLLM's preemption is the last resort
-            action = Action.ALLOCATE if pool.get_num_free_blocks() >= 1 else Action.PREEMPT
-            self._record_boundary(call, action, tracked, held, held + 1 if action is Action.ALLOCATE else held)
+            if blocks is not None:
+                running[request.request_id] = _Running(request, tracked, blocks, self.block_size)
+        control = self.controller.plan_step(
+            self._step_pool(scheduler), [self._view(r) for r in running.values()], enforceable=VLLM_ACTIONS,
+            decide_modes=frozenset((Mode.ENFORCE,)))
+        for plan in control.boundaries:
+            self._boundary(scheduler, running[plan.request_id], plan)
+        for reclaim in control.reclaims:
+            self._reclaim(scheduler, running[reclaim.request_id], reclaim)
+        for plan in control.boundaries:
+            if plan.action is Action.PREEMPT:
+                # the fallback, on the pool as it is now: compressing the others made room, or
+                # vLLM's preemption is the last resort
+                action = Action.ALLOCATE if pool.get_num_free_blocks() >= 1 else Action.PREEMPT
+                held = len(running[plan.request_id].blocks)
+                self._record_boundary(plan, action, held, held + 1 if action is Action.ALLOCATE else held)
 
-    def _pressure(self, scheduler: Any, growth_blocks: int) -> PoolPressure:
-        """The pool's headroom against this step's growth and the oldest waiting request."""
+    def _step_pool(self, scheduler: Any) -> StepPool:
         pool = scheduler.kv_cache_manager.block_pool
         waiting = next(iter(scheduler.waiting), None)
-        # base_pages is every running request's floor; a longer prompt is compressed too under
-        # pressure (ranked by the attention the observer saw, the final prefill query's first, as
-        # SnapKV ranks a prompt by its last queries); shared prefix blocks are never touched
-        floors = self.config.base_pages * len(scheduler.running)
         max_seqs = getattr(getattr(scheduler, "scheduler_config", None), "max_num_seqs", None)
-        return measure_pressure(
-            free_pages=pool.get_num_free_blocks(), total_pages=getattr(pool, "num_gpu_blocks", 1 << 30) - 1,
-            growth_pages=growth_blocks, running_floor_pages=floors,
-            waiting_prompt_pages=(self.controller.prompt_pages(waiting.num_prompt_tokens)
-                                  if waiting is not None else None),
-            waiting_floor_pages=self.config.base_pages if waiting is not None else 0,
-            batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs)
+        return StepPool(free_pages=pool.get_num_free_blocks(),
+                        total_pages=getattr(pool, "num_gpu_blocks", 1 << 30) - 1,  # block 0 is vLLM's null block
+                        waiting_prompt_tokens=waiting.num_prompt_tokens if waiting is not None else None,
+                        batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs)
 
-    def _reclaim(self, scheduler: Any, decoding: list, deficit: int) -> None:
-        """Compress running requests (lowest LTS first) so vLLM need not preempt (core.pressure)."""
-        block_size, config = self.block_size, self.config
-        eligible = {}
-        candidates = []
-        for request, tracked, blocks, physical, at_boundary in decoding:
-            shared_blocks = _leading_shared_blocks(blocks)
-            if not all(getattr(b, "ref_cnt", 1) <= 1 for b in blocks[shared_blocks:]):
-                continue
-            protected = protected_tokens(physical, shared_blocks * block_size, config.sink_tokens,
-                                         config.recent_window_tokens)
-            floor = max(config.base_pages, -(-protected // block_size) + 1)
-            control = self.controller.requests.get(request.request_id)
-            eligible[request.request_id] = (request, tracked, blocks, physical, shared_blocks)
-            candidates.append(ReclaimCandidate(request.request_id, len(blocks), floor,
-                                               control.lts_entropy if control else 0.0, at_boundary))
-        token_bytes = _token_bytes(scheduler) if candidates else 0
-        for reclaim in plan_reclaim(deficit, candidates):
-            request, tracked, blocks, physical, shared_blocks = eligible[reclaim.request_id]
-            target = (reclaim.pages_after - 1) * block_size
-            if target >= physical:
-                continue
-            started = time.perf_counter()
-            held = len(blocks)
-            self._compact(scheduler, request, tracked, blocks, physical, target, shared_blocks)
-            tracked.allowed_blocks = max(tracked.allowed_blocks, reclaim.pages_after)
-            self.controller.stats.record_compression(physical * token_bytes, target * token_bytes)
-            self.controller.record_eviction(
-                request.request_id, pages_before=held, pages_after=reclaim.pages_after,
-                bytes_in=physical * token_bytes, bytes_out=target * token_bytes, started_perf_s=started,
-                reason=Reason.POOL_PRESSURE)
+    def _view(self, running: _Running) -> RequestView:
+        """A running request as the controller sees it: a decoding one needs a block when its blocks
+        are full; only enforced requests whose blocks vLLM alone holds (past a shared prefix) are
+        compressible, and only once the worker can move tokens."""
+        held = len(running.blocks)
+        if not running.decoding:
+            return RequestView(running.request.request_id, pages_held=held, allowance_pages=held, needs_page=False)
+        config = self.config
+        compressible = running.tracked is not None and running.private_tail and self.worker_ready
+        return RequestView(
+            running.request.request_id, pages_held=held,
+            allowance_pages=running.tracked.allowed_blocks if running.tracked is not None else held,
+            needs_page=running.at_boundary,
+            protected_tokens=protected_tokens(running.physical, running.shared_blocks * self.block_size,
+                                              config.sink_tokens, config.recent_window_tokens),
+            compressible=compressible, can_evict=compressible,
+            can_quantize=True)  # what the contract wants; vLLM cannot quantize per request (degraded)
+
+    def _reclaim(self, scheduler: Any, running: _Running, reclaim: Reclaim) -> None:
+        """Compress a running request under pool pressure so vLLM need not preempt (core.pressure)."""
+        tracked = running.tracked
+        target = (reclaim.pages_after - 1) * self.block_size
+        if tracked is None or target >= running.physical:
+            return
+        started = time.perf_counter()
+        held = len(running.blocks)
+        token_bytes = _token_bytes(scheduler)
+        self._compact(scheduler, running, target)
+        tracked.allowed_blocks = max(tracked.allowed_blocks, reclaim.pages_after)
+        self.controller.stats.record_compression(running.physical * token_bytes, target * token_bytes)
+        self.controller.record_eviction(
+            reclaim.request_id, pages_before=held, pages_after=reclaim.pages_after,
+            bytes_in=running.physical * token_bytes, bytes_out=target * token_bytes, started_perf_s=started,
+            reason=Reason.POOL_PRESSURE)
 
     def _track(self, request: Any) -> EnforcedRequest | None:
         request_id = request.request_id
@@ -229,63 +233,42 @@ class SchedulerEnforcer:
         self._had_requests = True
         return tracked
 
-    def _boundary(self, scheduler: Any, request: Any, tracked: EnforcedRequest, blocks: list,
-                  physical: int, reserve_blocks: int = 0) -> tuple[BoundaryCall, EnforcedRequest, int] | None:
-        """Run the contract on one boundary and carry it out; returns the boundary instead when it
-        can neither grow nor compress (the pool is empty), for :meth:`before_schedule` to settle
-        after relieving pressure."""
-        config, block_size = self.config, self.block_size
-        pool = scheduler.kv_cache_manager.block_pool
-        held = len(blocks)
-        shared_blocks = _leading_shared_blocks(blocks)
-        tracked.max_shared_blocks = max(tracked.max_shared_blocks, shared_blocks)
-        shareable = all(getattr(b, "ref_cnt", 1) <= 1 for b in blocks[shared_blocks:])
-        protected = protected_tokens(physical, shared_blocks * block_size, config.sink_tokens,
-                                     config.recent_window_tokens)
-        target = None
-        if shareable and self.worker_ready:
-            # never below the floor (base_pages) that protects a running request
-            target = compaction_target_tokens(physical, max(tracked.allowed_blocks, config.base_pages),
-                                              block_size, config.evict_min_pages, protected)
-        pool_free = pool.get_num_free_blocks()
-        call = self.controller.decide(
-            request.request_id, pages_held=held, pool=PoolView(pool_free, reserve_blocks),
-            can_quantize=True,  # what the contract wants; vLLM cannot quantize per request (degraded below)
-            can_evict=target is not None)
-        decision = call.decision
-        action = enforced_action(decision.action, target is not None, pool_free)
-        if action is Action.PREEMPT:
-            return call, tracked, held
-        pages_after = held
+    def _boundary(self, scheduler: Any, running: _Running, plan: BoundaryPlan) -> None:
+        """Carry out one boundary's plan (a PREEMPT plan is settled after the reclaims)."""
+        tracked = running.tracked
+        assert tracked is not None, "boundaries are planned for enforced requests only"
+        tracked.max_shared_blocks = max(tracked.max_shared_blocks, running.shared_blocks)
+        if plan.action is Action.PREEMPT:
+            return
+        held = len(running.blocks)
         bytes_in = bytes_out = 0
-        if action is Action.EVICT:
-            assert target is not None
-            self._compact(scheduler, request, tracked, blocks, physical, target, shared_blocks)
-            pages_after = target // block_size + 1  # vLLM allocates the next token's block
+        if plan.action is Action.EVICT:
+            target = (plan.pages_after - 1) * self.block_size  # vLLM allocates the next token's block
+            self._compact(scheduler, running, target)
             token_bytes = _token_bytes(scheduler)
-            bytes_in, bytes_out = physical * token_bytes, target * token_bytes
+            bytes_in, bytes_out = running.physical * token_bytes, target * token_bytes
             self.controller.stats.record_compression(bytes_in, bytes_out)
-        elif action is Action.ALLOCATE:
-            pages_after = held + 1
-        self._record_boundary(call, action, tracked, held, pages_after, bytes_in, bytes_out)
-        return None
+        self._record_boundary(plan, plan.action, held, plan.pages_after, bytes_in, bytes_out)
 
-    def _record_boundary(self, call: BoundaryCall, action: Action, tracked: EnforcedRequest, held: int,
-                         pages_after: int, bytes_in: int = 0, bytes_out: int = 0) -> None:
+    def _record_boundary(self, plan: BoundaryPlan, action: Action, held: int, pages_after: int,
+                         bytes_in: int = 0, bytes_out: int = 0) -> None:
+        call = plan.call
         if action is not call.decision.action:
             self.degraded_total[(call.decision.action.value, action.value)] += 1
-        if action is Action.ALLOCATE:
+        tracked = self.requests.get(plan.request_id)
+        if action is Action.ALLOCATE and tracked is not None:
             tracked.allowed_blocks = held + 1
         self.controller.record_decision(call, kind=action, enforced=True, pages_after=pages_after,
                                         bytes_in=bytes_in, bytes_out=bytes_out)
 
-    def _compact(self, scheduler: Any, request: Any, tracked: EnforcedRequest, blocks: list, physical: int,
-                 target: int, shared_blocks: int) -> None:
+    def _compact(self, scheduler: Any, running: _Running, target: int) -> None:
+        request, tracked, blocks = running.request, running.tracked, running.blocks
+        assert tracked is not None, "only enforced requests are compacted"
         manager = scheduler.kv_cache_manager
         pool = manager.block_pool
         keep_blocks = target // self.block_size
         # NOTE: unhash before rewriting or freeing: a hit on a block whose content moved would be wrong.
-        for block in blocks[shared_blocks:]:
+        for block in blocks[running.shared_blocks:]:
             if getattr(block, "block_hash", None) is not None:
                 pool._maybe_evict_cached_block(block)
         tail = blocks[keep_blocks:]
@@ -295,6 +278,7 @@ class SchedulerEnforcer:
             cached = getattr(single, "num_cached_block", None)
             if cached is not None and request.request_id in cached:
                 cached[request.request_id] = min(cached[request.request_id], keep_blocks)
+        physical = running.physical
         dropped = getattr(request, DROPPED_ATTRIBUTE, 0) + physical - target
         setattr(request, DROPPED_ATTRIBUTE, dropped)
         tracked.compactions += 1
@@ -306,7 +290,7 @@ class SchedulerEnforcer:
         tracked.tokens_evicted += physical - target
         self._plans[request.request_id] = CompactionPlan(
             physical_tokens=physical, keep_tokens=target, logical_length=request.num_computed_tokens,
-            shared_prefix_tokens=shared_blocks * self.block_size, dropped=dropped)
+            shared_prefix_tokens=running.shared_blocks * self.block_size, dropped=dropped)
 
     def after_schedule(self, scheduler: Any, output: Any) -> None:
         """Record block peaks and attach this step's plans for the workers."""

@@ -1,0 +1,170 @@
+"""The per-step controller call's records and its pure arithmetic (no controller state, no engine).
+
+Each home describes the step it is about to run as a :class:`StepPool` and one :class:`RequestView`
+per running request; :meth:`growpage.core.controller.GrowthController.plan_step` answers with a
+:class:`StepControl`: the reserve growth leaves for the others and for admission, every boundary's
+enforceable action with its fallback, and the reclaims that relieve pool pressure. A home only
+translates its state into views and carries out the answer. What is computed here, and only here:
+
+- the floor of a request (:func:`~growpage.core.pressure.floor_pages`);
+- pool pressure: growth this step plus the next admission against free pages;
+- the reserve a boundary leaves for them;
+- whether a boundary eviction pays and how many pages it leaves (:func:`evict_pages_after`);
+- what a home that cannot carry out every action does instead (:func:`enforceable_action`);
+- which running requests compress under pressure, and to what (:func:`reclaim_candidates`).
+
+Page counts follow the compaction contract of both homes: a request compressed to ``pages_after``
+pages keeps ``pages_after - 1`` full pages and takes a fresh one for its next token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from growpage.core.policy import Action
+from growpage.core.pressure import PoolPressure, Reclaim, ReclaimCandidate, floor_pages
+
+if TYPE_CHECKING:  # the controller imports this module; the call record is only a type here
+    from growpage.core.controller import BoundaryCall
+
+ALL_ACTIONS = frozenset(Action)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPool:
+    """The pool as a step starts.
+
+    Attributes:
+        free_pages: pages no request holds.
+        total_pages: the pool's size.
+        waiting_prompt_tokens: the oldest waiting request's prompt, or None when none waits.
+        batch_full: the engine already runs as many requests as it may.
+    """
+
+    free_pages: int
+    total_pages: int
+    waiting_prompt_tokens: int | None = None
+    batch_full: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestView:
+    """One running request as the step sees it.
+
+    Attributes:
+        request_id: the request (controlled or not: every running request's growth counts).
+        pages_held: pages it holds now (reserved ones included).
+        allowance_pages: pages it may hold before its next page is a boundary decision.
+        needs_page: this step's tokens need a page it does not hold.
+        protected_tokens: tokens no compression removes (sinks or shared prefix, recent window).
+        compressible: the home can rewrite its KV now (enforced, nothing shared after its
+            prefix, the home ready to move tokens); pressure relief picks only these.
+        can_evict: a boundary eviction is possible where its KV lives (a plan exists).
+        can_quantize: a boundary quantization is possible where its KV lives.
+    """
+
+    request_id: str
+    pages_held: int
+    allowance_pages: int
+    needs_page: bool
+    protected_tokens: int = 0
+    compressible: bool = False
+    can_evict: bool = False
+    can_quantize: bool = False
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.needs_page and self.pages_held >= self.allowance_pages
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryPlan:
+    """One boundary's answer.
+
+    Attributes:
+        call: the contract's inputs and decision (record it with ``record_decision``).
+        action: what the home carries out: the decision, or what it degrades to where the home
+            cannot carry it out. PREEMPT means "nothing this request can do itself": grow if the
+            reclaims made room, else the engine's preemption decides.
+        fallback: plain paging, for when carrying out ``action`` fails or is PREEMPT: ALLOCATE if
+            the pool is projected to have a page for it after the reclaims, else PREEMPT.
+        pages_after: pages the request holds once ``action`` is carried out.
+        enforced: the request's mode lets the home act (monitor only records).
+    """
+
+    call: BoundaryCall
+    action: Action
+    fallback: Action
+    pages_after: int
+    enforced: bool
+
+    @property
+    def request_id(self) -> str:
+        return self.call.request.request_id
+
+    @property
+    def degraded(self) -> bool:
+        return self.action is not self.call.decision.action
+
+
+@dataclasses.dataclass(frozen=True)
+class StepControl:
+    """The controller's answer for one step."""
+
+    pressure: PoolPressure
+    reserve_pages: int
+    boundaries: tuple[BoundaryPlan, ...]
+    reclaims: tuple[Reclaim, ...]
+
+    def boundary(self, request_id: str) -> BoundaryPlan | None:
+        return next((b for b in self.boundaries if b.request_id == request_id), None)
+
+
+def request_floor(view: RequestView, base_pages: int, block_size: int) -> int:
+    """A request's floor this step: :func:`floor_pages` if it can be compressed, else what it holds."""
+    if not view.compressible:
+        return view.pages_held
+    return floor_pages(base_pages, view.protected_tokens, block_size)
+
+
+def growth_reserve(pressure: PoolPressure) -> int:
+    """Pages one boundary leaves free: the others' growth this step and the next admission."""
+    return max(0, pressure.growth_pages - 1) + pressure.admission_pages
+
+
+def evict_pages_after(view: RequestView, *, floor: int, pages_to_free: int) -> int | None:
+    """Pages a boundary eviction leaves (the next token's page included), never below ``floor``;
+    None when it would save no page over growing (or the home cannot evict)."""
+    if not view.can_evict:
+        return None
+    pages_after = max(floor, view.pages_held + 1 - pages_to_free)
+    return pages_after if pages_after <= view.pages_held else None
+
+
+def enforceable_action(decided: Action, *, can_evict: bool, free_pages: int,
+                       enforceable: frozenset[Action] = ALL_ACTIONS) -> Action:
+    """What a home able to carry out ``enforceable`` does for a decision.
+
+    An eviction that cannot run grows instead; QUANTIZE and DEFER where the home cannot carry them
+    out (vLLM: ``kv_cache_dtype`` is deployment-wide, its scheduler has no "skip this step") become
+    an eviction when one is possible, else growth; growth against an empty pool, and PREEMPT, leave
+    the request to the fallback (reclaims, then the engine's preemption).
+    """
+    action = decided
+    if action is Action.EVICT and not can_evict:
+        action = Action.ALLOCATE
+    if action not in enforceable and action in (Action.QUANTIZE, Action.DEFER):
+        action = Action.EVICT if can_evict else Action.ALLOCATE
+    if action is Action.ALLOCATE and free_pages < 1:
+        return Action.PREEMPT
+    return action
+
+
+def reclaim_candidates(views: Sequence[RequestView], floors: dict[str, int],
+                       lts_entropy: dict[str, float]) -> list[ReclaimCandidate]:
+    """Running requests pressure relief may compress: compressible and above their floor."""
+    return [ReclaimCandidate(v.request_id, v.pages_held, floors[v.request_id], lts_entropy.get(v.request_id, 0.0),
+                             v.needs_page)
+            for v in views if v.compressible and v.pages_held > floors[v.request_id]]

@@ -1,0 +1,116 @@
+"""The per-step controller call: pressure, the growth reserve, floors, boundaries and reclaims in one place."""
+
+from __future__ import annotations
+
+from growpage.config import GrowPageConfig, Mode
+from growpage.core.controller import GrowthController, Reading
+from growpage.core.methods import build_method
+from growpage.core.policy import Action
+from growpage.core.pressure import floor_pages
+from growpage.core.step_control import (
+    RequestView,
+    StepPool,
+    enforceable_action,
+    evict_pages_after,
+)
+from support.factories import FakeClock
+
+VLLM = frozenset((Action.ALLOCATE, Action.EVICT, Action.PREEMPT))
+
+
+def make_controller(method=None, **config) -> GrowthController:
+    defaults = dict(mode="enforce", block_size=4, base_pages=3, sink_tokens=1, recent_window_tokens=2,
+                    growth_coefficient=0.0, lts_grow_threshold=100.0, max_growth_rate=100.0)
+    defaults.update(config)
+    return GrowthController(GrowPageConfig(**defaults), num_layers=None, clock=FakeClock(),
+                            **({"method": method} if method else {}))
+
+
+def admit(controller: GrowthController, request_id: str, lts: float = 1.0, mode: str = "enforce") -> None:
+    controller.admit(request_id, prompt_tokens=2, mode=mode, pages_granted=1)
+    controller.update_reading(request_id, Reading(sts_density=0.0, lts_entropy=lts))
+
+
+def view(request_id: str, held: int, *, allowance: int | None = None, needs_page: bool = False,
+         protected: int = 3, compressible: bool = True) -> RequestView:
+    return RequestView(request_id, pages_held=held, allowance_pages=held if allowance is None else allowance,
+                       needs_page=needs_page, protected_tokens=protected, compressible=compressible,
+                       can_evict=compressible)
+
+
+def test_the_floor_is_base_pages_or_the_protected_tokens_plus_the_next_page():
+    assert floor_pages(3, protected=3, block_size=4) == 3
+    assert floor_pages(3, protected=13, block_size=4) == 5  # 4 pages of protected tokens + the next one
+    # a boundary eviction never goes below the floor, and only pays if it saves a page over growing
+    at_cap = view("r", 6, needs_page=True)
+    assert evict_pages_after(at_cap, floor=3, pages_to_free=1) == 6
+    assert evict_pages_after(at_cap, floor=3, pages_to_free=5) == 3
+    assert evict_pages_after(view("r", 3, needs_page=True), floor=4, pages_to_free=1) is None
+    assert evict_pages_after(view("r", 6, needs_page=True, compressible=False), floor=3, pages_to_free=1) is None
+
+
+def test_actions_a_home_cannot_carry_out_degrade_and_growth_needs_a_free_page():
+    assert enforceable_action(Action.QUANTIZE, can_evict=True, free_pages=2, enforceable=VLLM) is Action.EVICT
+    assert enforceable_action(Action.DEFER, can_evict=False, free_pages=2, enforceable=VLLM) is Action.ALLOCATE
+    assert enforceable_action(Action.QUANTIZE, can_evict=False, free_pages=2) is Action.QUANTIZE  # the reference home
+    assert enforceable_action(Action.ALLOCATE, can_evict=False, free_pages=0) is Action.PREEMPT
+
+
+def test_a_narrow_request_at_its_cap_evicts_and_the_pool_is_not_touched():
+    controller = make_controller()
+    admit(controller, "r")
+    control = controller.plan_step(StepPool(free_pages=5, total_pages=20), [view("r", 4, needs_page=True)])
+    (plan,) = control.boundaries
+    assert (plan.action, plan.pages_after, plan.enforced) == (Action.EVICT, 4, True)
+    assert control.reclaims == () and control.reserve_pages == 0
+
+
+def test_growth_reserves_pages_for_the_others_and_the_next_admission():
+    controller = make_controller()
+    for request_id in ("a", "b"):
+        admit(controller, request_id)
+    views = [view("a", 3, needs_page=True, compressible=False), view("b", 3, needs_page=True, compressible=False)]
+    control = controller.plan_step(StepPool(free_pages=6, total_pages=20, waiting_prompt_tokens=7), views)
+    # b's page this step and the waiting request's 2 pages ((7 + 1) / 4)
+    assert control.pressure.admission_pages == 2 and control.reserve_pages == 1 + 2
+    # admission is not reserved while it would break a running request's floor
+    tight = controller.plan_step(StepPool(free_pages=6, total_pages=8, waiting_prompt_tokens=7), views)
+    assert tight.pressure.admission_pages == 0
+
+
+def test_pressure_compresses_the_lowest_entropy_request_down_to_its_floor_and_no_further():
+    controller = make_controller()
+    admit(controller, "grower", lts=2.0)
+    admit(controller, "broad", lts=3.0)
+    admit(controller, "narrow", lts=0.5)
+    views = [view("grower", 3, needs_page=True, compressible=False),  # shared blocks: cannot compress
+             view("broad", 6), view("narrow", 5, protected=9)]  # narrow's floor: 9 tokens -> 3 pages + 1
+    control = controller.plan_step(StepPool(free_pages=0, total_pages=20), views, enforceable=VLLM)
+    (plan,) = control.boundaries
+    assert plan.action is Action.PREEMPT and plan.fallback is Action.ALLOCATE  # grows into the room made
+    assert [(r.request_id, r.pages_after) for r in control.reclaims] == [("narrow", 4)]
+    # more missing than narrow can give: broad gives the rest, floors hold
+    control = controller.plan_step(StepPool(free_pages=0, total_pages=20, waiting_prompt_tokens=9), views,
+                                   enforceable=VLLM)
+    assert [(r.request_id, r.pages_after) for r in control.reclaims] == [("narrow", 4), ("broad", 3)]
+
+
+def test_monitor_decides_without_acting_and_methods_without_relief_leave_pressure_to_the_engine():
+    controller = make_controller(mode="monitor")
+    admit(controller, "r", mode="monitor")
+    control = controller.plan_step(StepPool(free_pages=0, total_pages=20),
+                                   [view("r", 4, needs_page=True), view("x", 6)])
+    (plan,) = control.boundaries
+    assert not plan.enforced and control.reclaims == ()
+    no_relief = make_controller(method=build_method("growpage_no_pressure"))
+    admit(no_relief, "r")
+    assert no_relief.plan_relief(3, [view("r", 8)]) == []
+
+
+def test_a_home_that_records_monitored_boundaries_itself_gets_only_the_enforced_ones():
+    controller = make_controller()
+    admit(controller, "m", mode="monitor")
+    admit(controller, "e")
+    views = [view("m", 4, needs_page=True), view("e", 4, needs_page=True)]
+    control = controller.plan_step(StepPool(5, 20), views, decide_modes=frozenset((Mode.ENFORCE,)))
+    assert [b.request_id for b in control.boundaries] == ["e"]
