@@ -318,13 +318,12 @@ class GrowPageManager:
             plan = self._boundary_plan(request)
         if plan is None:
             return self._plain_paging(request)
-        bytes_in = bytes_out = 0
-        status = None
+        applied = None
         if plan.enforced and plan.action is not Action.PREEMPT:
             with self.controller.guard("actuator", f"{plan.action.value} failed; falling back to plain paging"):
-                status, bytes_in, bytes_out = self._apply(request, plan)
-        if status is None:  # the fallback: plain paging
-            status = self._plain_paging(request)
+                applied = self._apply(request, plan)
+        # the fallback (nothing to carry out, no compression plan any more, or a fault): plain paging
+        status, bytes_in, bytes_out = applied if applied is not None else (self._plain_paging(request), 0, 0)
         self.controller.record_decision(plan.call, kind=plan.call.decision.action, enforced=plan.enforced,
                                         pages_after=request.pages_held, bytes_in=bytes_in, bytes_out=bytes_out)
         return status
