@@ -24,6 +24,7 @@ from growpage.vllm_plugin.enforcer import VLLM_ACTIONS, SchedulerEnforcer
 from growpage.vllm_plugin.keys import move_tokens
 from growpage.vllm_plugin.settings import split_settings
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PAYLOAD_ATTRIBUTE
+from support.factories import Driver, make_manager
 
 BLOCK = 4
 
@@ -312,3 +313,55 @@ def test_pool_pressure_compresses_a_running_request_before_vllm_would_preempt():
     # the grower, which could not compress its shared blocks, grows into the room the holder made
     assert events == {"h": ("evict", "pool_pressure"), "r": ("allocate", "narrow_demand")}
     assert payload["plans"]["h"]["keep_tokens"] == 16
+
+
+def test_both_homes_get_the_same_step_from_the_same_state():
+    # One state, described to each home in its own terms: a pool of 9 pages, all held; "r" has
+    # filled its 3 pages (12 tokens) and needs a fourth, "h" holds 6 pages (22 tokens), and a
+    # 2-token request waits. The reference engine sees its pages, vLLM's home its blocks; both
+    # must ask the controller the same question and get the same answer.
+    settings = dict(base_pages=3, sink_tokens=1, recent_window_tokens=2, growth_coefficient=0.0,
+                    lts_grow_threshold=100.0, density_threshold=1.0)
+    manager = make_manager(num_pages=9, block_size=BLOCK, **settings)
+    driver = Driver(manager)
+    driver.admit("h", 22)
+    driver.admit("r", 11)
+    driver.step([("h", 22), ("r", 11)])
+    driver.step([("r", 1)])
+    assert manager.pool.num_free == 0
+
+    r_blocks, h_blocks = [_Block(i) for i in range(3)], [_Block(10 + i) for i in range(6)]
+    scheduler, _ = _scheduler(r_blocks, num_computed=12, prompt=11)
+    scheduler.running.append(types.SimpleNamespace(
+        request_id="h", num_computed_tokens=22, num_prompt_tokens=22, num_tokens=23, spec_token_ids=[],
+        sampling_params=types.SimpleNamespace(extra_args={})))
+    scheduler.waiting.append(types.SimpleNamespace(num_prompt_tokens=2))
+    single = scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+    single.req_to_blocks["h"], single.num_cached_block["h"] = h_blocks, 6
+    pool = scheduler.kv_cache_manager.block_pool
+    pool.free.clear()
+    pool.num_gpu_blocks = 10  # vLLM keeps one block as its null block
+    enforcer = _enforcer(**settings)
+
+    answers = {}
+    for home, controller in (("reference", manager.controller), ("vllm", enforcer.controller)):
+        plan_step = controller.plan_step
+
+        def spy(pool_view, views, *args, _home=home, _plan=plan_step, **kwargs):
+            answers[_home] = (pool_view, _plan(pool_view, views, *args, **kwargs))
+            return answers[_home][1]
+
+        controller.plan_step = spy
+    manager.control_step([("r", 1), ("h", 1)], waiting_prompt_tokens=2)
+    enforcer.before_schedule(scheduler)
+
+    def summary(answer):
+        step_pool, control = answer
+        return (step_pool, control.pressure, control.reserve_pages,
+                [(b.request_id, b.action, b.pages_after, b.fallback) for b in control.boundaries],
+                control.reclaims)
+
+    assert summary(answers["reference"]) == summary(answers["vllm"])
+    _, control = answers["vllm"]
+    assert [(b.request_id, b.action) for b in control.boundaries] == [("r", Action.EVICT)]
+    assert [(c.request_id, c.pages_after) for c in control.reclaims] == [("h", 5)]  # room for the admission
