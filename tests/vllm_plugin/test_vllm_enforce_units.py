@@ -282,7 +282,7 @@ def test_a_failed_move_still_cuts_the_worker_blocks_like_the_scheduler_and_is_re
 
 def test_scheduler_faults_are_counted_where_the_exporter_reads_them():
     enforcer = _enforcer()
-    assert enforcer.guarded("boundary decisions", lambda: 1 / 0) is None
+    assert enforcer.controller.faults.call("plugin", "boundary decisions", lambda: 1 / 0) is None
     assert enforcer.controller.stats.agent_errors_total["plugin"] == 1
 
 

@@ -12,8 +12,9 @@ compression could free) and carry out the decisions; the controller owns
   floors, every boundary's enforceable action with its fallback, and the reclaims
   (:mod:`growpage.core.step_control`); homes translate their state into views and carry it out;
 - which layers are observed (:func:`observed_layer_indices`);
-- the fault guard: a fault inside GrowPage is counted in ``growpage_agent_errors_total`` and its
-  traceback logged the first time per component only (:meth:`fault`, :meth:`guard`);
+- the fault guard (:class:`~growpage.core.faults.FaultGuard`, the one every component uses): a
+  fault inside GrowPage is counted in ``growpage_agent_errors_total`` and its traceback logged the
+  first time per component only (:meth:`fault`, :meth:`guard`);
 - pool gauges, stats snapshots and lifecycle listeners (through its :class:`StatsRecorder`).
 
 It holds no tensors: summaries are read where attention is observed (the same process in the
@@ -27,10 +28,11 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from growpage.config import GrowPageConfig, Mode
+from growpage.core.faults import FaultGuard
 from growpage.core.methods import GROWPAGE, KVMethod
 from growpage.core.policy import Action, BoundaryState, Decision, Reason, capacity_boundary_pages, refill_growth_budget
 from growpage.core.pressure import Reclaim, floor_pages, measure_pressure, plan_reclaim
@@ -173,7 +175,9 @@ class GrowthController:
         self.observed_layers = (observed_layer_indices(num_layers, self.config.observed_layers)
                                 if num_layers is not None else frozenset())
         self.requests: dict[str, ControlledRequest] = {}
-        self._logger = logger or _LOGGER
+        self.faults = FaultGuard(self.stats.record_error, logger or _LOGGER,
+                                 suffix="the engine carries on; further faults are counted in "
+                                        "growpage_agent_errors_total, not logged")
 
     # ---- admission --------------------------------------------------------------------------------
     def mode_for(self, namespace: str | None, requested: Mode | str | None = None) -> Mode:
@@ -365,23 +369,13 @@ class GrowthController:
 
     # ---- faults -----------------------------------------------------------------------------------
     def fault(self, component: str, message: str) -> None:
-        """Count a caught fault; log its traceback the first time per component only, so a
-        persistent fault cannot flood the logs from the decode loop. Call from an ``except``."""
-        first = self.stats.agent_errors_total[component] == 0
-        self.stats.record_error(component)
-        if first:
-            self._logger.exception("growpage %s: %s (the engine carries on; further faults are counted in "
-                                   "growpage_agent_errors_total, not logged)", component, message)
-        else:
-            self._logger.debug("growpage %s: %s", component, message, exc_info=True)
+        """Count a caught fault in ``growpage_agent_errors_total``; log its traceback the first time
+        per component only (:class:`~growpage.core.faults.FaultGuard`). Call from an ``except``."""
+        self.faults.fault(component, message)
 
-    @contextlib.contextmanager
-    def guard(self, component: str, message: str) -> Iterator[None]:
+    def guard(self, component: str, message: str) -> contextlib.AbstractContextManager[None]:
         """``with controller.guard("observer", "..."):`` runs the body; a fault is counted, not raised."""
-        try:
-            yield
-        except Exception:  # GrowPage must never take the engine down
-            self.fault(component, message)
+        return self.faults.guard(component, message)
 
     # ---- gauges and stats -------------------------------------------------------------------------
     def pool_gauges(self, *, num_pages: int, pages_free: int, pages_reserved: int, pages_used: int,

@@ -29,6 +29,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from growpage import __version__, catalog
 from growpage.core.controller import StatsSource
+from growpage.core.faults import FaultGuard
 from growpage.telemetry.collector import COLLECTOR_COMPONENT, GrowPageCollector
 from growpage.telemetry.exporter import MetricsExporter, start_exporter
 from growpage.telemetry.exposition import MetricsResponse, render_metrics
@@ -95,6 +96,8 @@ class TelemetryAgent:
         self._poll_lock = threading.Lock()  # one make_stats at a time (engine step vs. scrape refresh)
         self._errors_lock = threading.Lock()
         self._own_errors: collections.Counter[str] = collections.Counter()
+        self._faults = FaultGuard(self.count_error, logger, suffix="telemetry carries on; further faults are "
+                                                                   "counted in growpage_agent_errors_total, not logged")
         self._state = MetricState(build_info_labels(manager, engine, engine_version))
         self._last_poll_s = -float("inf")
         self._warned_dropped = False
@@ -241,8 +244,4 @@ class TelemetryAgent:
                 self._state.add_exemplar(name, exemplar)
 
     def _fault(self, message: str) -> None:
-        first = self._own_errors[COLLECTOR_COMPONENT] == 0
-        self.count_error(COLLECTOR_COMPONENT)
-        if first:
-            logger.exception("growpage telemetry: %s (further faults are counted in "
-                             "growpage_agent_errors_total, not logged)", message)
+        self._faults.fault(COLLECTOR_COMPONENT, message)

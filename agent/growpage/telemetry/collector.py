@@ -21,6 +21,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from growpage import catalog
+from growpage.core.faults import FaultGuard
 from growpage.core.quantiles import percentile
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.telemetry.state import HistogramView, MetricView
@@ -200,7 +201,8 @@ class GrowPageCollector(Collector):
     def __init__(self, source: MetricSource, model: str):
         self._source = source
         self._model = model
-        self._logged: set[str] = set()
+        self._faults = FaultGuard(source.count_error, logger,
+                                  suffix="further faults are counted in growpage_agent_errors_total")
 
     def describe(self) -> Iterator[Metric]:
         """Names for the registry's duplicate check, without reading (or closing windows of) state."""
@@ -246,8 +248,6 @@ class GrowPageCollector(Collector):
         return family
 
     def _fault(self, what: str) -> None:
-        self._source.count_error(COLLECTOR_COMPONENT)
-        if what not in self._logged:  # a persistent fault must not flood the logs at every scrape
-            self._logged.add(what)
-            logger.exception("growpage telemetry: collecting %s failed; it is left out of the scrape "
-                             "(further faults are counted in growpage_agent_errors_total)", what)
+        # logged once per series: a persistent fault must not flood the logs at every scrape
+        self._faults.fault(COLLECTOR_COMPONENT, f"collecting {what} failed; it is left out of the scrape",
+                           log_key=what)

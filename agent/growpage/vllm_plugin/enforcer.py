@@ -136,12 +136,6 @@ class SchedulerEnforcer:
         self._had_requests = False
         self.worker_ready = False  # no compaction before the worker says it can move tokens
 
-    # ---- fault isolation ------------------------------------------------------------------------
-    def guarded(self, what: str, function: Any, *args: Any, **kwargs: Any) -> Any:
-        with self.controller.guard("plugin", f"{what} failed in the scheduler; vLLM carries on"):
-            return function(*args, **kwargs)
-        return None
-
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Any) -> None:
         """One controller call for the step (boundaries and pressure relief, with the pool's pressure

@@ -35,6 +35,7 @@ import torch
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import observed_layer_indices
 from growpage.core.devices import device_name
+from growpage.core.faults import FaultGuard
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring
@@ -42,7 +43,7 @@ from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.runner_views import batch_view
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.support import ACTIVE
-from growpage.vllm_plugin.wire import WorkerReport
+from growpage.vllm_plugin.wire import PLUGIN_COMPONENT, WorkerReport
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -117,6 +118,9 @@ class VllmObserver:
         # "active" until the first write shows the cache layout cannot be read (note_kv_write)
         self.state = ACTIVE
         self.errors_total = 0
+        self.faults = FaultGuard(self._count_fault, logger,
+                                 suffix="vLLM carries on unchanged; further faults are counted in "
+                                        "growpage_agent_errors_total, not logged")
         self._errors_reported = 0
         self.summaries = SummaryBank(config, max_requests)
         self.observed_layers = observed_layer_indices(num_layers, config.observed_layers)
@@ -151,12 +155,10 @@ class VllmObserver:
 
     def fault(self, what: str) -> None:
         """Count a caught fault (reported to the scheduler); log the first one with its traceback."""
+        self.faults.fault(PLUGIN_COMPONENT, f"{what} failed in the worker", log_key="worker")
+
+    def _count_fault(self, _component: str) -> None:
         self.errors_total += 1
-        if self.errors_total == 1:
-            logger.exception("growpage: %s failed in the worker; vLLM carries on unchanged (further faults are "
-                             "counted in growpage_agent_errors_total, not logged)", what)
-        else:
-            logger.debug("growpage: %s failed in the worker", what, exc_info=True)
 
     def disable(self, reason: str, why: str) -> None:
         """Stop observing in this process for good, and say so (``growpage_agent_active`` = 0 with
@@ -166,11 +168,8 @@ class VllmObserver:
         logger.error("growpage: attention observation is off in pid %d (%s): %s", os.getpid(), reason, why)
 
     def guarded(self, what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except Exception:
-            self.fault(what)
-            return None
+        """Run ``function``; a fault is counted, logged once, never raised (vLLM carries on)."""
+        return self.faults.call(PLUGIN_COMPONENT, f"{what} failed in the worker", function, *args, **kwargs)
 
     # ---- request lifecycle (worker hook) ------------------------------------------------------------
     def begin_step(self, runner: Any, scheduler_output: Any) -> None:

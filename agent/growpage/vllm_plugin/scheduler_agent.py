@@ -39,11 +39,10 @@ from growpage.core.step_control import RequestView
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
-from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, REPORT_ATTRIBUTE, WorkerReport
+from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
-PLUGIN_COMPONENT = "plugin"
 ACTIVE = "active"
 MODE_OFF = "mode_off"
 
@@ -135,9 +134,8 @@ class SchedulerAgent:
 
     def guarded(self, what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``function``; a fault is counted (``component="plugin"``), logged once, never raised."""
-        with self.controller.guard(PLUGIN_COMPONENT, f"{what} failed in the scheduler; vLLM carries on"):
-            return function(*args, **kwargs)
-        return None
+        return self.controller.faults.call(PLUGIN_COMPONENT, f"{what} failed in the scheduler; vLLM carries on",
+                                           function, *args, **kwargs)
 
     # ---- the scheduler's step -------------------------------------------------------------------
     def before_schedule(self, scheduler: Any) -> None:

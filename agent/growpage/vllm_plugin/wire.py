@@ -21,6 +21,7 @@ import logging
 
 logger = logging.getLogger("vllm.growpage")
 
+PLUGIN_COMPONENT = "plugin"  # growpage_agent_errors_total{component=...} for faults either side catches
 DROPPED_ATTRIBUTE = "growpage_dropped"  # on vLLM's Request: tokens evicted (physical = logical - this)
 PAYLOAD_ATTRIBUTE = "growpage"  # on SchedulerOutput: the step's payload for the workers
 REPORT_ATTRIBUTE = "growpage_report"  # on ModelRunnerOutput: the worker's report to the scheduler
