@@ -91,12 +91,13 @@ def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console |
                   f"{settings.block_size} tokens.")
     console.print("Each run starts an engine first (about a minute here).")
     show = _progress_printer(console)
-    configs = {"vllm": None, "growpage": settings.growpage_config()}
+    growpage = settings.growpage_config()
+    configs: dict[str, dict | None] = {"vllm": None, "growpage": growpage}
     results = {variant: run_child({**spec, "variant": variant, "growpage": configs[variant], "logprobs": True}, show,
                                   timeout_s)
                for variant in VARIANTS}
     console.print("Fidelity: GrowPage again, forced through vLLM alone's answers.")
-    forced = _forced(spec, configs["growpage"], results["vllm"], show, timeout_s)
+    forced = _forced(spec, growpage, results["vllm"], show, timeout_s)
     for result in results.values():
         result["correct"] = _correct(model_dir, settings, result)
     return summarize(results, settings, console, forced)
