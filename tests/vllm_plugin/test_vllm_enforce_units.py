@@ -9,6 +9,7 @@ import torch
 from cache_layouts import probed, row_major_write, transposed_write
 
 from growpage.core.controller import GrowthController
+from growpage.core.methods import build_method
 from growpage.core.policy import Action
 from growpage.core.pressure import protected_tokens
 from growpage.core.step_control import enforceable_action
@@ -365,3 +366,26 @@ def test_both_homes_get_the_same_step_from_the_same_state():
     _, control = answers["vllm"]
     assert [(b.request_id, b.action) for b in control.boundaries] == [("r", Action.EVICT)]
     assert [(c.request_id, c.pages_after) for c in control.reclaims] == [("h", 5)]  # room for the admission
+
+
+def test_a_fixed_cap_compresses_the_cached_prompt_once_then_evicts_at_its_cap():
+    # StreamingLLM-style cap of 3 blocks inside vLLM: same admission, floors and relief as GrowPage
+    config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2},
+                               env={}, block_size=BLOCK)
+    enforcer = SchedulerEnforcer(GrowthController(config, num_layers=None, method=build_method("streaming_llm")))
+    enforcer.decisions = _Decisions()
+    enforcer.controller.stats.add_listener(enforcer.decisions)
+    enforcer.on_worker_ready(True)
+    blocks = [_Block(i) for i in range(6)]
+    scheduler, request = _scheduler(blocks, num_computed=22, prompt=22)  # the first decode step
+    enforcer.before_schedule(scheduler)
+    assert len(blocks) == 2 and getattr(request, DROPPED_ATTRIBUTE) == 22 - 8  # 2 full blocks + the next one
+    assert [(d.kind, d.reason) for d in enforcer.decisions.events] == [("evict", "prompt_budget")]
+    assert enforcer.requests["r"].allowed_blocks == 3
+    enforcer.after_schedule(scheduler, types.SimpleNamespace())
+    # decoding on: 12 logical tokens later its 3 blocks are full again, and the cap evicts at the boundary
+    request.num_computed_tokens, request.num_tokens = 26, 27
+    blocks.append(_Block(50))
+    enforcer.before_schedule(scheduler)
+    assert [(d.kind, d.reason) for d in enforcer.decisions.events][-1] == ("evict", "budget_reached")
+    assert len(blocks) == 2  # the prompt is not compressed a second time: one eviction back to the cap

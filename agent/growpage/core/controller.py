@@ -261,10 +261,14 @@ class GrowthController:
             waiting_prompt_pages=self.grant_pages(waiting) if waiting is not None else None,
             waiting_floor_pages=base if waiting is not None else 0, batch_full=pool.batch_full)
         reserve = growth_reserve(pressure)
-        boundaries, free = self._plan_boundaries(views, pool.free_pages, reserve, enforceable, decide_modes)
+        prompts = [c for c in (self.prompt_compression(v) for v in views) if c is not None]
+        compressed = {c.request_id for c in prompts}
+        free = pool.free_pages + sum(c.pages_gained for c in prompts)
+        boundaries, free = self._plan_boundaries([v for v in views if v.request_id not in compressed], free,
+                                                 reserve, enforceable, decide_modes)
         waiting_for_room = [b for b in boundaries if b.enforced and b.action is Action.PREEMPT]
         deficit = max(0, len(waiting_for_room) + pressure.admission_pages - free)
-        settled = {b.request_id for b in boundaries}
+        settled = {b.request_id for b in boundaries} | compressed
         reclaims = self.plan_relief(deficit, [v for v in views if v.request_id not in settled])
         free += sum(r.pages_gained for r in reclaims)
         settled_plans = []
@@ -274,7 +278,19 @@ class GrowthController:
                 free -= plan.fallback is Action.ALLOCATE
             settled_plans.append(plan)
         return StepControl(pressure=pressure, reserve_pages=reserve, boundaries=tuple(settled_plans),
-                           reclaims=tuple(reclaims))
+                           reclaims=tuple(reclaims), prompt_compressions=tuple(prompts))
+
+    def prompt_compression(self, view: RequestView) -> Reclaim | None:
+        """Methods that compress a cached prompt once (fixed caps, SnapKV-style): compress it to the
+        cap, never below its floor; None for GrowPage, which never compresses a prompt on its own."""
+        request = self.requests.get(view.request_id)
+        if (request is None or request.mode is not Mode.ENFORCE or not self.method.compress_prompt
+                or not view.prompt_uncompressed or not view.compressible):
+            return None
+        pages_after = floor_pages(request.base_pages, view.protected_tokens, self.config.block_size)
+        # net of the page its next token then takes
+        gained = view.pages_held - pages_after
+        return Reclaim(view.request_id, pages_after, gained) if gained > 0 else None
 
     def plan_relief(self, pages_needed: int, views: Sequence[RequestView]) -> list[Reclaim]:
         """Which of ``views`` compress, and to what, so ``pages_needed`` pages come free (enforced,

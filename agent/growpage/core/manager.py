@@ -346,15 +346,20 @@ class GrowPageManager:
 
     def compress_prompt(self, request_id: str) -> None:
         """Once a request's prompt is cached: methods that compress after prefill (fixed budgets,
-        SnapKV-style) evict it down to their budget; GrowPage and full KV do nothing."""
+        SnapKV-style) evict it down to the controller's answer (their budget, never below the
+        floor); GrowPage and full KV do nothing."""
         request = self.requests.get(request_id)
-        if (request is None or request.mode is not Mode.ENFORCE or not self.method.compress_prompt
-                or request.pages_held <= request.base_pages):
+        if request is None:
             return
         started = time.perf_counter()
         pages_before = request.pages_held
         with self.controller.guard("actuator", "compressing the prompt failed; keeping it whole"):
-            plan = self._plan_evict(request)
+            # its first token's page may still be reserved: the prompt's pages are its own all the same
+            view = dataclasses.replace(self._view(request, 0), prompt_uncompressed=True,
+                                       compressible=request.mode is Mode.ENFORCE)
+            target = self.controller.prompt_compression(view)
+            plan = (None if target is None
+                    else self._plan_evict(request, pages_to_free=pages_before + 1 - target.pages_after))
             if plan is None:
                 return
             bytes_in, bytes_out = self._evict(request, plan)

@@ -191,7 +191,11 @@ def _growpage(name: str, family: str, decide_fn: DecideFn, relieves_pressure: bo
 def build_method(name: str, seed: int = 0) -> KVMethod:
     """The method called ``name`` (see :data:`METHOD_NAMES`); ``seed`` drives random choices."""
     window: dict[str, Any] = dict(token_score=TokenScore.WINDOW, pool_kernel=7)
-    capped: dict[str, Any] = dict(evict_to_budget=True, compress_prompt=True)
+    # fixed caps get GrowPage's admission and pressure relief (lowest LTS first, down to the floor),
+    # so a comparison measures the boundary policy, not a missing relief valve; they relieve by
+    # eviction, as their papers compress
+    capped: dict[str, Any] = dict(evict_to_budget=True, compress_prompt=True, relieves_pressure=True,
+                                  quantizes_under_pressure=False)
     builders: dict[str, Callable[[], KVMethod]] = {
         "full_kv": lambda: KVMethod("full_kv", "full", full_kv_decide),
         "streaming_llm": lambda: KVMethod("streaming_llm", "fixed_budget", fixed_budget_decide,

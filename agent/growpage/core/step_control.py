@@ -11,7 +11,8 @@ translates its state into views and carries out the answer. What is computed her
 - the reserve a boundary leaves for them;
 - whether a boundary eviction pays and how many pages it leaves (:func:`evict_pages_after`);
 - what a home that cannot carry out every action does instead (:func:`enforceable_action`);
-- which running requests compress under pressure, and to what (:func:`reclaim_candidates`).
+- which running requests compress under pressure, and to what (:func:`reclaim_candidates`);
+- which cached prompts a fixed-cap method compresses, and to what.
 
 Page counts follow the compaction contract of both homes: a request compressed to ``pages_after``
 pages keeps ``pages_after - 1`` full pages and takes a fresh one for its next token.
@@ -63,6 +64,8 @@ class RequestView:
             prefix, the home ready to move tokens); pressure relief picks only these.
         can_evict: a boundary eviction is possible where its KV lives (a plan exists).
         can_quantize: a boundary quantization is possible where its KV lives.
+        prompt_uncompressed: its prompt is cached and was never compressed (methods that compress
+            a prompt once, to their cap, do it now).
     """
 
     request_id: str
@@ -73,6 +76,7 @@ class RequestView:
     compressible: bool = False
     can_evict: bool = False
     can_quantize: bool = False
+    prompt_uncompressed: bool = False
 
     @property
     def at_boundary(self) -> bool:
@@ -117,6 +121,7 @@ class StepControl:
     reserve_pages: int
     boundaries: tuple[BoundaryPlan, ...]
     reclaims: tuple[Reclaim, ...]
+    prompt_compressions: tuple[Reclaim, ...] = ()  # cached prompts compressed to the method's cap
 
     def boundary(self, request_id: str) -> BoundaryPlan | None:
         return next((b for b in self.boundaries if b.request_id == request_id), None)

@@ -44,11 +44,13 @@ class WorkerCompactor:
     Args:
         config: GrowPage's config (``block_size``, ``sink_tokens``, ``recent_window_tokens``).
         rank: this worker's tensor-parallel rank (for the enforce log).
+        by_recency: keep the newest tokens whatever attention says (a StreamingLLM-style cap).
     """
 
-    def __init__(self, config: GrowPageConfig, rank: int = 0):
+    def __init__(self, config: GrowPageConfig, rank: int = 0, by_recency: bool = False):
         self.config = config
         self.rank = rank
+        self.by_recency = by_recency
         self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
         self.block_size = config.block_size
         self.dropped: dict[str, int] = {}
@@ -126,7 +128,7 @@ class WorkerCompactor:
             raise CompactionError(f"request {request_id}: {len(block_ids)} blocks for {physical} tokens")
         block_row = torch.tensor(block_ids[:held_blocks], dtype=torch.long)
         positions = slot_positions(self.kept_positions.get(request_id), physical, previous)
-        scores = self.scores.get(request_id)
+        scores = None if self.by_recency else self.scores.get(request_id)
         if scores is not None:
             scores = scores.cpu()  # one copy per compaction, which is rare (a boundary under pressure)
         keep_index = choose_keep(positions, scores, keep, int(plan["logical_length"]),

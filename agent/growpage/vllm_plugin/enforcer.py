@@ -73,6 +73,7 @@ class EnforcedRequest:
     blocks_at_last_step: int = 0
     first_compaction_at: int | None = None  # logical length when KV first differed from vLLM's
     max_shared_blocks: int = 0  # most leading blocks shared through the prefix cache at a boundary
+    prompt_settled: bool = False  # its first decode step was planned (a cap compresses the prompt then, once)
 
 
 VLLM_ACTIONS = frozenset((Action.ALLOCATE, Action.EVICT, Action.PREEMPT))
@@ -155,8 +156,13 @@ class SchedulerEnforcer:
             decide_modes=frozenset((Mode.ENFORCE,)))
         for plan in control.boundaries:
             self._boundary(scheduler, running[plan.request_id], plan)
+        for compression in control.prompt_compressions:
+            self._reclaim(scheduler, running[compression.request_id], compression, Reason.PROMPT_BUDGET)
         for reclaim in control.reclaims:
             self._reclaim(scheduler, running[reclaim.request_id], reclaim)
+        for entry in running.values():
+            if entry.tracked is not None and entry.decoding:
+                entry.tracked.prompt_settled = True
         for plan in control.boundaries:
             if plan.action is Action.PREEMPT:
                 # the fallback, on the pool as it is now: compressing the others made room, or
@@ -190,10 +196,13 @@ class SchedulerEnforcer:
             protected_tokens=protected_tokens(running.physical, running.shared_blocks * self.block_size,
                                               config.sink_tokens, config.recent_window_tokens),
             compressible=compressible, can_evict=compressible,
-            can_quantize=True)  # what the contract wants; vLLM cannot quantize per request (degraded)
+            can_quantize=True,  # what the contract wants; vLLM cannot quantize per request (degraded)
+            prompt_uncompressed=running.tracked is not None and not running.tracked.prompt_settled)
 
-    def _reclaim(self, scheduler: Any, running: _Running, reclaim: Reclaim) -> None:
-        """Compress a running request under pool pressure so vLLM need not preempt (core.pressure)."""
+    def _reclaim(self, scheduler: Any, running: _Running, reclaim: Reclaim,
+                 reason: Reason = Reason.POOL_PRESSURE) -> None:
+        """Compress a running request to the controller's pages: under pool pressure so vLLM need not
+        preempt (core.pressure), or a fixed cap's cached prompt to its cap (``PROMPT_BUDGET``)."""
         tracked = running.tracked
         target = (reclaim.pages_after - 1) * self.block_size
         if tracked is None or target >= running.physical:
@@ -202,12 +211,14 @@ class SchedulerEnforcer:
         held = len(running.blocks)
         token_bytes = _token_bytes(scheduler)
         self._compact(scheduler, running, target)
-        tracked.allowed_blocks = max(tracked.allowed_blocks, reclaim.pages_after)
+        # a cap's prompt compression sets where its boundaries start; pressure relief keeps what was granted
+        tracked.allowed_blocks = (reclaim.pages_after if reason is Reason.PROMPT_BUDGET
+                                  else max(tracked.allowed_blocks, reclaim.pages_after))
         self.controller.stats.record_compression(running.physical * token_bytes, target * token_bytes)
         self.controller.record_eviction(
             reclaim.request_id, pages_before=held, pages_after=reclaim.pages_after,
             bytes_in=running.physical * token_bytes, bytes_out=target * token_bytes, started_perf_s=started,
-            reason=Reason.POOL_PRESSURE)
+            reason=reason)
 
     def _track(self, request: Any) -> EnforcedRequest | None:
         request_id = request.request_id
@@ -317,6 +328,7 @@ class SchedulerEnforcer:
         tracked = self.requests.get(request.request_id)
         if tracked is not None:
             tracked.blocks_at_last_step = 0
+            tracked.prompt_settled = False  # recomputed whole: a cap compresses it again
         self._plans.pop(request.request_id, None)
 
     def on_free(self, request: Any) -> None:

@@ -36,6 +36,7 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import observed_layer_indices
 from growpage.core.devices import device_name
 from growpage.core.faults import FaultGuard
+from growpage.core.methods import TokenScore, build_method
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring
@@ -144,7 +145,8 @@ class VllmObserver:
         self._steps_begun = 0
         self._observe_this_step = True
         # enforce: the worker's physical state (None unless the deployment runs enforce)
-        self.compactor = WorkerCompactor(config, rank) if config.mode is Mode.ENFORCE else None
+        by_recency = build_method(settings.method).token_score is TokenScore.RECENCY
+        self.compactor = WorkerCompactor(config, rank, by_recency) if config.mode is Mode.ENFORCE else None
         self.pending_readings: dict[str, tuple[float, float]] = {}
         self._read_once: set[str] = set()  # requests whose summaries reached the scheduler at least once
 

@@ -33,6 +33,7 @@ from typing import Any
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController, Reading
 from growpage.core.headroom import Headroom
+from growpage.core.methods import build_method
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView
@@ -93,7 +94,8 @@ class SchedulerAgent:
 
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, view: SchedulerView, *,
                  enforcer_blocker: str | None = None, clock: Callable[[], float] = time.monotonic):
-        self.controller = GrowthController(config, num_layers=None, clock=clock, logger=logger)
+        self.controller = GrowthController(config, num_layers=None, clock=clock, logger=logger,
+                                           method=build_method(settings.method))
         self.config = self.controller.config
         self.settings = settings
         self.view = view

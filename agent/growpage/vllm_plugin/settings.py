@@ -33,6 +33,10 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
     return str(value) if value not in (None, "") else None
 
 
+VLLM_METHODS = ("growpage", "streaming_llm", "h2o", "snapkv")
+"""Methods enforce can run inside vLLM (quantizing ones cannot: ``kv_cache_dtype`` is deployment-wide)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PluginSettings:
     """Knobs of the vLLM home only.
@@ -57,6 +61,11 @@ class PluginSettings:
             deployment enforces, so a client cannot pick an unenforced namespace).
         namespace_header: the header a trusted gateway sets to the namespace; always honoured
             (the gateway must overwrite it); ``""`` trusts no header.
+        method: what enforce does at a block boundary: ``growpage`` (the growth contract), or a
+            fixed cap for comparison under the same admission, pressure relief and floors:
+            ``streaming_llm`` (sinks + the most recent tokens), ``h2o`` (accumulated attention),
+            ``snapkv`` (windowed attention; the cached prompt is compressed to the cap once).
+            The cap is ``base_pages``.
     """
 
     exporter_port: int = DEFAULT_EXPORTER_PORT
@@ -68,6 +77,7 @@ class PluginSettings:
     client_mode: str = "auto"
     client_namespaces: str = "auto"
     namespace_header: str = "x-growpage-namespace"
+    method: str = "growpage"
 
     def __post_init__(self) -> None:
         if not isinstance(self.exporter_port, int) or not -1 <= self.exporter_port <= 65535:
@@ -80,6 +90,9 @@ class PluginSettings:
                               "try 1 (every step) or 2")
         if not isinstance(self.observe_chunk_mib, int) or self.observe_chunk_mib < 1:
             raise ConfigError(f"observe_chunk_mib must be an int >= 1, got {self.observe_chunk_mib!r}; try 256")
+        if self.method not in VLLM_METHODS:
+            raise ConfigError(f"method must be one of {', '.join(VLLM_METHODS)}, got {self.method!r}; "
+                              "growpage is the contract, the others are fixed caps at base_pages")
         for name in ("client_mode", "client_namespaces"):
             if getattr(self, name) not in CLIENT_CHOICES:
                 raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
