@@ -47,6 +47,7 @@ from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
 from growpage.core.pressure import Reclaim, protected_tokens
 from growpage.core.step_control import BoundaryPlan, RequestView, StepPool
+from growpage.vllm_plugin.blocks import blocks_by_request, leading_shared_blocks, owns_tail, physical_tokens
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 from growpage.vllm_plugin.wire import (
     DROPPED_ATTRIBUTE,
@@ -92,7 +93,7 @@ class _Running:
     physical: int = 0  # tokens its blocks hold as the step starts (vLLM's count less what compaction dropped)
 
     def __post_init__(self) -> None:
-        self.physical = int(self.request.num_computed_tokens) - getattr(self.request, DROPPED_ATTRIBUTE, 0)
+        self.physical = physical_tokens(self.request)
 
     @property
     def decoding(self) -> bool:
@@ -107,12 +108,12 @@ class _Running:
 
     @property
     def shared_blocks(self) -> int:
-        return _leading_shared_blocks(self.blocks)
+        return leading_shared_blocks(self.blocks)
 
     @property
     def private_tail(self) -> bool:
         """No block after the shared prefix is shared (compaction rewrites only its own blocks)."""
-        return all(getattr(b, "ref_cnt", 1) <= 1 for b in self.blocks[self.shared_blocks:])
+        return owns_tail(self.blocks, self.shared_blocks)
 
 
 class SchedulerEnforcer:
@@ -144,7 +145,7 @@ class SchedulerEnforcer:
         pool = scheduler.kv_cache_manager.block_pool
         if self.start_free_blocks is None:
             self.start_free_blocks = pool.get_num_free_blocks()
-        req_to_blocks = _req_to_blocks(scheduler.kv_cache_manager)
+        req_to_blocks = blocks_by_request(scheduler.kv_cache_manager)
         running: dict[str, _Running] = {}
         for request in list(scheduler.running):
             tracked = self._track(request)
@@ -299,7 +300,7 @@ class SchedulerEnforcer:
 
     def after_schedule(self, scheduler: Any, output: Any) -> None:
         """Record block peaks and attach this step's plans for the workers."""
-        req_to_blocks = _req_to_blocks(scheduler.kv_cache_manager)
+        req_to_blocks = blocks_by_request(scheduler.kv_cache_manager)
         dropped: dict[str, int] = {}
         for request in scheduler.running:
             tracked = self.requests.get(request.request_id)
@@ -355,19 +356,6 @@ def _token_bytes(scheduler: Any) -> int:
     group = scheduler.kv_cache_config.kv_cache_groups[0]
     spec = group.kv_cache_spec
     return spec.page_size_bytes * len(group.layer_names) // spec.block_size
-
-
-def _req_to_blocks(manager: Any) -> dict[str, list]:
-    return manager.coordinator.single_type_managers[0].req_to_blocks
-
-
-def _leading_shared_blocks(blocks: list) -> int:
-    count = 0
-    for block in blocks:
-        if getattr(block, "ref_cnt", 1) <= 1:
-            break
-        count += 1
-    return count
 
 
 def _is_decoding(request: Any) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.headroom import Floors, Headroom, RunningKV, headroom
-from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE
+from growpage.vllm_plugin.blocks import leading_shared_blocks, owns_tail, physical_tokens
 
 
 def floors_of(config: GrowPageConfig) -> Floors:
@@ -68,15 +68,10 @@ def running_kv(request: Any, blocks: Any, enforced: bool) -> RunningKV:
     """One running request's record: its blocks, its physical tokens, its shared prefix run, and
     whether GrowPage may compact it now (enforced, past its prompt, nothing shared past the run)."""
     blocks = list(blocks)
-    shared = 0
-    for block in blocks:
-        if getattr(block, "ref_cnt", 1) <= 1:
-            break
-        shared += 1
-    computed = int(request.num_computed_tokens)
-    physical = computed - int(getattr(request, DROPPED_ATTRIBUTE, 0) or 0)
-    compressible = (enforced and computed >= int(request.num_prompt_tokens)
-                    and all(getattr(block, "ref_cnt", 1) <= 1 for block in blocks[shared:]))
+    shared = leading_shared_blocks(blocks)
+    physical = physical_tokens(request)
+    compressible = (enforced and int(request.num_computed_tokens) >= int(request.num_prompt_tokens)
+                    and owns_tail(blocks, shared))
     return RunningKV(pages_held=len(blocks), physical_tokens=physical, shared_prefix_pages=shared,
                      compressible=compressible)
 

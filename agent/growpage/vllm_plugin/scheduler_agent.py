@@ -37,6 +37,7 @@ from growpage.core.methods import build_method
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView
+from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
@@ -157,7 +158,7 @@ class SchedulerAgent:
         boundaries, attach the enforcer's payload, and let telemetry poll."""
         self.scheduler = scheduler
         allocations, self._allocations = self._allocations, {}
-        req_to_blocks = _req_to_blocks(scheduler)
+        req_to_blocks = blocks_by_request(scheduler.kv_cache_manager)
         boundaries = []
         for request in scheduler.running:
             request_id = request.request_id
@@ -289,7 +290,8 @@ class SchedulerAgent:
                 granted_token_slots=0, used_token_slots=0, logical_bytes=0, stored_bytes=0, tracked=[])
         free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
         used = max(0, num_pages - free)
-        live, logical = live_and_logical_tokens(scheduler.running, _req_to_blocks(scheduler), block_size)
+        live, logical = live_and_logical_tokens(scheduler.running, blocks_by_request(scheduler.kv_cache_manager),
+                                                block_size)
         token_bytes = self.view.token_bytes
         return self.controller.pool_gauges(
             num_pages=num_pages, pages_free=min(free, num_pages), pages_reserved=0, pages_used=used,
@@ -348,13 +350,9 @@ def live_and_logical_tokens(running: Any, req_to_blocks: dict[str, list], block_
     for request in running:
         computed = int(request.num_computed_tokens)
         logical += computed
-        physical = computed - int(getattr(request, DROPPED_ATTRIBUTE, 0) or 0)
+        physical = physical_tokens(request)
         for index, block in enumerate(req_to_blocks.get(request.request_id, ())):
             tokens = max(0, min(block_size, physical - index * block_size))
             block_id = getattr(block, "block_id", id(block))
             per_block[block_id] = max(per_block.get(block_id, 0), tokens)
     return sum(per_block.values()), logical
-
-
-def _req_to_blocks(scheduler: Any) -> dict[str, list]:
-    return scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
