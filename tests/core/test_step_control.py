@@ -5,7 +5,7 @@ from __future__ import annotations
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController, Reading
 from growpage.core.methods import build_method
-from growpage.core.policy import Action
+from growpage.core.policy import Action, Reason
 from growpage.core.pressure import floor_pages
 from growpage.core.step_control import (
     RequestView,
@@ -114,3 +114,15 @@ def test_a_home_that_records_monitored_boundaries_itself_gets_only_the_enforced_
     views = [view("m", 4, needs_page=True), view("e", 4, needs_page=True)]
     control = controller.plan_step(StepPool(5, 20), views, decide_modes=frozenset((Mode.ENFORCE,)))
     assert [b.request_id for b in control.boundaries] == ["e"]
+
+
+def test_growpage_when_it_pays_grows_while_nothing_waits_and_compresses_once_a_request_does():
+    controller = make_controller(method=build_method("growpage_when_it_pays"))
+    admit(controller, "r")
+    at_cap = [view("r", 4, needs_page=True)]
+    quiet = controller.plan_step(StepPool(free_pages=5, total_pages=20), at_cap)
+    assert [(b.action, b.call.decision.reason) for b in quiet.boundaries] == [(Action.ALLOCATE, Reason.NO_PRESSURE)]
+    waiting = controller.plan_step(StepPool(free_pages=5, total_pages=20, waiting_prompt_tokens=7), at_cap)
+    assert [b.action for b in waiting.boundaries] == [Action.EVICT]  # it widens the batch
+    empty = controller.plan_step(StepPool(free_pages=0, total_pages=20), at_cap)
+    assert [b.action for b in empty.boundaries] == [Action.EVICT]  # it avoids a preemption

@@ -39,7 +39,7 @@ def test_settings_reject_unknown_keys_with_a_fix():
         split_settings({"mood": "monitor"}, env={})
     with pytest.raises(ConfigError, match="exporter_port"):
         split_settings({"exporter_port": 70000}, env={})
-    with pytest.raises(ConfigError, match="method must be one of growpage, streaming_llm"):
+    with pytest.raises(ConfigError, match="method must be one of growpage, growpage_when_it_pays, streaming_llm"):
         split_settings({"method": "uniform_int8"}, env={})
     assert split_settings({}, env={"GROWPAGE_VLLM_METHOD": "snapkv"})[1].method == "snapkv"
 

@@ -43,6 +43,7 @@ from growpage.core.step_control import (
     RequestView,
     StepControl,
     StepPool,
+    compression_pays,
     enforceable_action,
     evict_pages_after,
     growth_reserve,
@@ -221,7 +222,7 @@ class GrowthController:
 
     # ---- the boundary routine ---------------------------------------------------------------------
     def decide(self, request_id: str, *, pages_held: int, pool: PoolView, can_quantize: bool,
-               can_evict: bool, reading: Reading | None = None) -> BoundaryCall:
+               can_evict: bool, reading: Reading | None = None, compression_pays: bool = True) -> BoundaryCall:
         """Refill the request's growth budget and run the contract on one boundary."""
         started = time.perf_counter()
         request = self.requests[request_id]
@@ -235,7 +236,8 @@ class GrowthController:
             pages_held=pages_held, base_pages=request.base_pages, sts_density=request.sts_density,
             lts_entropy=request.lts_entropy, pool_free_pages=pool.free_pages,
             growth_budget_pages=request.growth_budget_pages, can_quantize=can_quantize, can_evict=can_evict,
-            admission_reserve_pages=min(pool.admission_reserve_pages, pool.free_pages))
+            admission_reserve_pages=min(pool.admission_reserve_pages, pool.free_pages),
+            compression_pays=compression_pays)
         boundary = capacity_boundary_pages(request.base_pages, request.lts_entropy, self.config.growth_coefficient)
         return BoundaryCall(request, state, self.method.decide(state, self.config), boundary, started, now)
 
@@ -265,7 +267,7 @@ class GrowthController:
         compressed = {c.request_id for c in prompts}
         free = pool.free_pages + sum(c.pages_gained for c in prompts)
         boundaries, free = self._plan_boundaries([v for v in views if v.request_id not in compressed], free,
-                                                 reserve, enforceable, decide_modes)
+                                                 reserve, enforceable, decide_modes, compression_pays(pressure))
         waiting_for_room = [b for b in boundaries if b.enforced and b.action is Action.PREEMPT]
         deficit = max(0, len(waiting_for_room) + pressure.admission_pages - free)
         settled = {b.request_id for b in boundaries} | compressed
@@ -305,7 +307,7 @@ class GrowthController:
         return plan_reclaim(pages_needed, reclaim_candidates(enforced, floors, lts))
 
     def _plan_boundaries(self, views: Sequence[RequestView], free: int, reserve: int, enforceable: frozenset[Action],
-                         decide_modes: frozenset[Mode]) -> tuple[list[BoundaryPlan], int]:
+                         decide_modes: frozenset[Mode], pays: bool) -> tuple[list[BoundaryPlan], int]:
         """Every boundary's plan in order, each seeing the pool the ones before it left; and the free
         pages projected once this step's growth is done."""
         boundaries = []
@@ -314,20 +316,22 @@ class GrowthController:
             if control is None or control.mode not in decide_modes or not view.at_boundary:
                 free -= view.needs_page  # the engine's own paging grows it
                 continue
-            plan = self.plan_boundary(view, free_pages=free, reserve_pages=reserve, enforceable=enforceable)
+            plan = self.plan_boundary(view, free_pages=free, reserve_pages=reserve, enforceable=enforceable,
+                                      compression_pays=pays or free < 1)
             free += _free_pages_change(plan, view)
             boundaries.append(plan)
         return boundaries, free
 
     def plan_boundary(self, view: RequestView, *, free_pages: int, reserve_pages: int = 0,
-                      enforceable: frozenset[Action] = ALL_ACTIONS) -> BoundaryPlan:
+                      enforceable: frozenset[Action] = ALL_ACTIONS, compression_pays: bool = True) -> BoundaryPlan:
         """Run the contract on one boundary and say what the home carries out (see :class:`BoundaryPlan`)."""
         request = self.requests[view.request_id]
         to_free = self.method.pages_to_free(view.pages_held, request.base_pages, self.config.evict_min_pages)
         floor = floor_pages(request.base_pages, view.protected_tokens, self.config.block_size)
         evicted_pages = evict_pages_after(view, floor=floor, pages_to_free=to_free)
         call = self.decide(view.request_id, pages_held=view.pages_held, pool=PoolView(free_pages, reserve_pages),
-                           can_quantize=view.can_quantize, can_evict=evicted_pages is not None)
+                           can_quantize=view.can_quantize, can_evict=evicted_pages is not None,
+                           compression_pays=compression_pays)
         enforced = request.mode is Mode.ENFORCE
         action = call.decision.action
         if enforced:

@@ -41,7 +41,7 @@ from growpage.core.policy import Action, Reason
 from growpage.core.pool import PagePool
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
-from growpage.core.step_control import BoundaryPlan, RequestView, StepControl, StepPool
+from growpage.core.step_control import BoundaryPlan, RequestView, StepControl, StepPool, compression_pays
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.errors import GrowPageError
 
@@ -158,6 +158,7 @@ class GrowPageManager:
         # growth yields to admission (see growpage.core.policy).
         self.admission_reserve_pages = 0
         self._step_boundaries: dict[str, BoundaryPlan] = {}  # this step's planned boundaries, not yet reached
+        self._compression_pays = True  # this step's pressure says freeing a page pays (no step planned: yes)
         self._free_rows = list(range(max_requests - 1, -1, -1))
         self.observed_layers = self.controller.observed_layers
         self._quant_format = PageFormat.for_bits(config.quantization_bits)
@@ -277,6 +278,7 @@ class GrowPageManager:
         pool = StepPool(self.pool.num_free, self.pool.num_pages, waiting_prompt_tokens, batch_full)
         control = self.controller.plan_step(pool, views)
         self.admission_reserve_pages = control.reserve_pages
+        self._compression_pays = compression_pays(control.pressure)
         self._step_boundaries = {b.request_id: b for b in control.boundaries}
         for reclaim in control.reclaims:
             with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):
@@ -308,7 +310,8 @@ class GrowPageManager:
         self.controller.update_reading(request.request_id, Reading(reading.sts_density, reading.lts_entropy))
         view = self._view(request, self.free_slots(request.request_id) + 1)
         return self.controller.plan_boundary(view, free_pages=self.pool.num_free,
-                                             reserve_pages=self.admission_reserve_pages)
+                                             reserve_pages=self.admission_reserve_pages,
+                                             compression_pays=self._compression_pays or self.pool.num_free < 1)
 
     def _cross_boundary(self, request: RequestKV) -> SlotStatus:
         if request.mode is Mode.OFF:

@@ -166,6 +166,17 @@ def without_quantization(state: BoundaryState, config: GrowPageConfig) -> Decisi
     return decide(dataclasses.replace(state, can_quantize=False), config)
 
 
+def when_it_pays(state: BoundaryState, config: GrowPageConfig) -> Decision:
+    """The contract, compressing only when it pays: with nothing waiting for admission and room in
+    the pool, a request grows (full KV's quality while memory is free); under pressure, or with a
+    request waiting, the contract's compression applies (it avoids a preemption or widens the batch)."""
+    decision = decide(state, config)
+    if (state.compression_pays or decision.action not in (Action.EVICT, Action.QUANTIZE)
+            or allocation_refusal(state) is not None):
+        return decision
+    return Decision(Action.ALLOCATE, Reason.NO_PRESSURE)
+
+
 def random_decide(rng: random.Random) -> DecideFn:
     """Ablation: a feasible action drawn uniformly; the same fallbacks as the contract when none is."""
 
@@ -211,6 +222,7 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
         "growpage": lambda: _growpage("growpage", "growpage", decide),
         "growpage_reserving": lambda: KVMethod("growpage_reserving", "growpage", decide, reserve_base_pages=True,
                                                relieves_pressure=True),
+        "growpage_when_it_pays": lambda: _growpage("growpage_when_it_pays", "growpage", when_it_pays),
         "growpage_no_sts": lambda: _growpage("growpage_no_sts", "ablation", without_sts),
         "growpage_no_lts": lambda: _growpage("growpage_no_lts", "ablation", without_lts),
         "growpage_no_quant": lambda: dataclasses.replace(
@@ -231,7 +243,7 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
 
 
 METHOD_NAMES = ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8", "uniform_int4",
-                "growpage", "growpage_reserving", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant",
+                "growpage", "growpage_when_it_pays", "growpage_reserving", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant",
                 "growpage_random", "growpage_no_pressure", "growpage_uncalibrated", "growpage_10_layers")
 
 # The contract's thresholds as published (for another model): GrowPageConfig's defaults.

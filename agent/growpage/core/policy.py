@@ -65,6 +65,7 @@ class Reason(str, enum.Enum):
     RANDOM_CHOICE = "random_choice"  # ablation: a feasible action drawn at random
     PROMPT_BUDGET = "prompt_budget"  # fixed budget: the cached prompt compressed to the budget
     POOL_PRESSURE = "pool_pressure"  # compressed outside its boundary so the pool holds the step (core.pressure)
+    NO_PRESSURE = "no_pressure"  # grew although the contract would compress: nothing waits, the pool has room
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,9 @@ class BoundaryState:
         can_quantize: quantizing the request's eligible pages would free at least one page.
         can_evict: evicting unprotected tokens would free at least ``evict_min_pages`` pages.
         admission_reserve_pages: free pages kept for the next waiting request's admission.
+        compression_pays: the step is under pool pressure or a request waits to be admitted, so
+            freeing a page avoids a preemption or widens the batch (read by methods that compress
+            only when it pays; the contract itself compresses at its boundary either way).
     """
 
     pages_held: int
@@ -92,6 +96,7 @@ class BoundaryState:
     can_quantize: bool
     can_evict: bool
     admission_reserve_pages: int = 0
+    compression_pays: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -139,6 +139,12 @@ def growth_reserve(pressure: PoolPressure) -> int:
     return max(0, pressure.growth_pages - 1) + pressure.admission_pages
 
 
+def compression_pays(pressure: PoolPressure) -> bool:
+    """Freeing a page this step avoids a preemption (the pool cannot hold the step's growth) or
+    widens the batch (a request waits and its admission fits the floors)."""
+    return pressure.under_pressure or pressure.admission_pages > 0
+
+
 def evict_pages_after(view: RequestView, *, floor: int, pages_to_free: int) -> int | None:
     """Pages a boundary eviction leaves (the next token's page included), never below ``floor``;
     None when it would save no page over growing (or the home cannot evict)."""

@@ -33,7 +33,7 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
     return str(value) if value not in (None, "") else None
 
 
-VLLM_METHODS = ("growpage", "streaming_llm", "h2o", "snapkv")
+VLLM_METHODS = ("growpage", "growpage_when_it_pays", "streaming_llm", "h2o", "snapkv")
 """Methods enforce can run inside vLLM (quantizing ones cannot: ``kv_cache_dtype`` is deployment-wide)."""
 
 
@@ -61,7 +61,9 @@ class PluginSettings:
             deployment enforces, so a client cannot pick an unenforced namespace).
         namespace_header: the header a trusted gateway sets to the namespace; always honoured
             (the gateway must overwrite it); ``""`` trusts no header.
-        method: what enforce does at a block boundary: ``growpage`` (the growth contract), or a
+        method: what enforce does at a block boundary: ``growpage`` (the growth contract),
+            ``growpage_when_it_pays`` (the contract, compressing only under pressure or with a
+            request waiting), or a
             fixed cap for comparison under the same admission, pressure relief and floors:
             ``streaming_llm`` (sinks + the most recent tokens), ``h2o`` (accumulated attention),
             ``snapkv`` (windowed attention; the cached prompt is compressed to the cap once).
