@@ -519,3 +519,117 @@ SEVERITY_TABLE: tuple[Condition, ...] = (
 )
 SEVERITY_BY_ALERT = {condition.alert: condition.severity for condition in SEVERITY_TABLE}
 CHECK_BY_ALERT = {condition.alert: condition.check for condition in SEVERITY_TABLE}
+
+
+# --- The thresholds a deployment may change (growpage.monitoring.mixin.MixinConfig.thresholds) ---
+
+
+def _objective_description(objective: float, what: str) -> str:
+    return f"{objective * 100:g} % of {what}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MixinThresholds:
+    """Every number an alert, a panel, a runbook line and ``gpctl diagnose`` compare against.
+
+    The defaults are the constants above (the SLOs, :data:`CHECKLIST`, the burn-rate factors), so the
+    committed rules and dashboards are built from them; a deployment that changes one gets the same
+    number in its rules, dashboards, runbooks and diagnose verdicts. Validated on construction.
+
+    Attributes:
+        vllm_ttft_s / vllm_itl_s: vLLM latency SLO thresholds; each must be one of vLLM's bucket
+            bounds (the good share is read from that bucket).
+        vllm_ttft_objective / vllm_itl_objective: the share of observations within them, in (0, 1).
+        utilization_objective, compress_ratio_objective: GrowPage's own SLOs.
+        allocation_latency_s / allocation_latency_objective: the grant-latency SLO; the threshold
+            must be one of :data:`ALLOCATION_LATENCY_BUCKETS_S`.
+        burn_rate_factors: one factor per window pair of :data:`ALLOCATION_LATENCY_BURN_RATE_ALERTS`,
+            in order (fast pairs first).
+        vllm_preemptions_per_s_high: the preemption ticket's rate.
+        fleet_load_full: the router load at which a replica counts as full.
+        checklist: the troubleshooting checklist's numbers.
+    """
+
+    vllm_ttft_s: float = SLO_VLLM_TTFT.threshold_s
+    vllm_ttft_objective: float = SLO_VLLM_TTFT.objective
+    vllm_itl_s: float = SLO_VLLM_ITL.threshold_s
+    vllm_itl_objective: float = SLO_VLLM_ITL.objective
+    utilization_objective: float = SLO_UTILIZATION.objective
+    compress_ratio_objective: float = SLO_COMPRESS_RATIO.objective
+    allocation_latency_s: float = ALLOCATION_LATENCY_SLO_THRESHOLD_S
+    allocation_latency_objective: float = SLO_ALLOCATION_LATENCY.objective
+    burn_rate_factors: tuple[float, ...] = tuple(
+        window.factor for alert in ALLOCATION_LATENCY_BURN_RATE_ALERTS for window in alert.windows)
+    vllm_preemptions_per_s_high: float = VLLM_PREEMPTIONS_PER_S_HIGH
+    fleet_load_full: float = FLEET_LOAD_FULL
+    checklist: ChecklistThresholds = CHECKLIST
+
+    def __post_init__(self) -> None:
+        for name in ("vllm_ttft_objective", "vllm_itl_objective", "allocation_latency_objective"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"thresholds.{name} must be a share between 0 and 1 (exclusive), "
+                                 f"e.g. 0.99; got {getattr(self, name)}")
+        if self.allocation_latency_s not in ALLOCATION_LATENCY_BUCKETS_S:
+            raise ValueError(f"thresholds.allocation_latency_s must be a bucket bound of {ALLOCATION_LATENCY.name} "
+                             f"({', '.join(f'{b:g}' for b in ALLOCATION_LATENCY_BUCKETS_S)}); "
+                             f"got {self.allocation_latency_s}")
+        pairs = sum(len(alert.windows) for alert in ALLOCATION_LATENCY_BURN_RATE_ALERTS)
+        if len(self.burn_rate_factors) != pairs or min(self.burn_rate_factors) <= 0:
+            raise ValueError(f"thresholds.burn_rate_factors needs {pairs} positive factors, one per window "
+                             f"pair, fast pairs first (default {list(MixinThresholds.burn_rate_factors)})")
+        if min(self.vllm_ttft_s, self.vllm_itl_s, self.utilization_objective, self.compress_ratio_objective,
+               self.vllm_preemptions_per_s_high, self.fleet_load_full) <= 0:
+            raise ValueError("thresholds: latency thresholds, objectives and rates must be positive")
+
+    @property
+    def vllm_latency_slos(self) -> tuple[LatencySLO, LatencySLO]:
+        """:data:`VLLM_LATENCY_SLOS` with these thresholds (descriptions say the numbers)."""
+        return (_latency_slo(SLO_VLLM_TTFT, self.vllm_ttft_s, self.vllm_ttft_objective,
+                             "requests get their first token within"),
+                _latency_slo(SLO_VLLM_ITL, self.vllm_itl_s, self.vllm_itl_objective,
+                             "decode steps emit the next token within"))
+
+    @property
+    def slo_utilization(self) -> SLO:
+        return _slo(SLO_UTILIZATION, self.utilization_objective,
+                    f"Granted KV pages hold live tokens: utilization >= {self.utilization_objective * 100:g} %.")
+
+    @property
+    def slo_compress_ratio(self) -> SLO:
+        return _slo(SLO_COMPRESS_RATIO, self.compress_ratio_objective,
+                    f"Compressions shrink the bytes they touch: ratio >= {self.compress_ratio_objective:g}x.")
+
+    @property
+    def slo_allocation_latency(self) -> SLO:
+        if (self.allocation_latency_s, self.allocation_latency_objective) == (
+                ALLOCATION_LATENCY_SLO_THRESHOLD_S, SLO_ALLOCATION_LATENCY.objective):
+            return SLO_ALLOCATION_LATENCY
+        text = _objective_description(self.allocation_latency_objective, "page grants complete in under")
+        return dataclasses.replace(SLO_ALLOCATION_LATENCY, objective=self.allocation_latency_objective,
+                                   description=f"{text} {self.allocation_latency_s * 1000:g} ms.")
+
+    @property
+    def burn_rate_alerts(self) -> tuple[BurnRateAlert, ...]:
+        """:data:`ALLOCATION_LATENCY_BURN_RATE_ALERTS` with :attr:`burn_rate_factors`."""
+        factors = iter(self.burn_rate_factors)
+        return tuple(dataclasses.replace(alert, windows=tuple(dataclasses.replace(window, factor=next(factors))
+                                                              for window in alert.windows))
+                     for alert in ALLOCATION_LATENCY_BURN_RATE_ALERTS)
+
+
+def _latency_slo(default: LatencySLO, threshold_s: float, objective: float, what: str) -> LatencySLO:
+    if (threshold_s, objective) == (default.threshold_s, default.objective):
+        return default
+    limit = f"{threshold_s:g} s" if threshold_s >= 1 else f"{threshold_s * 1000:g} ms"
+    return dataclasses.replace(default, threshold_s=threshold_s, objective=objective,
+                               description=f"{_objective_description(objective, what)} {limit}.")
+
+
+def _slo(default: SLO, objective: float, description: str) -> SLO:
+    """``default`` itself when unchanged (its hand-written description), else the new objective."""
+    if objective == default.objective:
+        return default
+    return dataclasses.replace(default, objective=objective, description=description)
+
+
+MIXIN_THRESHOLDS = MixinThresholds()

@@ -149,7 +149,7 @@ def _view(level: str) -> str:
 
 
 def _utilization_alerts(lv: rec.Levels) -> list[AlertRule]:
-    slo, low = catalog.SLO_UTILIZATION.objective, catalog.CHECKLIST.utilization_sustained_low
+    slo, low = lv.thresholds.utilization_objective, lv.thresholds.checklist.utilization_sustained_low
     homes = ", ".join(catalog.HOMES_GRANTING_BASE_PAGES)
     return [
         AlertRule(
@@ -180,7 +180,7 @@ def _utilization_alerts(lv: rec.Levels) -> list[AlertRule]:
 
 
 def _compress_alert(lv: rec.Levels) -> AlertRule:
-    target = catalog.SLO_COMPRESS_RATIO.objective
+    target = lv.thresholds.compress_ratio_objective
     window = catalog.COMPRESS_RATIO_RULE_WINDOW
     return AlertRule(
         "GrowPageCompressRatioLow",
@@ -204,16 +204,19 @@ VLLM_SLO_ALERT_STEMS = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken",
 
 
 def _burn_rules(stem: str, error_ratio: Callable[[str], str], objective: float, summary: str, description: str,
-                panel: str, view: str = "", scope: Callable[[str], str] = lambda expr: expr) -> list[AlertRule]:
+                panel: str, view: str = "", scope: Callable[[str], str] = lambda expr: expr,
+                burn_alerts: tuple[catalog.BurnRateAlert, ...] = catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS,
+                ) -> list[AlertRule]:
     """One rule per burn-rate window pair, each with its ``for`` and its window labels.
 
     Args:
         error_ratio: window -> the recording rule of the error ratio over it.
         scope: wraps the pair's condition (a mode join), where the ratios do not filter already.
+        burn_alerts: the window pairs and their factors (the mixin config's thresholds).
     """
     budget = round(1 - objective, 10)
     rules = []
-    for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
+    for alert in burn_alerts:
         for burn in alert.windows:
             limit = f"({burn.factor:g} * {budget:g})"
             expr = scope(f"{error_ratio(burn.long_window)} > {limit}\n"
@@ -229,38 +232,38 @@ def _burn_rules(stem: str, error_ratio: Callable[[str], str], objective: float, 
 
 
 def _allocation_burn_alerts(lv: rec.Levels) -> list[AlertRule]:
-    threshold_ms = f"{catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S * 1000:g} ms"
-
+    t = lv.thresholds
+    threshold_ms = f"{t.allocation_latency_s * 1000:g} ms"
     return _burn_rules(
-        "AllocationLatency", rec.slo_error_ratio_name, catalog.SLO_ALLOCATION_LATENCY.objective,
+        "AllocationLatency", rec.slo_error_ratio_name, t.allocation_latency_objective,
         "Page allocation latency burns its error budget too fast",
         f"page grants over the long window took longer than {threshold_ms} "
-        f"(SLO: {_pct(catalog.SLO_ALLOCATION_LATENCY.objective)} under {threshold_ms}). Grant latency "
+        f"(SLO: {_pct(t.allocation_latency_objective)} under {threshold_ms}). Grant latency "
         "is a cause: the user-facing pages are vLLM's time to first token and inter-token latency",
-        PANEL_BURN_RATE, scope=lambda expr: _observing(expr, lv.slo))
+        PANEL_BURN_RATE, scope=lambda expr: _observing(expr, lv.slo), burn_alerts=t.burn_rate_alerts)
 
 
-def vllm_latency_alerts() -> list[AlertRule]:
+def vllm_latency_alerts(thresholds: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> list[AlertRule]:
     """What vLLM's users feel, on pods where GrowPage runs: TTFT and inter-token latency burns.
 
     The error ratios count only pods whose GrowPage is in monitor or enforce (the recording rules
     join on growpage_build_info), so a pod in mode off never pages the GrowPage rotation.
     """
     rules = []
-    for slo in catalog.VLLM_LATENCY_SLOS:
-        what = "time to first token" if slo is catalog.SLO_VLLM_TTFT else "inter-token latency"
+    for slo in thresholds.vllm_latency_slos:
+        what = "time to first token" if slo.name == catalog.SLO_VLLM_TTFT.name else "inter-token latency"
         rules += _burn_rules(
             VLLM_SLO_ALERT_STEMS[slo.name], functools.partial(rec.vllm_error_ratio_name, slo.name),
             slo.objective, f"vLLM {what} burns its error budget too fast",
             f"requests over the long window had a {what} above {slo.threshold_s:g} s (vLLM's "
             f"{slo.histogram}; SLO: {_pct(slo.objective)} within {slo.threshold_s:g} s)",
-            PANEL_VLLM_BURN_RATE, _view("service"))
+            PANEL_VLLM_BURN_RATE, _view("service"), burn_alerts=thresholds.burn_rate_alerts)
     return rules
 
 
 def _latency_alert(lv: rec.Levels) -> AlertRule:
     # A ticket naming the pod and the likely cause.
-    limit_s = catalog.CHECKLIST.allocation_latency_p99_critical_s
+    limit_s = lv.thresholds.checklist.allocation_latency_p99_critical_s
     return AlertRule(
         "GrowPageAllocationLatencyHigh", _observing(f"{rec.ALLOCATION_P99} > {limit_s}", lv.join),
         catalog.ALERT_FOR.allocation_latency_p99_high,
@@ -273,7 +276,7 @@ def _latency_alert(lv: rec.Levels) -> AlertRule:
 
 
 def _fragmentation_alert(lv: rec.Levels) -> AlertRule:
-    high, free_max = catalog.CHECKLIST.fragmentation_high, catalog.CHECKLIST.fragmentation_pool_free_max
+    high, free_max = lv.thresholds.checklist.fragmentation_high, lv.thresholds.checklist.fragmentation_pool_free_max
     return AlertRule(
         "GrowPageFragmentationHigh",
         _observing(f"{rec.FRAGMENTATION_POD} > {high}\nand on ({lv.join})\n{rec.POOL_FREE} < {free_max}", lv.join),
@@ -293,7 +296,7 @@ def _stranded_alert(lv: rec.Levels) -> AlertRule:
     cache usage at 98 % or more while its queue grows) counts only together with stranded slots:
     without them the KV is genuinely full, which is capacity, not GrowPage.
     """
-    level, join, checklist = lv.pod, lv.join, catalog.CHECKLIST
+    level, join, checklist = lv.pod, lv.join, lv.thresholds.checklist
     increase = f"sum by ({level}) (increase({{}}[{OOM_WINDOW}])) > 0"
     failures = [increase.format(catalog.OOM_EVENTS.name),
                 increase.format(selector(catalog.DECISIONS.name, decision="preempt")),
@@ -318,7 +321,7 @@ def _stranded_alert(lv: rec.Levels) -> AlertRule:
 
 
 def _preemption_alert(lv: rec.Levels) -> AlertRule:
-    per_s = catalog.VLLM_PREEMPTIONS_PER_S_HIGH
+    per_s = lv.thresholds.vllm_preemptions_per_s_high
     window = catalog.RATE_WINDOW
     return AlertRule(
         "GrowPageVLLMPreemptions",
@@ -336,7 +339,8 @@ def fleet_routing_alert(lv: rec.Levels) -> AlertRule:
     """A router keeps sending new requests to a replica that preempts and says it is full, while a
     sibling of the same service says it has room (docs/FLEET.md). Every replica full is capacity
     (``GrowPageVLLMPreemptions``), not routing."""
-    per_s, window, full = catalog.VLLM_PREEMPTIONS_PER_S_HIGH, catalog.RATE_WINDOW, catalog.FLEET_LOAD_FULL
+    per_s, full = lv.thresholds.vllm_preemptions_per_s_high, lv.thresholds.fleet_load_full
+    window = catalog.RATE_WINDOW
     service = lv.slo  # the replicas of one model in one namespace
     load = catalog.ROUTER_LOAD.name
     expr = (f"sum by ({lv.pod}) (rate({catalog.VLLM_PREEMPTIONS}[{window}])) > {per_s:g}\n"
@@ -407,7 +411,7 @@ def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
 
 
 def _throttle_alert(lv: rec.Levels) -> AlertRule:
-    share = catalog.CHECKLIST.throttle_saturation
+    share = lv.thresholds.checklist.throttle_saturation
     return AlertRule(
         "GrowPageGrowthThrottled", in_modes(f"{rec.THROTTLED_SHARE} > {share}", catalog.MODES_ENFORCING, lv.join),
         catalog.ALERT_FOR.growth_throttled,
@@ -422,8 +426,8 @@ def slo_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     """Per service: vLLM's latency SLOs, then GrowPage's three (utilization, compress ratio, grant latency)."""
     lv = rec.Levels.of(config)
     utilization_low, _ = _utilization_alerts(lv)
-    return _with_config([*vllm_latency_alerts(), utilization_low, _compress_alert(lv), *_allocation_burn_alerts(lv)],
-                        config)
+    return _with_config([*vllm_latency_alerts(config.thresholds), utilization_low, _compress_alert(lv),
+                         *_allocation_burn_alerts(lv)], config)
 
 
 def checklist_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
@@ -435,7 +439,7 @@ def checklist_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
 
 
 def _with_config(rules: list[AlertRule], config: MixinConfig) -> list[AlertRule]:
-    return [dataclasses.replace(rule, config=config) for rule in rules]
+    return [dataclasses.replace(rule, config=config, expr=config.scoped(rule.expr)) for rule in rules]
 
 
 def alert_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:

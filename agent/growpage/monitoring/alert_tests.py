@@ -10,11 +10,11 @@ long after ``for`` would have elapsed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 
 from growpage import catalog
 from growpage.monitoring.alert_rules import (
-    SLO_ERROR_BUDGET,
     VLLM_SLO_ALERT_STEMS,
     AlertRule,
     burn_rate_alert_name,
@@ -125,10 +125,10 @@ def _histogram(name: str, good_bound: float, good_share: float, per_minute: floa
             selector(f"{name}_bucket", **labels, le="+Inf"): _counter(per_minute)}
 
 
-def _latency(fast_share: float, per_minute: float = 1000, **target: str) -> dict[str, str]:
-    """Grant latency histogram series where ``fast_share`` of grants meet the SLO threshold."""
-    return _histogram(catalog.ALLOCATION_LATENCY.name, catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, fast_share,
-                      per_minute, {**TARGET, **target})
+def _latency(fast_share: float, per_minute: float = 1000,
+             threshold_s: float = catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, **target: str) -> dict[str, str]:
+    """Grant latency histogram series where ``fast_share`` of grants meet the SLO threshold ``threshold_s``."""
+    return _histogram(catalog.ALLOCATION_LATENCY.name, threshold_s, fast_share, per_minute, {**TARGET, **target})
 
 
 def _vllm_latency(slo: catalog.LatencySLO, good_share: float, per_minute: float = 1000,
@@ -220,26 +220,33 @@ def _stranded_scenarios() -> list[Scenario]:
             Scenario(vllm, "1m", dict(POD), 6, "vLLM preemptions at kv_cache_usage_perc 99 %, queue growing")]
 
 
-def _vllm_burn_alerts() -> Iterator[tuple[str, catalog.LatencySLO, float, catalog.BurnRateAlert]]:
+def _vllm_burn_alerts(t: catalog.MixinThresholds) -> Iterator[tuple[str, catalog.LatencySLO, float,
+                                                                     catalog.BurnRateAlert]]:
     """``(alertname, SLO, error budget, burn-rate alert)`` of each burn-rate alert on vLLM's latency SLOs."""
-    for slo in catalog.VLLM_LATENCY_SLOS:
+    for slo in t.vllm_latency_slos:
         budget = round(1 - slo.objective, 10)
-        for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
+        for alert in t.burn_rate_alerts:
             yield burn_rate_alert_name(alert.speed, VLLM_SLO_ALERT_STEMS[slo.name]), slo, budget, alert
 
 
-def _vllm_burn_scenarios() -> dict[str, list[Scenario]]:
+def _vllm_burn_scenarios(t: catalog.MixinThresholds) -> dict[str, list[Scenario]]:
     result: dict[str, list[Scenario]] = {}
-    for name, slo, budget, alert in _vllm_burn_alerts():
+    for name, slo, budget, alert in _vllm_burn_alerts(t):
         result[name] = [_burn_scenario(burn, lambda share, total=1000, slo=slo, **other: _vllm_latency(
             slo, share, total, **other), budget, ENFORCE) for burn in alert.windows]
     return result
 
 
-def _vllm_burn_quiet() -> dict[str, list[QuietScenario]]:
+def _slow_burn(t: catalog.MixinThresholds) -> float:
+    """1.5 times the largest slow-pair factor: a slow burn, below every fast pair's (the fast burn's near miss)."""
+    return max(window.factor for window in t.burn_rate_alerts[1].windows) * 1.5
+
+
+def _vllm_burn_quiet(t: catalog.MixinThresholds) -> dict[str, list[QuietScenario]]:
     result: dict[str, list[QuietScenario]] = {}
-    for name, slo, budget, alert in _vllm_burn_alerts():
-        near = (QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 3 * 1.5 * budget)}, "a slow burn (4.5x)")
+    slow = _slow_burn(t)
+    for name, slo, budget, alert in _vllm_burn_alerts(t):
+        near = (QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - slow * budget)}, f"a slow burn ({slow:g}x)")
                 if alert.speed == "fast" else
                 QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 0.5 * budget)}, "half the error budget"))
         result[name] = [
@@ -250,8 +257,11 @@ def _vllm_burn_quiet() -> dict[str, list[QuietScenario]]:
     return result
 
 
-def scenarios() -> dict[str, list[Scenario]]:
-    """Breaching scenarios per alertname. Counters start at 0 on 1m samples, so rates are exact."""
+def scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str, list[Scenario]]:
+    """Breaching scenarios per alertname. Counters start at 0 on 1m samples, so rates are exact.
+
+    The burn-rate scenarios follow ``t`` (SLO thresholds, objectives, factors); the checklist's are
+    fixed values, on the default thresholds' sides."""
     ok_running = _running(3)
     throttle = {**ENFORCE, **_series(catalog.DECISIONS.name, _counter(6), decision="throttled"),
                 **_series(catalog.DECISIONS.name, _counter(4), decision="allocate")}
@@ -262,7 +272,7 @@ def scenarios() -> dict[str, list[Scenario]]:
                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
                 **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="full_cudagraph")}
     result = {
-        **_vllm_burn_scenarios(),
+        **_vllm_burn_scenarios(t),
         "GrowPageKVUtilizationLow": [Scenario({**ENFORCE, **_slots(500, 1000), **ok_running}, "0m",
                                               dict(SERVICE), 0.5)],
         "GrowPageKVOverGranting": [Scenario({**_build_info("enforce", "reference"), **_slots(300, 1000),
@@ -285,15 +295,17 @@ def scenarios() -> dict[str, list[Scenario]]:
         "GrowPageAgentInactive": [Scenario(inactive, "0m", {**POD, "component": "enforcer",
                                                             "reason": "full_cudagraph"}, 0)],
     }
-    for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
-        result[burn_rate_alert_name(alert.speed)] = [_burn_scenario(burn, _latency, SLO_ERROR_BUDGET, ENFORCE)
+    latency = functools.partial(_latency, threshold_s=t.allocation_latency_s)
+    budget = round(1 - t.allocation_latency_objective, 10)
+    for alert in t.burn_rate_alerts:
+        result[burn_rate_alert_name(alert.speed)] = [_burn_scenario(burn, latency, budget, ENFORCE)
                                                      for burn in alert.windows]
     return result
 
 
-def quiet_scenarios() -> dict[str, list[QuietScenario]]:
+def quiet_scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str, list[QuietScenario]]:
     """Near misses per alertname: the condition is false, the alert must stay silent."""
-    return {**_vllm_burn_quiet(), **_pool_use_quiet(), **_pressure_quiet(), **_growth_quiet(), **_agent_quiet(),
+    return {**_vllm_burn_quiet(t), **_pool_use_quiet(), **_pressure_quiet(), **_growth_quiet(t), **_agent_quiet(),
             **_fleet_quiet()}
 
 
@@ -363,8 +375,10 @@ def _pressure_quiet() -> dict[str, list[QuietScenario]]:
     }
 
 
-def _growth_quiet() -> dict[str, list[QuietScenario]]:
+def _growth_quiet(t: catalog.MixinThresholds) -> dict[str, list[QuietScenario]]:
     """GrowPage's own decisions: compressions worth their cost, grants fast enough, growth rarely refused."""
+    budget, slow = round(1 - t.allocation_latency_objective, 10), _slow_burn(t)
+    latency = functools.partial(_latency, threshold_s=t.allocation_latency_s)
     return {
         "GrowPageCompressRatioLow": [
             QuietScenario({**ENFORCE, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(3000)),
@@ -375,15 +389,15 @@ def _growth_quiet() -> dict[str, list[QuietScenario]]:
             QuietScenario({**OFF, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(1970)),
                            **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}, "mode off")],
         "GrowPageAllocationLatencyHigh": [
-            QuietScenario({**MONITOR, **_latency(1.0, 100)}, "every grant under 15 ms"),
+            QuietScenario({**MONITOR, **latency(1.0, 100)}, f"every grant under {t.allocation_latency_s * 1000:g} ms"),
             QuietScenario({**{k: v for k, v in _latency_scenario().series.items() if "build_info" not in k}, **OFF},
                           "mode off")],
         burn_rate_alert_name("fast"): [
-            QuietScenario({**ENFORCE, **_latency(1 - 3 * 1.5 * SLO_ERROR_BUDGET)}, "a slow burn (4.5x)"),
-            QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
+            QuietScenario({**ENFORCE, **latency(1 - slow * budget)}, f"a slow burn ({slow:g}x)"),
+            QuietScenario({**OFF, **latency(0.5)}, "mode off")],
         burn_rate_alert_name("slow"): [
-            QuietScenario({**ENFORCE, **_latency(1 - 0.5 * SLO_ERROR_BUDGET)}, "half the error budget (0.5x)"),
-            QuietScenario({**OFF, **_latency(0.5)}, "mode off")],
+            QuietScenario({**ENFORCE, **latency(1 - 0.5 * budget)}, "half the error budget (0.5x)"),
+            QuietScenario({**OFF, **latency(0.5)}, "mode off")],
         "GrowPageGrowthThrottled": [
             QuietScenario({**ENFORCE, **_series(catalog.DECISIONS.name, _counter(2), decision="throttled"),
                            **_series(catalog.DECISIONS.name, _counter(8), decision="allocate")}, "20 % throttled"),
@@ -469,7 +483,7 @@ def scenario_rule(rules: list[AlertRule], scenario: Scenario) -> AlertRule:
 
 def alert_test_files(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, dict]:
     """``{AlertName: test file document}``: one file per alertname, one test per scenario, quiet ones last."""
-    firing, quiet = scenarios(), quiet_scenarios()
+    firing, quiet = scenarios(config.thresholds), quiet_scenarios(config.thresholds)
     files: dict[str, dict] = {}
     for name, rules in rules_by_name(config).items():
         if name not in firing or not quiet.get(name):

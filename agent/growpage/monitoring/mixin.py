@@ -1,18 +1,27 @@
 """The mixin's configuration: what a deployment changes without touching the generators.
 
 Like a monitoring mixin's ``config.libsonnet``: the cluster label multi-cluster Prometheus set-ups
-add, the scrape job the rules select, and where runbooks live. Metric names, thresholds and
-durations stay in :mod:`growpage.catalog`, the one source of truth the agent exports from; this
-config holds only what differs between installations. ``gpctl alerts build`` and ``gpctl dashboards
-build`` take it (``--cluster-label``, ``--runbook-url``), and the committed artefacts are built with
+add, the scrape job the rules select, label matchers added to every selector of GrowPage's and
+vLLM's series, where runbooks live, and the thresholds every alert, panel, runbook line and ``gpctl
+diagnose`` compare against. Metric names, durations and the thresholds' defaults stay in
+:mod:`growpage.catalog`, the one source of truth the agent exports from. ``gpctl alerts build``,
+``gpctl dashboards build`` and ``gpctl diagnose`` take it (``--mixin-config FILE``, see
+:mod:`growpage.monitoring.mixin_file`), and the committed artefacts are built with
 :data:`DEFAULT_CONFIG`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 
 from growpage import catalog
+from growpage.monitoring.promql import add_matchers, is_matchers
+
+# Every series name GrowPage's route serves, and vLLM's own that the rules and panels read.
+GROWPAGE_SERIES = frozenset(name for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS) for name in spec.series_names)
+VLLM_SERIES = frozenset(catalog.VLLM_METRICS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,11 +34,41 @@ class MixinConfig:
         growpage_job: the scrape job of ``/metrics/growpage`` (the agent-down and metrics-absent
             alerts select it; vLLM's own series are joined on the pod, whatever their job).
         runbook_url_pattern: ``{alert}`` is replaced by the alertname.
+        thresholds: every number the alerts, panels, runbooks and diagnose compare against.
+        vllm_selector: label matchers (``namespace=~"llm-.*"``) added to every selector of vLLM's
+            ``vllm:*`` series; empty adds none.
+        growpage_selector: the same for GrowPage's ``growpage_*`` series.
     """
 
     cluster_label: str = "cluster"
     growpage_job: str = catalog.SCRAPE_JOB
     runbook_url_pattern: str = catalog.RUNBOOK_BASE_URL + "/{alert}.md"
+    thresholds: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS
+    vllm_selector: str = ""
+    growpage_selector: str = ""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.cluster_label):
+            raise ValueError(f"cluster_label must be a Prometheus label name, e.g. k8s_cluster; "
+                             f"got {self.cluster_label!r}")
+        if "{alert}" not in self.runbook_url_pattern:
+            raise ValueError("runbook_url_pattern must contain {alert}, e.g. https://wiki.example.org/growpage/{alert}")
+        for name in ("vllm_selector", "growpage_selector"):
+            value = getattr(self, name)
+            if value and not is_matchers(value):
+                raise ValueError(f'{name} must be PromQL label matchers without braces, e.g. namespace=~"llm-.*", '
+                                 f'job="vllm"; got {value!r}')
+
+    @functools.cached_property
+    def _matchers_by_series(self) -> dict[str, str]:
+        scoped = {name: self.growpage_selector for name in GROWPAGE_SERIES if self.growpage_selector}
+        scoped.update({name: self.vllm_selector for name in VLLM_SERIES if self.vllm_selector})
+        return scoped
+
+    def scoped(self, expr: str) -> str:
+        """``expr`` with :attr:`growpage_selector` and :attr:`vllm_selector` in every selector of
+        those series (unchanged when both are empty)."""
+        return add_matchers(expr, self._matchers_by_series) if self._matchers_by_series else expr
 
     def runbook_url(self, alert: str) -> str:
         return self.runbook_url_pattern.format(alert=alert)

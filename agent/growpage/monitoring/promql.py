@@ -68,3 +68,35 @@ def metric_names(expr: str) -> set[str]:
             continue
         names.add(word)
     return names
+
+
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*")
+_SELECTOR_TOKEN = re.compile(
+    r'(?P<string>"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`)'
+    r"|(?P<range>\[[^\]]*\])"
+    r"|(?P<grouping>\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\))"
+    r"|(?<![\w:.$])(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<braces>\s*\{[^}]*\})?(?P<call>\s*\()?")
+
+
+def is_matchers(text: str) -> bool:
+    """``text`` is a comma-separated list of label matchers (``job="vllm", namespace=~"llm-.*"``)."""
+    return bool(_MATCHERS.fullmatch(text))
+
+
+def add_matchers(expr: str, matchers_by_metric: dict[str, str]) -> str:
+    """``expr`` with ``matchers_by_metric[name]`` added to every selector of those metrics.
+
+    ``foo`` becomes ``foo{m}`` and ``foo{a="b"}`` becomes ``foo{a="b", m}``; names inside strings,
+    range durations, groupings and function calls are left alone.
+    """
+    def rewrite(match: re.Match[str]) -> str:
+        name, call = match.group("name"), match.group("call")
+        if name is None or call or name not in matchers_by_metric:
+            return match.group(0)
+        extra = matchers_by_metric[name].strip()
+        braces = (match.group("braces") or "").strip()
+        inner = braces[1:-1].strip() if braces else ""
+        return f"{name}{{{inner + ', ' if inner else ''}{extra}}}"
+
+    return _SELECTOR_TOKEN.sub(rewrite, expr)

@@ -25,15 +25,18 @@ SLO_LEVEL = ", ".join(DEFAULT_CONFIG.slo_labels)
 
 @dataclasses.dataclass(frozen=True)
 class Levels:
-    """The label lists a mixin config keeps: per pod, per service (SLOs), and the pod join."""
+    """The label lists a mixin config keeps (per pod, per service (SLOs), the pod join), and the
+    thresholds its rules compare against."""
 
     pod: str
     slo: str
     join: str
+    thresholds: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS
 
     @classmethod
     def of(cls, config: MixinConfig) -> Levels:
-        return cls(", ".join(config.pod_labels), ", ".join(config.slo_labels), ", ".join(config.pod_join))
+        return cls(", ".join(config.pod_labels), ", ".join(config.slo_labels), ", ".join(config.pod_join),
+                   config.thresholds)
 _POD = "_".join(catalog.POD_LABELS)  # namespace_pod_model_name
 _SLO = "_".join(catalog.SLO_LABELS)  # namespace_model_name
 
@@ -79,7 +82,8 @@ DENIED_RATE = f"{_POD}:growpage_decisions_denied:rate{RATE_WINDOW}"
 
 
 def slo_windows() -> list[str]:
-    """Every window a burn-rate alert reads, short ones first, without repeats."""
+    """Every window a burn-rate alert reads, short ones first, without repeats (the windows are the
+    catalog's; a mixin config changes only their factors)."""
     windows: list[str] = []
     for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
         for burn in alert.windows:
@@ -99,7 +103,7 @@ def _sum(series: str, level: str) -> str:
 
 def _slo_error_ratio(window: str, lv: Levels) -> RecordingRule:
     histogram = catalog.ALLOCATION_LATENCY.name
-    fast = selector(f"{histogram}_bucket", le=le_value(catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S))
+    fast = selector(f"{histogram}_bucket", le=le_value(lv.thresholds.allocation_latency_s))
     # 1 - good/total: no grants in the window gives NaN, which never alerts (nothing to burn).
     expr = (f"1 - (\n  {_rate_sum(fast, window, lv.slo)}\n/\n"
             f"  {_rate_sum(f'{histogram}_count', window, lv.slo)}\n)")
@@ -201,9 +205,10 @@ def slo_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingR
     """What the SLO alerts read, per service: vLLM's and GrowPage's latency error ratios per burn-rate
     window, the compress ratio, utilization."""
     lv = Levels.of(config)
-    return [*(_vllm_error_ratio(slo, window, lv) for slo in catalog.VLLM_LATENCY_SLOS for window in slo_windows()),
-            *(_slo_error_ratio(window, lv) for window in slo_windows()), _compress_ratio(lv),
-            _slot_ratio(UTILIZATION_SLO, catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name, lv.slo)]
+    return _scoped([
+        *(_vllm_error_ratio(slo, window, lv) for slo in lv.thresholds.vllm_latency_slos for window in slo_windows()),
+        *(_slo_error_ratio(window, lv) for window in slo_windows()), _compress_ratio(lv),
+        _slot_ratio(UTILIZATION_SLO, catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name, lv.slo)], config)
 
 
 def checklist_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingRule]:
@@ -212,7 +217,7 @@ def checklist_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[Reco
     lv = Levels.of(config)
     live, granted, used = (catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name,
                            catalog.USED_TOKEN_SLOTS.name)
-    return [
+    return _scoped([
         _allocation_quantile(ALLOCATION_P99, 0.99, lv),
         _slot_ratio(UTILIZATION_POD, live, granted, lv.pod),
         _slot_ratio(FRAGMENTATION_POD, live, used, lv.pod, complement=True),
@@ -223,23 +228,28 @@ def checklist_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[Reco
         # GrowPage's view next to the pages about vLLM's users: compression headroom and denied growth.
         _decisions_rate(COMPRESS_DECISIONS_RATE, 'decision=~"quantize|evict"', lv),
         _decisions_rate(DENIED_RATE, 'decision="denied"', lv),
-    ]
+    ], config)
 
 
 def dashboard_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingRule]:
     """Read by dashboards and the rollout decision only."""
     lv = Levels.of(config)
-    return [
+    return _scoped([
         _allocation_quantile(ALLOCATION_P50, 0.5, lv),
         RecordingRule(ALLOCATIONS_RATE, _rate_sum(catalog.ALLOCATIONS.name, RATE_WINDOW, lv.pod)),
         _lts_entropy_p50(config),
         _gpu_framebuffer_used(lv),
         _gpu_utilization(lv),
-    ]
+    ], config)
 
 
 def recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingRule]:
     return [*slo_recording_rules(config), *checklist_recording_rules(config), *dashboard_recording_rules(config)]
+
+
+def _scoped(rules: list[RecordingRule], config: MixinConfig) -> list[RecordingRule]:
+    """``rules`` with the config's selectors on GrowPage's and vLLM's series."""
+    return [dataclasses.replace(rule, expr=config.scoped(rule.expr)) for rule in rules]
 
 
 def recording_rule_names() -> set[str]:

@@ -51,10 +51,10 @@ def _rule_section(rules: list[AlertRule]) -> str:
     return table + "".join(f"\n\n```promql\n{r.expr}\n```" for r in rules)
 
 
-def _index_section() -> str:
+def _index_section(config: MixinConfig) -> str:
     lines = ["| Alert | Severity | Summary |", "|---|---|---|"]
     lines += [f"| [{name}]({name}.md) | {rules[0].severity} | {rules[0].summary} |"
-              for name, rules in rules_by_name().items()]
+              for name, rules in rules_by_name(config).items()]
     return "\n".join(lines)
 
 
@@ -79,7 +79,7 @@ def runbook_files(read_runbook: Callable[[str], str | None],
         GrowPageError: a runbook is missing or has no generated block.
     """
     sections = {f"{name}.md": _rule_section(rules) for name, rules in rules_by_name(config).items()}
-    sections[INDEX] = _index_section()
+    sections[INDEX] = _index_section(config)
     texts = {name: read_runbook(name) for name in sections}
     missing = [name for name, text in texts.items() if text is None]
     if missing:

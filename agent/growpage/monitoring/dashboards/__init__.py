@@ -12,28 +12,31 @@ from growpage.monitoring.dashboards.overview import overview_dashboard
 from growpage.monitoring.dashboards.troubleshooting import troubleshooting_dashboard
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 
+# Where a dashboard holds PromQL: panel targets and variable queries (the config's selectors go there).
+_QUERY_KEYS = frozenset({"expr", "query", "definition"})
 _RUNBOOK_LINK = re.compile(re.escape(catalog.RUNBOOK_BASE_URL) + r"/(\w+)\.md")
 
 
 def dashboards(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, dict]:
     """File name under dashboards/ -> Grafana dashboard JSON model, for ``config``."""
     return {
-        "growpage-overview.json": configured(overview_dashboard(), config),
-        "growpage-troubleshooting.json": configured(troubleshooting_dashboard(), config),
-        "growpage-fleet.json": configured(fleet_dashboard(), config),
+        "growpage-overview.json": configured(overview_dashboard(config.thresholds), config),
+        "growpage-troubleshooting.json": configured(troubleshooting_dashboard(config.thresholds), config),
+        "growpage-fleet.json": configured(fleet_dashboard(config.thresholds), config),
     }
 
 
 def configured(document: Any, config: MixinConfig) -> Any:
-    """``document`` with the mixin config's runbook URLs and cluster label.
+    """``document`` with the mixin config's runbook URLs, cluster label and selectors.
 
-    The panels are written once, against the default config; a deployment's config only renames
-    the cluster label (in selectors, groupings and the variable's query) and moves runbook links,
-    so the rewrite is a pure function of every string in the model. The default config leaves the
-    document as it is.
+    The panels are built with the config's thresholds; the rest is a rewrite of every string in the
+    model: the cluster label is renamed (in selectors, groupings and the variable's query), runbook
+    links move, and the config's selectors join every selector of GrowPage's and vLLM's series in the
+    queries. The default config leaves the document as it is.
     """
     if isinstance(document, dict):
-        return {key: configured(value, config) for key, value in document.items()}
+        return {key: config.scoped(configured(value, config)) if key in _QUERY_KEYS and isinstance(value, str)
+                else configured(value, config) for key, value in document.items()}
     if isinstance(document, list):
         return [configured(value, config) for value in document]
     if not isinstance(document, str):

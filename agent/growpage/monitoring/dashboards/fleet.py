@@ -37,9 +37,9 @@ def _per_pod(expr: str) -> str:
     return f"sum by (namespace, pod) ({expr})"
 
 
-def load_panel() -> Any:
+def load_panel(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> Any:
     """Each replica's answer to the router's poll; on the Troubleshooting dashboard too (the fleet alert's panel)."""
-    full = catalog.FLEET_LOAD_FULL
+    full = t.fleet_load_full
     return timeseries(PANEL_LOAD, catalog.ROUTER_LOAD.help + f" At {full:g} and above the replica holds all it "
                       "can without preempting; vLLM's router (power_of_two) sends to the lower of two. "
                       + runbook_links(FLEET_ALERT),
@@ -47,17 +47,17 @@ def load_panel() -> Any:
                       "percent", steps("green", (full, "red")))
 
 
-def _headroom_row() -> list[Cell]:
+def _headroom_row(t: catalog.MixinThresholds) -> list[Cell]:
     return [
         Cell(timeseries("KV headroom per replica", catalog.HEADROOM_PAGES.help + " More is room the router can use.",
                         targets((_per_pod(metric(catalog.HEADROOM_PAGES.name)), _POD_LEGEND)), "short"), 8),
         Cell(timeseries("Reclaimable pages per replica", catalog.RECLAIMABLE_PAGES.help,
                         targets((_per_pod(metric(catalog.RECLAIMABLE_PAGES.name)), _POD_LEGEND)), "short"), 8),
-        Cell(load_panel(), 8),
+        Cell(load_panel(t), 8),
     ]
 
 
-def _routing_row() -> list[Cell]:
+def _routing_row(t: catalog.MixinThresholds) -> list[Cell]:
     def vllm(name: str) -> str:
         return selector(name, VLLM_FILTER)
 
@@ -71,13 +71,14 @@ def _routing_row() -> list[Cell]:
                         "Arrivals at a replica that preempts, while another has headroom, are the router's to "
                         "fix. " + runbook_links(FLEET_ALERT, "GrowPageVLLMPreemptions"),
                         targets((_per_pod(preemptions), _POD_LEGEND)), "ops",
-                        steps("green", (catalog.VLLM_PREEMPTIONS_PER_S_HIGH, "red"))), 12),
+                        steps("green", (t.vllm_preemptions_per_s_high, "red"))), 12),
     ]
 
 
-def fleet_dashboard() -> dict:
+def fleet_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict:
+    """The dashboard with the thresholds ``t`` (full load, the preemption rate)."""
     return dashboard(TITLE, UID, "Replicas behind vLLM's router side by side: KV headroom, the load each one "
                      "reports, and where the router sends work.", [
-                         ("Where the router can send work: headroom and load per replica", _headroom_row()),
-                         ("Is the router sending work to a replica that preempts?", _routing_row()),
+                         ("Where the router can send work: headroom and load per replica", _headroom_row(t)),
+                         ("Is the router sending work to a replica that preempts?", _routing_row(t)),
                      ])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from growpage import catalog
 from growpage.monitoring import recording_rules as rec
-from growpage.monitoring.alert_rules import SLO_ERROR_BUDGET
 from growpage.monitoring.dashboards.common import (
     RATE,
     RATIO_UNIT,
@@ -29,13 +28,15 @@ TITLE = "GrowPage / Overview"
 RANGE = "$__range"
 
 _LATENCY = catalog.ALLOCATION_LATENCY.name
-_FAST_BUCKET = metric(f"{_LATENCY}_bucket", f'le="{le_value(catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S)}"')
-_THRESHOLD_MS = f"{catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S * 1000:g} ms"
-_P99_LIMIT_S = catalog.CHECKLIST.allocation_latency_p99_critical_s
 
 
-def _share_fast(window: str) -> str:
-    return (f"sum(increase({_FAST_BUCKET}[{window}]))\n/\n"
+def _threshold_ms(t: catalog.MixinThresholds) -> str:
+    return f"{t.allocation_latency_s * 1000:g} ms"
+
+
+def _share_fast(window: str, t: catalog.MixinThresholds) -> str:
+    fast_bucket = metric(f"{_LATENCY}_bucket", f'le="{le_value(t.allocation_latency_s)}"')
+    return (f"sum(increase({fast_bucket}[{window}]))\n/\n"
             f"sum(increase({metric(f'{_LATENCY}_count')}[{window}]))")
 
 
@@ -48,42 +49,43 @@ def _compress_ratio(window: str) -> str:
             f"sum(increase({metric(catalog.COMPRESS_OUTPUT_BYTES.name)}[{window}]))")
 
 
-def _slo_row() -> list[Cell]:
-    utilization, ratio = catalog.SLO_UTILIZATION.objective, catalog.SLO_COMPRESS_RATIO.objective
-    objective = catalog.SLO_ALLOCATION_LATENCY.objective
+def _slo_row(t: catalog.MixinThresholds) -> list[Cell]:
+    utilization, ratio, objective = t.utilization_objective, t.compress_ratio_objective, t.allocation_latency_objective
+    budget, threshold_ms = round(1 - objective, 10), _threshold_ms(t)
+    p99_limit_s = t.checklist.allocation_latency_p99_critical_s
     # Sum of live tokens over sum of granted slots: an idle pod weighs nothing, a busy one its size.
     busy = f"sum({metric(catalog.LIVE_TOKENS.name)})\n/\nsum({metric(catalog.GRANTED_TOKEN_SLOTS.name)})"
-    budget_left = f"1 - (\n  (1 - (\n{_share_fast(catalog.SLO_COMPLIANCE_WINDOW)}\n  )) / {SLO_ERROR_BUDGET:g}\n)"
+    budget_left = f"1 - (\n  (1 - (\n{_share_fast(catalog.SLO_COMPLIANCE_WINDOW, t)}\n  )) / {budget:g}\n)"
     return [
         Cell(stat(f"KV page utilization (SLO >= {utilization:.0%})",
-                  catalog.SLO_UTILIZATION.description + " Live tokens / granted slots, summed over the pods.",
+                  t.slo_utilization.description + " Live tokens / granted slots, summed over the pods.",
                   busy, RATIO_UNIT, steps("red", (utilization, "green"))), 5, 5),
         Cell(stat(f"Compress ratio (SLO >= {ratio:.1f}x)",
-                  catalog.SLO_COMPRESS_RATIO.description + " Bytes in / bytes out over the selected range.",
+                  t.slo_compress_ratio.description + " Bytes in / bytes out over the selected range.",
                   _compress_ratio(RANGE), TIMES_UNIT, steps("red", (ratio, "green")), 2), 5, 5),
-        Cell(stat(f"Grants under {_THRESHOLD_MS} (SLO >= {objective:.0%})",
-                  catalog.SLO_ALLOCATION_LATENCY.description + " Over the selected range.",
-                  _share_fast(RANGE), RATIO_UNIT, steps("red", (objective, "green")), 2), 5, 5),
+        Cell(stat(f"Grants under {threshold_ms} (SLO >= {objective:.0%})",
+                  t.slo_allocation_latency.description + " Over the selected range.",
+                  _share_fast(RANGE, t), RATIO_UNIT, steps("red", (objective, "green")), 2), 5, 5),
         Cell(stat(f"Latency error budget left ({catalog.SLO_COMPLIANCE_WINDOW})",
-                  f"Share of the {catalog.SLO_COMPLIANCE_WINDOW} error budget ({SLO_ERROR_BUDGET:.0%} of "
-                  f"grants may take {_THRESHOLD_MS} or more) not yet spent; below 0 the SLO is missed.",
+                  f"Share of the {catalog.SLO_COMPLIANCE_WINDOW} error budget ({budget:.0%} of "
+                  f"grants may take {threshold_ms} or more) not yet spent; below 0 the SLO is missed.",
                   budget_left, RATIO_UNIT, steps("red", (0.0, "green")), 1), 5, 5),
-        Cell(stat("Allocation latency p99", f"SLO: p99 under {_THRESHOLD_MS}; the checklist tickets above "
-                  f"{_P99_LIMIT_S * 1000:g} ms.", _quantile(0.99), SECONDS_UNIT,
-                  steps("green", (catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, "yellow"), (_P99_LIMIT_S, "red"))),
+        Cell(stat("Allocation latency p99", f"SLO: p99 under {threshold_ms}; the checklist tickets above "
+                  f"{p99_limit_s * 1000:g} ms.", _quantile(0.99), SECONDS_UNIT,
+                  steps("green", (t.allocation_latency_s, "yellow"), (p99_limit_s, "red"))),
              4, 5),
     ]
 
 
-def _capacity_row() -> list[Cell]:
-    slo, low = catalog.SLO_UTILIZATION.objective, catalog.CHECKLIST.utilization_sustained_low
+def _capacity_row(t: catalog.MixinThresholds) -> list[Cell]:
+    slo, low = t.utilization_objective, t.checklist.utilization_sustained_low
     return [
         Cell(timeseries("KV page utilization", catalog.UTILIZATION.help,
                         targets((metric(catalog.UTILIZATION.name), "{{namespace}}/{{pod}}")), RATIO_UNIT,
                         steps("red", (low, "yellow"), (slo, "green"))), 12),
         Cell(timeseries("Page table fragmentation", catalog.FRAGMENTATION.help,
                         targets((metric(catalog.FRAGMENTATION.name), "{{namespace}}/{{pod}}")), RATIO_UNIT,
-                        steps("green", (catalog.CHECKLIST.fragmentation_high, "red"))), 12),
+                        steps("green", (t.checklist.fragmentation_high, "red"))), 12),
         Cell(timeseries("Pool pages by state", catalog.POOL_PAGES.help,
                         targets((f"sum by (state) ({metric(catalog.POOL_PAGES.name)})", "{{state}}")),
                         "short", stacked=True), 8),
@@ -101,8 +103,8 @@ def _capacity_row() -> list[Cell]:
     ]
 
 
-def _latency_row() -> list[Cell]:
-    lines = steps("green", (catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, "yellow"), (_P99_LIMIT_S, "red"))
+def _latency_row(t: catalog.MixinThresholds) -> list[Cell]:
+    lines = steps("green", (t.allocation_latency_s, "yellow"), (t.checklist.allocation_latency_p99_critical_s, "red"))
     return [
         Cell(timeseries("Page allocation latency p50 / p99", catalog.ALLOCATION_LATENCY.help,
                         [target(_quantile(0.5), "p50", "A", exemplar=True), target(_quantile(0.99), "p99", "B")],
@@ -112,7 +114,7 @@ def _latency_row() -> list[Cell]:
     ]
 
 
-def _decisions_row() -> list[Cell]:
+def _decisions_row(t: catalog.MixinThresholds) -> list[Cell]:
     decisions = f"sum by (decision) (rate({metric(catalog.DECISIONS.name)}[{RATE}]))"
     bytes_rate = "sum(rate({}[{}]))"
     saved = (f"sum(increase({metric(catalog.COMPRESS_INPUT_BYTES.name)}[{RANGE}]))\n-\n"
@@ -126,7 +128,7 @@ def _decisions_row() -> list[Cell]:
                                 (f"sum({metric(catalog.LOGICAL_BYTES.name)}) / "
                                  f"sum({metric(catalog.STORED_BYTES.name)})",
                                  "pool (logical / stored)")),
-                        TIMES_UNIT, steps("red", (catalog.SLO_COMPRESS_RATIO.objective, "green"))), 6),
+                        TIMES_UNIT, steps("red", (t.compress_ratio_objective, "green"))), 6),
         Cell(timeseries("Compression throughput", "Bytes read and written by compressions per second.",
                         targets((bytes_rate.format(metric(catalog.COMPRESS_INPUT_BYTES.name), RATE), "in"),
                                 (bytes_rate.format(metric(catalog.COMPRESS_OUTPUT_BYTES.name), RATE), "out")),
@@ -136,8 +138,8 @@ def _decisions_row() -> list[Cell]:
     ]
 
 
-def _rollout_row() -> list[Cell]:
-    entropy = catalog.CHECKLIST.rollout_entropy
+def _rollout_row(t: catalog.MixinThresholds) -> list[Cell]:
+    entropy = t.checklist.rollout_entropy
     modes = f"count by (namespace, mode) ({metric(catalog.BUILD_INFO.name)})"
     organize = [{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                "renameByName": {"Value": "pods"}}}]
@@ -154,11 +156,12 @@ def _rollout_row() -> list[Cell]:
     ]
 
 
-def overview_dashboard() -> dict:
+def overview_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict:
+    """The dashboard with the thresholds ``t`` (its panels' threshold lines and titles)."""
     return dashboard(TITLE, UID, "GrowPage SLOs and KV cache behaviour per namespace, pod and model.", [
-        ("SLOs", _slo_row()),
-        ("Capacity", _capacity_row()),
-        ("Page allocation latency", _latency_row()),
-        ("Decisions and compression", _decisions_row()),
-        ("Rollout", _rollout_row()),
+        ("SLOs", _slo_row(t)),
+        ("Capacity", _capacity_row(t)),
+        ("Page allocation latency", _latency_row(t)),
+        ("Decisions and compression", _decisions_row(t)),
+        ("Rollout", _rollout_row(t)),
     ])

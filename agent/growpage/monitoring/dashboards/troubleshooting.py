@@ -5,7 +5,6 @@ from __future__ import annotations
 from growpage import catalog
 from growpage.monitoring import alert_rules as alerts
 from growpage.monitoring import recording_rules as rec
-from growpage.monitoring.alert_rules import SLO_ERROR_BUDGET
 from growpage.monitoring.dashboards.common import (
     POD_FILTER,
     RATE,
@@ -52,8 +51,8 @@ def _settings_table() -> Cell:
         expr, organize), 24, 6)
 
 
-def _utilization_row() -> list[Cell]:
-    low, slo = catalog.CHECKLIST.utilization_sustained_low, catalog.SLO_UTILIZATION.objective
+def _utilization_row(t: catalog.MixinThresholds) -> list[Cell]:
+    low, slo = t.checklist.utilization_sustained_low, t.utilization_objective
     tokens = catalog.REQUEST_TOKENS.name
     quantile = "histogram_quantile({}, sum by (le) (rate({}[{}])))"
     return [
@@ -76,24 +75,24 @@ def _utilization_row() -> list[Cell]:
     ]
 
 
-def _latency_row() -> list[Cell]:
-    limit_s = catalog.CHECKLIST.allocation_latency_p99_critical_s
+def _latency_row(t: catalog.MixinThresholds) -> list[Cell]:
+    limit_s = t.checklist.allocation_latency_p99_critical_s
+    budget = round(1 - t.allocation_latency_objective, 10)
     p99 = (f"histogram_quantile(0.99, sum by (namespace, pod, le) "
            f"(rate({metric(f'{catalog.ALLOCATION_LATENCY.name}_bucket')}[{RATE}])))")
     burn_targets = []
-    for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
+    for alert in t.burn_rate_alerts:
         for burn in alert.windows:
             burn_targets.append((f"{rule(rec.slo_error_ratio_name(burn.long_window), service=True)} "
-                                 f"/ {SLO_ERROR_BUDGET:g}",
+                                 f"/ {budget:g}",
                                  f"{burn.long_window} {{{{namespace}}}} ({{{{model_name}}}})"))
-    factors = sorted({burn.factor for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS
-                      for burn in alert.windows})
+    factors = sorted({burn.factor for alert in t.burn_rate_alerts for burn in alert.windows})
     return [
         Cell(timeseries(alerts.PANEL_LATENCY_P99,
                         f"Above {limit_s * 1000:g} ms: check block_size against the GPU in the settings table. "
                         + _runbooks_for(alerts.PANEL_LATENCY_P99),
                         [target(p99, _POD_LEGEND, exemplar=True)], SECONDS_UNIT,
-                        steps("green", (catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S, "yellow"), (limit_s, "red"))),
+                        steps("green", (t.allocation_latency_s, "yellow"), (limit_s, "red"))),
              12),
         Cell(timeseries(alerts.PANEL_BURN_RATE,
                         "How many times faster than sustainable each window spends the latency error budget "
@@ -104,8 +103,8 @@ def _latency_row() -> list[Cell]:
     ]
 
 
-def _oom_row() -> list[Cell]:
-    limits = catalog.CHECKLIST
+def _oom_row(t: catalog.MixinThresholds) -> list[Cell]:
+    limits = t.checklist
     increase = "sum by (namespace, pod) (increase({}[{}]))"
     preempts = metric(catalog.DECISIONS.name, 'decision="preempt"')
     vllm_preempts = selector(catalog.VLLM_PREEMPTIONS, VLLM_FILTER)
@@ -130,22 +129,22 @@ def _oom_row() -> list[Cell]:
         Cell(timeseries(alerts.PANEL_FRAGMENTATION, catalog.FRAGMENTATION.help + " "
                         + _runbooks_for(alerts.PANEL_FRAGMENTATION),
                         targets((rule(rec.FRAGMENTATION_POD), _POD_LEGEND)), RATIO_UNIT,
-                        steps("green", (catalog.CHECKLIST.fragmentation_high, "red"))), 8),
+                        steps("green", (limits.fragmentation_high, "red"))), 8),
     ]
 
 
-def _users_row() -> list[Cell]:
+def _users_row(t: catalog.MixinThresholds) -> list[Cell]:
     """What vLLM's users feel, as the pages read it: each SLO's error budget burn per long window,
     next to GrowPage's view of the same pods (compression headroom, denied growth)."""
     burn_targets = []
-    for slo in catalog.VLLM_LATENCY_SLOS:
+    for slo in t.vllm_latency_slos:
         budget = round(1 - slo.objective, 10)
-        for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS:
+        for alert in t.burn_rate_alerts:
             for burn in alert.windows:
                 ratio = rule(rec.vllm_error_ratio_name(slo.name, burn.long_window), service=True)
                 burn_targets.append((f"{ratio} / {budget:g}",
                                      f"{slo.name} {burn.long_window} {{{{namespace}}}} ({{{{model_name}}}})"))
-    factors = sorted({burn.factor for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS for burn in alert.windows})
+    factors = sorted({burn.factor for alert in t.burn_rate_alerts for burn in alert.windows})
     return [
         Cell(timeseries(alerts.PANEL_VLLM_BURN_RATE,
                         "vLLM's time to first token and inter-token latency: how many times faster than "
@@ -164,7 +163,7 @@ def _users_row() -> list[Cell]:
     ]
 
 
-def _vllm_row() -> list[Cell]:
+def _vllm_row(t: catalog.MixinThresholds) -> list[Cell]:
     """GrowPage next to vLLM's own metrics and the GPU, joined on the pod (and model_name)."""
     def vllm(name: str) -> str:
         return selector(name, VLLM_FILTER)
@@ -182,7 +181,7 @@ def _vllm_row() -> list[Cell]:
                         f"granted (reserved + used). {runbook}",
                         targets((f"max by (namespace, pod) ({vllm(catalog.VLLM_KV_CACHE_USAGE)})",
                                  f"vLLM {_POD_LEGEND}"), (pool_used, f"GrowPage {_POD_LEGEND}")),
-                        RATIO_UNIT, steps("green", (catalog.CHECKLIST.vllm_kv_cache_usage_full, "red"))), 8),
+                        RATIO_UNIT, steps("green", (t.checklist.vllm_kv_cache_usage_full, "red"))), 8),
         Cell(timeseries("vLLM requests running / waiting",
                         f"{catalog.VLLM_REQUESTS_RUNNING} and {catalog.VLLM_REQUESTS_WAITING}: a queue while "
                         f"pages are stranded is capacity GrowPage holds back. {runbook}",
@@ -212,17 +211,17 @@ def _vllm_row() -> list[Cell]:
     ]
 
 
-def _more_checks_row() -> list[Cell]:
+def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
     errors = f"sum by (namespace, pod, component) (increase({metric(catalog.AGENT_ERRORS.name)}[{RATE}]))"
     up = f'up{{job="{catalog.SCRAPE_JOB}", {POD_FILTER}}}'
     return [
         Cell(timeseries(alerts.PANEL_COMPRESS, _runbooks_for(alerts.PANEL_COMPRESS),
                         targets((rule(rec.COMPRESS_RATIO, service=True), "{{namespace}} ({{model_name}})")), TIMES_UNIT,
-                        steps("red", (catalog.SLO_COMPRESS_RATIO.objective, "green"))), 6),
+                        steps("red", (t.compress_ratio_objective, "green"))), 6),
         Cell(timeseries(alerts.PANEL_THROTTLED, "Share of growth attempts refused by max_growth_rate. "
                         + _runbooks_for(alerts.PANEL_THROTTLED),
                         targets((rule(rec.THROTTLED_SHARE), _POD_LEGEND)), RATIO_UNIT,
-                        steps("green", (catalog.CHECKLIST.throttle_saturation, "red"))), 6),
+                        steps("green", (t.checklist.throttle_saturation, "red"))), 6),
         Cell(timeseries(alerts.PANEL_ERRORS, catalog.AGENT_ERRORS.help + " " + _runbooks_for(alerts.PANEL_ERRORS),
                         targets((errors, "{{component}} " + _POD_LEGEND)), "short", bars=True), 6),
         Cell(timeseries(alerts.PANEL_SCRAPE, f"1 when Prometheus scrapes {catalog.METRICS_PATH}, 0 when it fails. "
@@ -233,20 +232,21 @@ def _more_checks_row() -> list[Cell]:
                         targets((f"max by (namespace, pod, component, reason) ({metric(catalog.AGENT_ACTIVE.name)})",
                                  "{{component}} {{reason}} " + _POD_LEGEND)), "short",
                         steps("red", (1.0, "green"))), 12),
-        Cell(load_panel(), 12),  # a fleet behind vLLM's router: GrowPage / Fleet has the rest
+        Cell(load_panel(t), 12),  # a fleet behind vLLM's router: GrowPage / Fleet has the rest
     ]
 
 
-def troubleshooting_dashboard() -> dict:
+def troubleshooting_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict:
+    """The dashboard with the thresholds ``t`` (row titles, descriptions and threshold lines)."""
     return dashboard(TITLE, UID, "The troubleshooting checklist, in order; each panel links its runbook.", [
         ("Settings in use", [_settings_table()]),
-        ("What users feel: vLLM's latency SLOs, and GrowPage's view", _users_row()),
-        (f"1. Utilization below {catalog.CHECKLIST.utilization_sustained_low:.0%} for long: "
-         "base_pages too large, or requests mostly short", _utilization_row()),
-        (f"2. Allocation latency above {catalog.CHECKLIST.allocation_latency_p99_critical_s * 1000:g} ms: "
-         "block size vs GPU", _latency_row()),
+        ("What users feel: vLLM's latency SLOs, and GrowPage's view", _users_row(t)),
+        (f"1. Utilization below {t.checklist.utilization_sustained_low:.0%} for long: "
+         "base_pages too large, or requests mostly short", _utilization_row(t)),
+        (f"2. Allocation latency above {t.checklist.allocation_latency_p99_critical_s * 1000:g} ms: "
+         "block size vs GPU", _latency_row(t)),
         ("3. OOM or preemption while pages are stranded: no free page, most granted slots empty",
-         _oom_row()),
-        ("vLLM and the GPU, next to GrowPage", _vllm_row()),
-        ("More checks: compression, throttling, the agent itself", _more_checks_row()),
+         _oom_row(t)),
+        ("vLLM and the GPU, next to GrowPage", _vllm_row(t)),
+        ("More checks: compression, throttling, the agent itself", _more_checks_row(t)),
     ])
