@@ -9,6 +9,7 @@ from pathlib import Path
 
 from growpage import catalog
 from growpage.diagnose.checks import run_checks
+from growpage.diagnose.checks.base import Thresholds
 from growpage.diagnose.errors import DiagnoseError
 from growpage.diagnose.findings import Report
 from growpage.diagnose.sources import endpoint, prometheus, snapshot
@@ -79,6 +80,8 @@ class DiagnoseRequest:
     timeout_s: float = 10.0
     # target -> source label naming the GPU's user in DCGM series; None: catalog.DCGM_EXPORTED_LABELS.
     dcgm_labels: tuple[tuple[str, str], ...] | None = None
+    # The alerts' thresholds (the mixin config's): diagnose's verdicts use the same numbers.
+    thresholds: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS
 
     @property
     def dcgm_label_map(self) -> dict[str, str]:
@@ -108,4 +111,4 @@ def collect(request: DiagnoseRequest) -> SourceResult:
 def diagnose(request: DiagnoseRequest) -> tuple[Report, SourceResult]:
     """Collect from the requested source and run the checklist; raises DiagnoseError (exit 3)."""
     result = collect(request)
-    return run_checks(result.observations), result
+    return run_checks(result.observations, Thresholds.from_catalog(request.thresholds)), result

@@ -25,26 +25,26 @@ from growpage.diagnose.checks.vllm import vllm_latency
 from growpage.diagnose.findings import Finding, Report, ScopeFinding, Severity, Status, worst
 from growpage.diagnose.observations import Observations
 
-_LIMITS = catalog.CHECKLIST
 CHECKS: tuple[Check, ...] = (
     Check("vllm-latency",
-          f"vLLM users: time to first token and inter-token latency within their SLOs "
-          f"({catalog.SLO_VLLM_TTFT.threshold_s:g} s, {catalog.SLO_VLLM_ITL.threshold_s * 1000:g} ms)", vllm_latency),
-    Check("slo-utilization", f"SLO: KV page utilization >= {catalog.SLO_UTILIZATION.objective}", utilization),
-    Check("slo-compress-ratio", f"SLO: compress ratio >= {catalog.SLO_COMPRESS_RATIO.objective}x", compress_ratio),
+          lambda t: f"vLLM users: time to first token and inter-token latency within their SLOs "
+                    f"({t.alerting.vllm_ttft_s:g} s, {t.alerting.vllm_itl_s * 1000:g} ms)", vllm_latency),
+    Check("slo-utilization", lambda t: f"SLO: KV page utilization >= {t.utilization_slo}", utilization),
+    Check("slo-compress-ratio", lambda t: f"SLO: compress ratio >= {t.compress_ratio_slo}x", compress_ratio),
     Check("slo-allocation-latency",
-          f"SLO: {catalog.SLO_ALLOCATION_LATENCY.objective * 100:g} % of page grants <= "
-          f"{catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S * 1000:g} ms", allocation_latency_slo),
+          lambda t: f"SLO: {t.latency_slo_objective * 100:g} % of page grants <= "
+                    f"{t.latency_slo_threshold_s * 1000:g} ms", allocation_latency_slo),
     Check("over-granting",
-          f"Grants fit the traffic: utilization not < {_LIMITS.utilization_sustained_low} all window",
+          lambda t: f"Grants fit the traffic: utilization not < {t.checklist.utilization_sustained_low} all window",
           over_granting),
     Check("allocation-latency",
-          f"Allocation latency p99 <= {_LIMITS.allocation_latency_p99_critical_s * 1000:g} ms (else: why)",
-          allocation_latency),
-    Check("oom-fragmentation", "No preemption or OOM from stranded pages; no fragmentation while pages run short",
+          lambda t: f"Allocation latency p99 <= {t.checklist.allocation_latency_p99_critical_s * 1000:g} ms "
+                    "(else: why)", allocation_latency),
+    Check("oom-fragmentation",
+          lambda t: "No preemption or OOM from stranded pages; no fragmentation while pages run short",
           oom_fragmentation),
-    Check("rollout", "Rollout: mode, phase-2 candidates, throttling", rollout),
-    Check("agent-health", "Agent healthy: no faults, build info, scraped", agent_health),
+    Check("rollout", lambda t: "Rollout: mode, phase-2 candidates, throttling", rollout),
+    Check("agent-health", lambda t: "Agent healthy: no faults, build info, scraped", agent_health),
 )
 assert {check.id for check in CHECKS} == set(catalog.CHECK_RUNBOOKS), "every check needs a runbook page"
 assert set(catalog.CHECK_BY_ALERT.values()) <= set(catalog.CHECK_RUNBOOKS), "every alert needs a check"
@@ -65,7 +65,7 @@ def run_checks(observations: Observations, thresholds: Thresholds | None = None)
     for name, scope in observations.breakdown.items():
         for index, found in enumerate(reconcile([check.evaluate(scope, window, thresholds) for check in CHECKS])):
             breakdowns[index][name] = found
-    findings = tuple(_finding(check, overall[index], breakdowns[index], observations)
+    findings = tuple(_finding(check, overall[index], breakdowns[index], observations, thresholds)
                      for index, check in enumerate(CHECKS))
     notes = list(observations.notes)
     if observations.window.kind == "lifetime":
@@ -98,7 +98,7 @@ def reconcile(found: list[ScopeFinding]) -> list[ScopeFinding]:
 
 
 def _finding(check: Check, overall: ScopeFinding, breakdown: dict[str, ScopeFinding],
-             observations: Observations) -> Finding:
+             observations: Observations, thresholds: Thresholds) -> Finding:
     problems = {name: found for name, found in breakdown.items()
                 if found.status in (Status.WARNING, Status.CRITICAL)}
     # OK scopes with advice (e.g. a phase-2 candidate namespace) contribute their steps too.
@@ -121,7 +121,7 @@ def _finding(check: Check, overall: ScopeFinding, breakdown: dict[str, ScopeFind
     severities = [overall.resolved_severity, *(found.resolved_severity for found in breakdown.values())]
     severity = max(severities, key=_SEVERITY_RANK.__getitem__)
     alerts = tuple(dict.fromkeys(name for found in (overall, *problems.values()) for name in found.alerts))
-    return Finding(id=check.id, title=check.title, status=status, severity=severity, summary=summary,
+    return Finding(id=check.id, title=check.title_for(thresholds), status=status, severity=severity, summary=summary,
                    evidence=overall.evidence, remediation=tuple(remediation),
                    runbook_url=runbook_url(check.id), breakdown_label=observations.breakdown_label,
                    breakdown=breakdown, alerts=alerts)

@@ -14,7 +14,12 @@ from growpage.diagnose.observations import Scope, Window, round_number
 
 @dataclasses.dataclass(frozen=True)
 class Thresholds:
-    """Every number a check compares against; :meth:`from_catalog` is the only production source."""
+    """Every number a check compares against; :meth:`from_catalog` is the only production source.
+
+    ``alerting`` is the mixin config's thresholds (the alerts' numbers): the fields above it are read
+    from it, so a deployment that changes a threshold gets the same verdict from diagnose and from its
+    alerts.
+    """
 
     utilization_slo: float
     compress_ratio_slo: float
@@ -24,18 +29,22 @@ class Thresholds:
     diagnose: catalog.DiagnoseThresholds
     block_size_by_gpu: Mapping[str, int]
     min_vllm_version: str
+    alerting: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS
 
     @classmethod
-    def from_catalog(cls) -> Thresholds:
+    def from_catalog(cls, alerting: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> Thresholds:
+        """The catalog's diagnose numbers with ``alerting`` (default: the catalog's own)."""
         return cls(
-            utilization_slo=catalog.SLO_UTILIZATION.objective,
-            compress_ratio_slo=catalog.SLO_COMPRESS_RATIO.objective,
-            latency_slo_threshold_s=catalog.ALLOCATION_LATENCY_SLO_THRESHOLD_S,
-            latency_slo_objective=catalog.SLO_ALLOCATION_LATENCY.objective,
-            checklist=catalog.CHECKLIST,
-            diagnose=catalog.DIAGNOSE_THRESHOLDS,
+            utilization_slo=alerting.utilization_objective,
+            compress_ratio_slo=alerting.compress_ratio_objective,
+            latency_slo_threshold_s=alerting.allocation_latency_s,
+            latency_slo_objective=alerting.allocation_latency_objective,
+            checklist=alerting.checklist,
+            diagnose=dataclasses.replace(catalog.DIAGNOSE_THRESHOLDS,
+                                         pool_free_low_fraction=alerting.checklist.pool_free_low),
             block_size_by_gpu=dict(catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU),
             min_vllm_version=catalog.MIN_SUPPORTED_VLLM_VERSION,
+            alerting=alerting,
         )
 
 
@@ -44,11 +53,17 @@ CheckFunction = Callable[[Scope, Window, Thresholds], ScopeFinding]
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """One checklist item: a stable id (JSON, runbooks), a title, and a pure scope evaluator."""
+    """One checklist item: a stable id (JSON, runbooks), its title for the thresholds in force, and a
+    pure scope evaluator."""
 
     id: str
-    title: str
+    title_for: Callable[[Thresholds], str]
     evaluate: CheckFunction
+
+    @property
+    def title(self) -> str:
+        """The title with the catalog's thresholds."""
+        return self.title_for(Thresholds.from_catalog())
 
 
 def evidence(metric: str, value: Any, threshold: Any, window: Window, **extra: Any) -> dict[str, Any]:

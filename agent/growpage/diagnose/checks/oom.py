@@ -54,12 +54,12 @@ def oom_fragmentation(scope: Scope, window: Window, t: Thresholds) -> ScopeFindi
         parts.append(f"{events} while {where} and {pct(stranded)} of the granted token slots held no live "
                      "token: pages are stranded, not used")
         steps += advice.stranded_pages(scope, t)
-    if per_s is not None and per_s > catalog.VLLM_PREEMPTIONS_PER_S_HIGH:
+    if per_s is not None and per_s > t.alerting.vllm_preemptions_per_s_high:
         alerts.append("GrowPageVLLMPreemptions")
-        parts.append(f"vLLM preempted {per_s:.2f} requests per second (> {catalog.VLLM_PREEMPTIONS_PER_S_HIGH:g})")
+        parts.append(f"vLLM preempted {per_s:.2f} requests per second (> {t.alerting.vllm_preemptions_per_s_high:g})")
         if not is_stranded:
             steps += advice.genuinely_full(scope, t)
-        if (routing := fleet_routing(scope)) is not None:
+        if (routing := fleet_routing(scope, t)) is not None:
             alerts.append("GrowPageFleetRoutesToPreemptingReplica")
             parts.append(routing)
             steps.append("A router sends work to a replica that says it is full: see runbook "
@@ -77,12 +77,12 @@ def oom_fragmentation(scope: Scope, window: Window, t: Thresholds) -> ScopeFindi
     return _unpaged_failures(scope, t, events, proof, growpage_full or vllm_full, is_stranded)
 
 
-def fleet_routing(scope: Scope) -> str | None:
+def fleet_routing(scope: Scope, t: Thresholds) -> str | None:
     """Why a router in front of the scope's replicas sends new requests to one that says it is full
-    (its lowest ``growpage_router_load`` all window at FLEET_LOAD_FULL or more) while another says it
+    (its lowest ``growpage_router_load`` all window at the fleet_load_full threshold or more) while another says it
     has room, or None. Read over the scope (a namespace), not per pod: it goes with the preemption
     finding, which is the scope's too."""
-    loads, full = scope.router_load_min_by_pod, catalog.FLEET_LOAD_FULL
+    loads, full = scope.router_load_min_by_pod, t.alerting.fleet_load_full
     arrivals = scope.vllm_ttft.count if scope.vllm_ttft is not None else 0.0
     if not loads or not arrivals:
         return None
@@ -100,7 +100,7 @@ def _evidence(scope: Scope, window: Window, t: Thresholds, preemptions: float, v
     return evidence(
         catalog.OOM_EVENTS.name, scope.oom_events or 0.0, 0, window, preemptions=preemptions,
         vllm_preemptions=scope.vllm_preemptions or 0.0, vllm_preemptions_per_s=vllm_preemptions_per_s,
-        vllm_preemptions_per_s_threshold=catalog.VLLM_PREEMPTIONS_PER_S_HIGH,
+        vllm_preemptions_per_s_threshold=t.alerting.vllm_preemptions_per_s_high,
         vllm_kv_cache_usage_max=scope.vllm_kv_cache_usage_max,
         vllm_kv_cache_usage_threshold=limits.vllm_kv_cache_usage_full, vllm_queue_growth=scope.vllm_queue_growth,
         pool_free_fraction_min=scope.pool_free_fraction_min,

@@ -112,7 +112,7 @@ def allocation_latency_slo(scope: Scope, window: Window, t: Thresholds) -> Scope
                 else "interpolated between buckets"))
     target = f"SLO {pct(t.latency_slo_objective)}"
     burn = (1 - within) / (1 - t.latency_slo_objective)
-    alerts = burn_alerts("AllocationLatency", burn)
+    alerts = burn_alerts("AllocationLatency", burn, t)
     if not alerts or not in_modes(scope, catalog.MODES_OBSERVING):
         return ScopeFinding(Status.OK, f"{pct_floor(within)} of {histogram.count:,.0f} grants took <= "
                             f"{ms(t.latency_slo_threshold_s)} ({target})", proof)

@@ -19,23 +19,23 @@ VLLM_HOME = "vllm"  # growpage_build_info{home} inside vLLM
 _STEMS = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken", catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency"}
 
 
-def burn_alerts(stem: str, burn: float) -> tuple[str, ...]:
+def burn_alerts(stem: str, burn: float, t: Thresholds) -> tuple[str, ...]:
     """The burn-rate alerts of ``stem`` whose lowest window factor ``burn`` exceeds."""
-    return tuple(f"GrowPage{stem}{alert.speed.title()}Burn" for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS
+    return tuple(f"GrowPage{stem}{alert.speed.title()}Burn" for alert in t.alerting.burn_rate_alerts
                  if burn > min(window.factor for window in alert.windows))
 
 
 def _histogram(scope: Scope, slo: catalog.LatencySLO) -> HistogramCounts | None:
-    return scope.vllm_ttft if slo is catalog.SLO_VLLM_TTFT else scope.vllm_itl
+    return scope.vllm_ttft if slo.name == catalog.SLO_VLLM_TTFT.name else scope.vllm_itl
 
 
 def vllm_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     metric = catalog.SLO_VLLM_TTFT.histogram
-    slos = catalog.VLLM_LATENCY_SLOS
+    slos = t.alerting.vllm_latency_slos
     homes = scope.build_values("engine")
     if homes and VLLM_HOME not in homes:
         return ScopeFinding(Status.OK, f"home {', '.join(homes)}: no vLLM serves here, its latency SLOs do not apply",
-                            evidence(metric, None, catalog.SLO_VLLM_TTFT.objective, window, homes=list(homes)))
+                            evidence(metric, None, slos[0].objective, window, homes=list(homes)))
     if all(_histogram(scope, slo) is None for slo in slos):
         return unknown(metric, f"none of vLLM's latency histograms found ({', '.join(s.histogram for s in slos)}): "
                        "scrape vLLM's /metrics too (snapshots: save it into the same file)", window)
@@ -49,11 +49,12 @@ def vllm_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
             continue
         shares[slo.name] = within
         burns[slo.name] = (1 - within) / (1 - slo.objective)
-        alerts += burn_alerts(_STEMS[slo.name], burns[slo.name])
-    proof = evidence(metric, shares.get(catalog.SLO_VLLM_TTFT.name), catalog.SLO_VLLM_TTFT.objective, window,
+        alerts += burn_alerts(_STEMS[slo.name], burns[slo.name], t)
+    fast, slow = t.alerting.burn_rate_alerts
+    proof = evidence(metric, shares.get(catalog.SLO_VLLM_TTFT.name), slos[0].objective, window,
                      within_slo=shares, burn_rate=burns, mode=scope.build_value("mode"),
-                     fast_burn_factor=min(w.factor for w in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS[0].windows),
-                     slow_burn_factor=min(w.factor for w in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS[1].windows))
+                     fast_burn_factor=min(w.factor for w in fast.windows),
+                     slow_burn_factor=min(w.factor for w in slow.windows))
     if not shares:
         return unknown(metric, f"no requests in vLLM's histograms ({window.describe()}): nothing to time", window)
     reading = "; ".join(f"{pct_floor(shares[slo.name])} within {slo.threshold_s:g} s ({slo.name}, burn "
