@@ -1,9 +1,11 @@
 """The source options ``gpctl calibrate`` and ``gpctl diagnose`` share: a live agent, Prometheus, or
-saved snapshots (choose one).
+saved snapshots (choose one); and ``--mixin-config``, which ``gpctl diagnose`` shares with ``gpctl
+alerts build`` and ``gpctl dashboards build``.
 
-Declared once so both commands name, group and parse them alike; each command adds only what the
+Declared once so the commands name, group and parse them alike; each command adds only what the
 source means for it (one scrape or two, rates or bucket increases). The options that mean the same in
-both (``--since``, ``--at``, ``--timeout``, the snapshot files) are whole ``Annotated`` aliases.
+both (``--since``, ``--at``, ``--timeout``, the snapshot files, the mixin config) are whole
+``Annotated`` aliases.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import typer
 
 from growpage import catalog
 from growpage.errors import GrowPageError
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
+from growpage.monitoring.mixin_file import load_mixin_config
 
 SOURCES_PANEL = "Sources (choose one)"
 ADVANCED_PANEL = "Advanced"
@@ -65,3 +69,17 @@ AtOption = Annotated[str | None, typer.Option(
     help="With --prometheus: the window's end (unix seconds or ISO 8601), e.g. an incident's end; default now.")]
 TimeoutOption = Annotated[str, typer.Option(metavar="DURATION", rich_help_panel=ADVANCED_PANEL,
                                             help="Per HTTP request, from connecting to the last byte.")]
+MixinConfigOption = Annotated[Path | None, typer.Option(
+    "--mixin-config", metavar="FILE", show_default=False, envvar="GPCTL_MIXIN_CONFIG",
+    help="Your installation's mixin config (YAML or JSON): cluster label, selectors, runbook URL pattern, "
+         "thresholds; keys left out keep the defaults (docs/MONITORING.md). Alerts, dashboards and "
+         "diagnose read the same file, so they agree.")]
+
+
+def mixin_config(path: Path | None) -> MixinConfig:
+    """The config in ``path`` (``--mixin-config``), or the default one.
+
+    Raises:
+        ConfigError: the file cannot be read, or has an unknown key or a bad value (one line, with the fix).
+    """
+    return DEFAULT_CONFIG if path is None else load_mixin_config(path)

@@ -12,16 +12,15 @@ from gpctl.commands.dashboards import (
     mixin_config,
     run_build,
 )
-from growpage.monitoring.mixin import DEFAULT_CONFIG
+from gpctl.sources import MixinConfigOption
 
 app = typer.Typer(help="Prometheus rules and Alertmanager routing generated from growpage.catalog.",
                   no_args_is_help=True)
 
 
 @app.command(name="build")
-def build_alerts(check: CheckOption = False, root: RootOption = None,
-                 cluster_label: ClusterLabelOption = DEFAULT_CONFIG.cluster_label,
-                 runbook_url: RunbookUrlOption = DEFAULT_CONFIG.runbook_url_pattern) -> None:
+def build_alerts(check: CheckOption = False, root: RootOption = None, config: MixinConfigOption = None,
+                 cluster_label: ClusterLabelOption = None, runbook_url: RunbookUrlOption = None) -> None:
     """Write alerts/growpage-rules.yaml, alerts/tests/*.test.yaml, alerts/alertmanager.yaml,
     deploy/components/monitoring/prometheusrule.yaml and the generated block of each runbook."""
-    run_build("alerts", check, root, mixin_config(cluster_label, runbook_url))
+    run_build("alerts", check, root, mixin_config(config, cluster_label, runbook_url))

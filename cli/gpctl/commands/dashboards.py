@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gpctl.sources import MixinConfigOption
+from gpctl.sources import mixin_config as load_config
 from growpage.monitoring.artefacts import build, find_repo_root
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 
@@ -14,17 +17,26 @@ app = typer.Typer(help="Grafana dashboards generated from growpage.catalog.", no
 
 CheckOption = Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 if a file is stale.")]
 RootOption = Annotated[Path | None, typer.Option(help="The GrowPage checkout (default: found from here).")]
-ClusterLabelOption = Annotated[str, typer.Option(
-    "--cluster-label", help="Label that tells clusters apart; every aggregation keeps it.")]
-RunbookUrlOption = Annotated[str, typer.Option(
-    "--runbook-url", help="Runbook URL pattern; {alert} is replaced by the alertname.")]
+ClusterLabelOption = Annotated[str | None, typer.Option(
+    "--cluster-label", show_default=False,
+    help=f"Label that tells clusters apart; every aggregation keeps it. Wins over --mixin-config "
+         f"(default: {DEFAULT_CONFIG.cluster_label}).")]
+RunbookUrlOption = Annotated[str | None, typer.Option(
+    "--runbook-url", show_default=False,
+    help="Runbook URL pattern; {alert} is replaced by the alertname. Wins over --mixin-config "
+         "(default: the runbooks/ folder on GitHub).")]
 
 
-def mixin_config(cluster_label: str, runbook_url: str) -> MixinConfig:
-    """The mixin config of a build: the defaults, with what the command line changes."""
-    if "{alert}" not in runbook_url:
+def mixin_config(path: Path | None, cluster_label: str | None = None, runbook_url: str | None = None) -> MixinConfig:
+    """The mixin config of a build: the file's (or the defaults), with what the command line changes."""
+    if runbook_url is not None and "{alert}" not in runbook_url:
         raise typer.BadParameter("must contain {alert}", param_hint="--runbook-url")
-    return MixinConfig(cluster_label=cluster_label, runbook_url_pattern=runbook_url)
+    config = load_config(path)
+    try:
+        return dataclasses.replace(config, cluster_label=cluster_label or config.cluster_label,
+                                   runbook_url_pattern=runbook_url or config.runbook_url_pattern)
+    except ValueError as error:  # a label that is no Prometheus label name
+        raise typer.BadParameter(str(error), param_hint="--cluster-label") from None
 
 
 def run_build(kind: str, check: bool, root: Path | None, config: MixinConfig = DEFAULT_CONFIG) -> None:
@@ -33,7 +45,8 @@ def run_build(kind: str, check: bool, root: Path | None, config: MixinConfig = D
     result = build(kind, checkout, check, config)
     if check:
         if result.stale:
-            typer.echo(f"stale {kind} files: {', '.join(result.stale)}; run `gpctl {kind} build` "
+            same = "" if config == DEFAULT_CONFIG else " with the same options"
+            typer.echo(f"stale {kind} files: {', '.join(result.stale)}; run `gpctl {kind} build`{same} "
                        "and commit the result", err=True)
             raise typer.Exit(1)
         typer.echo(f"{kind}: up to date")
@@ -42,9 +55,9 @@ def run_build(kind: str, check: bool, root: Path | None, config: MixinConfig = D
 
 
 @app.command(name="build")
-def build_dashboards(check: CheckOption = False, root: RootOption = None,
-                     cluster_label: ClusterLabelOption = DEFAULT_CONFIG.cluster_label,
-                     runbook_url: RunbookUrlOption = DEFAULT_CONFIG.runbook_url_pattern) -> None:
+def build_dashboards(check: CheckOption = False, root: RootOption = None, config: MixinConfigOption = None,
+                     cluster_label: ClusterLabelOption = None, runbook_url: RunbookUrlOption = None) -> None:
     """Write dashboards/*.json and deploy/components/monitoring/grafana-dashboards.yaml (Grafana
-    sidecar ConfigMaps). The committed files use the default config; --check compares with it."""
-    run_build("dashboards", check, root, mixin_config(cluster_label, runbook_url))
+    sidecar ConfigMaps). The committed files use the default config; --check compares with the
+    config given."""
+    run_build("dashboards", check, root, mixin_config(config, cluster_label, runbook_url))

@@ -18,10 +18,12 @@ from gpctl.errors import print_error
 from gpctl.sources import (
     ADVANCED_PANEL,
     AtOption,
+    MixinConfigOption,
     SinceOption,
     SnapshotFiles,
     TimeoutOption,
     endpoint_option,
+    mixin_config,
     prometheus_option,
     snapshot_option,
     snapshot_paths,
@@ -37,6 +39,7 @@ from growpage.diagnose import (
 from growpage.diagnose import diagnose as run_diagnosis
 from growpage.diagnose.bundle import check_writable, write_bundle
 from growpage.diagnose.render import render_text, to_json
+from growpage.errors import ConfigError
 
 
 class OutputFormat(enum.StrEnum):
@@ -82,6 +85,7 @@ def diagnose(
     at: AtOption = None,
     timeout: TimeoutOption = "10s",
     dcgm_label: DcgmLabelOption = None,
+    config: MixinConfigOption = None,
 ) -> None:
     """Walk the troubleshooting checklist: SLOs, over-granting, allocation latency, OOM and
     fragmentation, rollout, agent health; evidence and a fix for each finding.
@@ -91,6 +95,8 @@ def diagnose(
     Examples: [bold]gpctl diagnose --endpoint http://vllm:8000[/bold];
     [bold]gpctl diagnose --prometheus http://prometheus:9090 --since 1h --namespace chat[/bold];
     [bold]gpctl diagnose --snapshot before.prom after.prom --output json[/bold]
+
+    With --mixin-config, the checks use the thresholds your alerts were built with.
     """
     try:
         snapshots = snapshot_paths(snapshot, files, DiagnoseError)
@@ -99,9 +105,10 @@ def diagnose(
             prometheus=prometheus, since_s=parse_duration_s(since, "--since"),
             at_s=parse_time_s(at, "--at") if at is not None else None, namespace=namespace, pod=pod,
             snapshots=snapshots, timeout_s=parse_duration_s(timeout, "--timeout"),
-            dcgm_labels=parse_label_map(dcgm_label or [], "--dcgm-label"))
+            dcgm_labels=parse_label_map(dcgm_label or [], "--dcgm-label"),
+            thresholds=mixin_config(config).thresholds)
         exit_code = _diagnose(request, output, bundle)
-    except DiagnoseError as error:
+    except (DiagnoseError, ConfigError) as error:
         print_error(" ".join(str(error).split()))
         raise typer.Exit(EXIT_CANNOT_DIAGNOSE) from None
     raise typer.Exit(exit_code)
