@@ -9,6 +9,10 @@ fixture is shorter) ending at each evaluation time, hands the samples to diagnos
 Agreement, per test case: where the alert fires, the diagnose check that ``catalog.SEVERITY_TABLE``
 maps it to names the alert and has the alert's severity (and the matching status); where it stays
 silent, that check does not name the alert. Both sides read the same series, vLLM's included.
+
+A deployment that changes thresholds (the mixin config) gets the same agreement: the fixtures
+generated for such a config replay through diagnose given the same config, and a threshold moved
+past a firing fixture's value silences both promtool and diagnose.
 """
 
 from __future__ import annotations
@@ -21,10 +25,15 @@ import yaml
 
 from growpage import catalog
 from growpage.diagnose.checks import run_checks
+from growpage.diagnose.checks.base import Thresholds
 from growpage.diagnose.exposition import Exposition, Sample
 from growpage.diagnose.findings import Finding
 from growpage.diagnose.scrapes import observations_from_expositions
+from growpage.monitoring.alert_tests import alert_test_files, scenarios
+from growpage.monitoring.mixin_file import mixin_config_from
 from growpage.monitoring.promql import duration_seconds
+from growpage.monitoring.rules_file import dump_yaml, rules_yaml
+from support.promstack import run_tool
 
 ALERT_TESTS_DIR = Path(__file__).resolve().parents[2] / "alerts" / "tests"
 WINDOW_S = 30 * 60  # gpctl diagnose --since default
@@ -58,8 +67,9 @@ def expand_values(notation: str) -> list[float | None]:
     return values
 
 
-def replay(test: dict, at_s: float) -> list[Finding]:
-    """Diagnose over the window ending at ``at_s`` of one promtool test's input series."""
+def replay(test: dict, at_s: float, thresholds: Thresholds | None = None) -> list[Finding]:
+    """Diagnose over the window ending at ``at_s`` of one promtool test's input series, with
+    ``thresholds`` (default: the catalog's)."""
     interval_s = duration_seconds(test.get("interval", "1m"))
     series = [(*parse_selector(item["series"]), expand_values(item["values"])) for item in test["input_series"]]
     start_s = max(0.0, at_s - WINDOW_S)
@@ -71,15 +81,18 @@ def replay(test: dict, at_s: float) -> list[Finding]:
     observations = observations_from_expositions(
         expositions, [e for e in expositions if e.has_dcgm], {"kind": "snapshot", "target": "promtool fixture"},
         sample_noun="snapshots")
-    return list(run_checks(observations).findings)
+    return list(run_checks(observations, thresholds).findings)
 
 
-def _cases() -> list[tuple[str, str, dict, float, bool]]:
-    """(alertname, test name, test, evaluation time, fires) for every check of every fixture."""
+def _cases(documents: dict[str, dict] | None = None) -> list[tuple[str, str, dict, float, bool]]:
+    """(alertname, test name, test, evaluation time, fires) for every check of every fixture: the
+    committed files, or ``documents`` (alertname -> test file document)."""
+    if documents is None:
+        documents = {path.name.removesuffix(".test.yaml"): yaml.safe_load(path.read_text())
+                     for path in sorted(ALERT_TESTS_DIR.glob("*.test.yaml"))}
     cases = []
-    for path in sorted(ALERT_TESTS_DIR.glob("*.test.yaml")):
-        alert = path.name.removesuffix(".test.yaml")
-        for test in yaml.safe_load(path.read_text())["tests"]:
+    for alert, document in documents.items():
+        for test in document["tests"]:
             for check in test["alert_rule_test"]:
                 fires = bool(check["exp_alerts"])
                 if fires or len(test["alert_rule_test"]) == 1:  # firing checks and near misses
@@ -99,8 +112,12 @@ def test_every_alert_has_fixtures_and_a_row_in_the_severity_table():
 
 @pytest.mark.parametrize(("alert", "name", "test", "at_s", "fires"), CASES, ids=[case[1] for case in CASES])
 def test_diagnose_agrees_with_the_alert(alert: str, name: str, test: dict, at_s: float, fires: bool):
+    _assert_agrees(alert, test, at_s, fires)
+
+
+def _assert_agrees(alert: str, test: dict, at_s: float, fires: bool, thresholds: Thresholds | None = None) -> None:
     check_id = catalog.CHECK_BY_ALERT[alert]
-    [finding] = [f for f in replay(test, at_s) if f.id == check_id]
+    [finding] = [f for f in replay(test, at_s, thresholds) if f.id == check_id]
     named = set(finding.alerts) | {a for scope in finding.breakdown.values() for a in scope.alerts}
     if fires:
         severity = catalog.SEVERITY_BY_ALERT[alert]
@@ -115,3 +132,77 @@ def test_promtool_values_notation():
     assert expand_values("5x2 _ 1") == [5.0, 5.0, 5.0, None, 1.0]
     assert expand_values("10-1x1") == [10.0, 9.0]
     assert parse_selector('up{job="a", reason=""}') == ("up", {"job": "a"})
+
+
+# A deployment's thresholds, other than the catalog's: the burn-rate fixtures generated for it follow
+# its SLO thresholds, objectives and factors (promtool passes them: tests/monitoring/test_mixin_config.py).
+CUSTOM = mixin_config_from({"thresholds": {
+    "vllm_ttft_s": 5.0, "vllm_itl_s": 0.25, "vllm_itl_objective": 0.995, "allocation_latency_s": 0.02,
+    "allocation_latency_objective": 0.98, "burn_rate_factors": [10, 5, 2, 1]}}, "test")
+CUSTOM_CASES = _cases(alert_test_files(CUSTOM))
+
+
+@pytest.mark.parametrize(("alert", "name", "test", "at_s", "fires"), CUSTOM_CASES,
+                         ids=[case[1] for case in CUSTOM_CASES])
+def test_diagnose_agrees_with_the_alert_under_a_custom_config(alert: str, name: str, test: dict, at_s: float,
+                                                              fires: bool):
+    _assert_agrees(alert, test, at_s, fires, Thresholds.from_catalog(CUSTOM.thresholds))
+
+
+def test_the_custom_fixtures_need_the_custom_thresholds():
+    # With the catalog's numbers diagnose reads the custom fixtures wrong (no 5 s TTFT bucket, other
+    # budgets and factors): the agreement above comes from passing the config, not from the fixtures.
+    ttft = [case for case in CUSTOM_CASES if case[0] == "GrowPageVLLMTimeToFirstTokenFastBurn" and case[4]]
+    assert ttft and all('le="5.0"' in str(case[2]["input_series"]) for case in ttft)
+    assert sum(_disagrees_with_defaults(case) for case in CUSTOM_CASES) >= len(ttft)
+
+
+def _disagrees_with_defaults(case: tuple[str, str, dict, float, bool]) -> bool:
+    alert, _, test, at_s, fires = case
+    try:
+        _assert_agrees(alert, test, at_s, fires)
+    except AssertionError:
+        return True
+    return False
+
+
+# A threshold moved past the value a firing fixture holds: the alert stays silent in promtool, and
+# diagnose, given the same config, does not name it.
+FLIPS = [
+    ("GrowPageKVUtilizationLow", {"utilization_objective": 0.45}),
+    ("GrowPageKVOverGranting", {"checklist": {"utilization_sustained_low": 0.25}}),
+    ("GrowPageCompressRatioLow", {"compress_ratio_objective": 1.9}),
+    ("GrowPageAllocationLatencyHigh", {"checklist": {"allocation_latency_p99_critical_s": 0.06}}),
+    ("GrowPageFragmentationHigh", {"checklist": {"fragmentation_high": 0.7}}),
+    ("GrowPageKVPagesStranded", {"checklist": {"stranded_slots_high": 0.9}}),
+    ("GrowPageVLLMPreemptions", {"vllm_preemptions_per_s_high": 0.2}),
+    ("GrowPageFleetRoutesToPreemptingReplica", {"fleet_load_full": 160}),
+    ("GrowPageGrowthThrottled", {"checklist": {"throttle_saturation": 0.7}}),
+]
+
+
+@pytest.mark.parametrize(("alert", "thresholds"), FLIPS, ids=[alert for alert, _ in FLIPS])
+def test_a_raised_threshold_silences_the_alert_and_diagnose_alike(alert: str, thresholds: dict, tmp_path: Path):
+    config = mixin_config_from({"thresholds": thresholds}, "test")
+    (tmp_path / "rules.yaml").write_text(rules_yaml(config=config))
+    firing = alert_test_files(config)[alert]["tests"]
+    assert len(firing) > len(scenarios()[alert]) >= 1
+    silenced = [_silent(test) for test in firing[:len(scenarios()[alert])]]
+    (tmp_path / "silent.test.yaml").write_text(dump_yaml({"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+                                                          "tests": silenced}))
+    assert "SUCCESS" in run_tool("promtool", "test", "rules", str(tmp_path / "silent.test.yaml")).stdout
+    for test in silenced:
+        for check in test["alert_rule_test"]:
+            _assert_agrees(alert, test, duration_seconds(check["eval_time"]), False,
+                           Thresholds.from_catalog(config.thresholds))
+        # The default thresholds still fire on the same series: the config, not the fixture, silenced it.
+        _assert_agrees(alert, test, duration_seconds(test["alert_rule_test"][-1]["eval_time"]), True)
+
+
+def _silent(test: dict) -> dict:
+    """A firing test case turned around: the alert silent where it fired (and well after)."""
+    fired_at = duration_seconds(test["alert_rule_test"][-1]["eval_time"])
+    checks = [{"eval_time": f"{int(at_s // 60)}m", "alertname": test["alert_rule_test"][-1]["alertname"],
+               "exp_alerts": []} for at_s in (fired_at, fired_at + 1800)]
+    return {**test, "name": f"silent: {test['name']}", "alert_rule_test": checks}
+

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
+import yaml
 from monitoring_paths import REPO_ROOT
 from typer.testing import CliRunner
 
@@ -72,3 +74,48 @@ def test_a_mixin_config_builds_its_own_rules_and_dashboards_and_checks_against_t
 def test_runbook_url_pattern_must_name_the_alert(checkout):
     result = runner.invoke(app, ["alerts", "build", "--root", str(checkout), "--runbook-url", "https://x/"])
     assert result.exit_code == 2 and "{alert}" in result.output
+
+
+def test_a_mixin_config_file_builds_and_checks_with_the_same_file(checkout, tmp_path):
+    empty = tmp_path / "defaults.yaml"
+    empty.write_text("# every key left out keeps its default\n")
+    for kind in KINDS:  # the default config, spelled as a file, is the committed build
+        assert runner.invoke(app, [kind, "build", "--check", "--root", str(checkout), "--mixin-config",
+                                   str(empty)]).exit_code == 0
+    custom = tmp_path / "growpage-mixin.json"
+    custom.write_text(json.dumps({"cluster_label": "k8s_cluster", "thresholds": {"checklist": {
+        "fragmentation_high": 0.6}}}))
+    for kind in KINDS:
+        built = runner.invoke(app, [kind, "build", "--root", str(checkout), "--mixin-config", str(custom)])
+        assert built.exit_code == 0, built.output
+        assert runner.invoke(app, [kind, "build", "--check", "--root", str(checkout), "--mixin-config",
+                                   str(custom)]).exit_code == 0
+        stale = runner.invoke(app, [kind, "build", "--check", "--root", str(checkout)])
+        assert stale.exit_code == 1 and "with the same options" not in stale.output
+    rules = yaml.safe_load((checkout / "alerts" / "growpage-rules.yaml").read_text())["groups"]
+    [fragmentation] = [rule for group in rules for rule in group["rules"]
+                       if rule.get("alert") == "GrowPageFragmentationHigh"]
+    first_line = fragmentation["expr"].splitlines()[0]
+    assert first_line == "namespace_pod_model_name:growpage_page_table_fragmentation:ratio > 0.6"
+    assert "k8s_cluster" in fragmentation["expr"]
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ("thresholds:\n  checklist:\n    fragmentaton_high: 0.6\n", ["unknown key thresholds.checklist.fragmentaton_high",
+                                                                "fragmentation_high"]),
+    ("thresholds: {vllm_ttft_s: fast}\n", ["thresholds.vllm_ttft_s must be a number"]),
+    ("cluster_label: [a\n", ["not valid YAML or JSON", "line"]),
+    (None, ["cannot read the mixin config"]),
+])
+@pytest.mark.parametrize("command", [["alerts", "build"], ["dashboards", "build", "--check"], ["diagnose"]])
+def test_a_bad_mixin_config_is_one_line_naming_the_fix(command, content, words, tmp_path, checkout):
+    path = tmp_path / "growpage-mixin.yaml"
+    if content is not None:
+        path.write_text(content)
+    source = ["--snapshot", str(tmp_path / "none.prom")] if command == ["diagnose"] else ["--root", str(checkout)]
+    result = runner.invoke(app, [*command, *source, "--mixin-config", str(path)])
+    assert result.exit_code == (3 if command == ["diagnose"] else 2), result.output
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: ") and all(word in line for word in words), line
+    if command[0] == "alerts":
+        assert not runner.invoke(app, ["alerts", "build", "--check", "--root", str(checkout)]).exit_code
