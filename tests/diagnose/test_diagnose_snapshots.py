@@ -286,3 +286,17 @@ def test_a_pod_in_mode_off_is_never_a_finding_even_while_its_users_wait(runner, 
     checks = checks_by_id(document)
     assert document["status"] == "ok" and not any(check["alerts"] for check in document["checks"])
     assert checks["vllm-latency"]["summary"].startswith("mode off")
+
+
+def test_the_mixin_config_gives_diagnose_the_thresholds_the_alerts_use(runner, write_snapshots, tmp_path):
+    # 92 % of first tokens within 2.5 s pages by default; a deployment whose TTFT SLO is 5 s does
+    # not page on it, and diagnose given its config agrees.
+    paths = list(map(str, write_snapshots(scenarios.SLOW_FIRST_TOKENS)))
+    config = tmp_path / "growpage-mixin.yaml"
+    config.write_text("thresholds:\n  vllm_ttft_s: 5.0\n")
+    default, document = run_json(runner, "--snapshot", *paths)
+    assert default.exit_code == 2 and checks_by_id(document)["vllm-latency"]["status"] == "critical"
+    custom, document = run_json(runner, "--snapshot", *paths, "--mixin-config", str(config))
+    latency = checks_by_id(document)["vllm-latency"]
+    assert latency["status"] == "ok" and "(5 s, 100 ms)" in latency["title"], latency
+    assert custom.exit_code == 0, custom.output

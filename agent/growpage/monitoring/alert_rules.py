@@ -23,7 +23,6 @@ from growpage.monitoring import recording_rules as rec
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.promql import selector
 
-SLO_ERROR_BUDGET = round(1 - catalog.SLO_ALLOCATION_LATENCY.objective, 10)  # 0.01
 OOM_WINDOW = catalog.STRANDED_WINDOW  # an OOM or preemption counts for this long after it happened
 
 _MODEL = catalog.MODEL_LABEL
