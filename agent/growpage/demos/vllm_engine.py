@@ -262,7 +262,7 @@ def _correct_cell(result: dict) -> str:
 
 def _per_second(result: dict) -> str:
     correct = result.get("correct")
-    return "-" if not correct else f"{correct[0] / result['elapsed_s']:.2f}"
+    return "-" if not correct else f"{correct[0] / result['elapsed_s']:.3f}"
 
 
 def _mib(bytes_in: int, bytes_out: int) -> str:
