@@ -537,8 +537,10 @@ class MixinThresholds:
     number in its rules, dashboards, runbooks and diagnose verdicts. Validated on construction.
 
     Attributes:
-        vllm_ttft_s / vllm_itl_s: vLLM latency SLO thresholds; each must be one of vLLM's bucket
-            bounds (the good share is read from that bucket).
+        vllm_ttft_s / vllm_itl_s: vLLM latency SLO thresholds; each must be a bucket bound of the
+            histogram the deployment's vLLM exports (the rules read the good share from that bucket,
+            and a bound vLLM does not export selects nothing). Not checked here: vLLM's
+            ``--custom-histogram-buckets`` changes the bounds.
         vllm_ttft_objective / vllm_itl_objective: the share of observations within them, in (0, 1).
         utilization_objective, compress_ratio_objective: GrowPage's own SLOs.
         allocation_latency_s / allocation_latency_objective: the grant-latency SLO; the threshold
