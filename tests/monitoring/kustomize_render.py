@@ -25,7 +25,8 @@ def kustomize_command(directory: Path) -> list[str] | None:
 def build_with_kustomize(directory: Path) -> list[dict]:
     command = kustomize_command(directory)
     assert command is not None, "neither kustomize nor kubectl is installed"
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    # a hang guard, not a timing check
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 

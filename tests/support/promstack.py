@@ -65,7 +65,8 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
 def run_tool(*args: str, input_text: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """Run promtool/amtool; returns the completed process (stdout+stderr as text)."""
     require(args[0])
-    result = subprocess.run(args, input=input_text, capture_output=True, text=True, timeout=120)
+    # a hang guard, not a timing check: promtool over every rule file took 2m46s on a loaded 2-core machine
+    result = subprocess.run(args, input=input_text, capture_output=True, text=True, timeout=900)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result

@@ -41,7 +41,7 @@ def vllm_runs(prepared_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     env.setdefault("OMP_NUM_THREADS", "1")
     runner = Path(__file__).with_name("engine_runner.py")
     done = subprocess.run([sys.executable, str(runner), str(spec_path)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1200)
+                          capture_output=True, text=True, timeout=3000)  # hang guard: ~10 min under load
     results = {}
     for line in done.stdout.splitlines():
         if line.startswith("GROWPAGE_PHASE "):
