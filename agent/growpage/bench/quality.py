@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from growpage.bench import harness
+from growpage.bench.tasks import is_correct, with_truth
 from growpage.bench.workloads import (
     Task,
     final_answer,
@@ -195,6 +196,9 @@ def _task_row(task: Task, run: _Run, reference: Request, reference_nll: float) -
             answer = final_answer(task.kind, request.output_text)
             row.update(answer=answer,
                        answer_agrees=answer == final_answer(task.kind, reference.output_text))
+        truth = with_truth(task)
+        if truth is not None:  # scored against the true answer, not full KV's
+            row.update(correct=is_correct(truth, request.output_text))
     if task.task_id in run.forced:
         forced = run.forced[task.task_id]
         matches = forced.teacher_greedy_matches
@@ -217,6 +221,10 @@ def _summarize(method: str, budget: int | None, rows: list[dict], full_bytes_mea
         "agree_prefix_fraction": round(statistics.fmean(r["agree_prefix_fraction"] for r in rows), 4),
         "agree_prefix_tokens": round(statistics.fmean(r["agree_prefix_tokens"] for r in rows), 1),
         "nll_delta": round(statistics.fmean(r["nll_delta"] for r in rows), 5),
+        # against ground truth, reasoning apart; per second of the run (free and forced requests together)
+        "accuracy": _accuracy(rows),
+        "correct_per_s": round(sum(r.get("correct", False) for r in rows if r["kind"] == "retrieval")
+                               / max(run.wall_s, 1e-9), 4),
         "kv_bytes_mean": round(bytes_mean),
         "kv_bytes_peak": max(r["kv_bytes_peak"] for r in rows),
         "kv_bytes_ratio_to_full": round(bytes_mean / full_bytes_mean, 4) if full_bytes_mean else None,
@@ -224,6 +232,15 @@ def _summarize(method: str, budget: int | None, rows: list[dict], full_bytes_mea
         "wall_s": round(run.wall_s, 2),
         "tasks": rows,
     }
+
+
+def _accuracy(rows: list[dict]) -> dict[str, float | None]:
+    """Share of rows with a true answer that are correct, per kind (None: no such row)."""
+    shares: dict[str, float | None] = {}
+    for kind in ("retrieval", "reasoning"):
+        scored = [r["correct"] for r in rows if r["kind"] == kind and "correct" in r]
+        shares[kind] = round(sum(scored) / len(scored), 4) if scored else None
+    return shares
 
 
 def pareto_front(points: list[dict], x: str = "kv_bytes_mean", y: str = "answer_agreement") -> list[str]:

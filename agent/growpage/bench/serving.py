@@ -56,6 +56,10 @@ class ServingSettings:
     threads: int | None = None
     # a GrowPage config file whose thresholds (gpctl calibrate's output) replace the published ones
     thresholds_file: str | None = None
+    # retrieval tasks with true answers (growpage.bench.tasks, headlined families) mixed into the trace
+    retrieval: int = 0
+    # also force every method through full KV's continuation at every pool: the NLL increase
+    fidelity: bool = False
 
     @classmethod
     def quick(cls) -> ServingSettings:
@@ -64,7 +68,13 @@ class ServingSettings:
 
     def tasks(self) -> list[Task]:
         return (reasoning_tasks(self.reasoning, self.reasoning_max_tokens, self.seed)
-                + summary_tasks(self.summaries, self.summary_max_tokens))
+                + summary_tasks(self.summaries, self.summary_max_tokens) + self._retrieval_tasks())
+
+    def _retrieval_tasks(self) -> list[Task]:
+        from growpage.bench.tasks import retrieval_tasks as generate
+
+        tasks = generate(self.seed, families=("code", "multikey", "passkey"), context_tokens=(512, 1024))
+        return [Task(t.task_id, "retrieval", t.prompt, t.max_tokens, expected=t.answer) for t in tasks[:self.retrieval]]
 
 
 def full_kv_demand_pages(prompt_lengths: list[int], max_tokens: list[int], block_size: int) -> int:
@@ -135,7 +145,45 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals: list[A
         # what a user reads off each answer (reasoning tasks), compared with full KV's afterwards
         "final_answers": {t.task_id: final_answer(t.kind, _answer_text(loaded, engine, requests[t.task_id]))
                           for t in tasks if has_final_answer(t.kind) and t.task_id in requests},
+        **_truth_scores(loaded, engine, requests, tasks, makespan),
     }
+
+
+def _truth_scores(loaded: harness.Loaded, engine: LLMEngine, requests: dict[str, Request], tasks: list[Task],
+                  makespan_s: float) -> dict:
+    """Accuracy against the true answers, per kind (reasoning apart), and correct answers per second."""
+    from growpage.bench.tasks import is_correct, with_truth
+
+    correct: dict[str, list[bool]] = {}
+    for task in tasks:
+        truth = with_truth(task)
+        if truth is not None and task.task_id in requests:
+            text = _answer_text(loaded, engine, requests[task.task_id])
+            correct.setdefault(task.kind, []).append(is_correct(truth, text))
+    return {"accuracy": {kind: round(sum(values) / len(values), 4) for kind, values in correct.items()},
+            "correct_per_s": {kind: round(sum(values) / makespan_s, 4) for kind, values in correct.items()}}
+
+
+def _add_fidelity(loaded: harness.Loaded, runs: list[dict], tasks: list[Task], prompts: dict[str, list[int]],
+                  settings: ServingSettings, progress: Callable[[str], None]) -> None:
+    """Each run's NLL increase: its method at its pool, forced through full KV's continuation."""
+    from growpage.bench.fidelity import forced_nll_increase, greedy_references
+
+    ids = {t.task_id: prompts[t.task_id] for t in tasks}
+    progress("fidelity: full KV's continuation, then every method forced through it")
+    references = greedy_references(loaded, ids, {t.task_id: t.max_tokens for t in tasks},
+                                   block_size=settings.block_size, seed=settings.seed)
+    ample = sum(len(p) + len(references[k]) for k, p in ids.items()) // settings.block_size + 2 * len(ids)
+    def forced(method: str, num_pages: int, reference: dict[str, list[float]] | None) -> tuple[dict, dict]:
+        return forced_nll_increase(loaded, method, base_pages=settings.base_pages, num_pages=num_pages,
+                                   block_size=settings.block_size, prompts=ids, references=references,
+                                   reference_logprobs=reference, seed=settings.seed,
+                                   thresholds_file=settings.thresholds_file)
+
+    _, reference = forced("full_kv", ample, None)
+    for run in runs:
+        increase, _ = forced(run["method"], run["pool_pages"], reference)
+        run["nll_increase"] = increase["mean"]
 
 
 def _answer_text(loaded: harness.Loaded, engine: LLMEngine, request: Request) -> str:
@@ -173,6 +221,8 @@ def run_serving_bench(model_dir: str, settings: ServingSettings,
             run["pool_full_kv_requests"] = round(pool * len(tasks) / demand, 2)
             runs.append(run)
     _add_answer_agreement(runs)
+    if settings.fidelity:
+        _add_fidelity(loaded, runs, tasks, prompts, settings, progress)
     return {
         "benchmark": "serving",
         "settings": dataclasses.asdict(settings),
