@@ -11,10 +11,15 @@ registers plugins once per process, so variants cannot share one), on the packag
   - ``growpage``: the same space with GrowPage enforcing (pool pressure on);
   - ``limit``: vLLM alone with room for every request: the attainable throughput.
 
-  Reported per variant: tokens/s, peak running, preemptions, decisions by kind, KV bytes
-  compressed, grant latency; per trace: GrowPage / vLLM tokens/s, the share of the attainable gain
-  it captured ``(growpage - vllm) / (limit - vllm)``, preemptions, and greedy agreement with vLLM
-  alone (identical answers and matched share).
+  Every variant runs ``repeats`` times, interleaved, after one discarded warm-up (medians and
+  ranges). Reported per variant: tokens/s, peak running, preemptions, decisions by kind, KV bytes
+  compressed, grant latency, accuracy against the prompts' true results (reported apart) and
+  correct answers per second; per trace: GrowPage / vLLM tokens/s, the share of the attainable gain
+  it captured ``(growpage - vllm) / (limit - vllm)``, preemptions, greedy agreement with vLLM
+  alone (identical answers and matched share) and GrowPage's NLL increase over full KV by forced
+  decoding (:mod:`growpage.bench.fidelity`).
+* **retrieval** and **accuracy**: retrieval tasks with true answers under KV pressure, and full
+  KV's accuracy per task family (:mod:`growpage.bench.goodput`).
 * **overhead**: on a batch that fits, after a discarded warm-up run, ``repeats`` interleaved rounds
   (the order alternates each round) of vLLM alone, ``monitor`` and ``enforce`` with nothing to do
   (the pool is never short, so nothing is compacted): decode tokens/s medians with their range, the
