@@ -243,8 +243,9 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
 
 
 METHOD_NAMES = ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8", "uniform_int4",
-                "growpage", "growpage_when_it_pays", "growpage_reserving", "growpage_no_sts", "growpage_no_lts", "growpage_no_quant",
-                "growpage_random", "growpage_no_pressure", "growpage_uncalibrated", "growpage_10_layers")
+                "growpage", "growpage_when_it_pays", "growpage_reserving", "growpage_no_sts", "growpage_no_lts",
+                "growpage_no_quant", "growpage_random", "growpage_no_pressure", "growpage_uncalibrated",
+                "growpage_10_layers")
 
 # The contract's thresholds as published (for another model): GrowPageConfig's defaults.
 PUBLISHED_THRESHOLDS: Mapping[str, Any] = {
