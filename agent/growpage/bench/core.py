@@ -18,18 +18,20 @@ Times are medians over repeats; on CUDA every timed region is synchronised.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import platform
 import random
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from growpage import __version__
 from growpage.bench import observation
-from growpage.config import GrowPageConfig
+from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
 from growpage.core.manager import GrowPageManager, SlotStatus
 from growpage.core.policy import BoundaryState, decide
@@ -88,10 +90,10 @@ def bench_decide(calls: int = 20_000) -> dict:
     return {"decide_ns_per_call": round(statistics.median(samples) * 1e9, 1)}
 
 
-def _manager(settings: CoreBenchSettings, mode: str, **config) -> GrowPageManager:
+def _manager(settings: CoreBenchSettings, mode: str, **config: Any) -> GrowPageManager:
     g = settings.geometry
     pages_per_request = math.ceil((settings.context_tokens + settings.decode_steps * settings.repeats * 4 + 64) / 16)
-    cfg = GrowPageConfig(mode=mode, base_pages=pages_per_request, **config)
+    cfg = GrowPageConfig(mode=Mode(mode), base_pages=pages_per_request, **config)
     return GrowPageManager(cfg, num_layers=g.num_layers, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
                            num_pages=pages_per_request * (settings.batch_size + 2) + 64,
                            device=settings.device, max_requests=settings.batch_size + 2)
@@ -113,7 +115,7 @@ def _prefill(manager: GrowPageManager, settings: CoreBenchSettings, generator: t
 
 
 def _decode_step(manager: GrowPageManager, ids: list[str], settings: CoreBenchSettings,
-                 inputs: list[torch.Tensor]) -> None:
+                 inputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
     g = settings.geometry
     for rid in ids:
         assert manager.ensure_slots(rid, 1) is SlotStatus.OK
@@ -136,11 +138,12 @@ def bench_monitor_overhead(settings: CoreBenchSettings) -> dict:
                torch.randn(settings.batch_size, g.num_kv_heads, g.head_dim, generator=generator).to(device),
                torch.randn(settings.batch_size, g.num_kv_heads, g.head_dim, generator=generator).to(device))
               for _ in range(g.num_layers)]
-    step_s = {"off": [], "monitor": []}
+    step_s: dict[str, list[float]] = {"off": [], "monitor": []}
     for _ in range(settings.repeats):
         for mode in ("off", "monitor"):
             step_s[mode].append(_median_time(
-                lambda m=mode: _decode_step(managers[m], ids[m], settings, inputs), settings.decode_steps, device))
+                functools.partial(_decode_step, managers[mode], ids[mode], settings, inputs), settings.decode_steps,
+                device))
     off, monitor = statistics.median(step_s["off"]), statistics.median(step_s["monitor"])
 
     # The observation alone, isolated: one layer's attention vs observing it (probs, summaries
@@ -193,7 +196,7 @@ def bench_grants(settings: CoreBenchSettings) -> dict:
 
 def bench_compression(settings: CoreBenchSettings) -> dict:
     """Tokens rewritten per second by quantize (FP16 -> INT8, INT4) and by evict + compact."""
-    results = {}
+    results: dict[str, float] = {}
     for label, overrides in (("quantize_int8", dict(quantization_bits=8)),
                              ("quantize_int4", dict(quantization_bits=4)),
                              ("evict", dict()), ("evict_late", dict())):
@@ -210,20 +213,22 @@ def bench_compression(settings: CoreBenchSettings) -> dict:
         tokens = 0
         for _ in range(settings.repeats):
             if label.startswith("evict"):
-                plan = manager._plan_evict(request)
-                if plan is None:
+                evict_plan = manager._plan_evict(request)
+                if evict_plan is None:
                     break
-                tokens = int(plan.keep.numel())
-                per_page = manager.store.tokens_per_page[plan.fmt]
-                first_dropped = int((~plan.keep).nonzero()[0, 0])
+                tokens = int(evict_plan.keep.numel())
+                per_page = manager.store.tokens_per_page[evict_plan.fmt]
+                first_dropped = int((~evict_plan.keep).nonzero()[0, 0])
                 results[f"{label}_tokens_rewritten_per_event"] = tokens - first_dropped // per_page * per_page
-                samples.append(_median_time(lambda p=plan, m=manager, r=request: m._evict(r, p), 1, settings.device))
+                samples.append(_median_time(functools.partial(manager._evict, request, evict_plan), 1,
+                                            settings.device))
             else:
-                plan = manager._plan_quantize(request)
-                if plan is None:
+                quantize_plan = manager._plan_quantize(request)
+                if quantize_plan is None:
                     break
-                tokens = len(plan.pages) * manager.config.block_size
-                samples.append(_median_time(lambda p=plan, m=manager, r=request: m._quantize(r, p), 1, settings.device))
+                tokens = len(quantize_plan.pages) * manager.config.block_size
+                samples.append(_median_time(functools.partial(manager._quantize, request, quantize_plan), 1,
+                                            settings.device))
         if samples:
             seconds = statistics.median(samples)
             results[f"{label}_tokens_per_s"] = round(tokens / seconds)

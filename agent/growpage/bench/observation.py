@@ -128,7 +128,8 @@ def entropy_and_bins(num_bins: int) -> scoring.Summarize:
     """A stand-in for :func:`growpage.core.summaries.summarize_attention` with the same tensor work
     (for callers that import torch only); its results are compared, never used."""
 
-    def summarize(probs: torch.Tensor, key_positions: torch.Tensor, lengths: torch.Tensor):
+    def summarize(probs: torch.Tensor, key_positions: torch.Tensor,
+                  lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         token_mass = probs.mean(dim=1)
         valid = key_positions >= 0
         bins = (key_positions.clamp_min(0) * num_bins // lengths.clamp_min(1)[:, None]).clamp_(0, num_bins - 1)
@@ -172,8 +173,10 @@ def _timed(fn: Callable[[], object], repeats: int, device: torch.device) -> tupl
 
 
 def _synthetic_step(geometry: ObservationGeometry, requests: int, tokens: int, device: torch.device,
-                    pool_bytes: int, generator: torch.Generator):
-    """The observed layers' caches, filled with random keys, and each request's block row."""
+                    pool_bytes: int, generator: torch.Generator
+                    ) -> tuple[list[scoring.ObservedLayer], torch.Tensor, kv_keys.BlockLayout, bool]:
+    """The observed layers (caches filled with random keys, queries), each request's block row, the
+    probed layout, and whether the pool had to be smaller than every request at once."""
     blocks_per_request = -(-tokens // geometry.block_size)
     wanted = requests * blocks_per_request
     per_block = geometry.kv_bytes(geometry.block_size, geometry.observed_layers)
