@@ -256,6 +256,18 @@ def pareto_front(points: list[dict], x: str = "kv_bytes_mean", y: str = "answer_
     return front
 
 
+def _budgets_of(method: str, settings: QualitySettings) -> tuple[int, ...]:
+    """The budgets a method runs at: none for full KV (it is the reference), the largest for
+    budget-free methods, the tightest for ablations, every budget for the rest."""
+    if method == "full_kv":
+        return ()
+    if method in BUDGET_FREE:
+        return (max(settings.budgets),)
+    if build_method(method).family == "ablation":
+        return (min(settings.budgets),)
+    return settings.budgets
+
+
 def run_quality_bench(model_dir: str, settings: QualitySettings,
                       progress: Callable[[str], None] = lambda _message: None,
                       loaded: harness.Loaded | None = None,
@@ -284,15 +296,7 @@ def run_quality_bench(model_dir: str, settings: QualitySettings,
     results.append(_summarize("full_kv", None, full_rows, full_bytes, reference_run))
     timeline = None
     for method in settings.methods:
-        if method == "full_kv":
-            continue
-        if method in BUDGET_FREE:
-            budgets: tuple[int, ...] = (budget0,)
-        elif build_method(method).family == "ablation":  # ablations at the tightest budget only
-            budgets = (min(settings.budgets),)
-        else:
-            budgets = settings.budgets
-        for budget in budgets:
+        for budget in _budgets_of(method, settings):
             progress(f"{method} at {budget} pages")
             watch = settings.timeline_task if method == "growpage" and budget == min(settings.budgets) else None
             run = _run(loaded, method, budget, tasks, prompts, settings, references=references, free=True,
