@@ -45,6 +45,15 @@ class Loaded:
     tokenizer: Any  # a transformers tokenizer
 
 
+POOLS = ("ample", "budget")
+
+
+def check_pool(pool: str) -> None:
+    """A comparison's pool: ``ample`` (no request ever waits) or ``budget`` (equal memory)."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be 'ample' or 'budget', not {pool!r}")
+
+
 def check_methods(methods: tuple[str, ...]) -> None:
     from growpage.core.methods import METHOD_NAMES
 

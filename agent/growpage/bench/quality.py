@@ -64,8 +64,7 @@ class QualitySettings:
     thresholds_file: str | None = None
 
     def __post_init__(self) -> None:
-        if self.pool not in ("ample", "budget"):
-            raise ValueError(f"pool must be 'ample' or 'budget', not {self.pool!r}")
+        harness.check_pool(self.pool)
 
     @classmethod
     def quick(cls) -> QualitySettings:
