@@ -143,6 +143,13 @@ def test_selectors_reach_dashboard_queries():
     assert all(VLLM_MATCHER in s for s in vllm) and all(GROWPAGE_MATCHER in s for s in growpage)
 
 
+def test_the_scrape_job_reaches_the_scrape_health_panel():
+    default_text = json.dumps(dashboards(DEFAULT_CONFIG))
+    assert f'job=\\"{catalog.SCRAPE_JOB}\\"' in default_text
+    text = json.dumps(dashboards(dataclasses.replace(DEFAULT_CONFIG, growpage_job="growpage-prod")))
+    assert 'job=\\"growpage-prod\\"' in text and f'job=\\"{catalog.SCRAPE_JOB}\\"' not in text
+
+
 def test_the_default_config_leaves_every_expression_as_written():
     assert DEFAULT_CONFIG.scoped('rate(vllm:num_preemptions_total[5m])') == 'rate(vllm:num_preemptions_total[5m])'
     assert SCOPED.scoped('label_replace(vllm:num_requests_waiting, "pod", "$1", "exported_pod", "(.+)")') == (

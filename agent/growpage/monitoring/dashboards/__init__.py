@@ -27,12 +27,13 @@ def dashboards(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, dict]:
 
 
 def configured(document: Any, config: MixinConfig) -> Any:
-    """``document`` with the mixin config's runbook URLs, cluster label and selectors.
+    """``document`` with the mixin config's runbook URLs, cluster label, scrape job and selectors.
 
     The panels are built with the config's thresholds; the rest is a rewrite of every string in the
-    model: the cluster label is renamed (in selectors, groupings and the variable's query), runbook
-    links move, and the config's selectors join every selector of GrowPage's and vLLM's series in the
-    queries. The default config leaves the document as it is.
+    model: the cluster label is renamed (in selectors, groupings and the variable's query), the scrape
+    job of ``/metrics/growpage`` is the config's, runbook links move, and the config's selectors join
+    every selector of GrowPage's and vLLM's series in the queries. The default config leaves the
+    document as it is.
     """
     if isinstance(document, dict):
         return {key: config.scoped(configured(value, config)) if key in _QUERY_KEYS and isinstance(value, str)
@@ -42,6 +43,8 @@ def configured(document: Any, config: MixinConfig) -> Any:
     if not isinstance(document, str):
         return document
     text = _RUNBOOK_LINK.sub(lambda match: config.runbook_url(match.group(1)), document)
+    if config.growpage_job != catalog.SCRAPE_JOB:  # the scrape-health panel selects GrowPage's job
+        text = text.replace(f'job="{catalog.SCRAPE_JOB}"', f'job="{config.growpage_job}"')
     label = config.cluster_label
     if label != "cluster":
         text = (text.replace('cluster=~"$cluster"', f'{label}=~"$cluster"')
