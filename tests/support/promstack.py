@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -49,7 +50,7 @@ def http_get_json(url: str, timeout_s: float = 5.0) -> Any:
 # is waited for. Machines running the suite are shared and noisy (a 2-core machine under a load of
 # 14 took 5-10x longer than idle), so every limit is stretched by this factor: a slow machine
 # waits longer, a fast one is not slowed down, and no test depends on how fast anything ran.
-PATIENCE = 5.0
+PATIENCE = float(os.environ.get("GROWPAGE_TEST_PATIENCE", "5"))
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.2,
