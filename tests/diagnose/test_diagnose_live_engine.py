@@ -5,7 +5,7 @@ One engine for the module: GrowPage enforces with ``base_pages=2`` (a 32-token g
 whether that grant fits:
 
 - fitting: prompts of 17-20 tokens and 12 new tokens fill most of the grant (utilization ~0.6-0.9);
-- over-granting: 1-token prompts and 4 new tokens leave ~80 % of it empty (utilization < 0.2), so
+- over-granting: 1-token prompts and 3-6 new tokens leave ~80 % of it empty (utilization < 0.2), so
   diagnose suggests ``base_pages = max(1, floor(p50 / (0.65 x 16))) = 1``.
 
 Tests run in file order: the fitting traffic first, then the over-granting traffic with a fresh
@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
@@ -28,8 +29,8 @@ from gpctl.main import app
 from growpage import catalog
 from growpage.config import GrowPageConfig
 from growpage.diagnose.schema import REPORT_SCHEMA
-from support.live_agent import background_load, run_live_agent, scrape_config
-from support.promstack import run_prometheus, wait_until
+from support.live_agent import BackgroundLoad, background_load, run_live_agent, scrape_config
+from support.promstack import Prometheus, run_prometheus, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -42,12 +43,26 @@ FITTING_PROMPTS = (
     "Describe how a bicycle works, from the pedals and the chain to the wheels and the brakes.",
 )
 SHORT_PROMPTS = ("Hi", "Hello", "Yes", "Thanks")
+SHORT_ANSWER_TOKENS = (3, 4, 5, 6)  # unequal: the four clients stay out of step, the engine never idles
 SUGGESTED_BASE_PAGES = 1  # floor(~6 tokens / (0.65 x 16)) = 0, at least 1
 EXIT_CODES = {"ok": 0, "warning": 1, "critical": 2, "unknown": 3}
 # The agent polls the core at most once a second (poll_interval_s) and a CPU step holds the engine
 # lock for ~0.25 s, so two scrapes 1 s apart can read the same poll (no increase at all). Over 2 s at
 # least one poll lies between them: the over-granting report then always has finished requests.
 WINDOW = "2s"
+# The short traffic must outlast every test that reads it: at ~10-20 short requests a second, 1,000
+# requests or 150 s ran out before the last diagnose on a CI machine (two scrapes of an idle engine:
+# utilization 0). The fixture stops it when the module's tests are done; these only bound a hang.
+OVER_GRANTING_REQUESTS, OVER_GRANTING_LIMIT_S = 50_000, 900
+
+
+@dataclass(frozen=True)
+class OverGranting:
+    prometheus: Prometheus
+    load: BackgroundLoad
+
+    def assert_still_loaded(self) -> None:
+        assert not self.load.done, f"the short traffic ended before the test: {self.load.result()}"
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +108,9 @@ def assert_over_granting(document: dict) -> dict:
 def test_fitting_traffic_is_not_over_granting(runner, agent):
     with background_load(agent.url, agent.model, num_requests=100, concurrency=4, max_tokens=12,
                          prompts=FITTING_PROMPTS, time_limit_s=40) as load:
-        wait_until(lambda: agent.stack.engine.manager.pool.num_free < agent.stack.engine.manager.pool.num_pages,
-                   20, interval_s=0.1, what="requests to be running")
+        # What the scrapes will read, not the pool: the exported gauges lag the engine by a poll.
+        wait_until(lambda: agent.exported(catalog.REQUESTS_RUNNING.name) > 0, 20, interval_s=0.1,
+                   what="running requests on the metrics endpoint")
         exit_code, document = diagnose_json(runner, "--endpoint", agent.metrics_url, "--duration", "1")
         load.stop()
     assert document["source"]["kind"] == "endpoint" and document["source"]["target"] == agent.metrics_url
@@ -114,22 +130,24 @@ def test_fitting_traffic_is_not_over_granting(runner, agent):
 
 @pytest.fixture(scope="module")
 def over_granting(agent, tmp_path_factory):
-    """The agent serving short requests, scraped every second by a fresh Prometheus; yields it."""
+    """The agent serving short requests, scraped every second by a fresh Prometheus."""
     agent.wait_idle()  # nothing left of the fitting traffic
     work = tmp_path_factory.mktemp("prometheus")
     with run_prometheus(work, [scrape_config(agent, labels=POD)]) as prometheus, \
-            background_load(agent.url, agent.model, num_requests=1000, concurrency=4, max_tokens=4,
-                            prompts=SHORT_PROMPTS, time_limit_s=150) as load:
+            background_load(agent.url, agent.model, num_requests=OVER_GRANTING_REQUESTS, concurrency=4,
+                            max_tokens=SHORT_ANSWER_TOKENS, prompts=SHORT_PROMPTS,
+                            time_limit_s=OVER_GRANTING_LIMIT_S) as load:
         wait_until(prometheus.targets_up, 20, what="the live agent's target to be up")
         wait_until(lambda: prometheus.query_value(f"{catalog.REQUEST_TOKENS.name}_count"), 30,
                    what="finished short requests")
-        yield prometheus
+        yield OverGranting(prometheus, load)
         load.stop()
     result = load.result()
     assert result.num_ok > 0 and not result.errors, result
 
 
 def test_over_granting_text_report_through_the_cli_runner(runner, agent, over_granting):
+    over_granting.assert_still_loaded()
     result = runner.invoke(app, ["diagnose", "--endpoint", agent.metrics_url, "--duration", WINDOW])
     assert result.exit_code == 1, result.output  # over-granting is a ticket: a warning (docs/DIAGNOSE.md)
     text = " ".join(result.output.split())  # the report wraps at 80 columns
@@ -140,6 +158,7 @@ def test_over_granting_text_report_through_the_cli_runner(runner, agent, over_gr
 
 
 def test_console_script_json_and_bundle_replayed_as_a_snapshot(runner, agent, over_granting, tmp_path):
+    over_granting.assert_still_loaded()
     gpctl = Path(sys.executable).with_name("gpctl")
     if not gpctl.exists():
         pytest.skip(f"{gpctl} is not installed (pip install -e .)")
@@ -175,7 +194,8 @@ def test_console_script_json_and_bundle_replayed_as_a_snapshot(runner, agent, ov
 
 
 def test_prometheus_that_scraped_the_live_agent(runner, over_granting):
-    prometheus = over_granting
+    over_granting.assert_still_loaded()
+    prometheus = over_granting.prometheus
     wait_until(lambda: prometheus.query_value(f"count_over_time({catalog.UTILIZATION.name}[2m])") >= 10, 30,
                what="10 scrapes of the over-granting traffic")
     exit_code, document = diagnose_json(runner, "--prometheus", prometheus.url, "--since", "2m")

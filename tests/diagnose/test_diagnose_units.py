@@ -138,6 +138,23 @@ def test_idle_scope_is_unknown_not_over_granting():
         assert finding.status is Status.UNKNOWN and "no traffic" in finding.summary
 
 
+def test_samples_between_bursts_are_not_over_granting():
+    """Grants in the window, but no request held pages at either sample: the gauge's 0 is no data."""
+    between = Scope("s", utilization=gauge(0.0), page_allocations=12.0, requests_running_max=0.0)
+    finding = over_granting(between, WINDOW, T)
+    assert finding.status is Status.UNKNOWN and "no request held KV pages" in finding.summary
+
+
+def test_over_granting_reads_the_pooled_ratio_at_samples_with_grants():
+    """The alert's ratio (live / granted where something is granted), not the gauge's idle zeros."""
+    scope = Scope("s", utilization=gauge(0.0, 0.3), pooled_utilization=gauge(0.3), page_allocations=12.0,
+                  requests_running_max=4.0)
+    finding = over_granting(scope, WINDOW, T)
+    assert finding.status is Status.WARNING and finding.evidence["value"] == 0.3
+    busy = dataclasses.replace(scope, pooled_utilization=gauge(0.3, 0.7))
+    assert over_granting(busy, WINDOW, T).status is Status.OK
+
+
 def test_compress_ratio_prefers_byte_counters_and_flags_int8():
     finding = compress_ratio(Scope("s", compress_input_bytes=1.97e6, compress_output_bytes=1e6,
                                    intra_page_compress_ratio=gauge(9.0)), WINDOW, T)

@@ -35,6 +35,7 @@ import httpx
 
 from growpage import catalog
 from growpage.config import GrowPageConfig
+from growpage.diagnose.exposition import parse_exposition
 from support.promstack import free_port, wait_until
 
 MODEL = "smollm2-live"
@@ -71,6 +72,11 @@ class LiveAgent:
         response = httpx.get(self.metrics_url, timeout=10)
         response.raise_for_status()
         return response.text
+
+    def exported(self, name: str) -> float:
+        """The sum of ``name``'s series on the agent's metrics endpoint, as a scraper reads it now."""
+        exposition = parse_exposition(self.scrape(), self.metrics_url, time.time())
+        return sum(sample.value for sample in exposition.samples if sample.name == name)
 
     def wait_idle(self, timeout_s: float = 60.0) -> None:
         """Until the engine has no request left (every page returned)."""
@@ -171,17 +177,21 @@ def _check_loopback(url: str) -> None:
         raise ValueError(f"the load driver only talks to loopback, not {host!r}")
 
 
-def drive_load(url: str, model: str, *, num_requests: int, concurrency: int = 4, max_tokens: int = 32,
+def drive_load(url: str, model: str, *, num_requests: int, concurrency: int = 4, max_tokens: int | Sequence[int] = 32,
                ignore_eos: bool = True, prompts: Sequence[str] = PROMPTS, time_limit_s: float = 60.0,
                namespace: str | None = None, stop: threading.Event | None = None) -> LoadResult:
     """Send ``num_requests`` completions (at most ``concurrency`` in flight) and wait for them.
 
     Stops by itself: no new request after ``time_limit_s`` (or once ``stop`` is set), and each
     request's timeout ends at the deadline. ``ignore_eos`` makes every answer ``max_tokens`` long,
-    so the KV each request holds is known. Returns what came back; never raises for a failed request.
+    so the KV each request holds is known. A sequence of ``max_tokens`` is cycled over the requests:
+    answers of different lengths keep the clients out of step, so the engine is rarely idle between
+    batches (equal lengths finish together and leave a gap where every gauge reads an empty engine).
+    Returns what came back; never raises for a failed request.
     """
     _check_loopback(url)
-    if not 1 <= max_tokens <= 48:
+    lengths = (max_tokens,) if isinstance(max_tokens, int) else tuple(max_tokens)
+    if not lengths or not all(1 <= length <= 48 for length in lengths):
         raise ValueError("keep max_tokens in 1..48: these tests run on a 2-core CPU")
     result = LoadResult()
     started = time.monotonic()
@@ -190,7 +200,7 @@ def drive_load(url: str, model: str, *, num_requests: int, concurrency: int = 4,
     lock = threading.Lock()
 
     def one(index: int) -> None:
-        body = {"model": model, "prompt": prompts[index % len(prompts)], "max_tokens": max_tokens,
+        body = {"model": model, "prompt": prompts[index % len(prompts)], "max_tokens": lengths[index % len(lengths)],
                 "temperature": 0, "ignore_eos": ignore_eos}
         remaining = max(1.0, deadline - time.monotonic())
         try:

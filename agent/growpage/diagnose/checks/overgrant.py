@@ -29,11 +29,19 @@ def suggest_base_pages(p50_tokens: float, block_size: int, utilization_slo: floa
 def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     metric = catalog.UTILIZATION.name
     limit = t.checklist.utilization_sustained_low
-    if scope.utilization is None:
+    # What GrowPageKVOverGranting reads: live tokens over granted slots at the samples where pages
+    # were granted. The gauge reads 0 whenever nothing is granted, so an engine sampled between
+    # bursts of short requests would look over-granted while it merely had nothing to hold.
+    stats = scope.pooled_utilization or scope.utilization
+    if stats is None:
         return missing(scope, metric, window, threshold=limit)
     if is_idle(scope):
         return unknown(metric, idle_reason(window), window, limit)
-    highest = scope.utilization.max
+    if scope.pooled_utilization is None and scope.requests_running_max == 0:
+        return unknown(metric, f"no request held KV pages at any sample ({window.describe()}): utilization is "
+                       "undefined between requests; diagnose under steady traffic, or widen the window",
+                       window, limit)
+    highest = stats.max
     base_pages, block_size = scope.build_value("base_pages"), scope.build_value("block_size")
     tokens = scope.request_tokens
     p50, p90, p99 = ((tokens.quantile(0.5), tokens.quantile(0.9), tokens.quantile(0.99))
@@ -41,8 +49,8 @@ def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     grant_tokens = base_pages * block_size if base_pages and block_size else None
     suggested = suggest_base_pages(p50, block_size, t.utilization_slo) if p50 and block_size else None
     proof = evidence(
-        metric, highest, limit, window, statistic="max over the window (sustained = never above)",
-        mean=scope.utilization.mean, base_pages=base_pages, block_size=block_size, grant_tokens=grant_tokens,
+        metric, highest, limit, window, statistic=_statistic(scope), mean=stats.mean, base_pages=base_pages,
+        block_size=block_size, grant_tokens=grant_tokens,
         request_tokens_p50=p50, request_tokens_p90=p90, request_tokens_p99=p99,
         requests_finished=tokens.count if tokens is not None else None,
         suggested_base_pages=suggested, suggested_base_pages_formula=FORMULA,
@@ -64,6 +72,13 @@ def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     # Below the checklist limit all window is the GrowPageKVOverGranting condition.
     return alert_finding(("GrowPageKVOverGranting",), summary, proof,
                          _remediation(base_pages, block_size, p50, suggested, t))
+
+
+def _statistic(scope: Scope) -> str:
+    if scope.pooled_utilization is not None:
+        return ("max over the window (sustained = never above) of sum of live tokens / sum of granted token "
+                "slots, at the samples where pages were granted")
+    return "max over the window (sustained = never above)"
 
 
 def _remediation(base_pages: int | None, block_size: int | None, p50: float | None, suggested: int | None,
