@@ -187,3 +187,13 @@ def test_bench_comparison_refuses_an_unknown_method_before_loading_the_model(run
     result = runner.invoke(app, ["bench", command, "--quick", "--method", "lru"])
     assert result.exit_code == 2
     assert "unknown method(s) lru" in result.output
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--method", "lru"], "error: --method lru is unknown; use one of growpage, growpage_when_it_pays"),
+    (["--part", "speed"], "error: --part speed is unknown; use --part pressure, overhead"),
+])
+def test_bench_vllm_refuses_unknown_choices_before_starting_an_engine(runner, option, message):
+    result = runner.invoke(app, ["bench", "vllm", "--quick", *option])
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith(message) and "Traceback" not in result.output

@@ -97,6 +97,31 @@ def scored(tokenizer: Any, tasks: Sequence[Task | None], runs: list[dict]) -> di
             "accuracy_by_family": by_family[0], "accuracy_by_family_every_repeat": by_family}
 
 
+def forced_nll(run_spec: dict, reference: dict, log: Log, timeout_s: float) -> dict:
+    """``run_spec`` (a compressed variant's run) forced through full KV's continuation
+    (``reference``: a run with room for all and raw log-probabilities): the per-token NLL increase.
+
+    Raises:
+        GrowPageError: the forced run did not emit the reference tokens.
+    """
+    from growpage.bench.fidelity import forced_spec, nll_increase
+    from growpage.demos.vllm_engine import run_child
+
+    if log:
+        log(f"vllm bench: {run_spec['variant']} forced through full KV's continuation (fidelity)")
+    keys = [str(index) for index in range(len(run_spec["prompts"]))]
+    forced = run_child(forced_spec(run_spec, [reference["outputs"][key] for key in keys]), lambda report: None,
+                       timeout_s)
+    if any(forced["outputs"][key] != reference["outputs"][key] for key in keys):
+        from growpage.errors import GrowPageError
+
+        raise GrowPageError("the forced run did not emit the reference tokens: the forcing logits processor "
+                            "was not applied (vLLM's logits_processors setting)")
+    fidelity = nll_increase({key: reference["logprobs"][key] for key in keys},
+                            {key: forced["logprobs"][key] for key in keys})
+    return {**fidelity, "forced_run": without_outputs(forced)}
+
+
 def without_outputs(result: dict) -> dict:
     return {key: value for key, value in result.items() if key not in ("outputs", "logprobs")}
 

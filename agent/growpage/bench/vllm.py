@@ -20,6 +20,8 @@ registers plugins once per process, so variants cannot share one), on the packag
   decoding (:mod:`growpage.bench.fidelity`).
 * **retrieval** and **accuracy**: retrieval tasks with true answers under KV pressure, and full
   KV's accuracy per task family (:mod:`growpage.bench.goodput`).
+* **sweep**: on each trace, GrowPage's floor and every fixed cap's budget swept, tokens/s against
+  NLL increase (:mod:`growpage.bench.sweep`).
 * **overhead**: on a batch that fits, after a discarded warm-up run, ``repeats`` interleaved rounds
   (the order alternates each round) of vLLM alone, ``monitor`` and ``enforce`` with nothing to do
   (the pool is never short, so nothing is compacted): decode tokens/s medians with their range, the
@@ -40,7 +42,7 @@ from typing import Any
 from growpage import __version__
 
 VARIANTS = ("vllm", "growpage", "limit")
-PARTS = ("pressure", "overhead", "retrieval", "accuracy")
+PARTS = ("pressure", "overhead", "retrieval", "accuracy", "sweep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,8 @@ class VllmBenchSettings:
         retrieval_families, retrieval_context_tokens, retrieval_depths: the retrieval workload
             (``growpage.bench.tasks``; one request per family, length and depth, seed ``seeds[0]``).
         retrieval_kv_share: its KV space as a share of what every request needs at once.
+        sweep_pages: the floors of GrowPage and the fixed caps' budgets of the ``sweep`` part
+            (:mod:`growpage.bench.sweep`), in blocks.
     """
 
     requests: int = 16
@@ -81,11 +85,13 @@ class VllmBenchSettings:
     retrieval_context_tokens: tuple[int, ...] = (512, 1024)
     retrieval_depths: tuple[float, ...] = (0.1, 0.35, 0.65, 0.9)
     retrieval_kv_share: float = 0.25
+    sweep_pages: tuple[int, ...] = (2, 4, 6)
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:
         return cls(requests=6, max_tokens=80, kv_blocks=14, base_pages=2, seeds=(0,), overhead_batch=2,
-                   overhead_tokens=16, repeats=1, retrieval_families=("code",), retrieval_context_tokens=(512,))
+                   overhead_tokens=16, repeats=1, retrieval_families=("code",), retrieval_context_tokens=(512,),
+                   sweep_pages=(2,))
 
     def growpage_config(self, mode: str = "enforce") -> dict:
         return {"mode": mode, "base_pages": self.base_pages, "sink_tokens": 4, "recent_window_tokens": 16,
@@ -117,12 +123,15 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     if settings.threads:
         os.environ["OMP_NUM_THREADS"] = str(settings.threads)
     started = time.monotonic()
-    if {"pressure", "retrieval"} & set(settings.parts):
+    if {"pressure", "retrieval", "sweep"} & set(settings.parts):
         _warm_up(model_dir, settings, log, timeout_s)
     traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
               if "pressure" in settings.parts else [])
     overhead = _overhead(model_dir, settings, log, timeout_s) if "overhead" in settings.parts else {}
-    from growpage.bench import goodput
+    from growpage.bench import goodput, sweep
+
+    sweeps = ([sweep.pressure_sweep(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
+              if "sweep" in settings.parts else [])
 
     retrieval = goodput.retrieval_under_pressure(model_dir, settings, log, timeout_s) \
         if "retrieval" in settings.parts else {}
@@ -132,8 +141,9 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     return {"benchmark": "vllm", "growpage_version": __version__, "vllm_version": vllm.__version__,
             "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
             "settings": dataclasses.asdict(settings), "traces": traces, "overhead": overhead,
-            "retrieval": retrieval, "accuracy": accuracy,
-            "summary": _summary(traces, overhead) | goodput.summary(traces, retrieval, accuracy),
+            "retrieval": retrieval, "accuracy": accuracy, "sweeps": sweeps,
+            "summary": _summary(traces, overhead) | goodput.summary(traces, retrieval, accuracy)
+            | {"sweep_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in sweeps}},
             "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -198,8 +208,9 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
                                                   [results["growpage"]["outputs"][k] for k in order]),
             "goodput": {variant: goodput.scored(tokenizer, _true_results(tasks), values)
                         for variant, values in runs.items()},
-            "nll_increase": {"growpage": _forced_nll(model_dir, settings, prompts, blocks["growpage"],
-                                                     runs["limit"][0], log, timeout_s)}}
+            "nll_increase": {"growpage": goodput.forced_nll(
+                _spec(model_dir, settings, prompts, settings.max_tokens, blocks["growpage"], "growpage",
+                      configs["growpage"]), runs["limit"][0], log, timeout_s)}}
 
 
 def _true_results(tasks: list[Any]) -> list[Any]:
@@ -207,29 +218,6 @@ def _true_results(tasks: list[Any]) -> list[Any]:
     from growpage.bench.tasks import with_truth
 
     return [with_truth(task) for task in tasks]
-
-
-def _forced_nll(model_dir: str, settings: VllmBenchSettings, prompts: list[str], kv_blocks: int, reference: dict,
-                log: Callable[[str], None] | None, timeout_s: float) -> dict:
-    """GrowPage forced through full KV's continuation (``reference``: the limit's run, with raw
-    log-probabilities): the per-token NLL increase over full KV."""
-    from growpage.bench.fidelity import forced_spec, nll_increase
-    from growpage.bench.goodput import without_outputs
-    from growpage.demos.vllm_engine import run_child
-
-    if log:
-        log("vllm bench: growpage forced through full KV's continuation (fidelity)")
-    keys = [str(index) for index in range(len(prompts))]
-    spec = _spec(model_dir, settings, prompts, settings.max_tokens, kv_blocks, "growpage", settings.growpage_config())
-    forced = run_child(forced_spec(spec, [reference["outputs"][key] for key in keys]), lambda report: None, timeout_s)
-    if any(forced["outputs"][key] != reference["outputs"][key] for key in keys):
-        from growpage.errors import GrowPageError
-
-        raise GrowPageError("the forced run did not emit the reference tokens: the forcing logits processor "
-                            "was not applied (vLLM's logits_processors setting)")
-    fidelity = nll_increase({key: reference["logprobs"][key] for key in keys},
-                            {key: forced["logprobs"][key] for key in keys})
-    return {**fidelity, "forced_run": without_outputs(forced)}
 
 
 def _answer_agreement(tokenizer: Any, reference: list[list[int]], candidate: list[list[int]]) -> float | None:

@@ -341,17 +341,25 @@ def vllm(
                                                         "(monitor and idle enforce vs vLLM alone), retrieval "
                                                         "(retrieval under KV pressure: accuracy, correct "
                                                         "answers/s), accuracy (full KV on every retrieval "
-                                                        "family); default pressure and overhead.")] = None,
+                                                        "family), sweep (GrowPage's floor and each fixed cap's "
+                                                        "budget: tokens/s against NLL increase); default "
+                                                        "pressure and overhead.")] = None,
     seed: Annotated[list[int] | None, typer.Option(help="Trace seeds (repeatable; default 0 and 1).")] = None,
     repeats: Annotated[int | None, typer.Option(min=1, help="Interleaved rounds of every variant (default 3).")
                        ] = None,
-    output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
+    method: Annotated[str | None, typer.Option(help="What GrowPage's runs enforce at a block boundary: the "
+                                                    "plugin's method setting (default growpage).")] = None,
+    sweep_pages: Annotated[list[int] | None, typer.Option(min=1, help="Floors and caps of --part sweep, in "
+                                                                     "blocks (repeatable; default 2, 4, 6).")] = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the JSON here (and, with --part sweep, the "
+                                                     "plot beside it as <name>-sweep.png).")] = None,
 ) -> None:
     """vLLM alone vs GrowPage inside vLLM: tokens/s, correct answers/s, accuracy, NLL increase, overhead."""
     import dataclasses
 
     from growpage.bench.vllm import PARTS, VllmBenchSettings, run_vllm_bench
     from growpage.errors import GrowPageError
+    from growpage.vllm_plugin.settings import VLLM_METHODS
 
     settings = VllmBenchSettings.quick() if quick else VllmBenchSettings()
     settings = dataclasses.replace(settings, threads=threads)
@@ -361,8 +369,12 @@ def vllm(
             typer.echo(f"error: --part {unknown[0]} is unknown; use --part {', '.join(PARTS)}", err=True)
             raise typer.Exit(2)
         settings = dataclasses.replace(settings, parts=tuple(part))
+    if method is not None and method not in VLLM_METHODS:
+        typer.echo(f"error: --method {method} is unknown; use one of {', '.join(VLLM_METHODS)}", err=True)
+        raise typer.Exit(2)
     overrides: dict[str, Any] = {"base_pages": base_pages, "seeds": tuple(seed) if seed else None,
-                                 "repeats": repeats}
+                                 "repeats": repeats, "sweep_pages": tuple(sweep_pages) if sweep_pages else None,
+                                 "growpage": {"method": method} if method else None}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     console = Console(stderr=True)
     try:
@@ -373,6 +385,28 @@ def vllm(
     _write(result, output)
     typer.echo(json.dumps(result, indent=2))
     _print_goodput(result, console)
+    _print_sweep(result, console, output)
+
+
+def _print_sweep(result: dict, console: Console, output: Path | None) -> None:
+    """The sweep's points and verdict per seed; its plot beside ``output``."""
+    from growpage.bench.sweep import sweep_rows
+
+    if not result.get("sweeps"):
+        return
+    table = Table(title="gpctl bench vllm --part sweep: tokens/s against NLL increase (median \\[min-max])")
+    for column in ("seed", "variant", "tokens/s", "x vLLM alone", "NLL +nats/token", "preemptions"):
+        table.add_column(column, justify="left" if column in ("seed", "variant") else "right")
+    for row in sweep_rows(result["sweeps"]):
+        table.add_row(*row)
+    console.print(table)
+    for sweep in result["sweeps"]:
+        console.print(f"seed {sweep['seed']}: {json.dumps(sweep['verdict'])}")
+    if output is not None:
+        from growpage.bench.plots import sweep_tradeoff
+
+        plot = sweep_tradeoff(result, output.with_name(f"{output.stem}-sweep.png"))
+        console.print(f"plot: {plot}")
 
 
 def _print_goodput(result: dict, console: Console) -> None:
