@@ -1,7 +1,8 @@
 """Builds a kustomize overlay: with kustomize (or kubectl kustomize) when installed, else in Python.
 
-The Python renderer covers what deploy/ uses (resources, strategic-merge patch files) and fails
-loudly on anything else, so a patch that no longer applies is caught either way.
+The Python renderer covers what deploy/ uses (resources, components that add resources, strategic-merge
+patches from files or inline, ``$patch: delete``) and fails loudly on anything else, so a patch that no
+longer applies is caught either way.
 """
 
 from __future__ import annotations
@@ -61,11 +62,18 @@ def render_in_python(directory: Path) -> list[dict]:
         else:
             documents += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
     for patch_ref in kustomization.get("patches", []):
-        patch = yaml.safe_load((directory / patch_ref["path"]).read_text())
+        unsupported = set(patch_ref) - {"path", "patch"}
+        assert not unsupported, f"{directory}: the Python renderer does not support patch {sorted(unsupported)}"
+        where = patch_ref.get("path", "an inline patch")
+        patch = yaml.safe_load((directory / patch_ref["path"]).read_text() if "path" in patch_ref
+                               else patch_ref["patch"])
         key = (patch["kind"], patch["metadata"]["name"])
         targets = [i for i, doc in enumerate(documents) if (doc["kind"], doc["metadata"]["name"]) == key]
-        assert len(targets) == 1, f"patch {patch_ref['path']} matches {len(targets)} resources, not 1"
-        documents[targets[0]] = _merge(documents[targets[0]], patch)
+        assert len(targets) == 1, f"patch {where} matches {len(targets)} resources, not 1"
+        if patch.get("$patch") == "delete":
+            del documents[targets[0]]
+        else:
+            documents[targets[0]] = _merge(documents[targets[0]], patch)
     return documents
 
 
