@@ -6,7 +6,15 @@ import pytest
 from typer.testing import CliRunner
 
 from gpctl.main import app
-from growpage.bench.fleet import FleetBenchSettings, percentile, skewed_trace, summarize, table
+from growpage.bench.fleet import (
+    FleetBenchSettings,
+    medians,
+    round_order,
+    skewed_trace,
+    summarize,
+    table,
+    verdict,
+)
 
 
 def test_the_trace_alternates_questions_with_true_answers_and_long_generations():
@@ -17,12 +25,6 @@ def test_the_trace_alternates_questions_with_true_answers_and_long_generations()
     assert families[:4] == ["passkey", "reasoning", "reasoning", "passkey"]  # both kinds on both replicas
     assert all(task.answer for task in trace)  # every request is scored against a true answer
     assert skewed_trace(settings) == trace  # deterministic per seed
-
-
-def test_percentile_is_nearest_rank():
-    assert percentile([], 0.99) is None
-    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
-    assert percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
 
 
 def test_summary_counts_preemptions_on_every_replica_and_correct_answers_per_second():
@@ -37,10 +39,46 @@ def test_summary_counts_preemptions_on_every_replica_and_correct_answers_per_sec
     assert summary["preemptions"] == 4.0 and summary["finished_per_replica"] == [1.0, 1.0]
     assert summary["errors"] == 1 and summary["correct"] == 1 and summary["retrieval_correct"] == 1
     assert summary["span_s"] == 4.0 and summary["correct_per_s"] == pytest.approx(0.25)
-    assert summary["ttft_p99_s"] == 1.5 and summary["itl_p99_s"] == 0.3
-    assert "growpage" in table({"variants": {"growpage": summary}})
+    # the one percentile of the project (linear between ranks): p99 of [0.5, 1.5] and of [0.1, 0.2, 0.3]
+    assert summary["ttft_p99_s"] == pytest.approx(1.49) and summary["itl_p99_s"] == pytest.approx(0.298)
 
 
-def test_an_unknown_variant_exits_2_with_one_line():
-    result = CliRunner().invoke(app, ["bench", "fleet", "--variant", "fastest"])
-    assert result.exit_code == 2 and "unknown" in result.output and "Traceback" not in result.output
+def _round(preemptions: float, ttft: float, itl: float, correct: int, per_s: float) -> dict:
+    return {"requests": 20, "retrieval": 8, "errors": 0, "retrieval_correct": 8, "span_s": 60.0,
+            "preemptions": preemptions, "ttft_p99_s": ttft, "itl_p99_s": itl, "correct": correct,
+            "correct_per_s": per_s, "finished_per_replica": [7.0, 13.0]}
+
+
+def test_rounds_alternate_their_order_and_report_medians_with_ranges():
+    names = ("round_robin", "power_of_two_vllm", "growpage")
+    assert round_order(names, 0) == names and round_order(names, 1) == tuple(reversed(names))
+    assert FleetBenchSettings().repeats >= 2 and FleetBenchSettings.quick().repeats == 1
+    summary = medians([_round(0, 3.0, 1.0, 8, 0.2), _round(2, 9.0, 1.2, 8, 0.3), _round(1, 4.0, None, 9, 0.1)])
+    assert summary["preemptions"] == 1 and summary["preemptions_range"] == [0, 2]
+    assert summary["ttft_p99_s"] == 4.0 and summary["itl_p99_s"] == pytest.approx(1.1)  # a round without gaps
+    assert summary["finished_per_replica"] == [7.0, 13.0]
+    line = table({"variants": {"growpage": summary}}).splitlines()[1]
+    assert line.startswith("growpage") and "4.00 [3.00-9.00]" in line and "1 [0-2]" in line
+
+
+def test_the_verdict_needs_every_number_better_than_both_baselines():
+    fleet = {"round_robin": medians([_round(1, 20.0, 1.0, 8, 0.18)]),
+             "power_of_two_vllm": medians([_round(3, 4.0, 2.0, 8, 0.19)]),
+             "growpage": medians([_round(0, 3.5, 0.9, 8, 0.20)])}
+    result = verdict(fleet)
+    assert result["target_met"] and set(result["against"]) == {"round_robin", "power_of_two_vllm"}
+    fleet["growpage"] = medians([_round(0, 10.0, 0.9, 8, 0.20)])  # slower first token than power_of_two
+    result = verdict(fleet)
+    assert not result["target_met"] and result["against"]["power_of_two_vllm"]["lower_ttft_p99"] is False
+    assert result["against"]["round_robin"] == {"fewer_preemptions": True, "lower_ttft_p99": True,
+                                                "lower_itl_p99": True, "accuracy_at_least": True}
+    assert verdict({"round_robin": fleet["round_robin"]}) == {}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--variant", "fastest"], "unknown"),
+    (["--retrieval", "0", "--reasoning", "0"], "the trace is empty"),
+])
+def test_bad_input_exits_2_with_one_line(args, message):
+    result = CliRunner().invoke(app, ["bench", "fleet", *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output

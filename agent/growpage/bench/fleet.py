@@ -12,6 +12,11 @@ Per variant: vLLM's preemptions on both replicas (``vllm:num_preemptions_total``
 token and inter-token latency seen by the client (streamed chat completions), correct answers and
 correct answers per second of the trace's span, and the requests each replica finished. Client-side
 times are wall-clock measurements of this machine, reported, never asserted.
+
+Every variant runs ``repeats`` times, interleaved (the order reverses each round, so drift over the
+run does not always favour the same variant); each number is reported as the median of the rounds
+with its range, every round kept, and :func:`verdict` reads the medians against the target: fewer
+preemptions and lower p99 TTFT and ITL than both baselines, at equal or better accuracy.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import collections
 import dataclasses
 import itertools
 import json
-import math
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from growpage.bench.tasks import Task, is_correct, reasoning_tasks, retrieval_tasks
+from growpage.core.quantiles import percentile
 
 VARIANTS: dict[str, tuple[str, str]] = {  # name -> (router policy, replica mode)
     "round_robin": ("round_robin", "vllm"),
@@ -55,10 +61,11 @@ class FleetBenchSettings:
     router_port: int = 18200
     metrics_port: int = 19201
     cpu_binds: tuple[str, ...] = ("0", "1")
+    repeats: int = 2
 
     @classmethod
     def quick(cls) -> FleetBenchSettings:
-        return cls(retrieval=4, reasoning=4, reasoning_tokens=96)
+        return cls(retrieval=4, reasoning=4, reasoning_tokens=96, repeats=1)
 
 
 def skewed_trace(settings: FleetBenchSettings) -> list[Task]:
@@ -134,14 +141,6 @@ def vllm_counters(url: str) -> dict[str, float]:
     return counters
 
 
-def percentile(values: Sequence[float], quantile: float) -> float | None:
-    """Nearest-rank percentile (None for no values)."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))]
-
-
 def summarize(results: Sequence[dict[str, Any]], before: Sequence[dict[str, float]],
               after: Sequence[dict[str, float]]) -> dict[str, Any]:
     """One variant's numbers (see the module docstring)."""
@@ -180,26 +179,83 @@ def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir
     return {"policy": policy, "replica_mode": mode, **summarize(results, before, after), "results": results}
 
 
+COMPARED = ("preemptions", "ttft_p99_s", "itl_p99_s", "correct", "correct_per_s")
+BASELINES = ("round_robin", "power_of_two_vllm")
+
+
+def round_order(variants: Sequence[str], repeat: int) -> tuple[str, ...]:
+    """The variants' order in round ``repeat``: reversed every other round."""
+    return tuple(variants) if repeat % 2 == 0 else tuple(reversed(variants))
+
+
 def run_fleet_bench(settings: FleetBenchSettings, model_dir: str, log_dir: Path,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every variant of ``settings`` one after another; returns the settings and each variant's numbers."""
-    report: dict[str, Any] = {"settings": dataclasses.asdict(settings), "variants": {}}
-    for name in settings.variants:
-        log(f"fleet bench: {name} ({VARIANTS[name][0]}, replicas {VARIANTS[name][1]})")
-        report["variants"][name] = run_variant(name, settings, model_dir, log_dir)
-        numbers = {k: v for k, v in report["variants"][name].items() if k != "results"}
-        log(f"fleet bench: {name}: {json.dumps(numbers)}")
-    return report
+    """``repeats`` interleaved rounds of every variant of ``settings``; returns the settings, each
+    variant's rounds and medians, and the verdict."""
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in settings.variants}
+    for repeat in range(settings.repeats):
+        for name in round_order(settings.variants, repeat):
+            log(f"fleet bench: round {repeat + 1}/{settings.repeats}, {name} ({VARIANTS[name][0]}, "
+                f"replicas {VARIANTS[name][1]})")
+            result = run_variant(name, settings, model_dir, log_dir / f"round{repeat + 1}")
+            rounds[name].append(result)
+            log(f"fleet bench: {name}: {json.dumps({k: v for k, v in result.items() if k != 'results'})}")
+    variants = {name: {"policy": VARIANTS[name][0], "replica_mode": VARIANTS[name][1],
+                       **medians(results), "rounds": results} for name, results in rounds.items()}
+    return {"settings": dataclasses.asdict(settings), "variants": variants, "verdict": verdict(variants)}
+
+
+def medians(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Each compared number's median over the rounds, with its range (None where no round had one)."""
+    summary: dict[str, Any] = {"requests": rounds[0]["requests"], "retrieval": rounds[0]["retrieval"]}
+    for key in (*COMPARED, "errors", "retrieval_correct", "span_s"):
+        values = [r[key] for r in rounds if r.get(key) is not None]
+        summary[key] = statistics.median(values) if values else None
+        summary[f"{key}_range"] = [min(values), max(values)] if values else None
+    summary["finished_per_replica"] = [statistics.median(r["finished_per_replica"][i] for r in rounds)
+                                       for i in range(len(rounds[0]["finished_per_replica"]))]
+    return summary
+
+
+def verdict(variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """GrowPage's medians against each baseline's: lower preemptions and p99s, at least the accuracy."""
+    if "growpage" not in variants:
+        return {}
+    ours = variants["growpage"]
+    against = {name: {"fewer_preemptions": _better(ours, variants[name], "preemptions"),
+                      "lower_ttft_p99": _better(ours, variants[name], "ttft_p99_s"),
+                      "lower_itl_p99": _better(ours, variants[name], "itl_p99_s"),
+                      "accuracy_at_least": _better(ours, variants[name], "correct", lower=False)}
+               for name in BASELINES if name in variants}
+    return {"against": against, "target_met": bool(against) and all(
+        value is True for checks in against.values() for value in checks.values())}
+
+
+def _better(ours: dict[str, Any], theirs: dict[str, Any], key: str, lower: bool = True) -> bool | None:
+    """Ours strictly lower (or, with ``lower`` False, at least as high); None where one has no value."""
+    if ours[key] is None or theirs[key] is None:
+        return None
+    return bool(ours[key] < theirs[key] if lower else ours[key] >= theirs[key])
+
+
+def _cell(value: float | None, value_range: list[float] | None, scale: float = 1.0, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    text = f"{value * scale:.{digits}f}"
+    if value_range and value_range[0] != value_range[1]:
+        text += f" [{value_range[0] * scale:.{digits}f}-{value_range[1] * scale:.{digits}f}]"
+    return text
 
 
 def table(report: dict[str, Any]) -> str:
-    """The variants side by side, one line each (fits 100 columns)."""
-    lines = [f"{'variant':<18} {'preempt':>7} {'TTFT p99':>9} {'ITL p99':>8} {'correct':>8} {'corr/s':>7} "
-             f"{'A/B finished':>13}"]
+    """The variants side by side, one line each: medians of the rounds with their range."""
+    lines = [f"{'variant':<18} {'preempt':>9} {'TTFT p99 s':>17} {'ITL p99 ms':>15} {'correct':>9} "
+             f"{'corr/s':>19} {'A/B finished':>12}"]
     for name, v in report["variants"].items():
-        ttft = f"{v['ttft_p99_s']:.2f}s" if v["ttft_p99_s"] is not None else "-"
-        itl = f"{v['itl_p99_s'] * 1000:.0f}ms" if v["itl_p99_s"] is not None else "-"
         finished = "/".join(f"{n:g}" for n in v["finished_per_replica"])
-        lines.append(f"{name:<18} {v['preemptions']:>7g} {ttft:>9} {itl:>8} "
-                     f"{v['correct']:>3}/{v['requests']:<4} {v['correct_per_s']:>7.3f} {finished:>13}")
+        lines.append(f"{name:<18} {_cell(v['preemptions'], v['preemptions_range'], digits=0):>9} "
+                     f"{_cell(v['ttft_p99_s'], v['ttft_p99_s_range']):>17} "
+                     f"{_cell(v['itl_p99_s'], v['itl_p99_s_range'], 1000, 0):>15} "
+                     f"{_cell(v['correct'], None, digits=0):>4}/{v['requests']:<4} "
+                     f"{_cell(v['correct_per_s'], v['correct_per_s_range'], digits=3):>19} {finished:>12}")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -80,6 +80,14 @@ def bench_fleet(
     variant: Annotated[list[str] | None, typer.Option(help="round_robin, power_of_two_vllm or growpage "
                                                             "(repeat; default: all three).")] = None,
     model: Annotated[Path | None, typer.Option(help="Model folder (default: the packaged model).")] = None,
+    repeats: Annotated[int | None, typer.Option(min=1, help="Interleaved rounds of every variant (default 2; "
+                                                            "medians and ranges are reported).")] = None,
+    seed: Annotated[int | None, typer.Option(help="The trace's seed (default 0; another seed is a second trace).")]
+    = None,
+    retrieval: Annotated[int | None, typer.Option(min=0, help="Retrieval questions in the trace (default 8).")]
+    = None,
+    reasoning: Annotated[int | None, typer.Option(min=0, help="Step-by-step generations in the trace (default 12).")]
+    = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
     log_dir: Annotated[Path, typer.Option(help="One log file per process and variant.")] = Path("fleet-bench-logs"),
 ) -> None:
@@ -96,14 +104,19 @@ def bench_fleet(
     unknown = sorted(set(variant or ()) - set(VARIANTS))
     if unknown:
         raise ConfigError(f"--variant {', '.join(unknown)} is unknown; choose from {', '.join(VARIANTS)}")
+    settings = FleetBenchSettings.quick() if quick else FleetBenchSettings()
+    overrides: dict[str, Any] = {"variants": tuple(variant) if variant else None, "repeats": repeats,
+                                 "seed": seed, "retrieval": retrieval, "reasoning": reasoning}
+    settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    if settings.retrieval + settings.reasoning == 0:
+        raise ConfigError("the trace is empty: give --retrieval or --reasoning a count above 0")
     check_vllm_installed()
     router_executable()
-    settings = FleetBenchSettings.quick() if quick else FleetBenchSettings()
-    if variant:
-        settings = dataclasses.replace(settings, variants=tuple(variant))
     report = run_fleet_bench(settings, str(resolve_model_dir(model)), log_dir,
                              log=lambda line: typer.echo(line, err=True))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     typer.echo(table(report))
+    if report["verdict"]:
+        typer.echo(f"verdict (medians): {json.dumps(report['verdict'])}")
