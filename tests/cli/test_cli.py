@@ -197,3 +197,24 @@ def test_bench_vllm_refuses_unknown_choices_before_starting_an_engine(runner, op
     result = runner.invoke(app, ["bench", "vllm", "--quick", *option])
     assert result.exit_code == 2
     assert result.stderr.strip().startswith(message) and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("observe_every_steps", "is not KEY=VALUE"),
+    ("observe_every_steps=0", "observe_every_steps must be an int >= 1"),
+    ("no_such_setting=1", "no_such_setting"),
+])
+def test_bench_vllm_checks_growpage_settings_as_the_plugin_will(runner, setting, message):
+    result = runner.invoke(app, ["bench", "vllm", "--quick", "--setting", setting])
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bench_vllm_settings_reach_growpages_runs():
+    from gpctl.commands.bench import _vllm_settings
+
+    settings = _vllm_settings(True, 1, ["overhead"], "h2o", ["observe_every_steps=2", "sink_tokens=8"],
+                              {"repeats": 3, "seeds": None})
+    assert settings.parts == ("overhead",) and settings.repeats == 3 and settings.threads == 1
+    config = settings.growpage_config("monitor")
+    assert (config["method"], config["observe_every_steps"], config["sink_tokens"]) == ("h2o", 2, 8)

@@ -351,31 +351,19 @@ def vllm(
                                                     "plugin's method setting (default growpage).")] = None,
     sweep_pages: Annotated[list[int] | None, typer.Option(min=1, help="Floors and caps of --part sweep, in "
                                                                      "blocks (repeatable; default 2, 4, 6).")] = None,
+    setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
+                                                            "plugin's additional_config keys; repeatable), e.g. "
+                                                            "observe_every_steps=2.")] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here (and, with --part sweep, the "
                                                      "plot beside it as <name>-sweep.png).")] = None,
 ) -> None:
     """vLLM alone vs GrowPage inside vLLM: tokens/s, correct answers/s, accuracy, NLL increase, overhead."""
-    import dataclasses
-
-    from growpage.bench.vllm import PARTS, VllmBenchSettings, run_vllm_bench
+    from growpage.bench.vllm import run_vllm_bench
     from growpage.errors import GrowPageError
-    from growpage.vllm_plugin.settings import VLLM_METHODS
 
-    settings = VllmBenchSettings.quick() if quick else VllmBenchSettings()
-    settings = dataclasses.replace(settings, threads=threads)
-    if part:
-        unknown = sorted(set(part) - set(PARTS))
-        if unknown:
-            typer.echo(f"error: --part {unknown[0]} is unknown; use --part {', '.join(PARTS)}", err=True)
-            raise typer.Exit(2)
-        settings = dataclasses.replace(settings, parts=tuple(part))
-    if method is not None and method not in VLLM_METHODS:
-        typer.echo(f"error: --method {method} is unknown; use one of {', '.join(VLLM_METHODS)}", err=True)
-        raise typer.Exit(2)
-    overrides: dict[str, Any] = {"base_pages": base_pages, "seeds": tuple(seed) if seed else None,
-                                 "repeats": repeats, "sweep_pages": tuple(sweep_pages) if sweep_pages else None,
-                                 "growpage": {"method": method} if method else None}
-    settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    settings = _vllm_settings(quick, threads, part, method, setting, {
+        "base_pages": base_pages, "seeds": tuple(seed) if seed else None, "repeats": repeats,
+        "sweep_pages": tuple(sweep_pages) if sweep_pages else None})
     console = Console(stderr=True)
     try:
         result = run_vllm_bench(str(model) if model else None, settings, log=lambda line: console.log(line))
@@ -386,6 +374,55 @@ def vllm(
     typer.echo(json.dumps(result, indent=2))
     _print_goodput(result, console)
     _print_sweep(result, console, output)
+
+
+def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, method: str | None,
+                   setting: list[str] | None, overrides: dict[str, Any]) -> Any:
+    """``gpctl bench vllm``'s settings from its options; a bad choice exits 2 with one line."""
+    import dataclasses
+
+    from growpage.bench.vllm import PARTS, VllmBenchSettings
+    from growpage.errors import ConfigError
+    from growpage.vllm_plugin.settings import VLLM_METHODS
+
+    settings = VllmBenchSettings.quick() if quick else VllmBenchSettings()
+    settings = dataclasses.replace(settings, threads=threads)
+    unknown = sorted(set(part or ()) - set(PARTS))
+    if unknown:
+        typer.echo(f"error: --part {unknown[0]} is unknown; use --part {', '.join(PARTS)}", err=True)
+        raise typer.Exit(2)
+    if part:
+        settings = dataclasses.replace(settings, parts=tuple(part))
+    if method is not None and method not in VLLM_METHODS:
+        typer.echo(f"error: --method {method} is unknown; use one of {', '.join(VLLM_METHODS)}", err=True)
+        raise typer.Exit(2)
+    try:
+        extra = _growpage_settings(setting or [], settings, method)
+    except (ConfigError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    chosen = {**overrides, "growpage": extra or None}
+    return dataclasses.replace(settings, **{k: v for k, v in chosen.items() if v is not None})
+
+
+def _growpage_settings(pairs: list[str], settings: Any, method: str | None) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as GrowPage settings (values read as JSON where they parse: 2, 0.5, true),
+    checked the way the plugin will read them, so a typo fails here and not in the first engine."""
+    import json
+
+    from growpage.vllm_plugin.settings import split_settings
+
+    extra: dict[str, Any] = {"method": method} if method else {}
+    for pair in pairs:
+        key, separator, text = pair.partition("=")
+        if not separator or not key:
+            raise ValueError(f"--setting {pair!r} is not KEY=VALUE; e.g. --setting observe_every_steps=2")
+        try:
+            extra[key] = json.loads(text)
+        except json.JSONDecodeError:
+            extra[key] = text
+    split_settings({**settings.growpage_config(), **extra}, env={}, block_size=settings.block_size)
+    return extra
 
 
 def _print_sweep(result: dict, console: Console, output: Path | None) -> None:
