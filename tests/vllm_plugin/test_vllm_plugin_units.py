@@ -42,6 +42,9 @@ def test_settings_reject_unknown_keys_with_a_fix():
     with pytest.raises(ConfigError, match="method must be one of growpage, growpage_when_it_pays, streaming_llm"):
         split_settings({"method": "uniform_int8"}, env={})
     assert split_settings({}, env={"GROWPAGE_VLLM_METHOD": "snapkv"})[1].method == "snapkv"
+    with pytest.raises(ConfigError, match=r"observation_window_tokens must be an int in \[1, 128\], got 0; try 32"):
+        split_settings({"observation_window_tokens": 0}, env={})
+    assert split_settings({}, env={"GROWPAGE_VLLM_OBSERVATION_WINDOW_TOKENS": "16"})[1].observation_window_tokens == 16
 
 
 def test_layer_names_parse_and_the_observer_watches_the_controllers_layers():
@@ -339,3 +342,40 @@ def test_observing_one_step_in_two_reports_every_step_and_half_of_them_observed(
     assert report.steps == 10  # the scheduler sees every step; with no cache layout known yet none was scored
     with pytest.raises(ConfigError, match="observe_every_steps"):
         PluginSettings(observe_every_steps=0)
+
+
+def test_query_window_takes_a_prompts_last_queries_and_one_per_decode():
+    from growpage.vllm_plugin.observer import query_window
+
+    # request 0 ends a 10-token prompt chunk at batch tokens 0-9; request 1 decodes at token 10
+    tokens, offsets = query_window([(0, 10), (10, 11)], window_tokens=4)
+    assert offsets == [[3, 2, 1, 0], [0, 0, 0, 0]]
+    assert tokens == [6, 7, 8, 9, 10, 10, 10, 10]
+    assert query_window([(0, 1), (1, 2)], window_tokens=32) == ([0, 1], [[0], [0]])  # decodes: no window
+    assert query_window([(0, 10)], window_tokens=1) == ([9], [[0]])
+    assert query_window([(0, 2), (2, 9)], window_tokens=4)[1] == [[0, 0, 1, 0], [3, 2, 1, 0]]
+
+
+def test_observer_scores_a_prompts_end_by_its_observation_window():
+    torch.manual_seed(0)
+    prompt, heads, head_dim, window = 10, 2, 8, 4
+    keys = torch.randn(prompt, 1, head_dim)
+    cache = _transposed_cache(keys, 32, 2)
+    observer = _observer(observation_window_tokens=window)
+    new = types.SimpleNamespace(req_id="r1", prompt_token_ids=list(range(prompt)), num_computed_tokens=0,
+                                sampling_params=types.SimpleNamespace(extra_args={}))
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r1"]))
+    observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[new]))
+    observer.note_kv_write(cache, keys, torch.arange(prompt), transposed_write, num_kv_heads=1, block_size=32,
+                           head_dim=head_dim)
+    query = torch.randn(prompt, heads, head_dim)  # the whole prompt's queries in this step
+    metadata = types.SimpleNamespace(query_start_loc=torch.tensor([0, prompt]), seq_lens=torch.tensor([prompt]),
+                                     block_table=torch.tensor([[0, 1]]))
+    impl = types.SimpleNamespace(num_heads=heads, num_kv_heads=1, scale=head_dim ** -0.5)
+    observer.observe_layer(impl, query, cache, metadata)
+    observer.flush_observations()
+    logits = torch.einsum("whd,kd->hwk", query[-window:], keys[:, 0]) * impl.scale  # [heads, window, keys]
+    causal = torch.arange(prompt)[None, :] > torch.arange(prompt - window, prompt)[:, None]
+    probs = torch.softmax(logits.masked_fill(causal[None], float("-inf")), -1)
+    expected = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean()
+    assert torch.allclose(observer._step[0].entropy, expected[None], atol=1e-5)

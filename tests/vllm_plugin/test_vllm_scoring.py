@@ -125,3 +125,45 @@ def test_torch_only_gpu_checks_run_on_cpu_without_vllm_or_growpages_other_depend
     step = report["observation"][-1]
     assert step["after_chunks"] > 1 and step["after_peak_bytes"] <= step["cap_bytes"]
     assert step["max_abs_diff_token_mass"] < 1e-4 and step["before_ms"] is not None
+
+
+@pytest.mark.parametrize("layout_name", ["LBNHC", "BHLNC"])
+def test_an_observation_window_is_causal_and_a_repeated_newest_query_changes_nothing(layout_name):
+    """Three window queries per request: request 0 ends its prompt (offsets 2, 1, 0), request 1
+    decodes (its newest query three times). Each query sees only the keys before it; the scores
+    are means over heads and window queries, and request 1's equal its one-query scores."""
+    lengths = [40, 23]
+    layers, rows, layout, dense = _step(layout_name, lengths)
+    generator = torch.Generator().manual_seed(1)
+    windowed = []
+    for layer in layers:
+        query = torch.randn(2, 4, 3, HEAD_DIM, generator=generator).to(layer.query.dtype)
+        query[1] = layer.query[1][:, None, :]  # request 1: its newest query, repeated
+        windowed.append(scoring.ObservedLayer(layer.cache, query, layer.scale, layer.kv_heads))
+    offsets = [[2, 1, 0], [0, 0, 0]]
+    summarize = partial(summarize_attention, num_bins=8)
+    scores = scoring.score_step(windowed, rows, lengths, layout, summarize=summarize, token_mass=True,
+                                query_offsets=offsets)
+    tiny = scoring.score_step(windowed, rows, lengths, layout, cap_bytes=1, summarize=summarize, token_mass=True,
+                              query_offsets=offsets)
+    assert torch.allclose(scores.token_mass, tiny.token_mass, atol=1e-6)  # chunking still changes nothing
+    one = scoring.score_step(layers, rows, lengths, layout, summarize=summarize, token_mass=True)
+    assert torch.allclose(scores.token_mass[1], one.token_mass[1], atol=1e-6)
+    assert torch.allclose(scores.entropy[:, 1], one.entropy[:, 1], atol=1e-5)
+    mass = torch.zeros(max(lengths))
+    for layer, per_request in zip(windowed, dense, strict=True):
+        keys = per_request[0].float()[:, layer.kv_heads].permute(1, 0, 2)  # [H, K, hd]
+        logits = torch.einsum("hwd,hkd->hwk", layer.query[0].float(), keys) * layer.scale
+        visible = torch.tensor([lengths[0] - o for o in offsets[0]])
+        logits = logits.masked_fill(torch.arange(lengths[0])[None, None, :] >= visible[None, :, None], float("-inf"))
+        mass[:lengths[0]] += torch.softmax(logits, -1).mean((0, 1))
+    assert torch.allclose(scores.token_mass[0], mass, atol=1e-6)
+    assert scores.token_mass[0, lengths[0] - 2:].sum() > 0  # the newest query sees the last keys
+
+
+def test_window_offsets_must_match_the_window():
+    layers, rows, layout, _ = _step("LBNHC", [20])
+    windowed = [scoring.ObservedLayer(layer.cache, layer.query[:, :, None, :].expand(1, 4, 2, HEAD_DIM),
+                                      layer.scale, layer.kv_heads) for layer in layers]
+    with pytest.raises(ValueError, match="2 offsets per request"):
+        scoring.score_step(windowed, rows, [20], layout, query_offsets=[[0]])

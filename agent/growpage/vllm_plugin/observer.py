@@ -77,7 +77,8 @@ class _StepRows:
     lengths: list[int]  # physical tokens in the cache, this step's included
     observed: list[TrackedRequest]
     max_len: int
-    last_tokens: torch.Tensor  # [R] each request's newest query token in the batch
+    query_tokens: torch.Tensor  # [R * W] each request's window of query tokens in the batch, newest last
+    query_offsets: list[list[int]]  # [R][W] positions before the request's newest (0: newest, or a repeat)
     block_rows: torch.Tensor  # [R, M] block-table rows, cut to the longest request
     enforced: bool  # some observed request is enforced: accumulate compaction scores
     token_mass: torch.Tensor | None = None  # [R, max_len] attention summed over observed layers
@@ -90,6 +91,30 @@ _PendingLayer = scoring.ObservedLayer
 
 # Observed steps between two readings of every observed request's summaries (see _queue_readings).
 READINGS_EVERY_STEPS = 8
+
+
+def query_window(spans: list[tuple[int, int]], window_tokens: int) -> tuple[list[int], list[list[int]]]:
+    """Which query tokens of the batch each observed request is scored by, and their offsets.
+
+    A request's ``(start, end)`` span holds its query tokens this step: one while it decodes, the
+    chunk of its prompt at the step that ends the prompt. It is scored by its last
+    ``min(window_tokens, end - start)`` queries (an observation window: the end of a prompt, where
+    the question usually is, says which of its tokens matter); the step's window is the widest of
+    them, and a request with fewer repeats its newest query (offset 0, which changes no mean).
+
+    Returns:
+        ``[R * W]`` batch token indices, each request's newest last, and ``[R][W]`` offsets (how
+        many positions each lies before the request's newest).
+    """
+    widths = [max(1, min(window_tokens, end - start)) for start, end in spans]
+    window = max(widths, default=1)
+    tokens: list[int] = []
+    offsets: list[list[int]] = []
+    for (_, end), width in zip(spans, widths, strict=True):
+        request_offsets = [0] * (window - width) + list(range(width - 1, -1, -1))
+        offsets.append(request_offsets)
+        tokens += [end - 1 - offset for offset in request_offsets]
+    return tokens, offsets
 
 
 def layer_index(layer_name: str) -> int | None:
@@ -299,7 +324,10 @@ class VllmObserver:
         kv_heads = heads // max(1, impl.num_heads // impl.num_kv_heads)
         # Only the newest queries are taken now (a copy: the next layer reuses vLLM's buffers); the
         # keys stay in the cache, and every observed layer is scored at once at the end of the step.
-        query_rows = query.index_select(0, plan.last_tokens).index_select(1, self._heads_on(heads, query.device))
+        query_rows = query.index_select(0, plan.query_tokens).index_select(1, self._heads_on(heads, query.device))
+        window = len(plan.query_offsets[0])
+        if window > 1:  # [R * W, H, hd] -> [R, H, W, hd]
+            query_rows = query_rows.view(len(plan.rows), window, *query_rows.shape[1:]).transpose(1, 2)
         plan.pending.append(_PendingLayer(kv_cache, query_rows, float(impl.scale), kv_heads))
 
     def flush_observations(self) -> None:
@@ -315,7 +343,8 @@ class VllmObserver:
         scores = scoring.score_step(
             pending, plan.block_rows, plan.lengths, self._layout,
             cap_bytes=self.settings.observe_chunk_mib * 2 ** 20, token_mass=plan.enforced,
-            summarize=functools.partial(summarize_attention, num_bins=self.config.sts_num_bins))
+            summarize=functools.partial(summarize_attention, num_bins=self.config.sts_num_bins),
+            query_offsets=plan.query_offsets)
         plan.token_mass = scores.token_mass  # compaction scores: per token, head mean, summed over layers
         assert scores.bin_mass is not None and scores.entropy is not None
         for layer in range(len(pending)):
@@ -347,10 +376,11 @@ class VllmObserver:
         # host-built indices, copied without waiting for the device (no sync on the step's hot path)
         index = scoring.to_device(batch_rows, block_table.device)
         block_rows = block_table.index_select(0, index)[:, :-(-max_len // self._layout.block_size)]
+        tokens, offsets = query_window([(starts[i], starts[i + 1]) for i in batch_rows],
+                                       self.settings.observation_window_tokens)
         self._step_plan = _StepRows(
             rows=rows, lengths=lengths, observed=observed, max_len=max_len,
-            last_tokens=scoring.to_device([starts[i + 1] - 1 for i in batch_rows], query_device),
-            block_rows=block_rows,
+            query_tokens=scoring.to_device(tokens, query_device), query_offsets=offsets, block_rows=block_rows,
             enforced=self.compactor is not None and any(t.mode is Mode.ENFORCE for t in observed))
         return self._step_plan
 

@@ -1,7 +1,8 @@
 """The newest queries' attention over paged keys, in chunks of bounded transient memory.
 
 At the end of a step the observer scores every observed layer at once: the newest query of each
-observed request, for the sampled heads, against every key of that request in the paged cache.
+observed request (or, at the step that ends a prompt, its last few queries: an observation window),
+for the sampled heads, against every key of that request in the paged cache.
 Done naively (every request, whole blocks, upcast at once) that is ``[layers, requests, heads,
 tokens, head_dim]`` float32 of transient memory, gigabytes at serving scale, outside the KV
 budget vLLM profiled. Here:
@@ -44,7 +45,9 @@ class ObservedLayer:
 
     Attributes:
         cache: one layer's ``[blocks, kv_heads, slots, content]`` view of the paged cache.
-        query: ``[R, H, head_dim]`` the newest query of each observed request, sampled heads.
+        query: ``[R, H, head_dim]`` the newest query of each observed request, sampled heads; or
+            ``[R, H, W, head_dim]``, an observation window of ``W`` queries per request, the newest
+            last (see ``query_offsets`` in :func:`score_step`).
         scale: the layer's softmax scale.
         kv_heads: ``[H]`` long, on the host: the KV head each sampled query head reads.
     """
@@ -157,8 +160,15 @@ def to_device(values: list[int], device: torch.device) -> torch.Tensor:
 
 def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, lengths: Sequence[int],
                layout: kv_keys.BlockLayout, *, cap_bytes: int = DEFAULT_CAP_BYTES,
-               summarize: Summarize | None = None, token_mass: bool = False) -> StepScores:
+               summarize: Summarize | None = None, token_mass: bool = False,
+               query_offsets: Sequence[Sequence[int]] | None = None) -> StepScores:
     """Attention of each layer's newest queries over its requests' keys, chunk by chunk.
+
+    With an observation window (4-d queries), every query of a request is one more row of its
+    softmax: a query ``o`` positions before the newest sees only the keys before it (causal), and the
+    histograms, entropies and token mass are means over heads and window queries alike. A request
+    with fewer queries than the window repeats its newest one (offset 0): identical rows leave every
+    mean as it was, so one step may mix prompts ending (a window) with decodes (one query).
 
     Args:
         layers: the step's observed layers (same requests and sampled head count in each).
@@ -169,6 +179,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
         cap_bytes: transient budget per chunk (:func:`plan_chunks`).
         summarize: turns probabilities into histograms and entropies (see :data:`Summarize`).
         token_mass: also return per-key attention summed over layers (compaction scores).
+        query_offsets: ``[R][W]`` with a window: how many positions each query lies before its
+            request's newest (0 for the newest and for repeats; host ints). None: all 0.
 
     Returns:
         :class:`StepScores`, everything on the cache's device.
@@ -176,18 +188,26 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
     first = layers[0]
     device = first.cache.device
     num_layers, num_rows = len(layers), len(lengths)
-    num_heads, head_dim = int(first.query.shape[1]), int(first.query.shape[2])
+    window = int(first.query.shape[2]) if first.query.dim() == 4 else 1
+    num_heads, head_dim = int(first.query.shape[1]), int(first.query.shape[-1])
     block_size = layout.block_size
     element_bytes = key_element_bytes(first.cache.dtype, layout)
-    geometry = dict(num_layers=num_layers, num_heads=num_heads, head_dim=head_dim, block_size=block_size,
+    # the window's rows count as heads for the scores' memory (keys are gathered once per head)
+    geometry = dict(num_layers=num_layers, num_heads=num_heads * window, head_dim=head_dim, block_size=block_size,
                     element_bytes=element_bytes)
     chunks = plan_chunks(lengths, cap_bytes=cap_bytes, **geometry)
     order = [row for chunk in chunks for row in chunk.rows]
     heads = [layer.kv_heads.tolist() for layer in layers]  # host tensors: no device wait
-    packed = to_device(order + [lengths[row] for row in order] + [h for layer in heads for h in layer], device)
+    offsets = [list(query_offsets[row]) if query_offsets is not None else [0] * window for row in order]
+    if any(len(row) != window for row in offsets):
+        raise ValueError(f"query_offsets must hold {window} offsets per request, one per window query")
+    packed = to_device(order + [lengths[row] for row in order] + [h for layer in heads for h in layer]
+                       + [o for row in offsets for o in row], device)
     order_t, lengths_t = packed[:num_rows], packed[num_rows:2 * num_rows]
-    heads_t = packed[2 * num_rows:].view(num_layers, num_heads)
-    queries = torch.stack([layer.query for layer in layers]).to(device).float()  # [L, R, H, hd]
+    heads_t = packed[2 * num_rows:2 * num_rows + num_layers * num_heads].view(num_layers, num_heads)
+    offsets_t = packed[2 * num_rows + num_layers * num_heads:].view(num_rows, window)  # in chunk order
+    queries = torch.stack([layer.query.view(num_rows, num_heads, window, head_dim) for layer in layers])
+    queries = queries.to(device).float()  # [L, R, H, W, hd]
     max_len = max(lengths)
     entropy = torch.zeros(num_layers, num_rows, device=device) if summarize else None
     bin_mass: torch.Tensor | None = None
@@ -196,9 +216,10 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
     for chunk in chunks:
         rows = order_t[start:start + len(chunk.rows)]
         chunk_lengths = lengths_t[start:start + len(chunk.rows)]
+        visible = chunk_lengths[:, None] - offsets_t[start:start + len(chunk.rows)]  # [r, W] keys each query sees
         start += len(chunk.rows)
         probs = _chunk_probabilities(layers, queries.index_select(1, rows), heads_t, block_rows.index_select(0, rows),
-                                     chunk_lengths, chunk, layout)
+                                     visible, chunk, layout)
         if mass is not None:
             mass[:, :chunk.length].index_copy_(0, rows, probs.mean(2).sum(0))
         if summarize is not None and entropy is not None:
@@ -216,42 +237,47 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
 
 
 def _block_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """``[r, H, m, bs]`` dot products of ``query`` (``[r, H, hd]``) with gathered ``keys``
+    """``[r, H, W, m * bs]`` dot products of ``query`` (``[r, H, W, hd]``) with gathered ``keys``
     (``[r, H, m, bs, hd]``), in the orientation the keys were gathered in: no copy of the keys.
 
     The CPU ``vec`` kernels store K with slots innermost, so their gathered keys are a transposed
-    view (``[.., hd, bs]`` in memory); a batched matrix-vector product in that orientation reads
-    them as they lie, where making them row-major first cost a copy of every key per layer.
+    view (``[.., hd, bs]`` in memory); a batched matrix product in that orientation reads them as
+    they lie, where making them row-major first cost a copy of every key per layer.
     """
+    num_rows, num_heads, window = query.shape[:3]
     if keys.stride(-2) == 1 and keys.stride(-1) != 1:  # [.., hd, bs] in memory
-        return torch.matmul(query[:, :, None, None, :], keys.transpose(-1, -2))[..., 0, :]
-    return torch.matmul(keys, query[:, :, None, :, None])[..., 0]
+        scores = torch.matmul(query[:, :, None], keys.transpose(-1, -2))  # [r, H, m, W, bs]
+        if window == 1:
+            return scores.reshape(num_rows, num_heads, 1, -1)
+        return scores.permute(0, 1, 3, 2, 4).reshape(num_rows, num_heads, window, -1)
+    scores = torch.matmul(keys, query[:, :, None].transpose(-1, -2))  # [r, H, m, bs, W]
+    return scores.permute(0, 1, 4, 2, 3).reshape(num_rows, num_heads, window, -1)
 
 
 def _chunk_probabilities(layers: Sequence[ObservedLayer], queries: torch.Tensor, heads: torch.Tensor,
-                         block_rows: torch.Tensor, lengths: torch.Tensor, chunk: Chunk,
+                         block_rows: torch.Tensor, visible: torch.Tensor, chunk: Chunk,
                          layout: kv_keys.BlockLayout) -> torch.Tensor:
-    """``[L, r, H, chunk.length]`` softmax probabilities of one chunk (0 past each request).
+    """``[L, r, H * W, chunk.length]`` softmax probabilities of one chunk (0 where a query sees no key).
 
     Args:
-        queries: ``[L, r, H, hd]`` float32.
+        queries: ``[L, r, H, W, hd]`` float32.
         heads: ``[L, H]`` KV head per sampled head, on the device.
         block_rows: ``[r, M]`` the chunk's block-table rows.
-        lengths: ``[r]`` on the device.
+        visible: ``[r, W]`` keys each window query sees (its request's length less its offset).
     """
-    num_rows, num_heads = queries.shape[1], queries.shape[2]
+    num_rows, num_heads, window = queries.shape[1], queries.shape[2], queries.shape[3]
     block_size = layout.block_size
-    logits = torch.empty(len(layers), num_rows, num_heads, chunk.length, device=queries.device)
+    logits = torch.empty(len(layers), num_rows, num_heads, window, chunk.length, device=queries.device)
     num_blocks = -(-chunk.length // block_size)
     for index, layer in enumerate(layers):
-        query = queries[index]  # [r, H, hd]
+        query = queries[index]  # [r, H, W, hd]
         for first in range(0, num_blocks, chunk.blocks_per_gather):
             last = min(num_blocks, first + chunk.blocks_per_gather)
             keys = kv_keys.gather_key_blocks(layer.cache, block_rows[:, first:last], heads[index], layout).float()
             begin, end = first * block_size, min(last * block_size, chunk.length)
-            scores = _block_scores(query, keys).reshape(num_rows, num_heads, (last - first) * block_size)
-            logits[index, :, :, begin:end] = scores[:, :, :end - begin] * layer.scale
+            scores = _block_scores(query, keys)  # [r, H, W, (last - first) * bs]
+            logits[index, :, :, :, begin:end] = scores[..., :end - begin] * layer.scale
             del keys, scores
-    outside = torch.arange(chunk.length, device=queries.device)[None, :] >= lengths[:, None]  # [r, K]
-    logits.masked_fill_(outside[None, :, None, :], float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    outside = torch.arange(chunk.length, device=queries.device)[None, None, :] >= visible[:, :, None]  # [r, W, K]
+    logits.masked_fill_(outside[None, :, None], float("-inf"))
+    return torch.softmax(logits, dim=-1).flatten(2, 3)

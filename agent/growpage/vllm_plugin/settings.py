@@ -33,6 +33,7 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
     return str(value) if value not in (None, "") else None
 
 
+MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 VLLM_METHODS = ("growpage", "growpage_when_it_pays", "streaming_llm", "h2o", "snapkv")
 """Methods enforce can run inside vLLM (quantizing ones cannot: ``kv_cache_dtype`` is deployment-wide)."""
 
@@ -53,6 +54,11 @@ class PluginSettings:
         observe_chunk_mib: transient device memory (MiB) one chunk of a step's observation may hold
             (the sampled heads' keys being scored and the chunk's probabilities); requests and
             blocks are scored in as many chunks as that takes. Outside vLLM's profiled KV budget.
+        observation_window_tokens: at the step that ends a prompt, score the request by its last
+            this many queries (an observation window, SnapKV's: the end of a prompt, where the
+            question usually is, says which of its tokens matter), causally; decode steps score the
+            newest query. 1: the newest query only. Costs scores, not key reads: keys are gathered
+            once per head whatever the window.
         fault_injection: test hook; ``"observe"`` makes every observation raise (fault isolation).
         client_mode: honour a request's ``vllm_xargs.growpage_mode`` (which can only lower the
             mode): ``honour``, ``ignore``, or ``auto`` (ignore when the deployment enforces).
@@ -75,6 +81,7 @@ class PluginSettings:
     observed_heads: int = 4
     observe_every_steps: int = 1
     observe_chunk_mib: int = 256
+    observation_window_tokens: int = 1
     fault_injection: str = ""
     client_mode: str = "auto"
     client_namespaces: str = "auto"
@@ -92,6 +99,10 @@ class PluginSettings:
                               "try 1 (every step) or 2")
         if not isinstance(self.observe_chunk_mib, int) or self.observe_chunk_mib < 1:
             raise ConfigError(f"observe_chunk_mib must be an int >= 1, got {self.observe_chunk_mib!r}; try 256")
+        if (not isinstance(self.observation_window_tokens, int)
+                or not 1 <= self.observation_window_tokens <= MAX_OBSERVATION_WINDOW):
+            raise ConfigError(f"observation_window_tokens must be an int in [1, {MAX_OBSERVATION_WINDOW}], got "
+                              f"{self.observation_window_tokens!r}; try 32 (1 scores the newest query only)")
         if self.method not in VLLM_METHODS:
             raise ConfigError(f"method must be one of {', '.join(VLLM_METHODS)}, got {self.method!r}; "
                               "growpage is the contract, the others are fixed caps at base_pages")
@@ -160,7 +171,8 @@ def default_base_pages(block_size: int) -> int:
 
 
 def _coerce(name: str, text: str) -> Any:
-    if name in ("exporter_port", "observed_heads", "observe_every_steps", "observe_chunk_mib"):
+    if name in ("exporter_port", "observed_heads", "observe_every_steps", "observe_chunk_mib",
+                "observation_window_tokens"):
         try:
             return int(text)
         except ValueError:
