@@ -144,7 +144,8 @@ class WorkerCompactor:
         self.tokens_moved += int(src.numel())
         self.compactions += 1
         append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
-                                           "moved": int(src.numel())})
+                                           "moved": int(src.numel()), "physical": physical,
+                                           "scored": 0 if scores is None else int(scores.numel())})
         self.kept_positions[request_id] = positions[keep_index]
         if scores is not None:
             padded = torch.zeros(physical)
