@@ -2,7 +2,12 @@
 
 At the end of a step the observer scores every observed layer at once: the newest query of each
 observed request (or, at the step that ends a prompt, its last few queries: an observation window),
-for the sampled heads, against every key of that request in the paged cache.
+for the sampled heads, against every key of that request in the paged cache. Each query of a
+window is one more row of its request's softmax: a query ``o`` positions before the newest sees only
+the keys before it (causal), and histograms, entropies and token mass are means over heads and
+window queries alike. A request with fewer queries than the step's window repeats its newest one
+(offset 0): identical rows leave every mean as it was, so a step may mix prompts that end (a
+window) with decodes (one query).
 Done naively (every request, whole blocks, upcast at once) that is ``[layers, requests, heads,
 tokens, head_dim]`` float32 of transient memory, gigabytes at serving scale, outside the KV
 budget vLLM profiled. Here:
@@ -162,13 +167,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
                layout: kv_keys.BlockLayout, *, cap_bytes: int = DEFAULT_CAP_BYTES,
                summarize: Summarize | None = None, token_mass: bool = False,
                query_offsets: Sequence[Sequence[int]] | None = None) -> StepScores:
-    """Attention of each layer's newest queries over its requests' keys, chunk by chunk.
-
-    With an observation window (4-d queries), every query of a request is one more row of its
-    softmax: a query ``o`` positions before the newest sees only the keys before it (causal), and the
-    histograms, entropies and token mass are means over heads and window queries alike. A request
-    with fewer queries than the window repeats its newest one (offset 0): identical rows leave every
-    mean as it was, so one step may mix prompts ending (a window) with decodes (one query).
+    """Attention of each layer's newest queries (or observation windows) over its requests' keys,
+    chunk by chunk (a window's queries: see the module docstring).
 
     Args:
         layers: the step's observed layers (same requests and sampled head count in each).
@@ -190,28 +190,17 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
     num_layers, num_rows = len(layers), len(lengths)
     window = int(first.query.shape[2]) if first.query.dim() == 4 else 1
     num_heads, head_dim = int(first.query.shape[1]), int(first.query.shape[-1])
-    block_size = layout.block_size
-    element_bytes = key_element_bytes(first.cache.dtype, layout)
     # the window's rows count as heads for the scores' memory (keys are gathered once per head)
-    geometry = dict(num_layers=num_layers, num_heads=num_heads * window, head_dim=head_dim, block_size=block_size,
-                    element_bytes=element_bytes)
+    geometry = dict(num_layers=num_layers, num_heads=num_heads * window, head_dim=head_dim,
+                    block_size=layout.block_size, element_bytes=key_element_bytes(first.cache.dtype, layout))
     chunks = plan_chunks(lengths, cap_bytes=cap_bytes, **geometry)
     order = [row for chunk in chunks for row in chunk.rows]
-    heads = [layer.kv_heads.tolist() for layer in layers]  # host tensors: no device wait
-    offsets = [list(query_offsets[row]) if query_offsets is not None else [0] * window for row in order]
-    if any(len(row) != window for row in offsets):
-        raise ValueError(f"query_offsets must hold {window} offsets per request, one per window query")
-    packed = to_device(order + [lengths[row] for row in order] + [h for layer in heads for h in layer]
-                       + [o for row in offsets for o in row], device)
-    order_t, lengths_t = packed[:num_rows], packed[num_rows:2 * num_rows]
-    heads_t = packed[2 * num_rows:2 * num_rows + num_layers * num_heads].view(num_layers, num_heads)
-    offsets_t = packed[2 * num_rows + num_layers * num_heads:].view(num_rows, window)  # in chunk order
+    order_t, lengths_t, heads_t, offsets_t = _step_indices(layers, order, lengths, query_offsets, window, device)
     queries = torch.stack([layer.query.view(num_rows, num_heads, window, head_dim) for layer in layers])
     queries = queries.to(device).float()  # [L, R, H, W, hd]
-    max_len = max(lengths)
     entropy = torch.zeros(num_layers, num_rows, device=device) if summarize else None
     bin_mass: torch.Tensor | None = None
-    mass = torch.zeros(num_rows, max_len, device=device) if token_mass else None
+    mass = torch.zeros(num_rows, max(lengths), device=device) if token_mass else None
     start = 0
     for chunk in chunks:
         rows = order_t[start:start + len(chunk.rows)]
@@ -234,6 +223,23 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
         del probs
     planned = max(chunk_bytes(len(c.rows), c.length, c.blocks_per_gather, **geometry) for c in chunks)
     return StepScores(entropy, bin_mass, mass, planned, len(chunks))
+
+
+def _step_indices(layers: Sequence[ObservedLayer], order: list[int], lengths: Sequence[int],
+                  query_offsets: Sequence[Sequence[int]] | None, window: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's host indices in one copy to the device: rows in scoring order, their lengths,
+    each layer's KV head per sampled head (``[L, H]``) and the window offsets (``[R, W]``, scoring order)."""
+    num_rows, num_layers = len(order), len(layers)
+    heads = [layer.kv_heads.tolist() for layer in layers]  # host tensors: no device wait
+    offsets = [list(query_offsets[row]) if query_offsets is not None else [0] * window for row in order]
+    if any(len(row) != window for row in offsets):
+        raise ValueError(f"query_offsets must hold {window} offsets per request, one per window query")
+    packed = to_device(order + [lengths[row] for row in order] + [h for layer in heads for h in layer]
+                       + [o for row in offsets for o in row], device)
+    heads_end = 2 * num_rows + sum(len(layer) for layer in heads)
+    return (packed[:num_rows], packed[num_rows:2 * num_rows],
+            packed[2 * num_rows:heads_end].view(num_layers, -1), packed[heads_end:].view(num_rows, window))
 
 
 def _block_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
