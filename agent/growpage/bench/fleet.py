@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from growpage.bench.goodput import round_order
 from growpage.bench.tasks import Task, is_correct, reasoning_tasks, retrieval_tasks
 from growpage.core.quantiles import percentile
 
@@ -181,11 +182,6 @@ def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir
 
 COMPARED = ("preemptions", "ttft_p99_s", "itl_p99_s", "correct", "correct_per_s")
 BASELINES = ("round_robin", "power_of_two_vllm")
-
-
-def round_order(variants: Sequence[str], repeat: int) -> tuple[str, ...]:
-    """The variants' order in round ``repeat``: reversed every other round."""
-    return tuple(variants) if repeat % 2 == 0 else tuple(reversed(variants))
 
 
 def run_fleet_bench(settings: FleetBenchSettings, model_dir: str, log_dir: Path,
