@@ -3,7 +3,8 @@
 ``gpctl fleet``'s library starts two ``gpctl serve --engine vllm --mode enforce`` replicas on loopback
 (replica A with a small KV space, B with a larger one; one CPU each) and ``vllm-router --policy
 power_of_two`` polling their ``/get_load`` every second. Long requests sent straight to A fill its
-KV, so A's load rises while B's stays 0; then requests sent one at a time through the router must
+KV (each client sends its next request as soon as one ends, until the test is done, so A stays busy
+however fast the machine), so A's load rises while B's stays 0; then requests sent one at a time through the router must
 all land on B (counted by B's own ``vllm:request_success_total``). With vLLM's own load (no
 ``/get_load``) the router would see two replicas with nothing in flight from it and pick either.
 About three minutes; the fleet's process groups are stopped at the end whatever happens.
@@ -70,6 +71,15 @@ def _complete(url: str, prompt: str, max_tokens: int) -> None:
         pass  # a background request cut short when the fleet stops
 
 
+def _keep_busy(url: str, client: int, done: threading.Event) -> None:
+    """Send long requests to ``url`` back to back until ``done``; lengths differ per client, so the
+    clients never all finish at once and A's load never touches 0 between them."""
+    request = 0
+    while not done.is_set():
+        _complete(url, f"Write a long story number {client}-{request}.", BACKGROUND_TOKENS - 60 * client)
+        request += 1
+
+
 def test_every_replica_answers_the_routers_load_poll(fleet):
     loads = httpx.get(f"{fleet.spec.router_url}/get_loads", timeout=30).json()["workers"]
     assert sorted(w["worker"] for w in loads) == sorted(r.url for r in fleet.spec.replicas)
@@ -78,11 +88,18 @@ def test_every_replica_answers_the_routers_load_poll(fleet):
 
 def test_requests_go_to_the_replica_with_headroom(fleet):
     small, large = (r.url for r in fleet.spec.replicas)
-    background = [threading.Thread(target=_complete, args=(small, f"Write a long story number {i}.",
-                                                            BACKGROUND_TOKENS), daemon=True)
-                  for i in range(BACKGROUND_REQUESTS)]
+    done = threading.Event()
+    background = [threading.Thread(target=_keep_busy, args=(small, client, done), daemon=True)
+                  for client in range(BACKGROUND_REQUESTS)]
     for thread in background:
         thread.start()
+    try:
+        _route_while_a_is_busy(fleet, small, large)
+    finally:
+        done.set()
+
+
+def _route_while_a_is_busy(fleet: Fleet, small: str, large: str) -> None:
     for _ in range(POLLS):
         if _load(small) > 0:
             break
@@ -94,5 +111,5 @@ def test_requests_go_to_the_replica_with_headroom(fleet):
     before = _successes(large)
     for index in range(ROUTED_REQUESTS):  # one at a time: the router's own in-flight counts stay 0
         _complete(fleet.spec.router_url, f"Say hello number {index}.", 4)
-    assert _load(small) > 0, "A went idle before the routed requests were sent; lengthen its background"
+    assert _load(small) > 0, "A went idle while the routed requests were sent; add background clients"
     assert _successes(large) - before == ROUTED_REQUESTS
