@@ -24,8 +24,10 @@ from typing import Any
 import torch
 
 from growpage.config import GrowPageConfig
+from growpage.core.methods import TokenScore
 from growpage.vllm_plugin.compaction import choose_keep, physical_slot_mapping, physical_slots, slot_positions
 from growpage.vllm_plugin.keys import BlockLayout, move_tokens_in_layers
+from growpage.vllm_plugin.token_scores import TokenScores
 from growpage.vllm_plugin.wire import ENFORCE_LOG_ENV, PAYLOAD_ATTRIBUTE, append_enforce_log
 
 
@@ -44,40 +46,32 @@ class WorkerCompactor:
     Args:
         config: GrowPage's config (``block_size``, ``sink_tokens``, ``recent_window_tokens``).
         rank: this worker's tensor-parallel rank (for the enforce log).
-        by_recency: keep the newest tokens whatever attention says (a StreamingLLM-style cap).
+        scores: what compactions rank tokens by (:mod:`~growpage.vllm_plugin.token_scores`);
+            the default sums attention (H2O); ``RECENCY`` keeps the newest (StreamingLLM).
     """
 
-    def __init__(self, config: GrowPageConfig, rank: int = 0, by_recency: bool = False):
+    def __init__(self, config: GrowPageConfig, rank: int = 0, scores: TokenScores | None = None):
         self.config = config
         self.rank = rank
-        self.by_recency = by_recency
+        self.scores = scores if scores is not None else TokenScores(TokenScore.ACCUMULATED)
         self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
         self.block_size = config.block_size
         self.dropped: dict[str, int] = {}
         self.kept_positions: dict[str, torch.Tensor] = {}
-        self.scores: dict[str, torch.Tensor] = {}
         self.compactions = 0
         self.tokens_moved = 0
         self.bytes_moved = 0
 
     # ---- scores (from the observer) ----------------------------------------------------------------
     def add_scores(self, request_id: str, attention: torch.Tensor) -> None:
-        """Accumulate one observation: ``[P]`` attention mass per physical slot (mean over heads),
-        kept on the attention's device (no host copy per step)."""
-        current = self.scores.get(request_id)
-        length = attention.numel()
-        if current is None or current.numel() < length:
-            grown = torch.zeros(length, dtype=torch.float32, device=attention.device)
-            if current is not None:
-                grown[:current.numel()] = current
-            current = grown
-        current[:length] += attention.float()
-        self.scores[request_id] = current
+        """Fold one observation in: ``[P]`` attention mass per physical slot (mean over heads), kept
+        on the attention's device (no host copy per step); a request's first is its prompt's."""
+        self.scores.add(request_id, attention)
 
     def forget(self, request_id: str) -> None:
         self.dropped.pop(request_id, None)
         self.kept_positions.pop(request_id, None)
-        self.scores.pop(request_id, None)
+        self.scores.forget(request_id)
 
     # ---- before _update_states -----------------------------------------------------------------
     def begin_step(self, runner: Any, scheduler_output: Any, layout: BlockLayout | None) -> None:
@@ -107,7 +101,7 @@ class WorkerCompactor:
                 positions = slot_positions(self.kept_positions.get(request_id), int(plan["physical_tokens"]),
                                            self.dropped.get(request_id, 0))
                 self.kept_positions[request_id] = positions[:int(plan["keep_tokens"])]
-                self.scores.pop(request_id, None)
+                self.scores.forget(request_id)
         self.dropped = {k: int(v) for k, v in dropped.items()}
         if failed:
             raise CompactionError(f"compaction failed for {failed}; their blocks were truncated in place")
@@ -128,9 +122,7 @@ class WorkerCompactor:
             raise CompactionError(f"request {request_id}: {len(block_ids)} blocks for {physical} tokens")
         block_row = torch.tensor(block_ids[:held_blocks], dtype=torch.long)
         positions = slot_positions(self.kept_positions.get(request_id), physical, previous)
-        scores = None if self.by_recency else self.scores.get(request_id)
-        if scores is not None:
-            scores = scores.cpu()  # one copy per compaction, which is rare (a boundary under pressure)
+        scores = self.scores.ranking(request_id, positions)  # on the host: compactions are rare
         keep_index = choose_keep(positions, scores, keep, int(plan["logical_length"]),
                                  int(plan["shared_prefix_tokens"]), self.config.sink_tokens,
                                  self.config.recent_window_tokens)
@@ -145,12 +137,11 @@ class WorkerCompactor:
         self.compactions += 1
         append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
                                            "moved": int(src.numel()), "physical": physical,
-                                           "scored": 0 if scores is None else int(scores.numel())})
+                                           "scored": 0 if scores is None else int(scores.numel()),
+                                           "logical": int(plan["logical_length"]),
+                                           "kept_positions": positions[keep_index].tolist()})
         self.kept_positions[request_id] = positions[keep_index]
-        if scores is not None:
-            padded = torch.zeros(physical)
-            padded[:min(physical, scores.numel())] = scores[:physical]
-            self.scores[request_id] = padded[keep_index]
+        self.scores.keep(request_id, keep_index, physical)
         self._truncate(runner, request_id, keep)
 
     def _truncate(self, runner: Any, request_id: str, keep_tokens: int) -> None:

@@ -36,10 +36,10 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import observed_layer_indices
 from growpage.core.devices import device_name
 from growpage.core.faults import FaultGuard
-from growpage.core.methods import TokenScore, build_method
+from growpage.core.methods import build_method
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.vllm_plugin import keys as kv_keys
-from growpage.vllm_plugin import scoring
+from growpage.vllm_plugin import scoring, token_scores
 from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.runner_views import batch_view
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
@@ -170,8 +170,8 @@ class VllmObserver:
         self._steps_begun = 0
         self._observe_this_step = True
         # enforce: the worker's physical state (None unless the deployment runs enforce)
-        by_recency = build_method(settings.method).token_score is TokenScore.RECENCY
-        self.compactor = WorkerCompactor(config, rank, by_recency) if config.mode is Mode.ENFORCE else None
+        scores = token_scores.for_method(build_method(settings.method))
+        self.compactor = WorkerCompactor(config, rank, scores) if config.mode is Mode.ENFORCE else None
         self.pending_readings: dict[str, tuple[float, float]] = {}
         self._read_once: set[str] = set()  # requests whose summaries reached the scheduler at least once
 

@@ -1,0 +1,105 @@
+"""What a compaction inside vLLM ranks tokens by, per method: the keep set a user's answer depends on.
+
+Pure torch: no vLLM needed (:mod:`growpage.vllm_plugin.token_scores`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from growpage.core.methods import TokenScore, build_method
+from growpage.vllm_plugin.compaction import choose_keep
+from growpage.vllm_plugin.token_scores import TokenScores, for_method
+
+PROMPT = 12
+NEEDLE = 5  # a prompt token the question looks at, and the answer's preamble does not
+
+
+def _prompt_then_decodes(scores: TokenScores, decode_steps: int) -> None:
+    """A prompt whose last query looks at the needle, then decode steps that spread their attention
+    over the other prompt tokens (the preamble of an answer), each observation summing to 1."""
+    prompt = torch.full((PROMPT,), 0.2 / (PROMPT - 1))
+    prompt[NEEDLE] = 0.8
+    scores.add("r", prompt)
+    for step in range(decode_steps):
+        length = PROMPT + step + 1
+        decode = torch.full((length,), 1.0 / (length - 1))
+        decode[NEEDLE] = 0.0
+        scores.add("r", decode)
+
+
+def _kept(scores: TokenScores, keep: int) -> list[int]:
+    length = PROMPT + 20
+    positions = torch.arange(length)
+    index = choose_keep(positions, scores.ranking("r", positions), keep, length, shared_prefix_tokens=0,
+                        sink_tokens=1, recent_window_tokens=4)
+    assert index is not None
+    return index.tolist()
+
+
+def test_growpage_keeps_what_the_question_looked_at_after_many_decode_steps():
+    anchored, summed = TokenScores(TokenScore.PROMPT_ANCHORED), TokenScores(TokenScore.ACCUMULATED)
+    for scores in (anchored, summed):
+        _prompt_then_decodes(scores, decode_steps=20)
+    assert NEEDLE in _kept(anchored, keep=8)
+    assert NEEDLE not in _kept(summed, keep=8)  # H2O: twenty preamble steps outweigh the question
+
+
+def test_prompt_anchored_ranks_generated_tokens_as_the_decode_sum_does():
+    anchored, summed = TokenScores(TokenScore.PROMPT_ANCHORED), TokenScores(TokenScore.ACCUMULATED)
+    generated = torch.rand(3, 10)
+    for scores in (anchored, summed):
+        scores.add("r", torch.zeros(4))  # a 4-token prompt nobody attends
+        for row in generated:
+            scores.add("r", row)
+    positions = torch.arange(10)
+    assert torch.equal(anchored.ranking("r", positions).argsort(), summed.ranking("r", positions).argsort())
+
+
+def test_window_scores_forget_old_attention_and_pool_neighbours():
+    window = TokenScores(TokenScore.WINDOW, window_steps=2, pool_kernel=3)
+    window.add("r", torch.tensor([0.0, 0.0, 8.0, 0.0, 0.0, 0.0]))  # the prompt's heavy hitter, at 2
+    for _ in range(6):
+        window.add("r", torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.0]))
+    ranking = window.ranking("r", torch.arange(6))
+    assert ranking[2] == pytest.approx(8.0 * 0.5 ** 6)  # faded by half a step, six times
+    assert ranking[4] == ranking[5] > ranking[2]  # the newest attention wins, and 4 pools 5's score
+    assert ranking[1] == ranking[2]  # 1 pools its neighbour 2's
+
+
+def test_scores_follow_their_tokens_through_a_compaction():
+    scores = TokenScores(TokenScore.ACCUMULATED)
+    scores.add("r", torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    scores.add("r", torch.tensor([1.0, 0.0, 0.0, 0.0, 5.0]))
+    scores.keep("r", torch.tensor([0, 3, 4]), physical=5)
+    assert scores.ranking("r", torch.arange(4)).tolist() == [2.0, 4.0, 5.0, 0.0]  # slot 3: written since
+
+
+def test_nothing_observed_or_recency_ranks_nothing():
+    assert TokenScores(TokenScore.ACCUMULATED).ranking("r", torch.arange(3)) is None
+    recency = TokenScores(TokenScore.RECENCY)
+    recency.add("r", torch.ones(3))
+    assert recency.ranking("r", torch.arange(3)) is None and "r" not in recency
+
+
+def test_a_forgotten_request_starts_again_from_its_prompt():
+    scores = TokenScores(TokenScore.PROMPT_ANCHORED)
+    scores.add("r", torch.tensor([1.0, 0.0]))
+    scores.add("r", torch.tensor([0.0, 3.0, 0.0]))
+    scores.forget("r")  # preempted: recomputed from its prompt
+    scores.add("r", torch.tensor([0.0, 0.0, 2.0]))
+    assert scores.ranking("r", torch.arange(3)).tolist() == [0.0, 0.0, 2.0]
+
+
+@pytest.mark.parametrize(("method", "kind", "kernel"), [
+    ("growpage", TokenScore.PROMPT_ANCHORED, 1), ("growpage_when_it_pays", TokenScore.PROMPT_ANCHORED, 1),
+    ("h2o", TokenScore.ACCUMULATED, 1), ("snapkv", TokenScore.WINDOW, 7), ("streaming_llm", TokenScore.RECENCY, 1)])
+def test_each_method_ranks_as_its_paper_does(method, kind, kernel):
+    scores = for_method(build_method(method))
+    assert (scores.kind, scores.pool_kernel) == (kind, kernel)
+
+
+def test_an_unsupported_kind_is_refused_with_the_supported_ones():
+    with pytest.raises(ValueError, match="prompt_anchored"):
+        TokenScores(TokenScore.RANDOM)
