@@ -78,3 +78,20 @@ def test_reasoning_prompts_are_scored_only_where_they_have_a_true_result():
     scored = _true_results(tasks)
     assert [s is None for s in scored] == [t.expected is None for t in tasks]
     assert all(s.family == "reasoning" and s.answer == t.expected for s, t in zip(scored, tasks, strict=True) if s)
+
+
+def test_retrieval_compares_growpage_with_the_most_accurate_fixed_cap():
+    from growpage.bench.goodput import RETRIEVAL_CAPS, _retrieval_comparison
+
+    def variant(accuracy: float, correct_per_s: float, elapsed_s: float = 10.0) -> dict:
+        return {"accuracy": {"median": accuracy}, "correct_per_s": {"median": correct_per_s},
+                "elapsed_s": {"median": elapsed_s}}
+
+    variants = {"vllm": variant(1.0, 0.5), "growpage": variant(0.5, 0.3, 8.0), "streaming_llm@4": variant(0.25, 0.2),
+                "h2o@4": variant(0.375, 0.2), "snapkv@4": variant(0.375, 0.25), "limit": variant(1.0, 0.6)}
+    comparison = _retrieval_comparison(variants)
+    assert set(RETRIEVAL_CAPS) == {"streaming_llm", "h2o", "snapkv"}
+    assert comparison["best_cap"] == "snapkv@4"  # h2o ties on accuracy; snapkv answers faster
+    assert comparison["growpage_accuracy_minus_best_cap"] == 0.125
+    assert comparison["growpage_correct_per_s_vs_best_cap"] == 1.2
+    assert comparison["growpage_accuracy_share_of_vllm"] == 0.5 and comparison["growpage_wall_vs_vllm"] == 0.8

@@ -6,8 +6,10 @@ always favour the same variant), after a discarded warm-up; results are medians 
 every repeat kept in the JSON. Parts:
 
 * ``retrieval``: retrieval tasks (``growpage.bench.tasks``) all at once under KV pressure (a KV
-  space for about ``retrieval_kv_share`` of them) with vLLM alone and with GrowPage, and with room
-  for all (the limit): accuracy against ground truth per family, correct answers per second, wall
+  space for about ``retrieval_kv_share`` of them) with vLLM alone, with GrowPage, with each fixed
+  cap at GrowPage's floor under the same machinery (``streaming_llm@N``, ``h2o@N``,
+  ``snapkv@N``: the plugin's ``method`` setting), and with room for all (the limit): accuracy
+  against ground truth per family, correct answers per second, wall
   time. Prompt-heavy work: compression can only cost answers here, unless it avoids waiting.
 * ``accuracy``: full KV's accuracy on every retrieval family (48 tasks by default), with room for
   all: which families are headlined (full KV >= 80 %).
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from growpage.bench.vllm import VllmBenchSettings
 
 Log = Callable[[str], None] | None
-RETRIEVAL_VARIANTS = ("vllm", "growpage", "limit")
+RETRIEVAL_CAPS = ("streaming_llm", "h2o", "snapkv")  # fixed caps at GrowPage's floor, same machinery
 
 
 def spec(model_dir: str, block_size: int, prompts: list[str], max_tokens: int, kv_blocks: int, variant: str,
@@ -150,8 +152,9 @@ def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: L
     lengths = [prompt_tokens(tokenizer, task.prompt) for task in tasks]
     needed = _blocks(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
     tight = max(max(needed) + 1, round(sum(needed) * settings.retrieval_kv_share) + 1)
-    blocks = {"vllm": tight, "growpage": tight, "limit": sum(needed) + 1}
-    configs = {"vllm": None, "growpage": settings.growpage_config(), "limit": None}
+    caps = {f"{cap}@{settings.base_pages}": {**settings.growpage_config(), "method": cap} for cap in RETRIEVAL_CAPS}
+    configs = {"vllm": None, "growpage": settings.growpage_config(), **caps, "limit": None}
+    blocks = {variant: tight for variant in configs} | {"limit": sum(needed) + 1}
     max_model_len = max(needed) * settings.block_size
 
     def run(variant: str) -> dict:
@@ -159,7 +162,7 @@ def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: L
                         blocks[variant], variant, configs[variant], max_model_len)
         return run_child({**run_spec, "ignore_eos": False}, lambda report: None, timeout_s)
 
-    results = repeated(run, RETRIEVAL_VARIANTS, settings.repeats, log, "retrieval under KV pressure")
+    results = repeated(run, tuple(configs), settings.repeats, log, "retrieval under KV pressure")
     variants = {variant: {"kv_blocks": blocks[variant], **scored(tokenizer, tasks, runs),
                           "elapsed_s": spread([r["elapsed_s"] for r in runs]),
                           "tokens_per_s": spread([r["tokens_per_s"] for r in runs]),
@@ -172,11 +175,20 @@ def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: L
 
 
 def _retrieval_comparison(variants: dict[str, dict]) -> dict:
-    """GrowPage against vLLM alone: accuracy share and wall-time ratio (medians)."""
+    """GrowPage against vLLM alone (accuracy share and wall-time ratio, medians) and against the
+    most accurate fixed cap (its accuracy and correct answers/s; ties go to the faster cap)."""
     base, grow = variants["vllm"], variants["growpage"]
     base_accuracy = base["accuracy"]["median"]
+    caps = [name for name in variants if name.split("@")[0] in RETRIEVAL_CAPS]
+    best = max(caps, key=lambda name: (variants[name]["accuracy"]["median"],
+                                       variants[name]["correct_per_s"]["median"]), default=None)
+    against_cap = {} if best is None else {
+        "best_cap": best, "best_cap_accuracy": variants[best]["accuracy"]["median"],
+        "growpage_accuracy_minus_best_cap": round(grow["accuracy"]["median"] - variants[best]["accuracy"]["median"], 3),
+        "growpage_correct_per_s_vs_best_cap": round(grow["correct_per_s"]["median"]
+                                                    / max(variants[best]["correct_per_s"]["median"], 1e-9), 3)}
     return {"growpage_accuracy_share_of_vllm": round(grow["accuracy"]["median"] / base_accuracy, 3)
-            if base_accuracy else None,
+            if base_accuracy else None, **against_cap,
             "growpage_wall_vs_vllm": round(grow["elapsed_s"]["median"] / base["elapsed_s"]["median"], 3),
             "growpage_correct_per_s_vs_vllm": round(grow["correct_per_s"]["median"]
                                                     / max(base["correct_per_s"]["median"], 1e-9), 3),
