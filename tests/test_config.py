@@ -54,6 +54,7 @@ def test_config_file_from_environment(tmp_path):
     ({"GROWPAGE_MODE": "turbo"}, "mode must be one of off | monitor | enforce"),
     ({"GROWPAGE_QUANTIZATION_BITS": "6"}, "quantization_bits must be one of 8 | 4"),
     ({"GROWPAGE_DENSITY_THRESHOLD": "1.5"}, "density_threshold must be in [0.0, 1.0]"),
+    ({"GROWPAGE_ATTENTION_COVERAGE": "1.2"}, "attention_coverage must be in [0.0, 1.0]"),
     ({"GROWPAGE_MAX_GROWTH_RATE": "0"}, "max_growth_rate must be > 0"),
     ({"GROWPAGE_BLOCK_SIZE": "0"}, "block_size must be >= 1"),
     ({"GROWPAGE_KV_DTYPE": "fp8"}, "kv_dtype must be one of"),

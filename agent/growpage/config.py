@@ -81,6 +81,10 @@ class GrowPageConfig:
         evict_min_pages: pages an eviction frees at least.
         observed_layers: how many layers (evenly spaced) feed the summaries.
         kv_dtype: storage dtype of unquantized KV.
+        attention_coverage: inside vLLM, with enforce and GrowPage's methods: a request is never
+            compressed below the tokens that hold this share of its observed attention (the
+            worker's prompt-anchored scores, highest first; the highest need seen so far), so its
+            floor follows what its attention needs, not only ``base_pages``. 0 (default): off.
     """
 
     mode: Mode = Mode.MONITOR
@@ -103,6 +107,7 @@ class GrowPageConfig:
     evict_min_pages: int = 1
     observed_layers: int = 3
     kv_dtype: str = "float16"
+    attention_coverage: float = 0.0
 
     def __post_init__(self) -> None:
         _check_choice("mode", self.mode, [m.value for m in Mode])
@@ -125,6 +130,7 @@ class GrowPageConfig:
         for name in ("growth_coefficient", "lts_grow_threshold", "rollout_entropy_threshold"):
             _check_float(name, getattr(self, name), low=0.0, high=None)
         _check_float("max_growth_rate", self.max_growth_rate, low=0.0, high=None)
+        _check_float("attention_coverage", self.attention_coverage, low=0.0, high=1.0)
         if self.max_growth_rate <= 0:
             raise ConfigError("max_growth_rate must be > 0 (pages per second as a fraction of "
                               "held pages); try 0.3, or a large value to disable throttling")

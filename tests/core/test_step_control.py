@@ -95,6 +95,26 @@ def test_pressure_compresses_the_lowest_entropy_request_down_to_its_floor_and_no
     assert [(r.request_id, r.pages_after) for r in control.reclaims] == [("narrow", 4), ("broad", 3)]
 
 
+def test_a_request_is_never_compressed_below_what_its_attention_needs():
+    controller = make_controller()
+    admit(controller, "narrow", lts=0.5)
+    admit(controller, "broad", lts=3.0)
+    views = [view("narrow", 8), view("broad", 8)]
+    assert [(r.request_id, r.pages_after) for r in controller.plan_relief(6, views)] == [("narrow", 3), ("broad", 7)]
+    waiting = StepPool(free_pages=6, total_pages=12, waiting_prompt_tokens=7)
+    assert controller.plan_step(waiting, views).pressure.admission_pages == 2
+    controller.update_attention_need("narrow", 21)  # 21 tokens: 6 pages of 4, and the next token's page
+    controller.update_attention_need("narrow", 5)  # read after a compaction: shares of the survivors
+    assert controller.requests["narrow"].attention_tokens == 21
+    assert controller.floor_of(views[0]) == 7
+    relief = controller.plan_relief(6, views)
+    assert [(r.request_id, r.pages_after) for r in relief] == [("narrow", 7), ("broad", 3)]  # broad gives the rest
+    # a boundary eviction stops at the need too, and the floors it adds up keep a waiting request out
+    at_cap = controller.plan_step(StepPool(free_pages=5, total_pages=20), [view("narrow", 8, needs_page=True)])
+    assert at_cap.boundary("narrow").pages_after == 8
+    assert controller.plan_step(waiting, views).pressure.admission_pages == 0  # 7 + 3 + 3 floor pages > 12
+
+
 def test_monitor_decides_without_acting_and_methods_without_relief_leave_pressure_to_the_engine():
     controller = make_controller(mode="monitor")
     admit(controller, "r", mode="monitor")

@@ -73,13 +73,13 @@ def _observer(**settings) -> VllmObserver:
     return VllmObserver(config, plugin, num_layers=1, max_requests=4)
 
 
-def test_observer_reads_the_paged_cache_and_matches_direct_attention():
+def _observe_one_step(observer: VllmObserver, seq_len: int = 40, heads: int = 2,
+                      head_dim: int = 8) -> torch.Tensor:
+    """Admit ``r1`` (namespace ``a``) and observe the step that ends its prompt in one layer;
+    returns the step's ``[heads, seq_len]`` attention, computed directly from the keys."""
     torch.manual_seed(0)
-    seq_len, heads, head_dim = 40, 2, 8
     keys = torch.randn(seq_len, 1, head_dim)
     cache = _transposed_cache(keys, 32, 4)
-
-    observer = _observer()
     new = types.SimpleNamespace(req_id="r1", prompt_token_ids=list(range(seq_len - 1)), num_computed_tokens=0,
                                 sampling_params=types.SimpleNamespace(extra_args={"growpage_namespace": "a"}))
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r1"]))
@@ -93,8 +93,12 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
     impl = types.SimpleNamespace(num_heads=heads, num_kv_heads=1, scale=head_dim ** -0.5)
     assert observer.wants_layer("model.layers.0.self_attn.attn")
     observer.observe_layer(impl, query, cache, metadata)
+    return torch.softmax(query[0] @ keys[:, 0].T * impl.scale, dim=-1)
 
-    probs = torch.softmax(query[0] @ keys[:, 0].T * impl.scale, dim=-1)  # [heads, seq]
+
+def test_observer_reads_the_paged_cache_and_matches_direct_attention():
+    observer = _observer()
+    probs = _observe_one_step(observer)
     expected_entropy = -(probs * probs.log()).sum(-1).mean()
     observer.flush_observations()
     assert torch.allclose(observer._step[0].entropy, expected_entropy[None], atol=1e-5)
@@ -103,7 +107,18 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
     report = observer.take_report()  # what the scheduler learns: this request's readings, one observed step
     assert set(report.readings) == {"r1"} and report.steps == report.steps_observed == 1
     assert report.observer_state == "active" and report.ready_to_compact and report.errors == 0
+    assert report.attention_tokens == {}  # attention_coverage is off by default
     assert observer.take_report().readings == {}  # each reading travels once
+
+
+@pytest.mark.parametrize(("method", "sent"), [("growpage", True), ("h2o", False)])
+def test_the_tokens_a_prompts_attention_needs_reach_the_scheduler_with_its_first_reading(method, sent):
+    observer = _observer(mode="enforce", attention_coverage=0.9, method=method)
+    mass = _observe_one_step(observer).mean(0)
+    observer.end_step()
+    ranked = mass.sort(descending=True).values.cumsum(0)
+    needed = int((ranked < 0.9 * ranked[-1]).sum()) + 1
+    assert observer.take_report().attention_tokens == ({"r1": needed} if sent else {})  # a cap stays a cap
 
 
 def test_a_fault_in_growpage_is_counted_and_swallowed():

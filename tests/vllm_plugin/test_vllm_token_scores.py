@@ -103,3 +103,13 @@ def test_each_method_ranks_as_its_paper_does(method, kind, kernel):
 def test_an_unsupported_kind_is_refused_with_the_supported_ones():
     with pytest.raises(ValueError, match="prompt_anchored"):
         TokenScores(TokenScore.RANDOM)
+
+
+def test_the_tokens_attention_needs_are_the_fewest_holding_the_coverage():
+    scores = TokenScores(TokenScore.PROMPT_ANCHORED)
+    assert scores.tokens_for_coverage("r", 0.9) == 0  # nothing observed
+    scores.add("r", torch.tensor([0.5, 0.0, 0.3, 0.1, 0.1]))
+    assert scores.tokens_for_coverage("r", 0.5) == 1
+    assert scores.tokens_for_coverage("r", 0.8) == 2
+    assert scores.tokens_for_coverage("r", 0.9) == 3
+    assert scores.tokens_for_coverage("r", 0.95) == 4  # the token with no mass is never needed

@@ -106,6 +106,7 @@ class ControlledRequest:
     sts_density: float = 0.0  # the latest summary reading
     lts_entropy: float = 0.0
     observed: bool = False  # a reading has arrived (LTS means something)
+    attention_tokens: int = 0  # the most tokens its observed attention needed (attention_coverage)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +221,21 @@ class GrowthController:
             request.sts_density, request.lts_entropy = float(reading.sts_density), float(reading.lts_entropy)
             request.observed = True
 
+    def update_attention_need(self, request_id: str, tokens: int) -> None:
+        """The tokens a request's observed attention needs (``attention_coverage``): its floor never
+        goes below them. Only the highest need counts: after a compaction the home measures shares
+        of what survived, which would let each compaction justify the next."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            request.attention_tokens = max(request.attention_tokens, int(tokens))
+
+    def floor_of(self, view: RequestView) -> int:
+        """The fewest pages ``view`` may be compressed to this step: :func:`request_floor`, raised to
+        what its attention needs."""
+        request = self.requests.get(view.request_id)
+        need = request.attention_tokens if request is not None else 0
+        return request_floor(view, self.config.base_pages, self.config.block_size, need)
+
     # ---- the boundary routine ---------------------------------------------------------------------
     def decide(self, request_id: str, *, pages_held: int, pool: PoolView, can_quantize: bool,
                can_evict: bool, reading: Reading | None = None, compression_pays: bool = True) -> BoundaryCall:
@@ -254,8 +270,8 @@ class GrowthController:
             decide_modes: modes whose boundaries are decided here (a home that records monitored
                 boundaries after its engine grew them passes only ENFORCE).
         """
-        base, block = self.config.base_pages, self.config.block_size
-        floors = {v.request_id: request_floor(v, base, block) for v in views}
+        base = self.config.base_pages
+        floors = {v.request_id: self.floor_of(v) for v in views}
         waiting = pool.waiting_prompt_tokens
         pressure = measure_pressure(
             free_pages=pool.free_pages, total_pages=pool.total_pages, growth_pages=sum(v.needs_page for v in views),
@@ -289,7 +305,7 @@ class GrowthController:
         if (request is None or request.mode is not Mode.ENFORCE or not self.method.compress_prompt
                 or not view.prompt_uncompressed or not view.compressible):
             return None
-        pages_after = floor_pages(request.base_pages, view.protected_tokens, self.config.block_size)
+        pages_after = self.floor_of(view)
         # net of the page its next token then takes
         gained = view.pages_held - pages_after
         return Reclaim(view.request_id, pages_after, gained) if gained > 0 else None
@@ -300,9 +316,8 @@ class GrowthController:
         leave pressure to the engine."""
         if pages_needed <= 0 or not self.method.relieves_pressure:
             return []
-        base, block = self.config.base_pages, self.config.block_size
         enforced = [v for v in views if (c := self.requests.get(v.request_id)) is not None and c.mode is Mode.ENFORCE]
-        floors = {v.request_id: request_floor(v, base, block) for v in enforced}
+        floors = {v.request_id: self.floor_of(v) for v in enforced}
         lts = {v.request_id: self.requests[v.request_id].lts_entropy for v in enforced}
         return plan_reclaim(pages_needed, reclaim_candidates(enforced, floors, lts))
 
@@ -327,7 +342,8 @@ class GrowthController:
         """Run the contract on one boundary and say what the home carries out (see :class:`BoundaryPlan`)."""
         request = self.requests[view.request_id]
         to_free = self.method.pages_to_free(view.pages_held, request.base_pages, self.config.evict_min_pages)
-        floor = floor_pages(request.base_pages, view.protected_tokens, self.config.block_size)
+        floor = floor_pages(request.base_pages, max(view.protected_tokens, request.attention_tokens),
+                            self.config.block_size)
         evicted_pages = evict_pages_after(view, floor=floor, pages_to_free=to_free)
         call = self.decide(view.request_id, pages_held=view.pages_held, pool=PoolView(free_pages, reserve_pages),
                            can_quantize=view.can_quantize, can_evict=evicted_pages is not None,

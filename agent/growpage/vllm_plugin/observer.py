@@ -170,9 +170,13 @@ class VllmObserver:
         self._steps_begun = 0
         self._observe_this_step = True
         # enforce: the worker's physical state (None unless the deployment runs enforce)
-        scores = token_scores.for_method(build_method(settings.method))
+        method = build_method(settings.method)
+        scores = token_scores.for_method(method)
         self.compactor = WorkerCompactor(config, rank, scores) if config.mode is Mode.ENFORCE else None
         self.pending_readings: dict[str, tuple[float, float]] = {}
+        self.pending_attention_tokens: dict[str, int] = {}
+        # the floor that follows attention: GrowPage's methods only (a fixed cap is a cap)
+        self._attention_coverage = config.attention_coverage if method.family == "growpage" else 0.0
         self._read_once: set[str] = set()  # requests whose summaries reached the scheduler at least once
 
     # ---- fault isolation --------------------------------------------------------------------------
@@ -235,12 +239,14 @@ class VllmObserver:
     def take_report(self) -> WorkerReport:
         """What the scheduler learns from this worker since its last report."""
         readings, self.pending_readings = self.pending_readings, {}
+        needs, self.pending_attention_tokens = self.pending_attention_tokens, {}
         steps, observed = self._steps_tracked, self.steps_observed
         last_steps, last_observed = self._steps_reported
         self._steps_reported = (steps, observed)
         errors, self._errors_reported = self.errors_total - self._errors_reported, self.errors_total
         return WorkerReport(readings=readings, ready_to_compact=self.ready_to_compact, observer_state=self.state,
-                            errors=errors, steps=steps - last_steps, steps_observed=observed - last_observed)
+                            errors=errors, steps=steps - last_steps, steps_observed=observed - last_observed,
+                            attention_tokens=needs)
 
     def _admit(self, new: Any) -> None:
         if new.req_id in self.requests:
@@ -259,6 +265,7 @@ class VllmObserver:
         if self.compactor is not None:
             self.compactor.forget(request_id)
         self.pending_readings.pop(request_id, None)
+        self.pending_attention_tokens.pop(request_id, None)
         self._read_once.discard(request_id)
         tracked = self.requests.pop(request_id, None)
         if tracked is not None:
@@ -448,3 +455,6 @@ class VllmObserver:
         for tracked, reading in zip(wanted, self.summaries.read([t.row for t in wanted]), strict=True):
             self.pending_readings[tracked.request_id] = (reading.sts_density, reading.lts_entropy)
             self._read_once.add(tracked.request_id)
+            if self._attention_coverage > 0 and self.compactor is not None and tracked.mode is Mode.ENFORCE:
+                self.pending_attention_tokens[tracked.request_id] = self.compactor.scores.tokens_for_coverage(
+                    tracked.request_id, self._attention_coverage)

@@ -248,6 +248,8 @@ class SchedulerAgent:
     def take_report(self, report: WorkerReport) -> None:
         for request_id, (density, entropy) in report.readings.items():
             self.controller.update_reading(request_id, Reading(density, entropy))
+        for request_id, tokens in report.attention_tokens.items():
+            self.controller.update_attention_need(request_id, tokens)
         self.stats.set_component_state("observer", report.observer_state)
         for _ in range(report.errors):
             self.stats.record_error(PLUGIN_COMPONENT)

@@ -135,6 +135,24 @@ class TokenScores:
             combined = prompt + decoded
         return max_pool_scores(positions, combined, self.pool_kernel)
 
+    def tokens_for_coverage(self, request_id: str, coverage: float) -> int:
+        """The fewest of the request's tokens whose scores hold ``coverage`` of its score mass
+        (highest first): how many tokens its observed attention needs. 0 when nothing was observed.
+
+        After a compaction the survivors' shares are of what is left, so a caller that uses this as
+        a floor keeps the highest value it has seen (the controller does)."""
+        entry = self._requests.get(request_id)
+        if entry is None or not self.scored:
+            return 0
+        length = max(entry.prompt.numel(), 0 if entry.decoded is None else entry.decoded.numel())
+        ranking = self.ranking(request_id, torch.arange(length))
+        assert ranking is not None
+        total = float(ranking.sum())
+        if total <= 0.0:
+            return 0
+        cumulative = ranking.sort(descending=True).values.cumsum(0)
+        return min(length, int((cumulative < coverage * total).sum()) + 1)
+
     def keep(self, request_id: str, keep_index: torch.Tensor, physical: int) -> None:
         """After a compaction: the survivors' scores move to slots ``[0, len(keep_index))`` with them."""
         entry = self._requests.get(request_id)

@@ -65,6 +65,8 @@ class WorkerReport:
         steps: engine steps the worker ran with at least one tracked request.
         steps_observed: those of them whose attention was observed (a full CUDA graph replay, or
             ``observe_every_steps``, leaves steps unobserved).
+        attention_tokens: ``{request_id: tokens}`` each enforced request's observed attention
+            needs (only with ``attention_coverage`` > 0 and GrowPage's methods), sent with its readings.
     """
 
     readings: dict[str, tuple[float, float]]
@@ -73,6 +75,7 @@ class WorkerReport:
     errors: int = 0
     steps: int = 0
     steps_observed: int = 0
+    attention_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def append_enforce_log(path: str | None, record: dict) -> None:
