@@ -116,8 +116,9 @@ def test_the_tokens_a_prompts_attention_needs_reach_the_scheduler_with_its_first
     observer = _observer(mode="enforce", attention_coverage=0.9, method=method)
     mass = _observe_one_step(observer).mean(0)
     observer.end_step()
-    ranked = mass.sort(descending=True).values.cumsum(0)
-    needed = int((ranked < 0.9 * ranked[-1]).sum()) + 1
+    sinks, recent = observer.config.sink_tokens, observer.config.recent_window_tokens  # always kept
+    ranked = mass[sinks:-recent].sort(descending=True).values.cumsum(0)
+    needed = sinks + recent + int((ranked < 0.9 * ranked[-1]).sum()) + 1
     assert observer.take_report().attention_tokens == ({"r1": needed} if sent else {})  # a cap stays a cap
 
 

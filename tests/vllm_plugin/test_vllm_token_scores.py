@@ -113,3 +113,6 @@ def test_the_tokens_attention_needs_are_the_fewest_holding_the_coverage():
     assert scores.tokens_for_coverage("r", 0.8) == 2
     assert scores.tokens_for_coverage("r", 0.9) == 3
     assert scores.tokens_for_coverage("r", 0.95) == 4  # the token with no mass is never needed
+    # the sink and the recent window are kept anyway, and their mass is left out of the shares
+    assert scores.tokens_for_coverage("r", 0.5, protected_head=1, protected_tail=1) == 2 + 1
+    assert scores.tokens_for_coverage("r", 0.9, protected_head=1, protected_tail=1) == 2 + 2

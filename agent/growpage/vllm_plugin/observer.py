@@ -44,7 +44,7 @@ from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.runner_views import batch_view
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.support import ACTIVE
-from growpage.vllm_plugin.wire import PLUGIN_COMPONENT, WorkerReport
+from growpage.vllm_plugin.wire import PLUGIN_COMPONENT, WorkerReport, append_enforce_log
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -439,6 +439,15 @@ class VllmObserver:
                 self._queue_readings(plan.observed)
         self._step = []
 
+    def _queue_attention_need(self, request_id: str) -> None:
+        """The tokens the request's attention needs (``attention_coverage``), for its floor."""
+        assert self.compactor is not None
+        tokens = self.compactor.scores.tokens_for_coverage(request_id, self._attention_coverage,
+                                                           self.config.sink_tokens, self.config.recent_window_tokens)
+        self.pending_attention_tokens[request_id] = tokens
+        append_enforce_log(self.compactor.log_path, {"attention_need": request_id, "tokens": tokens,
+                                                     "dropped": self.compactor.dropped.get(request_id, 0)})
+
     def _queue_readings(self, observed: list[TrackedRequest]) -> None:
         """The observed requests' summaries for the scheduler's next decisions: every
         :data:`READINGS_EVERY_STEPS` observed steps, and at a request's first observation.
@@ -456,5 +465,4 @@ class VllmObserver:
             self.pending_readings[tracked.request_id] = (reading.sts_density, reading.lts_entropy)
             self._read_once.add(tracked.request_id)
             if self._attention_coverage > 0 and self.compactor is not None and tracked.mode is Mode.ENFORCE:
-                self.pending_attention_tokens[tracked.request_id] = self.compactor.scores.tokens_for_coverage(
-                    tracked.request_id, self._attention_coverage)
+                self._queue_attention_need(tracked.request_id)

@@ -135,9 +135,14 @@ class TokenScores:
             combined = prompt + decoded
         return max_pool_scores(positions, combined, self.pool_kernel)
 
-    def tokens_for_coverage(self, request_id: str, coverage: float) -> int:
-        """The fewest of the request's tokens whose scores hold ``coverage`` of its score mass
-        (highest first): how many tokens its observed attention needs. 0 when nothing was observed.
+    def tokens_for_coverage(self, request_id: str, coverage: float, protected_head: int = 0,
+                            protected_tail: int = 0) -> int:
+        """How many tokens the request's observed attention needs: its first ``protected_head`` and
+        last ``protected_tail`` tokens (sinks and the recent window, always kept), plus the fewest
+        others whose scores hold ``coverage`` of the others' score mass (highest first). The
+        protected tokens' mass is left out: a small model puts most of its attention on the first
+        token, so a share of the total would count a handful of tokens as enough. 0 when nothing
+        was observed.
 
         After a compaction the survivors' shares are of what is left, so a caller that uses this as
         a floor keeps the highest value it has seen (the controller does)."""
@@ -147,11 +152,14 @@ class TokenScores:
         length = max(entry.prompt.numel(), 0 if entry.decoded is None else entry.decoded.numel())
         ranking = self.ranking(request_id, torch.arange(length))
         assert ranking is not None
-        total = float(ranking.sum())
+        head = min(protected_head, length)
+        others = ranking[head:max(head, length - protected_tail)]
+        protected = length - others.numel()
+        total = float(others.sum())
         if total <= 0.0:
-            return 0
-        cumulative = ranking.sort(descending=True).values.cumsum(0)
-        return min(length, int((cumulative < coverage * total).sum()) + 1)
+            return protected
+        cumulative = others.sort(descending=True).values.cumsum(0)
+        return protected + min(others.numel(), int((cumulative < coverage * total).sum()) + 1)
 
     def keep(self, request_id: str, keep_index: torch.Tensor, physical: int) -> None:
         """After a compaction: the survivors' scores move to slots ``[0, len(keep_index))`` with them."""
