@@ -27,6 +27,11 @@ def test_a_long_shared_prefix_raises_the_floor_and_a_request_at_its_floor_gives_
     assert reclaimable_pages([kv(2, 8)], FLOORS) == 0  # below base_pages already: never negative
 
 
+def test_what_a_requests_attention_needs_is_not_offered_to_the_router():
+    needy = RunningKV(pages_held=10, physical_tokens=40, shared_prefix_pages=0, compressible=True, attention_tokens=21)
+    assert reclaimable_pages([needy], FLOORS) == 10 - 7  # 21 tokens: 6 pages of 4, and the next token's page
+
+
 def test_requests_grow_page_may_not_compress_add_nothing():
     """monitor, off, an enforcer that cannot run, or blocks shared past the prefix run."""
     assert reclaimable_pages([kv(10, 40, compressible=False)], FLOORS) == 0

@@ -33,7 +33,7 @@ def idle_headroom(num_pages: int, config: GrowPageConfig) -> Headroom:
 
 
 def read_headroom(scheduler: Any, num_pages: int, config: GrowPageConfig, *, enforced_mode: Any,
-                  can_compact: bool) -> Headroom:
+                  can_compact: bool, attention_tokens: Any = None) -> Headroom:
     """The headroom of vLLM's ``scheduler`` now.
 
     Args:
@@ -42,12 +42,15 @@ def read_headroom(scheduler: Any, num_pages: int, config: GrowPageConfig, *, enf
         config: GrowPage's config (floors).
         enforced_mode: ``request_id -> Mode`` of the requests GrowPage tracks (None: untracked).
         can_compact: the enforcer runs and its worker can move tokens (else nothing is reclaimable).
+        attention_tokens: ``request_id -> int``, the tokens a request's attention needs
+            (``attention_coverage``), kept like protected ones; None: none.
     """
     manager = scheduler.kv_cache_manager
     free = min(num_pages, manager.block_pool.get_num_free_blocks())
     req_to_blocks = manager.coordinator.single_type_managers[0].req_to_blocks
     requests = [running_kv(request, req_to_blocks.get(request.request_id, ()),
-                           can_compact and enforced_mode(request.request_id) is Mode.ENFORCE)
+                           can_compact and enforced_mode(request.request_id) is Mode.ENFORCE,
+                           attention_tokens(request.request_id) if attention_tokens is not None else 0)
                 for request in scheduler.running]
     running, waiting = request_counts(scheduler)
     return headroom(running=running, waiting=waiting, free_pages=free, used_pages=num_pages - free,
@@ -64,7 +67,7 @@ def request_counts(scheduler: Any) -> tuple[int, int]:
     return len(scheduler.running), len(scheduler.waiting)
 
 
-def running_kv(request: Any, blocks: Any, enforced: bool) -> RunningKV:
+def running_kv(request: Any, blocks: Any, enforced: bool, attention_tokens: int = 0) -> RunningKV:
     """One running request's record: its blocks, its physical tokens, its shared prefix run, and
     whether GrowPage may compact it now (enforced, past its prompt, nothing shared past the run)."""
     blocks = list(blocks)
@@ -73,7 +76,7 @@ def running_kv(request: Any, blocks: Any, enforced: bool) -> RunningKV:
     compressible = (enforced and int(request.num_computed_tokens) >= int(request.num_prompt_tokens)
                     and owns_tail(blocks, shared))
     return RunningKV(pages_held=len(blocks), physical_tokens=physical, shared_prefix_pages=shared,
-                     compressible=compressible)
+                     compressible=compressible, attention_tokens=attention_tokens)
 
 
 class HeadroomCollector:

@@ -274,9 +274,13 @@ class SchedulerAgent:
             control = self.controller.requests.get(request_id)
             return control.mode if control is not None else None
 
+        def need_of(request_id: str) -> int:
+            control = self.controller.requests.get(request_id)
+            return control.attention_tokens if control is not None else 0
+
         can_compact = self.enforcer is not None and bool(getattr(self.enforcer, "worker_ready", False))
         self.headroom = read_headroom(scheduler, self.view.num_pages, self.config, enforced_mode=mode_of,
-                                      can_compact=can_compact)
+                                      can_compact=can_compact, attention_tokens=need_of)
 
     # ---- stats ----------------------------------------------------------------------------------------
     def make_stats(self) -> StatsSnapshot:
