@@ -85,6 +85,7 @@ class GrowPageConfig:
             compressed below the tokens that hold this share of its observed attention (the
             worker's prompt-anchored scores, highest first; the highest need seen so far), so its
             floor follows what its attention needs, not only ``base_pages``. 0 (default): off.
+            The reference engine ignores it.
     """
 
     mode: Mode = Mode.MONITOR
