@@ -41,6 +41,7 @@ def view(request_id: str, held: int, *, allowance: int | None = None, needs_page
 def test_the_floor_is_base_pages_or_the_protected_tokens_plus_the_next_page():
     assert floor_pages(3, protected=3, block_size=4) == 3
     assert floor_pages(3, protected=13, block_size=4) == 5  # 4 pages of protected tokens + the next one
+    assert floor_pages(3, protected=3, block_size=4, attention_tokens=13) == 5  # what attention needs counts alike
     # a boundary eviction never goes below the floor, and only pays if it saves a page over growing
     at_cap = view("r", 6, needs_page=True)
     assert evict_pages_after(at_cap, floor=3, pages_to_free=1) == 6

@@ -342,8 +342,8 @@ class GrowthController:
         """Run the contract on one boundary and say what the home carries out (see :class:`BoundaryPlan`)."""
         request = self.requests[view.request_id]
         to_free = self.method.pages_to_free(view.pages_held, request.base_pages, self.config.evict_min_pages)
-        floor = floor_pages(request.base_pages, max(view.protected_tokens, request.attention_tokens),
-                            self.config.block_size)
+        floor = floor_pages(request.base_pages, view.protected_tokens, self.config.block_size,
+                            request.attention_tokens)
         evicted_pages = evict_pages_after(view, floor=floor, pages_to_free=to_free)
         call = self.decide(view.request_id, pages_held=view.pages_held, pool=PoolView(free_pages, reserve_pages),
                            can_quantize=view.can_quantize, can_evict=evicted_pages is not None,

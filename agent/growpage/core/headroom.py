@@ -79,7 +79,7 @@ def reclaimable_pages(requests: Iterable[RunningKV], floors: Floors) -> int:
             continue
         protected = protected_tokens(request.physical_tokens, request.shared_prefix_pages * floors.block_size,
                                      floors.sink_tokens, floors.recent_window_tokens)
-        floor = floor_pages(floors.base_pages, max(protected, request.attention_tokens), floors.block_size)
+        floor = floor_pages(floors.base_pages, protected, floors.block_size, request.attention_tokens)
         total += max(0, request.pages_held - floor)
     return total
 

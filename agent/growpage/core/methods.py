@@ -52,8 +52,8 @@ class TokenScore(str, enum.Enum):
     ACCUMULATED = "accumulated"  # attention mass summed over the request's life (H2O)
     WINDOW = "window"  # attention mass of the last ~``score_window_steps`` steps (SnapKV)
     RECENCY = "recency"  # position: the oldest goes first (StreamingLLM)
-    # the prompt's observation plus the mean of the decode steps' (GrowPage inside vLLM:
-    # growpage.vllm_plugin.token_scores says why; the reference engine does not implement it)
+    # the prompt's observation weighted as a prior of several decode steps' (GrowPage inside vLLM:
+    # growpage.vllm_plugin.token_scores says how and why; the reference engine does not implement it)
     PROMPT_ANCHORED = "prompt_anchored"
     RANDOM = "random"
 

@@ -34,11 +34,12 @@ def protected_tokens(physical_tokens: int, shared_prefix_tokens: int, sink_token
     return min(physical_tokens, head + recent_window_tokens)
 
 
-def floor_pages(base_pages: int, protected: int, block_size: int) -> int:
+def floor_pages(base_pages: int, protected: int, block_size: int, attention_tokens: int = 0) -> int:
     """The fewest pages a running request may be compressed to: its ``base_pages``, and never fewer
-    than its protected tokens plus the page its next token takes. The one floor both homes use
-    (pressure relief, boundary evictions, the headroom a router sees)."""
-    return max(base_pages, -(-protected // block_size) + 1)
+    than its protected tokens (or the tokens its observed attention needs, ``attention_coverage``,
+    if more) plus the page its next token takes. The one floor both homes use (pressure relief,
+    boundary evictions, the headroom a router sees)."""
+    return max(base_pages, -(-max(protected, attention_tokens) // block_size) + 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -128,12 +128,10 @@ class StepControl:
 
 
 def request_floor(view: RequestView, base_pages: int, block_size: int, attention_tokens: int = 0) -> int:
-    """A request's floor this step: :func:`floor_pages` if it can be compressed, else what it holds.
-    ``attention_tokens``: the tokens its observed attention needs (``attention_coverage``), kept
-    like protected ones."""
+    """A request's floor this step: :func:`floor_pages` if it can be compressed, else what it holds."""
     if not view.compressible:
         return view.pages_held
-    return floor_pages(base_pages, max(view.protected_tokens, attention_tokens), block_size)
+    return floor_pages(base_pages, view.protected_tokens, block_size, attention_tokens)
 
 
 def growth_reserve(pressure: PoolPressure) -> int:

@@ -135,12 +135,13 @@ class WorkerCompactor:
         self.bytes_moved += move_tokens_in_layers(_unique_caches(runner), src, dst, layout)
         self.tokens_moved += int(src.numel())
         self.compactions += 1
-        append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
-                                           "moved": int(src.numel()), "physical": physical,
-                                           "scored": 0 if scores is None else int(scores.numel()),
-                                           "logical": int(plan["logical_length"]),
-                                           "kept_positions": positions[keep_index].tolist()})
         self.kept_positions[request_id] = positions[keep_index]
+        if self.log_path:  # the kept positions are a list of up to thousands: only when someone reads them
+            append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
+                                               "moved": int(src.numel()), "physical": physical,
+                                               "scored": 0 if scores is None else int(scores.numel()),
+                                               "logical": int(plan["logical_length"]),
+                                               "kept_positions": self.kept_positions[request_id].tolist()})
         self.scores.keep(request_id, keep_index, physical)
         self._truncate(runner, request_id, keep)
 
