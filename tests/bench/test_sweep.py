@@ -37,6 +37,28 @@ def test_every_fixed_cap_is_swept_at_every_floor_between_vllm_alone_and_the_limi
             config = configs[f"{method}@{pages}"]
             assert config["method"] == method and config["base_pages"] == pages and config["mode"] == "enforce"
     assert "sweep" in PARTS and VllmBenchSettings.quick().sweep_pages == (2,)
+    assert not any("+cov" in name for name in configs)  # no coverage points unless asked
+
+
+def test_coverage_points_run_growpage_at_the_lowest_floor_with_each_attention_coverage():
+    settings = dataclasses.replace(VllmBenchSettings(), sweep_pages=(4, 2), sweep_coverage=(0.9, 0.95))
+    configs = sweep_configs(settings)
+    assert list(configs)[-1] == "limit"
+    for coverage in (0.9, 0.95):
+        config = configs[f"growpage@2+cov{coverage:g}"]
+        assert config["method"] == "growpage" and config["base_pages"] == 2
+        assert config["attention_coverage"] == coverage
+    assert "attention_coverage" not in configs["growpage@2"] and "attention_coverage" not in configs["h2o@2"]
+
+
+def test_a_coverage_point_counts_on_growpages_curve():
+    points = sweep_points({2: (160.0, 0.35)}, {"h2o": {4: (120.0, 0.09)}})
+    assert verdict(points)["caps_not_covered"] == ["h2o@4"]
+    points["growpage@2+cov0.95"] = point("growpage", 2, 125.0, 0.08) | {"attention_coverage": 0.95,
+                                                                         "axis": "coverage"}
+    result = verdict(points)
+    assert result["curve_on_or_above_every_cap"]
+    assert result["speed_target_point"]["attention_coverage"] == 0.0  # 1.6x: the floor point, not the coverage one
 
 
 def test_growpage_covers_a_cap_only_when_as_fast_at_no_more_nll():
@@ -52,7 +74,8 @@ def test_the_speed_target_needs_one_and_a_half_times_vllm_alone_at_the_best_caps
     met = sweep_points({2: (160.0, 0.10), 4: (120.0, 0.05)}, {"snapkv": {2: (165.0, 0.12)}})
     result = verdict(met)
     assert result["speed_target_met"] and result["fastest_growpage_vs_vllm"] == 1.6
-    assert result["speed_target_point"] == {"base_pages": 2, "tokens_per_s": 160.0, "nll_increase": 0.10}
+    assert result["speed_target_point"] == {"base_pages": 2, "attention_coverage": 0.0, "tokens_per_s": 160.0,
+                                            "nll_increase": 0.10}
     assert result["best_cap_nll_at_that_speed"] == 0.12
     cap_more_faithful = sweep_points({2: (160.0, 0.10)}, {"snapkv": {2: (165.0, 0.09)}})
     assert not verdict(cap_more_faithful)["speed_target_met"]
@@ -72,6 +95,7 @@ def test_the_plot_draws_one_panel_per_seed(tmp_path):
     from growpage.bench.plots import sweep_tradeoff
 
     points = sweep_points({2: (150.0, 0.1, 5.0), 4: (130.0, 0.05, 5.0)}, {cap: {2: (120.0, 0.2)} for cap in FIXED_CAPS})
+    points["growpage@2+cov0.9"] = point("growpage", 2, 120.0, 0.04) | {"attention_coverage": 0.9, "axis": "coverage"}
     path = sweep_tradeoff({"sweeps": [{"seed": 0, "points": points}, {"seed": 1, "points": points}]},
                           tmp_path / "sweep.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000

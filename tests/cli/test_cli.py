@@ -218,3 +218,15 @@ def test_bench_vllm_settings_reach_growpages_runs():
     assert settings.parts == ("overhead",) and settings.repeats == 3 and settings.threads == 1
     config = settings.growpage_config("monitor")
     assert (config["method"], config["observe_every_steps"], config["sink_tokens"]) == ("h2o", 2, 8)
+
+
+def test_bench_vllm_refuses_a_sweep_coverage_outside_its_range(runner):
+    result = runner.invoke(app, ["bench", "vllm", "--quick", "--sweep-coverage", "1.5"])
+    assert result.exit_code == 2 and "--sweep-coverage" in result.output and "Traceback" not in result.output
+
+
+def test_bench_vllm_sweep_coverage_reaches_the_sweep():
+    from gpctl.commands.bench import _vllm_settings
+
+    settings = _vllm_settings(True, 1, ["sweep"], None, [], {"sweep_coverage": (0.9, 0.95)})
+    assert settings.sweep_coverage == (0.9, 0.95)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,32 +132,43 @@ def sweep_tradeoff(result: dict, path: Path) -> Path:
     """``gpctl bench vllm --part sweep``: tokens/s (median, range as error bars) against NLL increase
     over full KV, one line per method through its floors or budgets; vLLM alone and the limit as
     points. One panel per trace seed."""
+    from growpage.bench.sweep import COVERAGE_AXIS
+
     plt = _pyplot()
     sweeps = result["sweeps"]
     fig, axes = plt.subplots(1, len(sweeps), figsize=(7 * len(sweeps), 5), squeeze=False)
     for ax, sweep in zip(axes[0], sweeps, strict=True):
         points = sweep["points"]
         for method, marker in SWEEP_MARKERS.items():
-            line = sorted((p for p in points.values() if p["method"] == method), key=lambda p: p["base_pages"])
-            if not line:
-                continue
-            speeds = [p["tokens_per_s"]["median"] for p in line]
-            errors = [[s - p["tokens_per_s"]["range"][0] for s, p in zip(speeds, line, strict=True)],
-                      [p["tokens_per_s"]["range"][1] - s for s, p in zip(speeds, line, strict=True)]]
-            ax.errorbar([p["nll_increase"] for p in line], speeds, yerr=errors, marker=marker, capsize=3,
-                        label=method)
-            for p, speed in zip(line, speeds, strict=True):
-                ax.annotate(f"{p['base_pages']}b", (p["nll_increase"], speed), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
+            budgets = [p for p in points.values() if p["method"] == method and p.get("axis") != COVERAGE_AXIS]
+            _sweep_line(ax, sorted(budgets, key=lambda p: p["base_pages"]), marker, method,
+                        lambda p: f"{p['base_pages']}b")
+        coverage = sorted((p for p in points.values() if p.get("axis") == COVERAGE_AXIS),
+                          key=lambda p: p["attention_coverage"])
+        if coverage:
+            _sweep_line(ax, coverage, "P", f"growpage@{coverage[0]['base_pages']}b, attention_coverage",
+                        lambda p: f"c{p['attention_coverage']:g}")
         for name, marker in (("vllm", "X"), ("limit", "*")):
             ax.scatter([0.0], [points[name]["tokens_per_s"]["median"]], marker=marker, s=90, color="black",
                        label=f"{name} ({'vLLM alone' if name == 'vllm' else 'room for all'})", zorder=3)
         ax.set_xlabel("NLL increase over full KV (nats/token, lower is better)")
         ax.set_ylabel("output tokens/s (median, range of the repeats)")
-        ax.set_title(f"Decode-heavy pressure trace, seed {sweep['seed']} (labels: blocks)")
+        ax.set_title(f"Decode-heavy pressure trace, seed {sweep['seed']} (labels: blocks, c: attention_coverage)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _save(plt, fig, path)
+
+
+def _sweep_line(ax: Any, line: list[dict], marker: str, label: str, annotation: Callable[[dict], str]) -> None:
+    """One method's points through the sweep: median tokens/s (range as error bars) against NLL."""
+    if not line:
+        return
+    speeds = [p["tokens_per_s"]["median"] for p in line]
+    errors = [[s - p["tokens_per_s"]["range"][0] for s, p in zip(speeds, line, strict=True)],
+              [p["tokens_per_s"]["range"][1] - s for s, p in zip(speeds, line, strict=True)]]
+    ax.errorbar([p["nll_increase"] for p in line], speeds, yerr=errors, marker=marker, capsize=3, label=label)
+    for p, speed in zip(line, speeds, strict=True):
+        ax.annotate(annotation(p), (p["nll_increase"], speed), fontsize=7, xytext=(3, 3), textcoords="offset points")
 
 
 def write_all(result: dict, directory: Path) -> list[Path]:

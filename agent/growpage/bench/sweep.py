@@ -5,6 +5,9 @@
 
 * ``vllm``: vLLM alone (recompute on preemption: full KV's fidelity, by construction);
 * ``growpage@N``: GrowPage enforcing with a floor of ``N`` blocks per request;
+* ``growpage@N+cov<C>`` (with ``sweep_coverage``): GrowPage at the lowest floor ``N`` with
+  ``attention_coverage`` ``C``: each request's floor rises to what its attention needs, so the
+  coverage, not the floor, sets the operating point. These points belong to GrowPage's curve too;
 * ``streaming_llm@N``, ``h2o@N``, ``snapkv@N``: the fixed caps of ``N`` blocks under the same
   admission, pressure relief and floors (the plugin's ``method`` setting);
 * ``limit``: vLLM alone with room for every request (the attainable speed, and the reference).
@@ -28,10 +31,12 @@ Log = Callable[[str], None] | None
 SWEEP_METHODS = ("growpage", "streaming_llm", "h2o", "snapkv")
 FIXED_CAPS = SWEEP_METHODS[1:]
 SPEEDUP_TARGET = 1.5
+COVERAGE_MARK = "+cov"  # in a variant's name: a point of GrowPage's coverage axis
+COVERAGE_AXIS = "coverage"
 
 
-def variant_name(method: str, pages: int) -> str:
-    return f"{method}@{pages}"
+def variant_name(method: str, pages: int, coverage: float | None = None) -> str:
+    return f"{method}@{pages}" + ("" if coverage is None else f"{COVERAGE_MARK}{coverage:g}")
 
 
 def sweep_configs(settings: VllmBenchSettings) -> dict[str, dict | None]:
@@ -41,6 +46,10 @@ def sweep_configs(settings: VllmBenchSettings) -> dict[str, dict | None]:
         for pages in settings.sweep_pages:
             configs[variant_name(method, pages)] = {**settings.growpage_config(), "base_pages": pages,
                                                     "method": method}
+    for coverage in settings.sweep_coverage:
+        pages = min(settings.sweep_pages)
+        configs[variant_name("growpage", pages, coverage)] = {**settings.growpage_config(), "base_pages": pages,
+                                                              "method": "growpage", "attention_coverage": coverage}
     configs["limit"] = None
     return configs
 
@@ -73,6 +82,8 @@ def pressure_sweep(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
         nll = goodput.forced_nll(run_spec(name), reference, log, timeout_s) if config is not None else None
         points[name] = {"method": config["method"] if config is not None else name,
                         "base_pages": config["base_pages"] if config is not None else None,
+                        "attention_coverage": (config or {}).get("attention_coverage", 0.0),
+                        "axis": COVERAGE_AXIS if COVERAGE_MARK in name else "budget",
                         "kv_blocks": blocks[name], "tokens_per_s": goodput.spread([r["tokens_per_s"] for r in results]),
                         "nll_increase": nll["mean"] if nll else 0.0, "nll": nll,
                         "preemptions": [r["preemptions"] for r in results], "decisions": results[0]["decisions"],
@@ -117,7 +128,8 @@ def verdict(points: dict[str, dict]) -> dict:
 def _describe(point: dict | None) -> dict | None:
     if point is None:
         return None
-    return {"base_pages": point["base_pages"], "tokens_per_s": _speed(point), "nll_increase": point["nll_increase"]}
+    return {"base_pages": point["base_pages"], "attention_coverage": point.get("attention_coverage", 0.0),
+            "tokens_per_s": _speed(point), "nll_increase": point["nll_increase"]}
 
 
 def sweep_rows(sweeps: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:

@@ -67,6 +67,8 @@ class VllmBenchSettings:
         retrieval_kv_share: its KV space as a share of what every request needs at once.
         sweep_pages: the floors of GrowPage and the fixed caps' budgets of the ``sweep`` part
             (:mod:`growpage.bench.sweep`), in blocks.
+        sweep_coverage: ``attention_coverage`` values run as more GrowPage points of the ``sweep``
+            part, at the lowest of ``sweep_pages`` (none by default).
     """
 
     requests: int = 16
@@ -86,6 +88,7 @@ class VllmBenchSettings:
     retrieval_depths: tuple[float, ...] = (0.1, 0.35, 0.65, 0.9)
     retrieval_kv_share: float = 0.25
     sweep_pages: tuple[int, ...] = (2, 4, 6)
+    sweep_coverage: tuple[float, ...] = ()
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:

@@ -351,6 +351,9 @@ def vllm(
                                                     "plugin's method setting (default growpage).")] = None,
     sweep_pages: Annotated[list[int] | None, typer.Option(min=1, help="Floors and caps of --part sweep, in "
                                                                      "blocks (repeatable; default 2, 4, 6).")] = None,
+    sweep_coverage: Annotated[list[float] | None, typer.Option(
+        min=0.01, max=1.0, help="attention_coverage values run as more GrowPage points of --part sweep, at "
+                                "the lowest --sweep-pages (repeatable; default none).")] = None,
     setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
                                                             "plugin's additional_config keys; repeatable), e.g. "
                                                             "observe_every_steps=2.")] = None,
@@ -363,7 +366,8 @@ def vllm(
 
     settings = _vllm_settings(quick, threads, part, method, setting, {
         "base_pages": base_pages, "seeds": tuple(seed) if seed else None, "repeats": repeats,
-        "sweep_pages": tuple(sweep_pages) if sweep_pages else None})
+        "sweep_pages": tuple(sweep_pages) if sweep_pages else None,
+        "sweep_coverage": tuple(sweep_coverage) if sweep_coverage else None})
     console = Console(stderr=True)
     try:
         result = run_vllm_bench(str(model) if model else None, settings, log=lambda line: console.log(line))
