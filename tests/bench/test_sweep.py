@@ -48,7 +48,8 @@ def test_coverage_points_run_growpage_at_the_lowest_floor_with_each_attention_co
         config = configs[f"growpage@2+cov{coverage:g}"]
         assert config["method"] == "growpage" and config["base_pages"] == 2
         assert config["attention_coverage"] == coverage
-    assert "attention_coverage" not in configs["growpage@2"] and "attention_coverage" not in configs["h2o@2"]
+    assert configs["growpage@2"]["attention_coverage"] == 0.0  # the floor alone, whatever the default
+    assert "attention_coverage" not in configs["h2o@2"]
 
 
 def test_a_coverage_point_counts_on_growpages_curve():

@@ -40,12 +40,16 @@ def variant_name(method: str, pages: int, coverage: float | None = None) -> str:
 
 
 def sweep_configs(settings: VllmBenchSettings) -> dict[str, dict | None]:
-    """Every variant's ``additional_config["growpage"]`` (None: vLLM alone), in run order."""
+    """Every variant's ``additional_config["growpage"]`` (None: vLLM alone), in run order.
+
+    GrowPage's floor points name their ``attention_coverage`` (``--setting``'s, else 0: the floor
+    alone), so what a point ran does not depend on the config's default."""
     configs: dict[str, dict | None] = {"vllm": None}
+    floor_coverage = {"attention_coverage": settings.growpage.get("attention_coverage", 0.0)}
     for method in SWEEP_METHODS:
         for pages in settings.sweep_pages:
             configs[variant_name(method, pages)] = {**settings.growpage_config(), "base_pages": pages,
-                                                    "method": method}
+                                                    "method": method} | (floor_coverage if method == "growpage" else {})
     for coverage in settings.sweep_coverage:
         pages = min(settings.sweep_pages)
         configs[variant_name("growpage", pages, coverage)] = {**settings.growpage_config(), "base_pages": pages,
