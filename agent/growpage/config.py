@@ -84,8 +84,9 @@ class GrowPageConfig:
         attention_coverage: inside vLLM, with enforce and GrowPage's methods: a request is never
             compressed below the tokens that hold this share of its observed attention (the
             worker's prompt-anchored scores, highest first; the highest need seen so far), so its
-            floor follows what its attention needs, not only ``base_pages``. 0 (default): off.
-            The reference engine ignores it.
+            floor follows what its attention needs, not only ``base_pages``. 0: off (the default
+            here; the vLLM plugin defaults to 0.95, ``vllm_plugin.settings``). The reference engine
+            ignores it.
     """
 
     mode: Mode = Mode.MONITOR
@@ -189,7 +190,8 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(GrowPageConfig))
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
-                overrides: Mapping[str, Any] | None = None) -> GrowPageConfig:
+                overrides: Mapping[str, Any] | None = None,
+                defaults: Mapping[str, Any] | None = None) -> GrowPageConfig:
     """Build a config from defaults, a file, ``GROWPAGE_*`` variables and overrides.
 
     Args:
@@ -197,12 +199,14 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             When None, ``$GROWPAGE_CONFIG`` is used if set.
         env: the environment to read (default ``os.environ``); ``GROWPAGE_BASE_PAGES=64`` etc.
         overrides: highest-priority values, e.g. vLLM's ``additional_config["growpage"]``.
+        defaults: a home's own defaults (vLLM's floor in its block size): above the dataclass's,
+            below everything a user set (file, environment, overrides).
 
     Raises:
         ConfigError: a file is missing or unreadable, a key is unknown, or a value is invalid.
     """
     env = os.environ if env is None else env
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = _coerce_mapping(dict(defaults or {}), source="defaults")
     if path is None and env.get(ENV_CONFIG_FILE):
         path = env[ENV_CONFIG_FILE]
     if path is not None:

@@ -21,9 +21,10 @@ CAPPED = "capped"
 TP_RANKS = 3
 TP_THREADS_BIND = "0|1|0"
 PREEMPT_BLOCKS = 12  # 8 requests x 2 blocks do not fit: vLLM preempts
-# Every boundary evicts: no growth past base_pages, low LTS is always "narrow demand".
+# Every boundary evicts: no growth past base_pages, low LTS is always "narrow demand", and no
+# attention need raises the floor (vLLM's default attention_coverage would keep these short prompts whole).
 EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens": 16, "sink_tokens": 4,
-            "growth_coefficient": 0.0, "lts_grow_threshold": 100.0}
+            "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0}
 
 
 def _cuda_devices() -> int:

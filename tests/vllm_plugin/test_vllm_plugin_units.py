@@ -10,7 +10,7 @@ import pytest
 import torch
 from cache_layouts import lossy_write, transposed_write
 
-from growpage.config import Mode
+from growpage.config import Mode, load_config
 from growpage.errors import ConfigError
 from growpage.vllm_plugin.observer import VllmObserver, layer_index
 from growpage.vllm_plugin.settings import PluginSettings, split_settings
@@ -107,7 +107,7 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
     report = observer.take_report()  # what the scheduler learns: this request's readings, one observed step
     assert set(report.readings) == {"r1"} and report.steps == report.steps_observed == 1
     assert report.observer_state == "active" and report.ready_to_compact and report.errors == 0
-    assert report.attention_tokens == {}  # attention_coverage is off by default
+    assert report.attention_tokens == {}  # a monitored request's need raises no floor: none is sent
     assert observer.take_report().readings == {}  # each reading travels once
 
 
@@ -287,6 +287,21 @@ def test_the_floor_inside_vllm_is_counted_in_tokens_unless_base_pages_is_given()
         assert config.base_pages * block_size == DEFAULT_FLOOR_TOKENS
     assert split_settings({"base_pages": 4}, env={}, block_size=32)[0].base_pages == 4
     assert split_settings({}, env={"GROWPAGE_BASE_PAGES": "6"}, block_size=32)[0].base_pages == 6
+
+
+def test_inside_vllm_a_floor_follows_attention_by_default_and_whatever_the_user_set_wins(tmp_path):
+    from growpage.vllm_plugin.settings import DEFAULT_ATTENTION_COVERAGE
+
+    default = split_settings({"mode": "enforce"}, env={}, block_size=32)[0]
+    assert default.attention_coverage == DEFAULT_ATTENTION_COVERAGE
+    assert DEFAULT_ATTENTION_COVERAGE > 0.0 and load_config(env={}).attention_coverage == 0.0  # vLLM's default only
+    assert split_settings({"attention_coverage": 0}, env={}, block_size=32)[0].attention_coverage == 0.0
+    assert split_settings({}, env={"GROWPAGE_ATTENTION_COVERAGE": "0.5"}, block_size=32)[0].attention_coverage == 0.5
+    # A config file is the user's too: it beats vLLM's defaults (the floor's as well), not the other way round.
+    path = tmp_path / "growpage.yaml"
+    path.write_text("base_pages: 6\nattention_coverage: 0.8\n")
+    config, _ = split_settings({}, env={"GROWPAGE_CONFIG": str(path)}, block_size=32)
+    assert (config.base_pages, config.attention_coverage) == (6, 0.8)
 
 
 @pytest.mark.parametrize(("mode", "enforce_reason", "observer_reason"), [

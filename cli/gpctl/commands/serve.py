@@ -38,7 +38,8 @@ ModeOption = Annotated[str | None, typer.Option(help="GrowPage mode: off | monit
 ConfigOption = Annotated[Path | None, typer.Option(envvar="GROWPAGE_CONFIG",
                                                    help="GrowPage config file (YAML/JSON/TOML).")]
 BasePagesOption = Annotated[int | None, typer.Option(
-    help="The floor no compression goes below, in pages (vllm: default 1,024 tokens in vLLM's block size; "
+    help="The floor no compression goes below, in pages (vllm: default 128 tokens in vLLM's block size, "
+         "raised per request to what its attention needs; "
          "reference: pages granted at admission, default 128).")]
 BlockSizeOption = Annotated[int | None, typer.Option(help="Tokens per page.")]
 KvCacheMibOption = Annotated[int, typer.Option(min=1, help="Memory for KV pages.")]
