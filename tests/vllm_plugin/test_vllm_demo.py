@@ -13,8 +13,9 @@ require_vllm_plugin()
 
 from growpage.demos.vllm_engine import VllmDemoSettings, prompts_for, run_vllm_demo  # noqa: E402
 
-# Smaller than --quick: two engine starts plus a few seconds of decoding each.
-SETTINGS = VllmDemoSettings(requests=5, max_tokens=64, kv_blocks=12, base_pages=2, report_interval_s=0.5)
+# Smaller than --quick: four engine starts (reasoning, then retrieval) plus a few seconds of decoding each.
+SETTINGS = VllmDemoSettings(requests=5, max_tokens=64, kv_blocks=12, base_pages=2, report_interval_s=0.5,
+                            retrieval_families=("code",), retrieval_depths=(0.35, 0.9))
 
 
 @pytest.fixture(scope="module")
@@ -55,5 +56,15 @@ def test_progress_and_table_read_well_in_80_columns_without_a_tty(demo_run):
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     assert "…" not in output  # no truncated header or cell
     for measure in ("tokens/s", "peak running", "preemptions", "decisions", "KV compressed", "grant p99",
-                    "same answer"):
+                    "same answer", "NLL +nats/token", "retrieval correct", "retrieval correct/s"):
         assert measure in output
+
+
+def test_retrieval_in_the_same_kv_space_keeps_the_answers_vllm_alone_gives(demo_run):
+    summary, _ = demo_run
+    retrieval = summary["retrieval"]
+    assert len(retrieval["tasks"]) == 2 and retrieval["blocks_needed"] > retrieval["kv_blocks"] - 1  # under pressure
+    base, grow = retrieval["variants"]["vllm"], retrieval["variants"]["growpage"]
+    assert tuple(base["correct"]) == (2, 2)  # the packaged model finds both codes
+    assert tuple(grow["correct"]) == (2, 2)  # GrowPage's default floor follows the question's attention
+    assert sum(grow["decisions"].values()) > 0 and grow["blocks_total"] == grow["blocks_free_at_end"]

@@ -135,7 +135,8 @@ def retrieval_tasks(settings: VllmBenchSettings) -> list[Task]:
                     context_tokens=settings.retrieval_context_tokens, depths=settings.retrieval_depths)
 
 
-def _blocks(lengths: list[int], max_tokens: int, block_size: int) -> list[int]:
+def blocks_needed(lengths: list[int], max_tokens: int, block_size: int) -> list[int]:
+    """Each request's blocks at full length (prompt plus ``max_tokens``)."""
     return [math.ceil((length + max_tokens) / block_size) for length in lengths]
 
 
@@ -150,7 +151,7 @@ def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: L
     tasks = retrieval_tasks(settings)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     lengths = [prompt_tokens(tokenizer, task.prompt) for task in tasks]
-    needed = _blocks(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
+    needed = blocks_needed(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
     tight = max(max(needed) + 1, round(sum(needed) * settings.retrieval_kv_share) + 1)
     caps = {f"{cap}@{settings.base_pages}": {**settings.growpage_config(), "method": cap} for cap in RETRIEVAL_CAPS}
     configs = {"vllm": None, "growpage": settings.growpage_config(), **caps, "limit": None}
@@ -207,7 +208,7 @@ def full_kv_accuracy(model_dir: str, settings: VllmBenchSettings, log: Log, time
 
     tasks = generate(settings.seeds[0])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    needed = _blocks([prompt_tokens(tokenizer, task.prompt) for task in tasks], RETRIEVAL_MAX_TOKENS,
+    needed = blocks_needed([prompt_tokens(tokenizer, task.prompt) for task in tasks], RETRIEVAL_MAX_TOKENS,
                      settings.block_size)
     if log:
         log(f"vllm bench: full-KV accuracy on {len(tasks)} retrieval tasks")

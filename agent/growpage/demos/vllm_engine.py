@@ -1,11 +1,18 @@
-"""The main job: vLLM alone, then vLLM with GrowPage enforce, on one reasoning workload under KV pressure.
+"""The main job: vLLM alone, then vLLM with GrowPage enforce, on one reasoning workload under KV
+pressure, then on retrieval questions in the same KV space.
 
 Both runs use vLLM's CPU build on the packaged model with the same fixed KV space
 (``kv_blocks`` blocks, sized so vLLM alone cannot hold every request at full length and preempts),
-the same prompts and greedy decoding. While a run goes, the live view shows the pool (blocks
-free/used), the queues (running/waiting), preemptions and GrowPage's decisions; at the end one
-table puts the two side by side: tokens/s, peak running, preemptions, decisions by kind, KV bytes
-compressed, grant latency p50/p99 and agreement with vLLM alone's greedy answers.
+the same prompts and greedy decoding. The reasoning prompts are beyond the packaged model (it gets
+their arithmetic wrong with or without compression), so they are judged by fidelity: the NLL
+increase of vLLM alone's answers under GrowPage's cache. The retrieval questions (a code hidden in
+notes, which the model answers with full KV) are judged by their answers: correct and correct per
+second, vLLM alone against GrowPage in the same KV space (about a quarter of what they need).
+
+While a run goes, the live view shows the pool (blocks free/used), the queues (running/waiting),
+preemptions and GrowPage's decisions; at the end one table puts the two side by side: tokens/s,
+peak running, preemptions, decisions by kind, KV bytes compressed, grant latency p50/p99,
+agreement with vLLM alone's greedy answers, fidelity, and the retrieval answers.
 
 Each run is its own child interpreter (:mod:`growpage.demos.vllm_child`): vLLM loads its plugins
 once per process, so "vLLM alone" (the plugin inactive) and "vLLM + GrowPage" cannot share one.
@@ -47,6 +54,8 @@ class VllmDemoSettings:
         kv_blocks: the KV space of both runs, in blocks (vLLM keeps one as its null block).
         base_pages: GrowPage's per-request floor, in blocks.
         report_interval_s: seconds between live updates.
+        retrieval_families, retrieval_depths, retrieval_context_tokens: the retrieval questions
+            (one per family and depth, seed 0; ``growpage.bench.tasks``); no families: no retrieval.
     """
 
     requests: int = 12
@@ -55,10 +64,14 @@ class VllmDemoSettings:
     kv_blocks: int = 40
     base_pages: int = 4
     report_interval_s: float = 1.0
+    retrieval_families: tuple[str, ...] = ("code", "multikey")
+    retrieval_depths: tuple[float, ...] = (0.1, 0.35, 0.65, 0.9)
+    retrieval_context_tokens: int = 512
 
     @classmethod
     def quick(cls) -> VllmDemoSettings:
-        return cls(requests=6, max_tokens=96, kv_blocks=16, base_pages=2)
+        return cls(requests=6, max_tokens=96, kv_blocks=16, base_pages=2, retrieval_families=("code",),
+                   retrieval_depths=(0.35, 0.9))
 
     def growpage_config(self) -> dict:
         return {"base_pages": self.base_pages, "sink_tokens": 4, "recent_window_tokens": 16,
@@ -100,7 +113,39 @@ def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console |
     forced = _forced(spec, growpage, results["vllm"], show, timeout_s)
     for result in results.values():
         result["correct"] = _correct(model_dir, settings, result)
-    return summarize(results, settings, console, forced)
+    retrieval = _retrieval(model_dir, settings, console, show, timeout_s) if settings.retrieval_families else None
+    return summarize(results, settings, console, forced, retrieval)
+
+
+def _retrieval(model_dir: str, settings: VllmDemoSettings, console: Console, show: Callable[[dict], None],
+               timeout_s: float) -> dict:
+    """Both variants on the retrieval questions at once, in the demo's KV space (or one request's
+    worth, if larger), replies ending at the model's end of sequence; each run's correct answers."""
+    from transformers import AutoTokenizer
+
+    from growpage.bench import goodput
+    from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS, retrieval_tasks
+
+    tasks = retrieval_tasks(0, families=settings.retrieval_families,
+                            context_tokens=(settings.retrieval_context_tokens,), depths=settings.retrieval_depths)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [goodput.prompt_tokens(tokenizer, task.prompt) for task in tasks]
+    needed = goodput.blocks_needed(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
+    kv_blocks = max(settings.kv_blocks, max(needed) + 1)
+    console.print(f"Retrieval: {len(tasks)} questions about codes hidden in ~{settings.retrieval_context_tokens} "
+                  f"tokens of notes, at once, in {kv_blocks - 1} blocks ({sum(needed)} needed for all).")
+    results = {}
+    for variant in VARIANTS:
+        run_spec = goodput.spec(model_dir, settings.block_size, [task.prompt for task in tasks], RETRIEVAL_MAX_TOKENS,
+                                kv_blocks, variant, settings.growpage_config() if variant == "growpage" else None,
+                                max(needed) * settings.block_size)
+        result = run_child({**run_spec, "ignore_eos": False, "report_interval_s": settings.report_interval_s},
+                           show, timeout_s)
+        score = goodput.scored(tokenizer, tasks, [result])
+        correct = round(score["accuracy"]["median"] * score["answerable"])
+        results[variant] = {**goodput.without_outputs(result), "correct": (correct, score["answerable"])}
+    return {"tasks": [task.task_id for task in tasks], "kv_blocks": kv_blocks, "blocks_needed": sum(needed),
+            "variants": results}
 
 
 def _forced(spec: dict, growpage: dict, reference: dict, show: Callable[[dict], None], timeout_s: float) -> dict:
@@ -201,9 +246,9 @@ def _decision_letters(decisions: dict | None) -> str:
 
 
 def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Console,
-              forced: dict | None = None) -> dict:
+              forced: dict | None = None, retrieval: dict | None = None) -> dict:
     """Print the side-by-side table; return the numbers behind it (``forced``: GrowPage forced
-    through vLLM alone's answers, for the NLL increase)."""
+    through vLLM alone's answers, for the NLL increase; ``retrieval``: both variants' retrieval runs)."""
     base, grow = results["vllm"], results["growpage"]
     order = sorted(base["outputs"], key=int)
     agreement = token_agreement([base["outputs"][key] for key in order], [grow["outputs"][key] for key in order])
@@ -230,6 +275,7 @@ def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Con
         ("correct answers", _correct_cell(base), _correct_cell(grow)),
         ("correct/s", _per_second(base), _per_second(grow)),
         ("NLL +nats/token", "ref", "-" if forced is None else f"{forced['nll_increase']['mean']:+.3f}"),
+        *_retrieval_rows(retrieval),
     ]
     for row in rows:
         table.add_row(*row)
@@ -242,13 +288,26 @@ def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Con
     if forced is not None:
         console.print("NLL: per token, of vLLM alone's answers under GrowPage's cache (forced decoding); "
                       "correct: true results, where a prompt has one.", highlight=False)
+    if retrieval is not None:
+        console.print("retrieval: the codes asked for, answered in the same KV space.", highlight=False)
     return {"settings": dataclasses.asdict(settings), "throughput_ratio": ratio,
             "correct": {name: r.get("correct") for name, r in results.items()},
             "fidelity": None if forced is None else {"nll_increase": forced["nll_increase"],
                                                      "forced_run": _without_outputs(forced)},
             "identical_share": agreement.identical_share, "mean_matched_share": agreement.mean_matched_share,
             "mean_prefix_tokens": agreement.mean_prefix_tokens, "blocks_leaked": leaked,
-            "variants": {name: _without_outputs(r) for name, r in results.items()}}
+            "variants": {name: _without_outputs(r) for name, r in results.items()}, "retrieval": retrieval}
+
+
+def _retrieval_rows(retrieval: dict | None) -> list[tuple[str, str, str]]:
+    """The retrieval runs' rows of the table: answers, answers per second, wall time, preemptions."""
+    if retrieval is None:
+        return []
+    base, grow = retrieval["variants"]["vllm"], retrieval["variants"]["growpage"]
+    return [("retrieval correct", _correct_cell(base), _correct_cell(grow)),
+            ("retrieval correct/s", _per_second(base), _per_second(grow)),
+            ("retrieval wall", f"{base['elapsed_s']:.1f} s", f"{grow['elapsed_s']:.1f} s"),
+            ("retrieval preempt", str(base["preemptions"]), str(grow["preemptions"]))]
 
 
 def _without_outputs(result: dict) -> dict:
