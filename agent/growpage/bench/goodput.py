@@ -90,13 +90,18 @@ def scored(tokenizer: Any, tasks: Sequence[Task | None], runs: list[dict]) -> di
         return {"answerable": 0}
     accuracies, per_second, by_family = [], [], []
     for run in runs:
-        texts = answer_texts(tokenizer, run, len(tasks))
-        correct = [is_correct(task, texts[index]) for index, task in answerable]
+        correct = correct_answers(tokenizer, tasks, run)
         accuracies.append(sum(correct) / len(correct))
         per_second.append(sum(correct) / run["elapsed_s"])
         by_family.append(accuracy_by_family([task for _, task in answerable], correct))
     return {"answerable": len(answerable), "accuracy": spread(accuracies), "correct_per_s": spread(per_second),
             "accuracy_by_family": by_family[0], "accuracy_by_family_every_repeat": by_family}
+
+
+def correct_answers(tokenizer: Any, tasks: Sequence[Task | None], run: dict) -> list[bool]:
+    """Whether each answerable prompt of ``run`` was answered right (``tasks[i]`` None: no true answer)."""
+    texts = answer_texts(tokenizer, run, len(tasks))
+    return [is_correct(task, texts[index]) for index, task in enumerate(tasks) if task is not None]
 
 
 def forced_nll(run_spec: dict, reference: dict, log: Log, timeout_s: float) -> dict:

@@ -141,9 +141,8 @@ def _retrieval(model_dir: str, settings: VllmDemoSettings, console: Console, sho
                                 max(needed) * settings.block_size)
         result = run_child({**run_spec, "ignore_eos": False, "report_interval_s": settings.report_interval_s},
                            show, timeout_s)
-        score = goodput.scored(tokenizer, tasks, [result])
-        correct = round(score["accuracy"]["median"] * score["answerable"])
-        results[variant] = {**goodput.without_outputs(result), "correct": (correct, score["answerable"])}
+        correct = goodput.correct_answers(tokenizer, tasks, result)
+        results[variant] = {**goodput.without_outputs(result), "correct": (sum(correct), len(correct))}
     return {"tasks": [task.task_id for task in tasks], "kv_blocks": kv_blocks, "blocks_needed": sum(needed),
             "variants": results}
 
