@@ -2,7 +2,7 @@
 
 import torch
 
-from growpage.core.evict import protected_mask, select_keep, tokens_to_drop
+from growpage.core.evict import protected_mask, select_keep, tokens_for_coverage, tokens_to_drop
 
 
 def test_tokens_to_drop_frees_whole_pages():
@@ -44,3 +44,15 @@ def test_protection_is_by_logical_position_after_earlier_evictions():
     positions = torch.tensor([0, 1, 7, 9, 30, 31])  # holes from earlier evictions
     mask = protected_mask(positions, logical_length=32, sink_tokens=2, recent_window_tokens=3)
     assert mask.tolist() == [True, True, False, False, True, True]
+
+
+def test_tokens_for_coverage_counts_protected_tokens_and_the_fewest_others_holding_the_share():
+    scores = torch.tensor([50.0, 1.0, 6.0, 3.0, 0.0, 9.0])  # the sink's mass is left out of the share
+    protected = torch.tensor([True, False, False, False, False, True])
+    # others: 6, 3, 1, 0 (total 10): 6 holds 60 %, 6+3 holds 90 %, 6+3+1 all of it
+    assert tokens_for_coverage(scores, protected, 0.5) == 2 + 1
+    assert tokens_for_coverage(scores, protected, 0.9) == 2 + 2
+    assert tokens_for_coverage(scores, protected, 0.95) == 2 + 3
+    assert tokens_for_coverage(scores, protected, 1.0) == 2 + 3  # a token nobody attends is never needed
+    assert tokens_for_coverage(torch.zeros(6), protected, 0.95) == 2  # nothing observed: protected only
+    assert tokens_for_coverage(scores, torch.ones(6, dtype=torch.bool), 0.95) == 6

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from growpage.core.kv_store import PageFormat
-from growpage.core.manager import SlotStatus
-from growpage.core.methods import METHOD_NAMES, build_method
+from growpage.core.manager import NEED_EVERY_TOKENS, SlotStatus
+from growpage.core.methods import METHOD_NAMES, PROMPT_PRIOR_STEPS, build_method
 from growpage.core.pool import PageState
 from support.factories import LAYERS, Driver, dense_attention, make_manager
 
@@ -261,11 +261,12 @@ def test_gauges_follow_the_contract_definitions():
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), mode=st.sampled_from(["off", "monitor", "enforce"]),
-       bits=st.sampled_from([8, 4]), method=st.sampled_from(METHOD_NAMES))
-def test_no_page_leaks_under_random_workloads(seed, mode, bits, method):
-    """Every KV method (GrowPage, the benchmark baselines, the ablations) keeps the ledger exact."""
+       bits=st.sampled_from([8, 4]), method=st.sampled_from(METHOD_NAMES), coverage=st.sampled_from([0.0, 0.95]))
+def test_no_page_leaks_under_random_workloads(seed, mode, bits, method, coverage):
+    """Every KV method (GrowPage, the benchmark baselines, the ablations) keeps the ledger exact,
+    with the per-step controller call and attention needs in the loop."""
     rng = random.Random(seed)
-    manager = make_manager(mode=mode, num_pages=24, base_pages=3, quantization_bits=bits,
+    manager = make_manager(mode=mode, num_pages=24, base_pages=3, quantization_bits=bits, attention_coverage=coverage,
                            density_threshold=rng.random(), lts_grow_threshold=rng.random() * 3,
                            recent_window_tokens=3, sink_tokens=1, method=build_method(method, seed))
     driver = Driver(manager, seed=seed)
@@ -289,6 +290,8 @@ def test_no_page_leaks_under_random_workloads(seed, mode, bits, method):
         elif action < 0.35 and running:
             manager.release(running.pop(rng.randrange(len(running))), reason="aborted")
         elif running:
+            manager.control_step([(rid, 1) for rid in running], waiting_prompt_tokens=rng.choice([None, 4]))
+            running = [rid for rid in running if rid in manager.requests]
             manager.admission_reserve_pages = rng.choice([0, 0, 2, 5])
             batch = []
             for rid in running:
@@ -409,3 +412,83 @@ def test_eviction_rewrites_only_from_the_page_of_the_first_dropped_token():
     for _ in range(6):
         outputs, queries = driver.step([("a", 1)])
     check_against_dense(driver, outputs, queries, "a", None)
+
+
+def _prompt_then_decode(method_name, steps=3, **config):
+    manager = make_manager(method=build_method(method_name), base_pages=16, **config)
+    driver = Driver(manager, seed=3)
+    driver.admit("a", 10)
+    driver.step([("a", 6)])  # a prompt chunk that does not end the prompt
+    driver.step([("a", 4)])  # the step that ends it
+    after_prompt = manager.store.scores.clone()
+    for _ in range(steps):
+        driver.step([("a", 1)])
+    return manager, after_prompt, driver
+
+
+def test_growpage_ranks_by_its_prompts_attention_as_a_prior_of_32_decode_steps():
+    # the same inputs for GrowPage and H2O: GrowPage's scores are H2O's with the prompt's last
+    # query counted 32 times and an earlier chunk's not at all (vLLM's prompt-anchored ranking)
+    growpage, growpage_prompt, _ = _prompt_then_decode("growpage", steps=0)
+    h2o, _, _ = _prompt_then_decode("h2o", steps=0)
+    h2o_chunks = make_manager(method=build_method("h2o"), base_pages=16)
+    driver = Driver(h2o_chunks, seed=3)
+    driver.admit("a", 10)
+    driver.step([("a", 6)])
+    first_chunk = h2o_chunks.store.scores.clone()
+    torch.testing.assert_close(growpage_prompt, PROMPT_PRIOR_STEPS * (h2o.store.scores - first_chunk))
+    growpage_decoded, _, _ = _prompt_then_decode("growpage", steps=2)
+    h2o_decoded, _, _ = _prompt_then_decode("h2o", steps=2)
+    torch.testing.assert_close(growpage_decoded.store.scores - growpage_prompt,
+                               h2o_decoded.store.scores - h2o.store.scores)
+
+
+def test_attention_coverage_raises_growpages_floor_in_the_reference_engine():
+    manager, _, _ = _prompt_then_decode("growpage", attention_coverage=0.95)
+    manager.control_step([("a", 1)])
+    request = manager.requests["a"]
+    need = manager.controller.requests["a"].attention_tokens
+    stored = sum(manager.store.fill[p] for p in request.pages)
+    protected = manager.config.sink_tokens + manager.config.recent_window_tokens
+    assert protected < need <= stored  # more than the protected tokens, never more than it holds
+    # the floor follows the need: a request needing 13 tokens in 4-token pages keeps 5 pages
+    view = manager._view(request, 1)
+    assert manager.controller.floor_of(view) >= -(-need // manager.config.block_size) + 1
+    for method, coverage in (("h2o", 0.95), ("growpage", 0.0)):  # a fixed cap is a cap; 0: the floor alone
+        other, _, _ = _prompt_then_decode(method, attention_coverage=coverage)
+        other.control_step([("a", 1)])
+        assert other.controller.requests["a"].attention_tokens == 0
+
+
+def test_attention_need_is_measured_once_per_8_tokens():
+    manager, _, driver = _prompt_then_decode("growpage", attention_coverage=0.95)
+    manager.control_step([("a", 1)])
+    measured_at = manager.requests["a"].need_measured_at
+    assert measured_at == manager.requests["a"].logical_length
+    for step in range(1, NEED_EVERY_TOKENS + 1):
+        driver.step([("a", 1)])
+        manager.control_step([("a", 1)])
+        expected = measured_at + NEED_EVERY_TOKENS if step == NEED_EVERY_TOKENS else measured_at
+        assert manager.requests["a"].need_measured_at == expected
+
+
+@pytest.mark.parametrize("method, waiting_tokens, pages_after",
+                         [("growpage", None, 6), ("growpage", 8, 6), ("growpage", 30, 3), ("h2o", None, 3)])
+def test_growpage_compresses_a_cached_prompt_only_when_a_waiting_request_cannot_be_admitted(method, waiting_tokens,
+                                                                                             pages_after):
+    # 12 pages; a 20-token prompt holds 6 (its first token's reserved page included); a 30-token
+    # request waiting needs 8 and cannot be admitted, an 8-token one fits as it is; a fixed cap
+    # compresses its prompt either way, to the same 3 pages (2 of tokens, the reserved next one)
+    manager = make_manager(num_pages=12, base_pages=3, method=build_method(method))
+    driver = Driver(manager)
+    driver.admit("a", 20)
+    manager.control_step([("a", 20)], waiting_prompt_tokens=waiting_tokens)
+    driver.step([("a", 20)])
+    manager.compress_prompt("a")
+    assert manager.requests["a"].pages_held == pages_after
+    manager.pool.check_invariants()
+    if pages_after < 6:  # down to its floor: sinks and the recent window kept, the next token's page
+        assert set(driver.stored_positions("a")) >= {0, 1, 16, 17, 18, 19}
+        assert len(driver.stored_positions("a")) == 8 and len(manager.requests["a"].reserved) == 1
+        events = manager.make_stats().decision_events
+        assert [(e.kind, e.reason) for e in events] == [("evict", "prompt_budget")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController, Reading
 from growpage.core.methods import build_method
@@ -147,3 +149,23 @@ def test_growpage_when_it_pays_grows_while_nothing_waits_and_compresses_once_a_r
     assert [b.action for b in waiting.boundaries] == [Action.EVICT]  # it widens the batch
     empty = controller.plan_step(StepPool(free_pages=0, total_pages=20), at_cap)
     assert [b.action for b in empty.boundaries] == [Action.EVICT]  # it avoids a preemption
+
+
+def test_growpage_compresses_a_fresh_prompt_to_its_floor_only_when_a_waiting_request_cannot_be_admitted():
+    controller = make_controller()
+    admit(controller, "fresh")
+    controller.update_attention_need("fresh", 9)  # its prompt's attention needs 9 tokens: 3 pages + the next
+    prompt = dataclasses.replace(view("fresh", 8), prompt_uncompressed=True)
+    room = controller.plan_step(StepPool(free_pages=6, total_pages=20, waiting_prompt_tokens=7), [prompt])
+    assert room.prompt_compressions == ()  # the waiting request fits as it is: the prompt stays whole
+    quiet = controller.plan_step(StepPool(free_pages=0, total_pages=20), [prompt])
+    assert quiet.prompt_compressions == ()  # nothing waits: nothing to widen
+    blocked = controller.plan_step(StepPool(free_pages=1, total_pages=20, waiting_prompt_tokens=7), [prompt])
+    assert [(c.request_id, c.pages_after) for c in blocked.prompt_compressions] == [("fresh", 4)]
+    settled = controller.plan_step(StepPool(free_pages=1, total_pages=20, waiting_prompt_tokens=7), [view("fresh", 8)])
+    assert settled.prompt_compressions == ()  # once decoding started the prompt rule is done with it
+    # a fixed cap compresses its prompt to the cap whether or not anyone waits
+    cap = make_controller(method=build_method("h2o"))
+    admit(cap, "fresh")
+    quiet_cap = cap.plan_step(StepPool(free_pages=6, total_pages=20), [prompt])
+    assert [c.pages_after for c in quiet_cap.prompt_compressions] == [3]

@@ -43,6 +43,7 @@ from growpage.core.step_control import (
     RequestView,
     StepControl,
     StepPool,
+    admission_blocked,
     compression_pays,
     enforceable_action,
     evict_pages_after,
@@ -279,7 +280,8 @@ class GrowthController:
             waiting_prompt_pages=self.grant_pages(waiting) if waiting is not None else None,
             waiting_floor_pages=base if waiting is not None else 0, batch_full=pool.batch_full)
         reserve = growth_reserve(pressure)
-        prompts = [c for c in (self.prompt_compression(v) for v in views) if c is not None]
+        blocked = admission_blocked(pressure)
+        prompts = [c for c in (self.prompt_compression(v, admission_blocked=blocked) for v in views) if c is not None]
         compressed = {c.request_id for c in prompts}
         free = pool.free_pages + sum(c.pages_gained for c in prompts)
         boundaries, free = self._plan_boundaries([v for v in views if v.request_id not in compressed], free,
@@ -298,11 +300,13 @@ class GrowthController:
         return StepControl(pressure=pressure, reserve_pages=reserve, boundaries=tuple(settled_plans),
                            reclaims=tuple(reclaims), prompt_compressions=tuple(prompts))
 
-    def prompt_compression(self, view: RequestView) -> Reclaim | None:
-        """Methods that compress a cached prompt once (fixed caps, SnapKV-style): compress it to the
-        cap, never below its floor; None for GrowPage, which never compresses a prompt on its own."""
+    def prompt_compression(self, view: RequestView, *, admission_blocked: bool = False) -> Reclaim | None:
+        """A just-cached prompt compressed once to its floor (its attention need included): always
+        for the fixed caps (SnapKV-style, to the cap); for GrowPage only when ``admission_blocked``
+        (a waiting request the pool cannot admit: compressing widens the batch). None otherwise."""
         request = self.requests.get(view.request_id)
-        if (request is None or request.mode is not Mode.ENFORCE or not self.method.compress_prompt
+        wanted = self.method.compress_prompt or (admission_blocked and self.method.compress_prompt_for_admission)
+        if (request is None or request.mode is not Mode.ENFORCE or not wanted
                 or not view.prompt_uncompressed or not view.compressible):
             return None
         pages_after = self.floor_of(view)

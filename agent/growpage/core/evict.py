@@ -54,6 +54,27 @@ def select_keep(positions: torch.Tensor, scores: torch.Tensor, num_to_drop: int,
     return keep
 
 
+def tokens_for_coverage(scores: torch.Tensor, protected: torch.Tensor, coverage: float) -> int:
+    """How many of a request's tokens its observed attention needs: every protected token (sinks,
+    the recent window: always kept), plus the fewest others whose scores hold ``coverage`` of the
+    others' score mass, highest first. The protected tokens' mass is left out: a small model puts
+    most of its attention on the first token, so a share of the total would count a handful of
+    tokens as enough. The one rule both homes floor a request by (``attention_coverage``).
+
+    Args:
+        scores: ``[N]`` each token's ranking score (higher: kept first).
+        protected: ``[N]`` bool, tokens a compaction never drops.
+        coverage: the share of the unprotected tokens' score mass to keep, in ``[0, 1]``.
+    """
+    others = scores[~protected].float()
+    kept = int(protected.sum())
+    total = float(others.sum())
+    if total <= 0.0 or others.numel() == 0:
+        return kept
+    cumulative = others.sort(descending=True).values.cumsum(0)
+    return kept + min(others.numel(), int((cumulative < coverage * total).sum()) + 1)
+
+
 def max_pool_scores(positions: torch.Tensor, scores: torch.Tensor, kernel: int) -> torch.Tensor:
     """SnapKV's clustering: each token takes the highest score among its ``kernel`` nearest
     neighbours in position order, so a kept heavy hitter keeps its context with it.

@@ -34,18 +34,30 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
 from growpage.core.controller import ControlledRequest, GrowthController, Reading
 from growpage.core.devices import device_name
-from growpage.core.evict import max_pool_scores, select_keep, tokens_to_drop
+from growpage.core.evict import max_pool_scores, protected_mask, select_keep, tokens_for_coverage, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
-from growpage.core.methods import GROWPAGE, KVMethod, TokenScore
+from growpage.core.methods import GROWPAGE, PROMPT_PRIOR_STEPS, KVMethod, TokenScore
 from growpage.core.policy import Action, Reason
 from growpage.core.pool import PagePool
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
-from growpage.core.step_control import BoundaryPlan, RequestView, StepControl, StepPool, compression_pays
+from growpage.core.step_control import (
+    BoundaryPlan,
+    RequestView,
+    StepControl,
+    StepPool,
+    admission_blocked,
+    compression_pays,
+)
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.errors import GrowPageError
 
 logger = logging.getLogger(__name__)
+
+SCORED = (TokenScore.ACCUMULATED, TokenScore.WINDOW, TokenScore.PROMPT_ANCHORED)
+# tokens a request grows by between two measurements of its attention need (attention_coverage):
+# the need moves slowly, and each measurement reads its scores back from the device
+NEED_EVERY_TOKENS = 8
 
 
 class SlotStatus(str, enum.Enum):
@@ -72,6 +84,7 @@ class RequestKV:
     reserved: list[int]  # granted, not yet written
     logical_length: int = 0  # tokens seen so far (the next token's position)
     peak_pages_held: int = 0  # the most pages held at once, transient peaks (a whole prompt) included
+    need_measured_at: int = -1  # logical length when its attention need was last measured (-1: never)
 
     @property
     def request_id(self) -> str:
@@ -106,6 +119,7 @@ class StepPlan:
     summary_rows: torch.Tensor  # [B] long
     bin_mass: torch.Tensor  # [B, bins] accumulated over observed layers
     entropy: torch.Tensor  # [B]
+    score_weights: torch.Tensor  # [B] what each row's observation weighs in its tokens' scores
     layers_observed: int = 0
 
 
@@ -159,10 +173,14 @@ class GrowPageManager:
         self.admission_reserve_pages = 0
         self._step_boundaries: dict[str, BoundaryPlan] = {}  # this step's planned boundaries, not yet reached
         self._compression_pays = True  # this step's pressure says freeing a page pays (no step planned: yes)
+        self._admission_blocked = False  # this step's waiting request cannot be admitted (GrowPage's prompt rule)
         self._free_rows = list(range(max_requests - 1, -1, -1))
         self.observed_layers = self.controller.observed_layers
         self._quant_format = PageFormat.for_bits(config.quantization_bits)
         self._random_scores = torch.Generator(device="cpu").manual_seed(0)
+        # the floor that follows attention: GrowPage's scored methods only (a fixed cap is a cap)
+        self._attention_coverage = (config.attention_coverage if method.family == "growpage"
+                                    and method.token_score in SCORED else 0.0)
 
     # ---- admission ----------------------------------------------------------------------------
     @property
@@ -274,11 +292,15 @@ class GrowPageManager:
             waiting_prompt_tokens: the oldest waiting request's tokens (None: none waits).
             batch_full: no more requests may run.
         """
+        if self._attention_coverage > 0:
+            with self.controller.guard("observer", "measuring attention needs failed; floors stay as they were"):
+                self._measure_attention_needs([self.requests[r] for r, _ in batch if r in self.requests])
         views = [self._view(self.requests[r], n) for r, n in batch if r in self.requests]
         pool = StepPool(self.pool.num_free, self.pool.num_pages, waiting_prompt_tokens, batch_full)
         control = self.controller.plan_step(pool, views)
         self.admission_reserve_pages = control.reserve_pages
         self._compression_pays = compression_pays(control.pressure)
+        self._admission_blocked = admission_blocked(control.pressure)
         self._step_boundaries = {b.request_id: b for b in control.boundaries}
         for reclaim in control.reclaims:
             with self.controller.guard("actuator", "relieving pool pressure failed; the engine may preempt"):
@@ -350,22 +372,28 @@ class GrowPageManager:
     def compress_prompt(self, request_id: str) -> None:
         """Once a request's prompt is cached: methods that compress after prefill (fixed budgets,
         SnapKV-style) evict it down to the controller's answer (their budget, never below the
-        floor); GrowPage and full KV do nothing."""
+        floor); GrowPage does so only when this step's waiting request cannot be admitted
+        (down to its floor, its attention need included); full KV never."""
         request = self.requests.get(request_id)
         if request is None:
             return
         started = time.perf_counter()
         pages_before = request.pages_held
         with self.controller.guard("actuator", "compressing the prompt failed; keeping it whole"):
+            if self._attention_coverage > 0:  # its floor includes what its prompt's attention needs
+                self._measure_attention_needs([request])
             # its first token's page may still be reserved: the prompt's pages are its own all the same
             view = dataclasses.replace(self._view(request, 0), prompt_uncompressed=True,
                                        compressible=request.mode is Mode.ENFORCE)
-            target = self.controller.prompt_compression(view)
-            plan = (None if target is None
-                    else self._plan_evict(request, pages_to_free=pages_before + 1 - target.pages_after))
+            target = self.controller.prompt_compression(view, admission_blocked=self._admission_blocked)
+            # pages_after counts the next token's page: the first token's reserved page, if the
+            # prompt filled its pages, else the first page the eviction empties
+            has_next_page = bool(request.reserved)
+            to_free = pages_before - target.pages_after + (0 if has_next_page else 1) if target else 0
+            plan = None if target is None else self._plan_evict(request, pages_to_free=to_free)
             if plan is None:
                 return
-            bytes_in, bytes_out = self._evict(request, plan)
+            bytes_in, bytes_out = self._evict(request, plan, keep_next_page=not has_next_page)
             self.controller.record_eviction(request_id, pages_before=pages_before, pages_after=request.pages_held,
                                             bytes_in=bytes_in, bytes_out=bytes_out, started_perf_s=started,
                                             reason=Reason.PROMPT_BUDGET)
@@ -510,7 +538,7 @@ class GrowPageManager:
         self.stats.record_compression(bytes_in, bytes_out)
         return bytes_in, bytes_out
 
-    def _evict(self, request: RequestKV, plan: _EvictPlan) -> tuple[int, int]:
+    def _evict(self, request: RequestKV, plan: _EvictPlan, keep_next_page: bool = True) -> tuple[int, int]:
         # Tokens before the first dropped one stay where they are: only the pages from the one
         # holding it onward are read and rewritten (a group's pages are chronological and full but
         # the last). That is less copying, and untouched quantized pages keep their codes and scales
@@ -527,7 +555,7 @@ class GrowPageManager:
             values = self.store.read_all_layers(tail_pages, torch.float32)
             emptied = self.store.write_group(tail_pages, plan.fmt, values[:, kept_tail],
                                              positions[start:][kept_tail].clone(), scores[start:][kept_tail].clone())
-        self._reclaim(request, emptied)
+        self._reclaim(request, emptied, keep_next_page)
         # bytes before / after, over the compacted group (as inside vLLM): protected tokens count on
         # both sides, so the ratio is finite even when every unprotected token goes
         token_bytes = self.store.token_bytes(plan.fmt)
@@ -535,6 +563,43 @@ class GrowPageManager:
         bytes_out = round(int(keep.sum()) * token_bytes)
         self.stats.record_compression(bytes_in, bytes_out)
         return bytes_in, bytes_out
+
+    # ---- token scores and attention needs -------------------------------------------------------
+    def _score_weight(self, request: RequestKV, num_tokens: int) -> float:
+        """What this step's observation of ``request`` weighs in its tokens' scores (its
+        ``logical_length`` already counts the step's tokens). ``PROMPT_ANCHORED``: the step that
+        ends the prompt counts as :data:`~growpage.core.methods.PROMPT_PRIOR_STEPS` decode steps and
+        earlier prompt chunks not at all. Summed, that ranks every token as the vLLM home's
+        ``(k * prompt + decodes) / (k + steps)`` does (a request's tokens share the denominator)."""
+        if self.method.token_score is not TokenScore.PROMPT_ANCHORED:
+            return 1.0
+        prompt = request.control.prompt_tokens
+        if request.logical_length < prompt:
+            return 0.0  # a prompt chunk whose last query is not the prompt's
+        return float(PROMPT_PRIOR_STEPS) if request.logical_length - num_tokens < prompt else 1.0
+
+    def _measure_attention_needs(self, requests: list[RequestKV]) -> None:
+        """Tell the controller how many tokens each enforced request's attention needs
+        (:func:`~growpage.core.evict.tokens_for_coverage` over its tokens' scores, as inside vLLM),
+        once its prompt was observed and then every :data:`NEED_EVERY_TOKENS` tokens."""
+        for request in requests:
+            observed = request.logical_length >= request.control.prompt_tokens  # its prompt's step ran
+            measured_lately = (request.need_measured_at >= 0
+                               and request.logical_length - request.need_measured_at < NEED_EVERY_TOKENS)
+            if request.mode is not Mode.ENFORCE or not observed or measured_lately:
+                continue
+            request.need_measured_at = request.logical_length
+            groups = [self._group_tokens(pages, fmt) for fmt in PageFormat
+                      if (pages := [p for p in request.pages if self.store.format[p] is fmt])]
+            if not groups:
+                continue
+            positions = torch.cat([g[0] for g in groups])
+            scores = torch.cat([g[1] for g in groups])
+            protected = protected_mask(positions, request.logical_length, self.config.sink_tokens,
+                                       self.config.recent_window_tokens)
+            need = tokens_for_coverage(self._ranking_scores(positions, scores).cpu(), protected.cpu(),
+                                       self._attention_coverage)
+            self.controller.update_attention_need(request.request_id, need)
 
     # ---- the step -----------------------------------------------------------------------------
     def plan_step(self, batch: Sequence[tuple[str, int]]) -> StepPlan:
@@ -545,6 +610,7 @@ class GrowPageManager:
         """
         write_pages, write_slots, write_positions = [], [], []
         query_positions = []
+        weights: list[float] = []
         for request_id, num_tokens in batch:
             request = self.requests[request_id]
             positions = list(range(request.logical_length, request.logical_length + num_tokens))
@@ -563,6 +629,7 @@ class GrowPageManager:
                 write_positions.append(position)
             request.logical_length += num_tokens
             query_positions.append(positions)
+            weights.append(self._score_weight(request, num_tokens))
         self.store.assign_slots(write_pages, write_slots, write_positions)
         layout = attn.build_layout(self.store, [self.requests[r].pages for r, _ in batch], query_positions)
         device = self.store.device
@@ -574,7 +641,8 @@ class GrowPageManager:
             observed_rows=torch.tensor([r.mode is not Mode.OFF for r in requests], device=device),
             summary_rows=torch.tensor([r.summary_row for r in requests], dtype=torch.long, device=device),
             bin_mass=torch.zeros(len(batch), self.config.sts_num_bins, device=device),
-            entropy=torch.zeros(len(batch), device=device))
+            entropy=torch.zeros(len(batch), device=device),
+            score_weights=torch.tensor(weights, dtype=torch.float32, device=device))
 
     def attend(self, layer: int, plan: StepPlan, query: torch.Tensor, key: torch.Tensor,
                value: torch.Tensor, scale: float) -> torch.Tensor:
@@ -602,7 +670,7 @@ class GrowPageManager:
         plan.bin_mass += bin_mass
         plan.entropy += entropy
         plan.layers_observed += 1
-        token_mass = probs.mean(dim=1).reshape(-1)
+        token_mass = (probs.mean(dim=1) * plan.score_weights[:, None]).reshape(-1)
         self.store.scores.view(-1).index_add_(0, plan.layout.key_slot_ids, token_mass)
 
     def finish_step(self, plan: StepPlan) -> None:

@@ -46,14 +46,19 @@ from growpage.core.policy import Action, BoundaryState, Decision, Reason, Refusa
 DecideFn = Callable[[BoundaryState, GrowPageConfig], Decision]
 
 
+# PROMPT_ANCHORED: the prompt's observation (its last query's attention) counts as this many decode
+# steps' (see growpage.vllm_plugin.token_scores)
+PROMPT_PRIOR_STEPS = 32
+
+
 class TokenScore(str, enum.Enum):
     """What an eviction ranks tokens by (lowest goes first)."""
 
     ACCUMULATED = "accumulated"  # attention mass summed over the request's life (H2O)
     WINDOW = "window"  # attention mass of the last ~``score_window_steps`` steps (SnapKV)
     RECENCY = "recency"  # position: the oldest goes first (StreamingLLM)
-    # the prompt's observation weighted as a prior of several decode steps' (GrowPage inside vLLM:
-    # growpage.vllm_plugin.token_scores says how and why; the reference engine does not implement it)
+    # the prompt's observation weighted as a prior of PROMPT_PRIOR_STEPS decode steps' (GrowPage's,
+    # in both homes: growpage.vllm_plugin.token_scores says why)
     PROMPT_ANCHORED = "prompt_anchored"
     RANDOM = "random"
 
@@ -75,6 +80,9 @@ class KVMethod:
             event (Zipage's amortised compression); 0 frees just enough.
         compress_prompt: once the prompt is cached, evict it down to the budget (SnapKV compresses
             after prefill; without this a long prompt would stay whole until its first boundary).
+        compress_prompt_for_admission: once the prompt is cached, evict it down to its floor (its
+            attention need included) only when a waiting request cannot be admitted this step
+            (GrowPage: compress when it widens the batch, else keep the prompt whole).
         reserve_base_pages: admission reserves ``base_pages`` per request (the reserving variant);
             False allocates on demand from the prompt's pages, as vLLM does (GrowPage's default
             and every baseline: the systems they model run on vLLM's allocator).
@@ -94,6 +102,7 @@ class KVMethod:
     evict_to_budget: bool = False
     evict_fraction: float = 0.0
     compress_prompt: bool = False
+    compress_prompt_for_admission: bool = False
     reserve_base_pages: bool = False
     config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     relieves_pressure: bool = False
@@ -198,8 +207,10 @@ def random_decide(rng: random.Random) -> DecideFn:
     return choose
 
 
-def _growpage(name: str, family: str, decide_fn: DecideFn, relieves_pressure: bool = True) -> KVMethod:
-    return KVMethod(name=name, family=family, decide=decide_fn, relieves_pressure=relieves_pressure)
+def _growpage(name: str, family: str, decide_fn: DecideFn, relieves_pressure: bool = True, **fields: Any) -> KVMethod:
+    """GrowPage's contract (or an ablation of it), ranking tokens as GrowPage does."""
+    return KVMethod(name=name, family=family, decide=decide_fn, relieves_pressure=relieves_pressure,
+                    token_score=TokenScore.PROMPT_ANCHORED, compress_prompt_for_admission=True, **fields)
 
 
 def build_method(name: str, seed: int = 0) -> KVMethod:
@@ -223,8 +234,7 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
         "uniform_int4": lambda: KVMethod("uniform_int4", "quantization", uniform_quantization_decide,
                                          config_overrides={"quantization_bits": 4}),
         "growpage": lambda: _growpage("growpage", "growpage", decide),
-        "growpage_reserving": lambda: KVMethod("growpage_reserving", "growpage", decide, reserve_base_pages=True,
-                                               relieves_pressure=True),
+        "growpage_reserving": lambda: _growpage("growpage_reserving", "growpage", decide, reserve_base_pages=True),
         "growpage_when_it_pays": lambda: _growpage("growpage_when_it_pays", "growpage", when_it_pays),
         "growpage_no_sts": lambda: _growpage("growpage_no_sts", "ablation", without_sts),
         "growpage_no_lts": lambda: _growpage("growpage_no_lts", "ablation", without_lts),
@@ -234,11 +244,11 @@ def build_method(name: str, seed: int = 0) -> KVMethod:
                                             token_score=TokenScore.ACCUMULATED, relieves_pressure=True),
         "growpage_no_pressure": lambda: _growpage("growpage_no_pressure", "ablation", decide, relieves_pressure=False),
         # scores from 10 observed layers instead of 3: measures whether more layers pay for their cost
-        "growpage_10_layers": lambda: KVMethod("growpage_10_layers", "ablation", decide, relieves_pressure=True,
-                                               config_overrides={"observed_layers": 10}),
+        "growpage_10_layers": lambda: _growpage("growpage_10_layers", "ablation", decide,
+                                                config_overrides={"observed_layers": 10}),
         # the published defaults, whatever a calibrated config says (benchmarks run calibrated)
-        "growpage_uncalibrated": lambda: KVMethod("growpage_uncalibrated", "ablation", decide, relieves_pressure=True,
-                                                  config_overrides=PUBLISHED_THRESHOLDS),
+        "growpage_uncalibrated": lambda: _growpage("growpage_uncalibrated", "ablation", decide,
+                                                   config_overrides=PUBLISHED_THRESHOLDS),
     }
     if name not in builders:
         raise ValueError(f"unknown KV method {name!r}; choose one of: {', '.join(METHOD_NAMES)}")

@@ -63,7 +63,9 @@ class Reason(str, enum.Enum):
     BUDGET_REACHED = "budget_reached"  # fixed per-request budget: compress at the cap
     UNIFORM_QUANTIZATION = "uniform_quantization"  # quantize whenever possible
     RANDOM_CHOICE = "random_choice"  # ablation: a feasible action drawn at random
-    PROMPT_BUDGET = "prompt_budget"  # fixed budget: the cached prompt compressed to the budget
+    # the cached prompt compressed to its floor: a fixed budget's always, GrowPage's when a waiting
+    # request cannot be admitted (core.step_control.admission_blocked)
+    PROMPT_BUDGET = "prompt_budget"
     POOL_PRESSURE = "pool_pressure"  # compressed outside its boundary so the pool holds the step (core.pressure)
     NO_PRESSURE = "no_pressure"  # grew although the contract would compress: nothing waits, the pool has room
 

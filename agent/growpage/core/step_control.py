@@ -121,7 +121,7 @@ class StepControl:
     reserve_pages: int
     boundaries: tuple[BoundaryPlan, ...]
     reclaims: tuple[Reclaim, ...]
-    prompt_compressions: tuple[Reclaim, ...] = ()  # cached prompts compressed to the method's cap
+    prompt_compressions: tuple[Reclaim, ...] = ()  # cached prompts compressed to their floor (a cap's, GrowPage's)
 
     def boundary(self, request_id: str) -> BoundaryPlan | None:
         return next((b for b in self.boundaries if b.request_id == request_id), None)
@@ -143,6 +143,12 @@ def compression_pays(pressure: PoolPressure) -> bool:
     """Freeing a page this step avoids a preemption (the pool cannot hold the step's growth) or
     widens the batch (a request waits and its admission fits the floors)."""
     return pressure.under_pressure or pressure.admission_pages > 0
+
+
+def admission_blocked(pressure: PoolPressure) -> bool:
+    """A request waits whose admission fits the floors, and the pool cannot take it this step:
+    compressing a just-cached prompt to its floor widens the batch (GrowPage's prompt rule)."""
+    return pressure.admission_pages > 0 and pressure.under_pressure
 
 
 def evict_pages_after(view: RequestView, *, floor: int, pages_to_free: int) -> int | None:

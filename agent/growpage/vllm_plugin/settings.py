@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from growpage.config import GrowPageConfig, Mode, load_config
+from growpage.config import DEFAULT_ATTENTION_COVERAGE, GrowPageConfig, Mode, load_config
 from growpage.errors import ConfigError
 
 ADDITIONAL_CONFIG_KEY = "growpage"
@@ -28,7 +28,6 @@ MODE_ARG = "growpage_mode"  # a request may ask for less than the deployment run
 # pressure, GrowPage at 128 tokens + 0.95 answered 16 of 16 on both traces (vLLM alone 16, the best
 # fixed cap 6) at 0.94x vLLM alone's wall time; at 1,024 tokens alone it compressed nothing there.
 DEFAULT_FLOOR_TOKENS = 128
-DEFAULT_ATTENTION_COVERAGE = 0.95
 
 
 def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
@@ -138,8 +137,8 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         block_size: vLLM's cache block size; overrides any ``block_size`` given. Unless
             ``base_pages`` is set (here, in ``GROWPAGE_BASE_PAGES`` or a config file), the floor is
             :data:`DEFAULT_FLOOR_TOKENS` in blocks of this size (:func:`default_base_pages`).
-            ``attention_coverage`` defaults to :data:`DEFAULT_ATTENTION_COVERAGE` inside vLLM
-            either way (the reference engine's default stays 0: it ignores it).
+            ``attention_coverage`` defaults to :data:`~growpage.config.DEFAULT_ATTENTION_COVERAGE`
+            inside vLLM either way (``GrowPageConfig``'s own default is 0).
 
     Raises:
         ConfigError: a key is unknown or a value invalid (the message says how to fix it).

@@ -31,11 +31,9 @@ import dataclasses
 
 import torch
 
-from growpage.core.evict import max_pool_scores
-from growpage.core.methods import KVMethod, TokenScore
+from growpage.core.evict import max_pool_scores, tokens_for_coverage
+from growpage.core.methods import PROMPT_PRIOR_STEPS, KVMethod, TokenScore
 
-# PROMPT_ANCHORED: the prompt's observation counts as this many decode steps' (see the module docstring)
-PROMPT_PRIOR_STEPS = 32
 SCORED_KINDS = (TokenScore.ACCUMULATED, TokenScore.WINDOW, TokenScore.PROMPT_ANCHORED)
 
 
@@ -152,14 +150,9 @@ class TokenScores:
         length = max(entry.prompt.numel(), 0 if entry.decoded is None else entry.decoded.numel())
         ranking = self.ranking(request_id, torch.arange(length))
         assert ranking is not None
-        head = min(protected_head, length)
-        others = ranking[head:max(head, length - protected_tail)]
-        protected = length - others.numel()
-        total = float(others.sum())
-        if total <= 0.0:
-            return protected
-        cumulative = others.sort(descending=True).values.cumsum(0)
-        return protected + min(others.numel(), int((cumulative < coverage * total).sum()) + 1)
+        slots = torch.arange(length)
+        protected = (slots < protected_head) | (slots >= length - protected_tail)
+        return tokens_for_coverage(ranking, protected, coverage)
 
     def keep(self, request_id: str, keep_index: torch.Tensor, physical: int) -> None:
         """After a compaction: the survivors' scores move to slots ``[0, len(keep_index))`` with them."""
@@ -177,8 +170,7 @@ class TokenScores:
 
 
 def for_method(method: KVMethod) -> TokenScores:
-    """The worker's scores for ``method``: the fixed caps rank as their papers do (H2O's sum,
-    SnapKV's pooled window, StreamingLLM's recency); GrowPage's own methods rank
-    ``PROMPT_ANCHORED`` (the reference engine's GrowPage still sums: not ported there)."""
-    kind = TokenScore.PROMPT_ANCHORED if method.family == "growpage" else method.token_score
-    return TokenScores(kind, method.score_window_steps, method.pool_kernel)
+    """The worker's scores for ``method``, as its :class:`~growpage.core.methods.TokenScore` says:
+    the fixed caps rank as their papers do (H2O's sum, SnapKV's pooled window, StreamingLLM's
+    recency), GrowPage's methods ``PROMPT_ANCHORED`` (as the reference engine's do)."""
+    return TokenScores(method.token_score, method.score_window_steps, method.pool_kernel)
