@@ -7,7 +7,7 @@ import pytest
 
 from growpage.bench import harness, plots
 from growpage.bench.quality import QualitySettings, pareto_front, run_quality_bench
-from growpage.bench.serving import ServingSettings, run_serving_bench, verdict
+from growpage.bench.serving import ServingSettings, median_run, run_serving_bench, verdict
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +148,21 @@ def test_a_calibration_trace_feeds_gpctl_calibrate_and_the_benchmarks_read_its_t
     pinned, _ = build_engine(loaded, "growpage_uncalibrated", base_pages=6, num_pages=32, block_size=16,
                              max_num_seqs=2, thresholds=thresholds)
     assert pinned.manager.config.lts_grow_threshold == 2.1  # the ablation keeps the published value
+
+
+def test_repeated_serving_rounds_report_medians_with_every_round_kept():
+    def round_(tokens_per_s, preemptions, retrieval):
+        return {"method": "growpage", "pool_pages": 96, "tokens_per_s": tokens_per_s, "makespan_s": 100.0,
+                "itl_p50_ms": 150.0, "itl_p99_ms": None, "queueing_p50_s": 20.0, "queueing_p99_s": 30.0,
+                "preemptions": preemptions, "peak_running": 12, "final_answers": {"r0": "7"},
+                "decisions": {"evict": preemptions}, "accuracy": {"retrieval": retrieval},
+                "correct_per_s": {"retrieval": retrieval / 10}}
+
+    run = median_run([round_(70.0, 4, 1.0), round_(60.0, 9, 0.5), round_(75.0, 5, 1.0)])
+    assert (run["tokens_per_s"], run["preemptions"], run["accuracy"]["retrieval"]) == (70.0, 5, 1.0)
+    assert run["correct_per_s"]["retrieval"] == 0.1
+    assert run["rounds"]["tokens_per_s"] == {"median": 70.0, "range": [60.0, 75.0], "values": [70.0, 60.0, 75.0]}
+    assert run["rounds"]["accuracy_retrieval"]["values"] == [1.0, 0.5, 1.0]
+    assert run["itl_p99_ms"] is None and "itl_p99_ms" not in run["rounds"]  # no round had one
+    assert run["final_answers"] == {"r0": "7"} and len(run["rounds"]["decisions"]) == 3
+    assert median_run([round_(70.0, 4, 1.0)]) == round_(70.0, 4, 1.0)  # one round: as measured

@@ -140,14 +140,16 @@ def _calibrated(path: str) -> tuple[tuple[str, float], ...]:
 def build_engine(loaded: Loaded, method_name: str, *, base_pages: int, num_pages: int, block_size: int,
                  max_num_seqs: int, clock: Callable[[], float] | None = None,
                  max_num_batched_tokens: int = 2048, seed: int = 0, mode: str | None = None,
-                 thresholds: dict[str, float] | None = None) -> tuple[LLMEngine, KVMethod]:
+                 thresholds: dict[str, float] | None = None,
+                 attention_coverage: float = 0.0) -> tuple[LLMEngine, KVMethod]:
     """An engine whose manager runs ``method_name`` (GrowPage off for ``full_kv``), with
     ``thresholds`` (from :func:`thresholds_from`) over the defaults; a method that pins its own
-    (``growpage_uncalibrated``) keeps them."""
+    (``growpage_uncalibrated``) keeps them. ``attention_coverage`` raises GrowPage's floors to that
+    share of each request's observed attention (the fixed caps ignore it)."""
     method = build_method(method_name, seed=seed)
     mode = mode or ("off" if method.family == "full" else "enforce")
-    config = GrowPageConfig(mode=Mode(mode), base_pages=base_pages, block_size=block_size,
-                            kv_dtype="float16").replace(**(thresholds or {}))
+    config = GrowPageConfig(mode=Mode(mode), base_pages=base_pages, block_size=block_size, kv_dtype="float16",
+                            attention_coverage=attention_coverage).replace(**(thresholds or {}))
     engine = LLMEngine(EngineConfig(model_dir=loaded.model_dir, num_pages=num_pages, max_num_seqs=max_num_seqs,
                                     max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False),
                        config, model=loaded.model, tokenizer=loaded.tokenizer, method=method,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from growpage.bench import harness
+from growpage.bench.goodput import round_order, spread
 from growpage.bench.workloads import (
     Arrival,
     Task,
@@ -30,6 +31,7 @@ from growpage.bench.workloads import (
     reasoning_tasks,
     summary_tasks,
 )
+from growpage.config import DEFAULT_ATTENTION_COVERAGE
 from growpage.core.methods import build_method
 from growpage.core.quantiles import percentile
 from growpage.engine.engine import LLMEngine
@@ -60,6 +62,11 @@ class ServingSettings:
     retrieval: int = 0
     # also force every method through full KV's continuation at every pool: the NLL increase
     fidelity: bool = False
+    # GrowPage's floor follows this share of each request's observed attention (as inside vLLM)
+    attention_coverage: float = DEFAULT_ATTENTION_COVERAGE
+    # interleaved rounds of every method at each pool (> 1: after one discarded warm-up run); the
+    # timed numbers and the answers are medians, every round kept
+    repeats: int = 1
 
     @classmethod
     def quick(cls) -> ServingSettings:
@@ -99,7 +106,8 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals: list[A
     engine, _ = harness.build_engine(loaded, method, base_pages=settings.base_pages, num_pages=num_pages,
                                      block_size=settings.block_size, max_num_seqs=settings.max_num_seqs,
                                      max_num_batched_tokens=512, seed=settings.seed,
-                                     thresholds=harness.thresholds_from(settings.thresholds_file))
+                                     thresholds=harness.thresholds_from(settings.thresholds_file),
+                                     attention_coverage=settings.attention_coverage)
     pending = list(arrivals)
     requests = {}
     peak_running = 0
@@ -214,9 +222,8 @@ def run_serving_bench(model_dir: str, settings: ServingSettings,
     pools = sorted({max(floor, round(size)) for size in sizes})
     runs = []
     for pool in pools:
-        for method in settings.methods:
-            progress(f"{method} with a {pool}-page pool")
-            run = _serve(loaded, method, pool, arrivals, prompts, settings, tasks)
+        for rounds in _rounds(loaded, pool, arrivals, prompts, settings, tasks, progress).values():
+            run = median_run(rounds)
             run["pool_fraction_of_demand"] = round(pool / demand, 3)
             run["pool_full_kv_requests"] = round(pool * len(tasks) / demand, 2)
             runs.append(run)
@@ -236,6 +243,46 @@ def run_serving_bench(model_dir: str, settings: ServingSettings,
         "verdicts": {m: verdict(runs, m) for m in settings.methods
                      if m != "full_kv" and build_method(m).family == "growpage"},
     }
+
+
+def _rounds(loaded: harness.Loaded, pool: int, arrivals: list[Arrival], prompts: dict[str, list[int]],
+            settings: ServingSettings, tasks: list[Task], progress: Callable[[str], None]) -> dict[str, list[dict]]:
+    """``settings.repeats`` interleaved rounds of every method at one pool (the order reverses each
+    round); with more than one, a first run of the first method is discarded (warm-up)."""
+    if settings.repeats > 1:
+        progress(f"warm-up (discarded): {settings.methods[0]} with a {pool}-page pool")
+        _serve(loaded, settings.methods[0], pool, arrivals, prompts, settings, tasks)
+    rounds: dict[str, list[dict]] = {method: [] for method in settings.methods}
+    for repeat in range(settings.repeats):
+        for method in round_order(settings.methods, repeat):
+            progress(f"{method} with a {pool}-page pool, round {repeat + 1}/{settings.repeats}")
+            rounds[method].append(_serve(loaded, method, pool, arrivals, prompts, settings, tasks))
+    return rounds
+
+
+# what varies between rounds (wall time decides when requests arrive against the engine's progress)
+_ROUND_NUMBERS = ("tokens_per_s", "makespan_s", "itl_p50_ms", "itl_p99_ms", "queueing_p50_s", "queueing_p99_s",
+                  "preemptions", "peak_running")
+
+
+def median_run(rounds: Sequence[dict]) -> dict:
+    """One method's rounds as one run: each number of :data:`_ROUND_NUMBERS`, the accuracy and the
+    correct answers per second per kind are medians (``rounds`` holds each round's, and the
+    spread); the first round's answers and decisions stand for the rest."""
+    run = dict(rounds[0])
+    if len(rounds) == 1:
+        return run
+    for key in _ROUND_NUMBERS:
+        values = [r[key] for r in rounds if r.get(key) is not None]
+        run[key] = statistics.median(values) if values else None
+    for key in ("accuracy", "correct_per_s"):
+        run[key] = {kind: statistics.median(r[key][kind] for r in rounds) for kind in rounds[0][key]}
+    run["rounds"] = {key: spread([r[key] for r in rounds if r.get(key) is not None])
+                     for key in _ROUND_NUMBERS if any(r.get(key) is not None for r in rounds)}
+    run["rounds"].update({f"{key}_{kind}": spread([r[key][kind] for r in rounds], 4)
+                          for key in ("accuracy", "correct_per_s") for kind in rounds[0][key]})
+    run["rounds"]["decisions"] = [r["decisions"] for r in rounds]
+    return run
 
 
 def _rounded_percentile(values: Sequence[float], fraction: float, digits: int, scale: float = 1.0) -> float | None:

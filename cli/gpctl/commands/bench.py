@@ -235,6 +235,12 @@ def _comparison_command(which: str) -> Callable[..., None]:
             min=0, help="serving: retrieval tasks with true answers mixed into the trace.")] = None,
         fidelity: Annotated[bool, typer.Option(
             "--fidelity", help="serving: also force every run through full KV's continuation (NLL Δ).")] = False,
+        repeats: Annotated[int | None, typer.Option(
+            min=1, help="serving: interleaved rounds of every method (more than 1: after a discarded "
+                        "warm-up; medians with their range).")] = None,
+        attention_coverage: Annotated[float | None, typer.Option(
+            min=0.0, max=1.0, help="serving: GrowPage's floor keeps this share of each request's observed "
+                                   "attention (default 0.95, as inside vLLM; 0: the floor alone).")] = None,
     ) -> None:
         if pool is not None and pool not in ("ample", "budget"):
             raise typer.BadParameter(f"{pool!r} is not a pool; use ample or budget", param_hint="--pool")
@@ -243,7 +249,8 @@ def _comparison_command(which: str) -> Callable[..., None]:
                      "retrieval_depths": tuple(retrieval_depth) if retrieval_depth else None, "pool": pool,
                      "thresholds_file": str(config) if config else None,
                      "budgets": tuple(budget) if budget else None, "retrieval": retrieval,
-                     "fidelity": True if fidelity else None}
+                     "fidelity": True if fidelity else None, "repeats": repeats,
+                     "attention_coverage": attention_coverage}
         if config is not None:
             from growpage.bench.harness import thresholds_from
             from growpage.errors import ConfigError
