@@ -37,9 +37,11 @@ def test_paged_attention_equals_dense_for_prefill_and_decode_in_a_mixed_batch():
         outputs, queries = driver.step([("a", 1), ("b", 1)])
         check_against_dense(driver, outputs, queries, "a", None)
         check_against_dense(driver, outputs, queries, "b", None)
-    driver.admit("c", 5)  # prefill next to decodes
-    outputs, queries = driver.step([("a", 1), ("c", 5)])
+    driver.admit("c", 5)  # prefill next to decodes: attention runs per group, both exact
+    outputs, queries = driver.step([("a", 1), ("c", 5), ("b", 1)])
     check_against_dense(driver, outputs, queries, "c", None)
+    check_against_dense(driver, outputs, queries, "a", None)
+    check_against_dense(driver, outputs, queries, "b", None)
 
 
 def run_until(driver, request_id, predicate, max_steps=200):
@@ -492,3 +494,19 @@ def test_growpage_compresses_a_cached_prompt_only_when_a_waiting_request_cannot_
         assert len(driver.stored_positions("a")) == 8 and len(manager.requests["a"].reserved) == 1
         events = manager.make_stats().decision_events
         assert [(e.kind, e.reason) for e in events] == [("evict", "prompt_budget")]
+
+
+def test_a_step_mixing_decodes_and_a_prompt_chunk_runs_attention_per_group():
+    # a decode row is not padded to the chunk's queries (the reference engine's cost was
+    # batch x chunk x keys whenever a prompt chunk ran beside decodes)
+    manager = make_manager(mode="off")
+    driver = Driver(manager)
+    driver.admit("a", 3)
+    driver.step([("a", 3)])
+    driver.admit("c", 5)
+    for request_id, tokens in (("a", 1), ("c", 5)):
+        assert manager.ensure_slots(request_id, tokens) is SlotStatus.OK
+    layout = manager.plan_step([("a", 1), ("c", 5)]).layout
+    assert layout.single_query_rows.tolist() == [0] and layout.multi_query_rows.tolist() == [1]
+    assert manager.ensure_slots("a", 1) is SlotStatus.OK
+    assert manager.plan_step([("a", 1)]).layout.single_query_rows is None  # one group: one call

@@ -32,6 +32,10 @@ class StepLayout:
         last_query_index: ``[batch]`` long, the newest query of each row.
         logical_lengths: ``[batch]`` long, tokens each request has seen including this step.
         attn_mask: ``[batch, 1, max_queries, max_keys]`` bool, key visible to query.
+        single_query_rows, multi_query_rows: ``[n]`` long row indices of the rows with one query
+            (decodes) and with more (prompt chunks) when a step mixes both, else None: attention
+            runs per group, so a prompt chunk beside many decodes does not pad every decode row to
+            the chunk's length.
     """
 
     page_matrices: dict[PageFormat, torch.Tensor]
@@ -41,6 +45,8 @@ class StepLayout:
     last_query_index: torch.Tensor
     logical_lengths: torch.Tensor
     attn_mask: torch.Tensor
+    single_query_rows: torch.Tensor | None = None
+    multi_query_rows: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -92,9 +98,14 @@ def build_layout(store: KVStore, page_tables: list[list[int]], query_positions: 
     causal = key_positions[:, None, :].long() <= q_pos[:, :, None]
     # Padded query rows see every valid key, so no softmax row is empty (no NaN anywhere).
     mask = torch.where((q_pos >= 0)[:, :, None], causal & valid_key, valid_key)
+    single = [row for row, p in enumerate(query_positions) if len(p) <= 1]
+    mixed = 0 < len(single) < batch and max_queries > 1
+    multi = [row for row, p in enumerate(query_positions) if len(p) > 1] if mixed else []
     return StepLayout(page_matrices=page_matrices, key_positions=key_positions,
                       key_slot_ids=slot_ids.reshape(-1), query_positions=q_pos,
-                      last_query_index=last_index, logical_lengths=lengths, attn_mask=mask[:, None])
+                      last_query_index=last_index, logical_lengths=lengths, attn_mask=mask[:, None],
+                      single_query_rows=torch.tensor(single, dtype=torch.long, device=device) if mixed else None,
+                      multi_query_rows=torch.tensor(multi, dtype=torch.long, device=device) if mixed else None)
 
 
 def gather_kv(store: KVStore, layer: int, layout: StepLayout, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,11 +128,22 @@ def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
         keys, values: from :func:`gather_kv`.
 
     Returns:
-        ``[batch, max_queries, q_heads, head_dim]``.
+        ``[batch, max_queries, q_heads, head_dim]`` (zeros at a decode row's padded queries when
+        the step mixes decodes and prompt chunks).
     """
-    out = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=layout.attn_mask,
-                                         scale=scale, enable_gqa=True)
-    return out.transpose(1, 2)
+    single, multi = layout.single_query_rows, layout.multi_query_rows
+    if single is None or multi is None:
+        out = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=layout.attn_mask,
+                                             scale=scale, enable_gqa=True)
+        return out.transpose(1, 2)
+    # decodes and prompt chunks apart: a decode row's padded queries are never read
+    out = query.new_zeros(query.shape)
+    for rows, queries in ((single, 1), (multi, query.shape[1])):
+        part = F.scaled_dot_product_attention(query[rows, :queries].transpose(1, 2), keys[rows], values[rows],
+                                              attn_mask=layout.attn_mask[rows, :, :queries], scale=scale,
+                                              enable_gqa=True)
+        out[rows, :queries] = part.transpose(1, 2)
+    return out
 
 
 def newest_query_probs(query: torch.Tensor, keys: torch.Tensor, layout: StepLayout, scale: float) -> torch.Tensor:
