@@ -474,24 +474,30 @@ def test_attention_need_is_measured_once_per_8_tokens():
         assert manager.requests["a"].need_measured_at == expected
 
 
-@pytest.mark.parametrize("method, waiting_tokens, pages_after",
-                         [("growpage", None, 6), ("growpage", 8, 6), ("growpage", 30, 3), ("h2o", None, 3)])
-def test_growpage_compresses_a_cached_prompt_only_when_a_waiting_request_cannot_be_admitted(method, waiting_tokens,
+@pytest.mark.parametrize("method, coverage, waiting_tokens, pages_after",
+                         [("growpage", 0.95, None, 6), ("growpage", 0.95, 8, 6), ("growpage", 0.5, 30, None),
+                          ("growpage", 0.0, 30, 6), ("h2o", 0.0, None, 3)])
+def test_growpage_compresses_a_cached_prompt_only_when_a_waiting_request_cannot_be_admitted(method, coverage,
+                                                                                             waiting_tokens,
                                                                                              pages_after):
     # 12 pages; a 20-token prompt holds 6 (its first token's reserved page included); a 30-token
     # request waiting needs 8 and cannot be admitted, an 8-token one fits as it is; a fixed cap
     # compresses its prompt either way, to the same 3 pages (2 of tokens, the reserved next one)
-    manager = make_manager(num_pages=12, base_pages=3, method=build_method(method))
+    manager = make_manager(num_pages=12, base_pages=3, method=build_method(method), attention_coverage=coverage)
     driver = Driver(manager)
     driver.admit("a", 20)
     manager.control_step([("a", 20)], waiting_prompt_tokens=waiting_tokens)
     driver.step([("a", 20)])
     manager.compress_prompt("a")
+    if pages_after is None:  # down to what its prompt's attention needs, measured right then
+        need = manager.controller.requests["a"].attention_tokens
+        assert 6 < need < 16  # more than the protected tokens, less than the prompt: it compresses
+        pages_after = -(-need // 4) + 1
     assert manager.requests["a"].pages_held == pages_after
     manager.pool.check_invariants()
     if pages_after < 6:  # down to its floor: sinks and the recent window kept, the next token's page
         assert set(driver.stored_positions("a")) >= {0, 1, 16, 17, 18, 19}
-        assert len(driver.stored_positions("a")) == 8 and len(manager.requests["a"].reserved) == 1
+        assert len(driver.stored_positions("a")) == 4 * (pages_after - 1) and len(manager.requests["a"].reserved) == 1
         events = manager.make_stats().decision_events
         assert [(e.kind, e.reason) for e in events] == [("evict", "prompt_budget")]
 

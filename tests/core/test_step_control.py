@@ -152,7 +152,7 @@ def test_growpage_when_it_pays_grows_while_nothing_waits_and_compresses_once_a_r
 
 
 def test_growpage_compresses_a_fresh_prompt_to_its_floor_only_when_a_waiting_request_cannot_be_admitted():
-    controller = make_controller()
+    controller = make_controller(attention_coverage=0.95)
     admit(controller, "fresh")
     controller.update_attention_need("fresh", 9)  # its prompt's attention needs 9 tokens: 3 pages + the next
     prompt = dataclasses.replace(view("fresh", 8), prompt_uncompressed=True)
@@ -164,6 +164,11 @@ def test_growpage_compresses_a_fresh_prompt_to_its_floor_only_when_a_waiting_req
     assert [(c.request_id, c.pages_after) for c in blocked.prompt_compressions] == [("fresh", 4)]
     settled = controller.plan_step(StepPool(free_pages=1, total_pages=20, waiting_prompt_tokens=7), [view("fresh", 8)])
     assert settled.prompt_compressions == ()  # once decoding started the prompt rule is done with it
+    # with the floor alone (no attention need measured) nothing says what the answer needs: whole
+    floor_alone = make_controller()
+    admit(floor_alone, "fresh")
+    blocked_too = floor_alone.plan_step(StepPool(free_pages=1, total_pages=20, waiting_prompt_tokens=7), [prompt])
+    assert blocked_too.prompt_compressions == ()
     # a fixed cap compresses its prompt to the cap whether or not anyone waits
     cap = make_controller(method=build_method("h2o"))
     admit(cap, "fresh")

@@ -303,9 +303,13 @@ class GrowthController:
     def prompt_compression(self, view: RequestView, *, admission_blocked: bool = False) -> Reclaim | None:
         """A just-cached prompt compressed once to its floor (its attention need included): always
         for the fixed caps (SnapKV-style, to the cap); for GrowPage only when ``admission_blocked``
-        (a waiting request the pool cannot admit: compressing widens the batch). None otherwise."""
+        (a waiting request the pool cannot admit: compressing widens the batch) and its floor
+        follows its attention (``attention_coverage`` > 0: the scores say what the answer needs;
+        with the floor alone they say nothing, and the prompt stays whole). None otherwise."""
         request = self.requests.get(view.request_id)
-        wanted = self.method.compress_prompt or (admission_blocked and self.method.compress_prompt_for_admission)
+        for_admission = (admission_blocked and self.method.compress_prompt_for_admission
+                         and self.config.attention_coverage > 0)
+        wanted = self.method.compress_prompt or for_admission
         if (request is None or request.mode is not Mode.ENFORCE or not wanted
                 or not view.prompt_uncompressed or not view.compressible):
             return None
