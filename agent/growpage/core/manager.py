@@ -54,7 +54,6 @@ from growpage.errors import GrowPageError
 
 logger = logging.getLogger(__name__)
 
-SCORED = (TokenScore.ACCUMULATED, TokenScore.WINDOW, TokenScore.PROMPT_ANCHORED)
 # tokens a request grows by between two measurements of its attention need (attention_coverage):
 # the need moves slowly, and each measurement reads its scores back from the device
 NEED_EVERY_TOKENS = 8
@@ -178,9 +177,7 @@ class GrowPageManager:
         self.observed_layers = self.controller.observed_layers
         self._quant_format = PageFormat.for_bits(config.quantization_bits)
         self._random_scores = torch.Generator(device="cpu").manual_seed(0)
-        # the floor that follows attention: GrowPage's scored methods only (a fixed cap is a cap)
-        self._attention_coverage = (config.attention_coverage if method.family == "growpage"
-                                    and method.token_score in SCORED else 0.0)
+        self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
 
     # ---- admission ----------------------------------------------------------------------------
     @property
@@ -389,8 +386,8 @@ class GrowPageManager:
             # pages_after counts the next token's page: the first token's reserved page, if the
             # prompt filled its pages, else the first page the eviction empties
             has_next_page = bool(request.reserved)
-            to_free = pages_before - target.pages_after + (0 if has_next_page else 1) if target else 0
-            plan = None if target is None else self._plan_evict(request, pages_to_free=to_free)
+            plan = None if target is None else self._plan_evict(
+                request, pages_to_free=pages_before - target.pages_after + (0 if has_next_page else 1))
             if plan is None:
                 return
             bytes_in, bytes_out = self._evict(request, plan, keep_next_page=not has_next_page)

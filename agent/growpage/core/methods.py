@@ -63,6 +63,10 @@ class TokenScore(str, enum.Enum):
     RANDOM = "random"
 
 
+# the kinds that rank by observed attention (what an attention need can be counted from)
+SCORED_TOKEN_SCORES = (TokenScore.ACCUMULATED, TokenScore.WINDOW, TokenScore.PROMPT_ANCHORED)
+
+
 @dataclasses.dataclass(frozen=True)
 class KVMethod:
     """One way of managing a request's KV at its page boundaries.
@@ -114,6 +118,12 @@ class KVMethod:
         if self.token_score is TokenScore.WINDOW:
             return 1.0 - 1.0 / self.score_window_steps
         return 1.0
+
+    def attention_coverage(self, config: GrowPageConfig) -> float:
+        """The share of observed attention this method's floors keep: ``config``'s for GrowPage's
+        scored methods, 0 for the rest (a fixed cap is a cap)."""
+        follows = self.family == "growpage" and self.token_score in SCORED_TOKEN_SCORES
+        return config.attention_coverage if follows else 0.0
 
     def configure(self, config: GrowPageConfig) -> GrowPageConfig:
         """``config`` with this method's fixed fields applied."""

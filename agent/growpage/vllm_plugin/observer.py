@@ -175,8 +175,7 @@ class VllmObserver:
         self.compactor = WorkerCompactor(config, rank, scores) if config.mode is Mode.ENFORCE else None
         self.pending_readings: dict[str, tuple[float, float]] = {}
         self.pending_attention_tokens: dict[str, int] = {}
-        # the floor that follows attention: GrowPage's methods only (a fixed cap is a cap)
-        self._attention_coverage = config.attention_coverage if method.family == "growpage" else 0.0
+        self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
         self._read_once: set[str] = set()  # requests whose summaries reached the scheduler at least once
 
     # ---- fault isolation --------------------------------------------------------------------------

@@ -32,9 +32,7 @@ import dataclasses
 import torch
 
 from growpage.core.evict import max_pool_scores, tokens_for_coverage
-from growpage.core.methods import PROMPT_PRIOR_STEPS, KVMethod, TokenScore
-
-SCORED_KINDS = (TokenScore.ACCUMULATED, TokenScore.WINDOW, TokenScore.PROMPT_ANCHORED)
+from growpage.core.methods import PROMPT_PRIOR_STEPS, SCORED_TOKEN_SCORES, KVMethod, TokenScore
 
 
 @dataclasses.dataclass
@@ -76,9 +74,9 @@ class TokenScores:
 
     def __init__(self, kind: TokenScore, window_steps: int = 32, pool_kernel: int = 1,
                  prompt_prior_steps: int = PROMPT_PRIOR_STEPS):
-        if kind not in SCORED_KINDS and kind is not TokenScore.RECENCY:
+        if kind not in SCORED_TOKEN_SCORES and kind is not TokenScore.RECENCY:
             raise ValueError(f"token score {kind.value!r} is not supported inside vLLM; "
-                             f"use one of {', '.join(k.value for k in (*SCORED_KINDS, TokenScore.RECENCY))}")
+                             f"use one of {', '.join(k.value for k in (*SCORED_TOKEN_SCORES, TokenScore.RECENCY))}")
         if window_steps < 1:
             raise ValueError(f"window_steps must be >= 1, got {window_steps}")
         self.kind = kind
