@@ -95,3 +95,13 @@ def test_max_pool_spreads_a_heavy_hitter_to_its_neighbours():
     by_position = dict(zip(positions.tolist(), pooled.tolist(), strict=True))
     assert by_position[1] == by_position[2] == by_position[3] == 9.0
     assert by_position[0] == by_position[4] == by_position[5] == 0.0
+
+
+def test_growpage_and_its_ablations_keep_what_attention_needs_and_fixed_caps_do_not():
+    config = dataclasses.replace(CONFIG, attention_coverage=0.95)
+    follows = {name: build_method(name).attention_coverage(config) for name in METHOD_NAMES}
+    # an ablation removes one piece of GrowPage (a signal, quantization, relief), never its floor
+    for name in ("growpage", "growpage_no_quant", "growpage_no_sts", "growpage_uncalibrated", "growpage_random"):
+        assert follows[name] == 0.95, name
+    for name in ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8"):
+        assert follows[name] == 0.0, name

@@ -121,8 +121,9 @@ class KVMethod:
 
     def attention_coverage(self, config: GrowPageConfig) -> float:
         """The share of observed attention this method's floors keep: ``config``'s for GrowPage's
-        scored methods, 0 for the rest (a fixed cap is a cap)."""
-        follows = self.family == "growpage" and self.token_score in SCORED_TOKEN_SCORES
+        scored methods and its ablations (each removes one other piece, not the floor), 0 for the
+        rest (a fixed cap is a cap)."""
+        follows = self.family in ("growpage", "ablation") and self.token_score in SCORED_TOKEN_SCORES
         return config.attention_coverage if follows else 0.0
 
     def configure(self, config: GrowPageConfig) -> GrowPageConfig:
