@@ -516,3 +516,40 @@ def test_a_step_mixing_decodes_and_a_prompt_chunk_runs_attention_per_group():
     assert layout.single_query_rows.tolist() == [0] and layout.multi_query_rows.tolist() == [1]
     assert manager.ensure_slots("a", 1) is SlotStatus.OK
     assert manager.plan_step([("a", 1)]).layout.single_query_rows is None  # one group: one call
+
+
+def _stored_kv(manager, request_id: str) -> dict[int, torch.Tensor]:
+    """What the store holds for ``request_id``, dequantized: position -> ``[layers, 2, heads, dim]``."""
+    store, kv = manager.store, {}
+    for page in manager.requests[request_id].pages:
+        fill = store.fill[page]
+        values = store.read_all_layers([page], torch.float32)  # [L, fill, 2, H, D]
+        for slot, position in enumerate(store.positions[page, :fill].tolist()):
+            kv[position] = values[:, slot]
+    return kv
+
+
+def test_a_batch_mixing_quantized_and_full_pages_attends_over_each_rows_own_keys_exactly():
+    # each row's keys are packed side by side: a row is not padded to the widest row of every format
+    manager = make_manager(density_threshold=0.0, quantization_bits=8, base_pages=6)
+    driver = Driver(manager)
+    driver.admit("a", 4)
+    driver.step([("a", 4)])
+    run_until(driver, "a", lambda: manager.stats.decisions_total["quantize"] > 0)
+    driver.admit("b", 9)
+    driver.step([("b", 9)])
+    store = manager.store
+    formats = {r: {store.format[p] for p in manager.requests[r].pages if store.fill[p]} for r in "ab"}
+    assert formats == {"a": {PageFormat.FULL, PageFormat.INT8}, "b": {PageFormat.FULL}}
+    outputs, queries = driver.step([("a", 1), ("b", 1)])
+    for request_id in "ab":
+        kv = _stored_kv(manager, request_id)
+        newest = manager.requests[request_id].logical_length - 1
+        for layer in range(LAYERS):
+            expected = dense_attention(kv, sorted(kv), queries[request_id][layer], [newest], layer)
+            torch.testing.assert_close(outputs[request_id][layer], expected, atol=1e-5, rtol=1e-5)
+    for request_id in "ab":
+        assert manager.ensure_slots(request_id, 1) is SlotStatus.OK
+    layout = manager.plan_step([("a", 1), ("b", 1)]).layout
+    keys_per_row = [sum(store.capacity(p) for p in manager.requests[r].pages if store.fill[p]) for r in "ab"]
+    assert layout.max_keys == max(keys_per_row)

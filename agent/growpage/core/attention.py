@@ -1,11 +1,19 @@
 """Paged attention over mixed-precision pages, and the per-step layout it reads.
 
 A :class:`StepLayout` is built once per engine step from the page tables (it is the same for every
-layer): for each page format, a ``[batch, max_pages]`` matrix of page ids padded with the store's
-null page. Each layer gathers every format's pages in one indexed read (dequantizing quantized
-ones), concatenates them along the key axis and runs one masked attention. Keys are stored after
-RoPE, so attention is order-free over the surviving tokens and logical positions only matter for the
-causal mask; empty slots and padding carry position -1 and are masked.
+layer). Each layer gathers every format's pages in one indexed read per format (dequantizing
+quantized ones) and runs one masked attention over ``[batch, max_keys]`` keys:
+
+- one format (full KV, the fixed caps): a ``[batch, max_pages]`` matrix of page ids padded with the
+  store's null page, read as it lies;
+- several formats (GrowPage's quantized pages beside full ones): each format's pages are read once,
+  unpadded, and one more index packs each row's keys side by side. Padding each format to its own
+  widest row instead would give every row the sum of the widest rows' keys (a request with many
+  full pages beside one with many quantized pages pads both to both), and attention would read the
+  padding at every layer of every step.
+
+Keys are stored after RoPE, so attention is order-free over the surviving tokens and logical
+positions only matter for the causal mask; empty slots and padding carry position -1 and are masked.
 """
 
 from __future__ import annotations
@@ -23,8 +31,11 @@ class StepLayout:
     """Where every cached key of a batch lives, for one step.
 
     Attributes:
-        page_matrices: per format, ``[batch, max_pages]`` long page ids, null-page padded; the key
-            axis is these formats' pages concatenated in this dict's order.
+        pages_by_format: per format, the long page ids each layer reads, in the order their
+            tokens are gathered (formats in this dict's order, each page's slots in order).
+        pack_index: None when one format is read as a ``[batch, max_pages]`` null-padded matrix
+            (the gathered tokens are the key axis as they lie); else ``[batch * max_keys]`` long
+            indices into the gathered tokens, each row's keys first, padded with a null slot.
         key_positions: ``[batch, max_keys]`` int32 logical positions, -1 on padding/empty slots.
         key_slot_ids: ``[batch * max_keys]`` long index into ``KVStore.scores.view(-1)``, to
             accumulate attention mass per stored token.
@@ -38,7 +49,8 @@ class StepLayout:
             the chunk's length.
     """
 
-    page_matrices: dict[PageFormat, torch.Tensor]
+    pages_by_format: dict[PageFormat, torch.Tensor]
+    pack_index: torch.Tensor | None
     key_positions: torch.Tensor
     key_slot_ids: torch.Tensor
     query_positions: torch.Tensor
@@ -74,20 +86,13 @@ def build_layout(store: KVStore, page_tables: list[list[int]], query_positions: 
                 rows_by_format.setdefault(store.format[page], [[] for _ in range(batch)])[row].append(page)
     if not rows_by_format:  # nothing cached yet: one null page keeps every shape non-empty
         rows_by_format[PageFormat.FULL] = [[] for _ in range(batch)]
-
-    page_matrices, position_blocks, slot_blocks = {}, [], []
-    for fmt in sorted(rows_by_format):
-        rows = rows_by_format[fmt]
-        width = max(1, max(len(r) for r in rows))
-        padded = [r + [store.null_page] * (width - len(r)) for r in rows]
-        matrix = torch.tensor(padded, dtype=torch.long, device=device)
-        per_page = store.tokens_per_page[fmt]
-        page_matrices[fmt] = matrix
-        position_blocks.append(store.positions[matrix, :per_page].reshape(batch, -1))
-        slots = torch.arange(per_page, device=device)
-        slot_blocks.append((matrix[:, :, None] * store.max_tokens_per_page + slots).reshape(batch, -1))
-    key_positions = torch.cat(position_blocks, dim=1) if len(position_blocks) > 1 else position_blocks[0]
-    slot_ids = torch.cat(slot_blocks, dim=1) if len(slot_blocks) > 1 else slot_blocks[0]
+    rows_by_format = dict(sorted(rows_by_format.items()))
+    if len(rows_by_format) == 1:
+        pages_by_format, pack_index, key_pages, key_slots = _padded_matrix(store, rows_by_format, batch)
+    else:
+        pages_by_format, pack_index, key_pages, key_slots = _packed_rows(store, rows_by_format, batch)
+    key_positions = store.positions[key_pages, key_slots]  # [B, K]
+    slot_ids = key_pages * store.max_tokens_per_page + key_slots
 
     max_queries = max((len(p) for p in query_positions), default=1) or 1
     padded_queries = [p + [-1] * (max_queries - len(p)) for p in query_positions]
@@ -101,21 +106,83 @@ def build_layout(store: KVStore, page_tables: list[list[int]], query_positions: 
     single = [row for row, p in enumerate(query_positions) if len(p) <= 1]
     mixed = 0 < len(single) < batch and max_queries > 1
     multi = [row for row, p in enumerate(query_positions) if len(p) > 1] if mixed else []
-    return StepLayout(page_matrices=page_matrices, key_positions=key_positions,
+    return StepLayout(pages_by_format=pages_by_format, pack_index=pack_index, key_positions=key_positions,
                       key_slot_ids=slot_ids.reshape(-1), query_positions=q_pos,
                       last_query_index=last_index, logical_lengths=lengths, attn_mask=mask[:, None],
                       single_query_rows=torch.tensor(single, dtype=torch.long, device=device) if mixed else None,
                       multi_query_rows=torch.tensor(multi, dtype=torch.long, device=device) if mixed else None)
 
 
+# (pages read per format, pack index or None, [B, K] page and [B, K] slot of every key)
+_KeyAxis = tuple[dict[PageFormat, torch.Tensor], torch.Tensor | None, torch.Tensor, torch.Tensor]
+
+
+def _padded_matrix(store: KVStore, rows_by_format: dict[PageFormat, list[list[int]]], batch: int) -> _KeyAxis:
+    """One format: its ``[batch, max_pages]`` null-padded page matrix is the key axis as read."""
+    (fmt, rows), = rows_by_format.items()
+    width = max(1, max(len(r) for r in rows))
+    matrix = torch.tensor([r + [store.null_page] * (width - len(r)) for r in rows], dtype=torch.long,
+                          device=store.device)
+    per_page = store.tokens_per_page[fmt]
+    slots = torch.arange(per_page, device=store.device)
+    key_pages = matrix[:, :, None].expand(batch, width, per_page).reshape(batch, -1)
+    return {fmt: matrix.reshape(-1)}, None, key_pages, slots.repeat(batch, width)
+
+
+def _packed_rows(store: KVStore, rows_by_format: dict[PageFormat, list[list[int]]], batch: int) -> _KeyAxis:
+    """Several formats: each format's pages read once, unpadded, then packed per row by one index.
+
+    The gathered tokens are every format's pages in turn (each page's ``tokens_per_page`` slots),
+    then one null page; a row's keys are its pages' slots side by side, padded with the null page's
+    first slot. Built per page on the host (a step holds hundreds of pages), expanded to tokens on
+    the device.
+    """
+    device = store.device
+    read: dict[PageFormat, list[int]] = {}
+    columns = [0] * batch  # each row's keys so far
+    placed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []  # (first token, row, column, per page)
+    first_token = 0
+    for fmt, rows in rows_by_format.items():
+        per_page = store.tokens_per_page[fmt]
+        pages, page_rows, page_columns = [], [], []
+        for row, row_pages in enumerate(rows):
+            for page in row_pages:
+                pages.append(page)
+                page_rows.append(row)
+                page_columns.append(columns[row])
+                columns[row] += per_page
+        read[fmt] = pages
+        starts = first_token + per_page * torch.arange(len(pages), device=device)
+        placed.append((starts, torch.tensor(page_rows, dtype=torch.long, device=device),
+                       torch.tensor(page_columns, dtype=torch.long, device=device), per_page))
+        first_token += per_page * len(pages)
+    last_format = next(reversed(read))
+    read[last_format].append(store.null_page)  # padding reads the null page's first slot
+    null_per_page = store.tokens_per_page[last_format]
+    pack = torch.full((batch, max(1, max(columns))), first_token, dtype=torch.long, device=device)
+    token_pages = torch.empty(first_token + null_per_page, dtype=torch.long, device=device)
+    token_slots = torch.empty_like(token_pages)
+    for (starts, page_rows, page_columns, per_page), pages in zip(placed, read.values(), strict=True):
+        slots = torch.arange(per_page, device=device)
+        tokens = starts[:, None] + slots  # [P, per_page]
+        pack[page_rows[:, None], page_columns[:, None] + slots] = tokens
+        token_pages[tokens] = torch.tensor(pages[:len(starts)], dtype=torch.long, device=device)[:, None]
+        token_slots[tokens] = slots
+    token_pages[first_token:] = store.null_page
+    token_slots[first_token:] = torch.arange(null_per_page, device=device)
+    pages_read = {fmt: torch.tensor(pages, dtype=torch.long, device=device) for fmt, pages in read.items()}
+    return pages_read, pack.reshape(-1), token_pages[pack], token_slots[pack]
+
+
 def gather_kv(store: KVStore, layer: int, layout: StepLayout, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keys, values)``, each ``[batch, kv_heads, max_keys, head_dim]`` at ``dtype``."""
     batch = layout.batch_size
-    blocks = []
-    for fmt, matrix in layout.page_matrices.items():
-        values = store.read_layer(layer, matrix.reshape(-1), fmt, dtype)  # [B * P, T, 2, H, D]
-        blocks.append(values.reshape(batch, -1, *values.shape[2:]))
-    kv = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]  # [B, K, 2, H, D]
+    tokens = [store.read_layer(layer, pages, fmt, dtype).flatten(0, 1)  # [P * T, 2, H, D]
+              for fmt, pages in layout.pages_by_format.items()]
+    gathered = torch.cat(tokens) if len(tokens) > 1 else tokens[0]
+    if layout.pack_index is not None:
+        gathered = gathered.index_select(0, layout.pack_index)
+    kv = gathered.view(batch, -1, *gathered.shape[1:])  # [B, K, 2, H, D]
     return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
 
 
