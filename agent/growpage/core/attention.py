@@ -140,7 +140,8 @@ def _packed_rows(store: KVStore, rows_by_format: dict[PageFormat, list[list[int]
     device = store.device
     read: dict[PageFormat, list[int]] = {}
     columns = [0] * batch  # each row's keys so far
-    placed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []  # (first token, row, column, per page)
+    # per format: each page's id, first gathered token, row and first column in its row; tokens per page
+    placed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
     first_token = 0
     for fmt, rows in rows_by_format.items():
         per_page = store.tokens_per_page[fmt]
@@ -153,7 +154,8 @@ def _packed_rows(store: KVStore, rows_by_format: dict[PageFormat, list[list[int]
                 columns[row] += per_page
         read[fmt] = pages
         starts = first_token + per_page * torch.arange(len(pages), device=device)
-        placed.append((starts, torch.tensor(page_rows, dtype=torch.long, device=device),
+        placed.append((torch.tensor(pages, dtype=torch.long, device=device), starts,
+                       torch.tensor(page_rows, dtype=torch.long, device=device),
                        torch.tensor(page_columns, dtype=torch.long, device=device), per_page))
         first_token += per_page * len(pages)
     last_format = next(reversed(read))
@@ -162,11 +164,11 @@ def _packed_rows(store: KVStore, rows_by_format: dict[PageFormat, list[list[int]
     pack = torch.full((batch, max(1, max(columns))), first_token, dtype=torch.long, device=device)
     token_pages = torch.empty(first_token + null_per_page, dtype=torch.long, device=device)
     token_slots = torch.empty_like(token_pages)
-    for (starts, page_rows, page_columns, per_page), pages in zip(placed, read.values(), strict=True):
+    for page_ids, first_tokens, row_ids, first_columns, per_page in placed:
         slots = torch.arange(per_page, device=device)
-        tokens = starts[:, None] + slots  # [P, per_page]
-        pack[page_rows[:, None], page_columns[:, None] + slots] = tokens
-        token_pages[tokens] = torch.tensor(pages[:len(starts)], dtype=torch.long, device=device)[:, None]
+        tokens = first_tokens[:, None] + slots  # [P, per_page]
+        pack[row_ids[:, None], first_columns[:, None] + slots] = tokens
+        token_pages[tokens] = page_ids[:, None]
         token_slots[tokens] = slots
     token_pages[first_token:] = store.null_page
     token_slots[first_token:] = torch.arange(null_per_page, device=device)
