@@ -140,8 +140,8 @@ def _packed_rows(store: KVStore, rows_by_format: dict[PageFormat, list[list[int]
     device = store.device
     read: dict[PageFormat, list[int]] = {}
     columns = [0] * batch  # each row's keys so far
-    # per format: each page's id, first gathered token, row and first column in its row; tokens per page
-    placed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+    # per format: each page's first gathered token, row and first column in its row; tokens per page
+    placed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
     first_token = 0
     for fmt, rows in rows_by_format.items():
         per_page = store.tokens_per_page[fmt]
@@ -153,26 +153,20 @@ def _packed_rows(store: KVStore, rows_by_format: dict[PageFormat, list[list[int]
                 page_columns.append(columns[row])
                 columns[row] += per_page
         read[fmt] = pages
-        starts = first_token + per_page * torch.arange(len(pages), device=device)
-        placed.append((torch.tensor(pages, dtype=torch.long, device=device), starts,
+        placed.append((first_token + per_page * torch.arange(len(pages), device=device),
                        torch.tensor(page_rows, dtype=torch.long, device=device),
                        torch.tensor(page_columns, dtype=torch.long, device=device), per_page))
         first_token += per_page * len(pages)
-    last_format = next(reversed(read))
-    read[last_format].append(store.null_page)  # padding reads the null page's first slot
-    null_per_page = store.tokens_per_page[last_format]
+    read[next(reversed(read))].append(store.null_page)  # padding reads the null page's first slot
     pack = torch.full((batch, max(1, max(columns))), first_token, dtype=torch.long, device=device)
-    token_pages = torch.empty(first_token + null_per_page, dtype=torch.long, device=device)
-    token_slots = torch.empty_like(token_pages)
-    for page_ids, first_tokens, row_ids, first_columns, per_page in placed:
+    for first_tokens, row_ids, first_columns, per_page in placed:
         slots = torch.arange(per_page, device=device)
-        tokens = first_tokens[:, None] + slots  # [P, per_page]
-        pack[row_ids[:, None], first_columns[:, None] + slots] = tokens
-        token_pages[tokens] = page_ids[:, None]
-        token_slots[tokens] = slots
-    token_pages[first_token:] = store.null_page
-    token_slots[first_token:] = torch.arange(null_per_page, device=device)
+        pack[row_ids[:, None], first_columns[:, None] + slots] = first_tokens[:, None] + slots
     pages_read = {fmt: torch.tensor(pages, dtype=torch.long, device=device) for fmt, pages in read.items()}
+    # the page and slot of every gathered token, in gather order
+    token_pages = torch.cat([pages.repeat_interleave(store.tokens_per_page[fmt]) for fmt, pages in pages_read.items()])
+    token_slots = torch.cat([torch.arange(store.tokens_per_page[fmt], device=device).repeat(len(pages))
+                             for fmt, pages in pages_read.items()])
     return pages_read, pack.reshape(-1), token_pages[pack], token_slots[pack]
 
 
