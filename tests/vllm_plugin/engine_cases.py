@@ -27,6 +27,9 @@ EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens":
             "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0}
 
 
+PER_HEAD_REDUNDANT = {"keep_sets": "kv_head", "redundancy_weight": 0.9}
+
+
 def _cuda_devices() -> int:
     try:
         import torch
@@ -71,7 +74,8 @@ def phases(which: str | None = None) -> list[dict]:
          "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()},
          # after the batch, requests with a client's traceparent while vLLM traces (--otlp-traces-endpoint)
          "traced": {"prompts": PROMPTS[:2], "max_tokens": MAX_TOKENS, "extra_args": {"growpage_namespace": CAPPED}}},
-        {"name": "enforce_preempt", "growpage": {**EVICTING, "exporter_port": -1},
+        # per-KV-head keep sets and R-KV's redundancy term, under preemption
+        {"name": "enforce_preempt", "growpage": {**EVICTING, "exporter_port": -1, **PER_HEAD_REDUNDANT},
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
     ]

@@ -55,6 +55,21 @@ def test_keep_set_prefers_attention_then_recency_and_never_drops_protected():
     assert choose_keep(positions, scores, 5, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4) is None
 
 
+def test_per_head_keep_sets_follow_each_heads_scores_and_protect_the_same_tokens():
+    positions = torch.arange(12)
+    scores = torch.zeros(2, 12)
+    scores[0, 5], scores[1, 8] = 1.0, 1.0  # each KV head has its own heavy hitter
+    keep = choose_keep(positions, scores, 7, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4)
+    assert keep.tolist() == [[0, 1, 5, 8, 9, 10, 11], [0, 1, 7, 8, 9, 10, 11]]
+    # after a per-head compaction each head's slots hold its own positions; the tail is shared
+    kept = torch.tensor([[0, 1, 5, 8], [0, 1, 7, 8]])
+    assert slot_positions(kept, 6, 5).tolist() == [[0, 1, 5, 8, 9, 10], [0, 1, 7, 8, 9, 10]]
+    again = choose_keep(slot_positions(kept, 6, 5), None, 5, 11, shared_prefix_tokens=0, sink_tokens=2,
+                        recent_window_tokens=2)  # nothing scored: each head keeps its newest
+    assert again.tolist() == [[0, 1, 3, 4, 5], [0, 1, 3, 4, 5]]
+    assert choose_keep(positions, scores, 5, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4) is None
+
+
 def test_physical_slots_use_the_block_row():
     row = torch.tensor([7, 3, 9])
     assert physical_slots(row, torch.tensor([0, 5, 9]), BLOCK).tolist() == [28, 13, 37]
@@ -81,6 +96,30 @@ def test_move_tokens_copies_keys_and_values_in_either_layout(write):
     untouched = [slot for slot in range(num_blocks * BLOCK) if slot not in dst.tolist()]
     for slot in untouched:
         assert all(torch.equal(a, b) for a, b in zip(token(cache, slot), token(before, slot), strict=True))
+
+
+@pytest.mark.parametrize("layers", [(0, 1), (0, 1, 3)], ids=["strided", "offsets"])
+@pytest.mark.parametrize("write", [transposed_write, row_major_write], ids=["vec-layout", "row-major"])
+def test_per_head_moves_copy_each_heads_own_slots_and_leave_the_other_heads(write, layers):
+    torch.manual_seed(0)
+    num_blocks, heads, head_dim = 4, 3, 4
+    # layers carved out of one allocation: evenly spaced they move as one strided view, unevenly
+    # (0, 1, 3) through per-element offsets
+    storage = torch.randn(4, num_blocks, heads, BLOCK, 2 * head_dim)
+    caches = [storage[layer] for layer in layers]
+    before = [c.clone() for c in caches]
+    layout = probed(write, num_blocks, heads, BLOCK, head_dim)
+    src = torch.tensor([[5, 6], [9, 2], [2, 3]])  # head h moves src[h] into dst[h]
+    dst = torch.tensor([[1, 2], [1, 2], [1, 2]])
+    kv_keys.move_tokens_in_layers(caches, src, dst, layout)
+    for cache, old in zip(caches, before, strict=True):
+        for head in range(heads):
+            for slot in range(num_blocks * BLOCK):
+                moved = dst[head].tolist().index(slot) if slot in dst[head].tolist() else None
+                source = slot if moved is None else int(src[head, moved])
+                for value in (False, True):
+                    got = kv_keys.read_token(cache, slot, layout, value=value)[head]
+                    assert torch.equal(got, kv_keys.read_token(old, source, layout, value=value)[head])
 
 
 def test_quantize_and_defer_degrade_to_what_vllm_can_do():
@@ -176,7 +215,7 @@ def test_enforcer_evicts_at_the_cap_frees_tail_blocks_and_plans_the_move():
     enforcer.after_schedule(scheduler, output)
     payload = getattr(output, PAYLOAD_ATTRIBUTE)
     assert payload["plans"]["r"] == {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12,
-                                     "shared_prefix_tokens": 0, "dropped": 4}
+                                     "shared_prefix_tokens": 0, "dropped": 4, "prompt_tokens": 2}
     assert payload["dropped"] == {"r": 4}
     decisions = enforcer.decisions.events
     assert [d.kind for d in decisions] == ["evict"] and decisions[0].enforced
@@ -260,6 +299,81 @@ def test_worker_compactor_moves_survivors_truncates_and_makes_inputs_physical():
     compactor.adjust_inputs(runner)
     assert runner.seq_lens.tolist() == [9]  # 13 logical - 4 dropped
     assert table.slot_mapping.gpu[0].item() == 4 * BLOCK + 0  # logical 12 -> physical 8 -> block 4, offset 0
+
+
+def _runner_holding(keys: torch.Tensor, blocks: list[int]):
+    """A runner stand-in whose one request holds ``keys`` (``[tokens, heads, head_dim]``, values the
+    keys + 1000) in ``blocks`` of the CPU ``vec`` layout, and that layout."""
+    tokens, heads, head_dim = keys.shape
+    cache = torch.zeros(8, heads, BLOCK, 2 * head_dim)
+    slots = torch.tensor([blocks[t // BLOCK] * BLOCK + t % BLOCK for t in range(tokens)])
+    transposed_write(keys, keys + 1000, cache, slots)
+    table = types.SimpleNamespace(num_blocks_per_row=[len(blocks)],
+                                  block_table=types.SimpleNamespace(cpu=torch.tensor([blocks])),
+                                  slot_mapping=types.SimpleNamespace(gpu=torch.full((4,), -1, dtype=torch.long)))
+    runner = types.SimpleNamespace(
+        requests={"r": types.SimpleNamespace(block_ids=(list(blocks),))}, kv_caches=[cache],
+        input_batch=types.SimpleNamespace(req_id_to_index={"r": 0}, req_ids=["r"], num_reqs=1,
+                                          num_computed_tokens_cpu=[tokens],
+                                          block_table=types.SimpleNamespace(block_tables=[table])),
+        query_start_loc=types.SimpleNamespace(cpu=torch.tensor([0, 1])), seq_lens=torch.tensor([tokens + 1]),
+        optimistic_seq_lens_cpu=torch.tensor([tokens + 1]))
+    return runner, cache, probed(transposed_write, 8, heads, BLOCK, head_dim)
+
+
+def _compact(compactor: WorkerCompactor, runner, layout, keep: int, physical: int = 12, prompt: int = 0) -> None:
+    dropped = compactor.dropped.get("r", 0) + physical - keep
+    plan = {"physical_tokens": physical, "keep_tokens": keep, "logical_length": dropped + keep,
+            "shared_prefix_tokens": 0, "dropped": dropped, "prompt_tokens": prompt}
+    payload = {"plans": {"r": plan}, "dropped": {"r": plan["dropped"]}}
+    compactor.begin_step(runner, types.SimpleNamespace(growpage=payload), layout)
+
+
+def test_per_head_compaction_leaves_each_kv_head_its_own_survivors_in_the_same_slots():
+    config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2},
+                               env={}, block_size=BLOCK)
+    keys = (torch.arange(12.0)[:, None] + 100 * torch.arange(2.0)[None, :])[:, :, None].expand(12, 2, 2)
+    runner, cache, layout = _runner_holding(keys.contiguous(), [5, 2, 7])
+    compactor = WorkerCompactor(config)
+    scores = torch.zeros(2, 12)
+    scores[0, 3], scores[1, 6] = 5.0, 5.0  # KV head 0 needs token 3, KV head 1 token 6
+    compactor.add_scores("r", scores)
+    _compact(compactor, runner, layout, keep=8)
+    kept = compactor.kept_positions["r"].tolist()
+    assert kept == [[0, 3, 6, 7, 8, 9, 10, 11], [0, 5, 6, 7, 8, 9, 10, 11]]
+    blocks = [5, 2]
+    for head in range(2):
+        for slot, position in enumerate(kept[head]):
+            stored = kv_keys.read_token(cache, blocks[slot // BLOCK] * BLOCK + slot % BLOCK, layout)[head]
+            value = kv_keys.read_token(cache, blocks[slot // BLOCK] * BLOCK + slot % BLOCK, layout, value=True)[head]
+            assert stored.tolist() == [position + 100.0 * head] * 2 and value[0].item() == position + 1000 + 100 * head
+    assert runner.requests["r"].block_ids == ([5, 2],)
+    # the scores moved with each head's survivors: a second compaction still ranks head 1's token 6 first
+    _compact(compactor, runner, layout, keep=5, physical=8)
+    assert 6 in compactor.kept_positions["r"][1].tolist() and 3 in compactor.kept_positions["r"][0].tolist()
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["request", "kv_head"])
+def test_redundancy_drops_older_copies_of_a_repeated_generated_key_before_unique_ones(per_head):
+    config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2},
+                               env={}, block_size=BLOCK)
+    basis = torch.eye(4)
+    keys = torch.zeros(12, 1, 4)
+    keys[:4, 0] = basis[0]  # the prompt
+    keys[4:7, 0] = basis[1]  # generated 4, 5, 6: one phrase three times
+    keys[7:10, 0] = torch.tensor([[0, 0, 1, 0.], [0, 0, 0, 1.], [0, 0, -1, 0.]])  # three unlike keys
+    keys[10:, 0] = basis[0]
+    scores = torch.tensor([0, 1, 1, 1, .2, .2, .2, .1, .1, .1, 0, 0])  # the copies look at least as useful
+    kept = {}
+    for weight in (0.0, 0.9):
+        runner, _, layout = _runner_holding(keys, [5, 2, 7])
+        compactor = WorkerCompactor(config, redundancy_weight=weight)
+        compactor.key_caches = list(runner.kv_caches)
+        compactor.add_scores("r", scores[None] if per_head else scores)
+        _compact(compactor, runner, layout, keep=10, prompt=4)
+        kept[weight] = compactor.kept_positions["r"].flatten().tolist()
+    assert kept[0.0] == [0, 1, 2, 3, 4, 5, 6, 9, 10, 11]  # attention alone drops two unlike tokens
+    assert kept[0.9] == [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]  # R-KV drops the older copies, keeps the newest
 
 
 def test_a_failed_move_still_cuts_the_worker_blocks_like_the_scheduler_and_is_reported():

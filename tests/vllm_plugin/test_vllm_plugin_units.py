@@ -47,6 +47,28 @@ def test_settings_reject_unknown_keys_with_a_fix():
     assert split_settings({}, env={"GROWPAGE_VLLM_OBSERVATION_WINDOW_TOKENS": "16"})[1].observation_window_tokens == 16
 
 
+def test_keep_sets_and_redundancy_settings_are_checked_with_a_fix():
+    with pytest.raises(ConfigError, match="keep_sets must be one of request, kv_head, got 'head'"):
+        split_settings({"keep_sets": "head"}, env={})
+    for bad in (1.0, -0.1, "0.9", True):
+        with pytest.raises(ConfigError, match=r"redundancy_weight must be a number in \[0, 1\).*try 0 \(off\) or 0.9"):
+            split_settings({"redundancy_weight": bad}, env={})
+    env = {"GROWPAGE_VLLM_KEEP_SETS": "kv_head", "GROWPAGE_VLLM_REDUNDANCY_WEIGHT": "0.9"}
+    settings = split_settings({}, env=env)[1]
+    assert (settings.keep_sets, settings.redundancy_weight) == ("kv_head", 0.9)
+    with pytest.raises(ConfigError, match="GROWPAGE_VLLM_REDUNDANCY_WEIGHT must be a number"):
+        split_settings({}, env={"GROWPAGE_VLLM_REDUNDANCY_WEIGHT": "lots"})
+
+
+def test_per_head_keep_sets_sample_a_query_head_in_every_kv_heads_group():
+    from growpage.vllm_plugin.observer import sampled_heads
+
+    assert sampled_heads(9, 3, 4, every_kv_head=True) == [0, 2, 4, 6]  # the packaged model: already covered
+    assert sampled_heads(32, 8, 4, every_kv_head=False) == [0, 8, 16, 24]  # KV heads 0, 2, 4, 6 only
+    covering = sampled_heads(32, 8, 4, every_kv_head=True)
+    assert {head // 4 for head in covering} == set(range(8)) and set(covering) >= {0, 8, 16, 24}
+
+
 def test_layer_names_parse_and_the_observer_watches_the_controllers_layers():
     assert layer_index("model.layers.14.self_attn.attn") == 14
     from growpage.core.controller import GrowthController

@@ -74,6 +74,38 @@ def test_many_tiny_chunks_equal_one_chunk_and_dense_attention(layout_name):
     assert torch.allclose(many.token_mass, mass, atol=1e-6)
 
 
+def test_token_mass_per_kv_head_is_each_kv_heads_own_mean_over_the_heads_that_read_it():
+    lengths = [40, 7, 21]
+    layers, rows, layout, dense = _step("LBNHC", lengths)
+    one = scoring.score_step(layers, rows, lengths, layout, token_mass=True, mass_by_kv_head=True)
+    many = scoring.score_step(layers, rows, lengths, layout, cap_bytes=1, token_mass=True, mass_by_kv_head=True)
+    assert one.token_mass is not None and one.token_mass.shape == (len(lengths), HEADS, max(lengths))
+    mass = torch.zeros(len(lengths), HEADS, max(lengths))
+    for layer, per_request in zip(layers, dense, strict=True):
+        for request, k in enumerate(per_request):
+            keys = k.float()[:, layer.kv_heads].permute(1, 0, 2)
+            probs = torch.softmax(torch.einsum("hd,hkd->hk", layer.query[request].float(), keys) * layer.scale, -1)
+            for kv_head in range(HEADS):  # sampled heads [0, 1, 1, 2]: KV head 1 is read by two of them
+                mass[request, kv_head, :probs.shape[1]] += probs[layer.kv_heads == kv_head].mean(0)
+    assert torch.allclose(one.token_mass, mass, atol=1e-6) and torch.allclose(many.token_mass, mass, atol=1e-6)
+    # the per-head mass sums back to the head mean of the request-level scores, weighted by readers
+    request_level = scoring.score_step(layers, rows, lengths, layout, token_mass=True).token_mass
+    weights = torch.tensor([1, 2, 1]) / 4
+    assert torch.allclose((one.token_mass * weights[None, :, None]).sum(1), request_level, atol=1e-6)
+
+
+def test_a_kv_head_no_sampled_head_reads_gets_the_mean_over_the_sampled_heads():
+    lengths = [30, 12]
+    layers, rows, layout, _ = _step("LBNHC", lengths)
+    unread = [scoring.ObservedLayer(layer.cache, layer.query, layer.scale, torch.tensor([0, 0, 2, 2]))
+              for layer in layers]
+    per_head = scoring.score_step(unread, rows, lengths, layout, token_mass=True, mass_by_kv_head=True).token_mass
+    mean = scoring.score_step(unread, rows, lengths, layout, token_mass=True).token_mass
+    assert per_head is not None and mean is not None
+    assert torch.allclose(per_head[:, 1], mean, atol=1e-6)
+    assert not torch.allclose(per_head[:, 0], mean, atol=1e-3)
+
+
 def test_chunks_cover_every_request_once_within_the_cap():
     lengths = [900, 17, 4000, 256, 256, 3100, 1]
     geometry = dict(num_layers=3, num_heads=4, head_dim=128, block_size=16, element_bytes=6)

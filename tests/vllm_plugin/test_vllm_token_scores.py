@@ -116,3 +116,36 @@ def test_the_tokens_attention_needs_are_the_fewest_holding_the_coverage():
     # the sink and the recent window are kept anyway, and their mass is left out of the shares
     assert scores.tokens_for_coverage("r", 0.5, protected_head=1, protected_tail=1) == 2 + 1
     assert scores.tokens_for_coverage("r", 0.9, protected_head=1, protected_tail=1) == 2 + 2
+
+
+@pytest.mark.parametrize("kind", [TokenScore.PROMPT_ANCHORED, TokenScore.ACCUMULATED, TokenScore.WINDOW])
+def test_per_kv_head_scores_rank_each_head_by_its_own_attention(kind):
+    per_head, first_head = TokenScores(kind), TokenScores(kind)
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.rand(2, 6, generator=generator)
+    decodes = [torch.rand(2, 6 + step, generator=generator) for step in range(1, 4)]
+    per_head.add("r", prompt)
+    first_head.add("r", prompt[0])
+    for decode in decodes:
+        per_head.add("r", decode)
+        first_head.add("r", decode[0])
+    positions = torch.arange(9)
+    ranking = per_head.ranking("r", positions)
+    assert ranking.shape == (2, 9)
+    assert torch.allclose(ranking[0], first_head.ranking("r", positions))  # head 0 alone ranks as before
+    per_head.keep("r", torch.tensor([[0, 2, 8], [1, 5, 8]]), physical=9)  # each head keeps its own
+    moved = per_head.ranking("r", torch.arange(3))
+    assert torch.allclose(moved[0], ranking[0, [0, 2, 8]]) and torch.allclose(moved[1], ranking[1, [1, 5, 8]])
+
+
+def test_snapkv_pools_each_kv_heads_scores_among_its_own_neighbours():
+    window = TokenScores(TokenScore.WINDOW, pool_kernel=3)
+    window.add("r", torch.tensor([[0.0, 0.0, 8.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 8.0]]))
+    positions = torch.tensor([[0, 1, 2, 5, 6], [0, 1, 2, 3, 4]])  # head 0 was compacted: 2 and 5 are neighbours
+    assert window.ranking("r", positions).tolist() == [[0.0, 8.0, 8.0, 8.0, 0.0], [0.0, 0.0, 0.0, 8.0, 8.0]]
+
+
+def test_per_kv_head_attention_need_is_the_neediest_heads():
+    scores = TokenScores(TokenScore.PROMPT_ANCHORED)
+    scores.add("r", torch.tensor([[0.9, 0.1, 0.0, 0.0], [0.3, 0.3, 0.2, 0.2]]))
+    assert scores.tokens_for_coverage("r", 0.85) == 4  # head 0 needs 1 token, head 1 all 4

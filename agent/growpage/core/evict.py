@@ -79,10 +79,14 @@ def max_pool_scores(positions: torch.Tensor, scores: torch.Tensor, kernel: int) 
     """SnapKV's clustering: each token takes the highest score among its ``kernel`` nearest
     neighbours in position order, so a kept heavy hitter keeps its context with it.
 
-    Returns scores in the input order; ``kernel <= 1`` returns them unchanged.
+    Returns scores in the input order; ``kernel <= 1`` returns them unchanged. ``scores`` may be
+    ``[heads, N]`` (each row pooled on its own, ``positions`` ``[N]`` or ``[heads, N]``).
     """
     if kernel <= 1 or scores.numel() == 0:
         return scores
+    if scores.dim() == 2:
+        rows = positions.expand_as(scores)
+        return torch.stack([max_pool_scores(rows[row], scores[row], kernel) for row in range(scores.shape[0])])
     order = torch.argsort(positions, stable=True)
     in_order = scores.float()[order][None, None, :]
     pooled = torch.nn.functional.max_pool1d(in_order, kernel_size=kernel, stride=1, padding=kernel // 2)

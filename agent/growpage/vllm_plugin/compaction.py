@@ -11,6 +11,14 @@ and every token written since sits at ``physical = logical - dropped``. So the l
 each physical slot follows from ``kept_positions`` (the survivors' positions) and ``dropped``
 (:func:`slot_positions`).
 
+Keep sets are one per request (``[kept]``: every KV head keeps the same tokens) or one per KV head
+(``[kv_heads, kept]``: H2O's and SnapKV's per-head selection). Per head, slot ``j`` of head ``h``
+holds the token ``kept_positions[h, j]``: heads keep the same *number* of tokens (vLLM's block
+table and ``seq_lens`` are per request) but not the same tokens. Attention reads each head's keys
+with their RoPE already applied, so which slot a key sits in does not change its logit; the
+protected tokens (sinks, the recent window, a shared prefix) are kept by every head, in the same
+slots.
+
 Protected tokens, never dropped: the request's first ``sink_tokens`` positions, its newest
 ``recent_window_tokens``, and every token in a leading block shared through the prefix cache
 (``ref_cnt > 1``: other requests read it, so it is never rewritten).
@@ -28,38 +36,62 @@ from growpage.core.evict import select_keep
 
 
 def slot_positions(kept_positions: torch.Tensor | None, physical_tokens: int, dropped: int) -> torch.Tensor:
-    """``[physical_tokens]`` long: the logical position of each physical slot.
+    """``[physical_tokens]`` (or ``[kv_heads, physical_tokens]``) long: the logical position of each
+    physical slot.
 
     Args:
-        kept_positions: positions of the survivors of the last compaction (slots ``[0, len)``);
-            None when the request was never compacted.
+        kept_positions: positions of the survivors of the last compaction (slots ``[0, len)``),
+            ``[kept]`` or per KV head ``[kv_heads, kept]``; None when the request was never compacted.
         physical_tokens: tokens in the request's blocks.
         dropped: tokens evicted so far.
     """
     if kept_positions is None or dropped == 0:
         return torch.arange(physical_tokens, dtype=torch.long)
-    kept = kept_positions[:physical_tokens].long()
-    tail = torch.arange(kept.numel(), physical_tokens, dtype=torch.long) + dropped
-    return torch.cat([kept, tail])
+    kept = kept_positions[..., :physical_tokens].long()
+    tail = torch.arange(kept.shape[-1], physical_tokens, dtype=torch.long) + dropped
+    return torch.cat([kept, tail.expand(*kept.shape[:-1], -1)], dim=-1)
 
 
 def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: int, logical_length: int,
                 shared_prefix_tokens: int, sink_tokens: int, recent_window_tokens: int) -> torch.Tensor | None:
     """The physical slots that survive a compaction, ascending (so logical order is kept).
 
-    H2O-style: the highest accumulated attention wins among unprotected tokens; with no scores
-    (nothing observed yet) the newest win (StreamingLLM: sinks plus a recent window).
+    The highest score wins among unprotected tokens; with no scores (nothing observed yet) the
+    newest win (StreamingLLM: sinks plus a recent window). Per KV head (``scores`` with a head
+    axis), each head ranks its own slots by its own scores.
 
     Args:
-        positions: ``[P]`` logical position of each physical slot (:func:`slot_positions`).
-        scores: ``[P]`` accumulated attention per slot, or None.
+        positions: ``[P]`` or ``[kv_heads, P]`` logical position of each physical slot
+            (:func:`slot_positions`).
+        scores: ``[P]`` or ``[kv_heads, P]`` ranking per slot, or None.
         num_keep: survivors wanted, ``<= P``.
         logical_length: the request's logical length (for the recent window).
         shared_prefix_tokens: leading physical slots in shared blocks (kept in place).
 
     Returns:
-        ``[num_keep]`` long slot indices, or None when the protected tokens alone exceed ``num_keep``.
+        ``[num_keep]`` long slot indices (``[kv_heads, num_keep]`` when ``positions`` or ``scores``
+        has a head axis), or None when the protected tokens alone exceed ``num_keep``.
     """
+    protection = (logical_length, shared_prefix_tokens, sink_tokens, recent_window_tokens)
+    per_head = positions.dim() == 2 or (scores is not None and scores.dim() == 2)
+    if not per_head:
+        return _keep_in_one_head(positions, scores, num_keep, *protection)
+    heads = (scores if scores is not None and scores.dim() == 2 else positions).shape[0]
+    head_positions = positions.expand(heads, -1) if positions.dim() == 1 else positions
+    head_scores = scores.expand(heads, -1) if scores is not None and scores.dim() == 1 else scores
+    kept = []
+    for head in range(heads):
+        keep = _keep_in_one_head(head_positions[head], None if head_scores is None else head_scores[head], num_keep,
+                                 *protection)
+        if keep is None:
+            return None
+        kept.append(keep)
+    return torch.stack(kept)
+
+
+def _keep_in_one_head(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: int, logical_length: int,
+                      shared_prefix_tokens: int, sink_tokens: int, recent_window_tokens: int) -> torch.Tensor | None:
+    """:func:`choose_keep` for ``[P]`` positions and scores (one kept set)."""
     physical = positions.numel()
     if scores is None or scores.numel() < physical:
         ranked = positions.float()
@@ -74,7 +106,8 @@ def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: 
 
 
 def physical_slots(block_row: torch.Tensor, indices: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache slot ids (``block_id * block_size + offset``) of a request's physical token indices."""
+    """Cache slot ids (``block_id * block_size + offset``) of a request's physical token indices
+    (any shape: ``[N]``, or ``[kv_heads, N]`` for per-head keep sets)."""
     indices = indices.long()
     return block_row.long()[indices // block_size] * block_size + indices % block_size
 

@@ -7,7 +7,8 @@ worker:
 
 1. chooses the survivors (:func:`~growpage.vllm_plugin.compaction.choose_keep`): sinks, the recent
    window, shared-prefix tokens, then the highest attention accumulated by the observer (recency
-   when nothing was observed);
+   when nothing was observed), one set per request or one per KV head (``keep_sets``), generated
+   tokens optionally discounted by R-KV's redundancy (:mod:`~growpage.vllm_plugin.redundancy`);
 2. moves their K and V to the front of the request's blocks in every layer (before any write of
    this step, and before a freed block can be reused: the worker runs steps in order);
 3. truncates the request's block-table row and its cached ``block_ids`` like the scheduler did.
@@ -26,7 +27,8 @@ import torch
 from growpage.config import GrowPageConfig
 from growpage.core.methods import TokenScore
 from growpage.vllm_plugin.compaction import choose_keep, physical_slot_mapping, physical_slots, slot_positions
-from growpage.vllm_plugin.keys import BlockLayout, move_tokens_in_layers
+from growpage.vllm_plugin.keys import BlockLayout, move_tokens_in_layers, read_keys
+from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
 from growpage.vllm_plugin.token_scores import TokenScores
 from growpage.vllm_plugin.wire import ENFORCE_LOG_ENV, PAYLOAD_ATTRIBUTE, append_enforce_log
 
@@ -47,13 +49,19 @@ class WorkerCompactor:
         config: GrowPage's config (``block_size``, ``sink_tokens``, ``recent_window_tokens``).
         rank: this worker's tensor-parallel rank (for the enforce log).
         scores: what compactions rank tokens by (:mod:`~growpage.vllm_plugin.token_scores`);
-            the default sums attention (H2O); ``RECENCY`` keeps the newest (StreamingLLM).
+            the default sums attention (H2O); ``RECENCY`` keeps the newest (StreamingLLM). Scores
+            with a KV-head axis give per-head keep sets.
+        redundancy_weight: R-KV's ``1 - lambda`` for the request's generated tokens (0: off); needs
+            :attr:`key_caches`, which the observer fills with its observed layers' caches.
     """
 
-    def __init__(self, config: GrowPageConfig, rank: int = 0, scores: TokenScores | None = None):
+    def __init__(self, config: GrowPageConfig, rank: int = 0, scores: TokenScores | None = None,
+                 redundancy_weight: float = 0.0):
         self.config = config
         self.rank = rank
         self.scores = scores if scores is not None else TokenScores(TokenScore.ACCUMULATED)
+        self.redundancy_weight = redundancy_weight
+        self.key_caches: list[torch.Tensor] = []  # the observed layers' cache views (redundancy's keys)
         self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
         self.block_size = config.block_size
         self.dropped: dict[str, int] = {}
@@ -64,8 +72,9 @@ class WorkerCompactor:
 
     # ---- scores (from the observer) ----------------------------------------------------------------
     def add_scores(self, request_id: str, attention: torch.Tensor) -> None:
-        """Fold one observation in: ``[P]`` attention mass per physical slot (mean over heads), kept
-        on the attention's device (no host copy per step); a request's first is its prompt's."""
+        """Fold one observation in: ``[P]`` attention mass per physical slot (mean over heads; or
+        ``[kv_heads, P]``, each KV head's), kept on the attention's device (no host copy per step);
+        a request's first is its prompt's."""
         self.scores.add(request_id, attention)
 
     def forget(self, request_id: str) -> None:
@@ -100,7 +109,7 @@ class WorkerCompactor:
                 self._truncate(runner, request_id, int(plan["keep_tokens"]))
                 positions = slot_positions(self.kept_positions.get(request_id), int(plan["physical_tokens"]),
                                            self.dropped.get(request_id, 0))
-                self.kept_positions[request_id] = positions[:int(plan["keep_tokens"])]
+                self.kept_positions[request_id] = positions[..., :int(plan["keep_tokens"])]
                 self.scores.forget(request_id)
         self.dropped = {k: int(v) for k, v in dropped.items()}
         if failed:
@@ -123,27 +132,59 @@ class WorkerCompactor:
         block_row = torch.tensor(block_ids[:held_blocks], dtype=torch.long)
         positions = slot_positions(self.kept_positions.get(request_id), physical, previous)
         scores = self.scores.ranking(request_id, positions)  # on the host: compactions are rare
+        redundancy = scores is not None and self.redundancy_weight > 0 and bool(self.key_caches)
+        if scores is not None and redundancy:
+            scores = self._discount_redundant(scores, positions, block_row, plan, layout)
         keep_index = choose_keep(positions, scores, keep, int(plan["logical_length"]),
                                  int(plan["shared_prefix_tokens"]), self.config.sink_tokens,
                                  self.config.recent_window_tokens)
         if keep_index is None:
             raise CompactionError(f"request {request_id}: protected tokens exceed {keep}")
         src = physical_slots(block_row, keep_index, block_size)
-        dst = physical_slots(block_row, torch.arange(keep), block_size)
+        dst = physical_slots(block_row, torch.arange(keep), block_size).expand_as(src)
         moving = src != dst
-        src, dst = src[moving], dst[moving]
+        if src.dim() == 2:  # per KV head: a slot moves where some head's survivor is elsewhere
+            moving = moving.any(0)
+            src, dst = src[:, moving], dst[:, moving]
+        else:
+            src, dst = src[moving], dst[moving]
         self.bytes_moved += move_tokens_in_layers(_unique_caches(runner), src, dst, layout)
-        self.tokens_moved += int(src.numel())
+        self.tokens_moved += int(src.shape[-1])
         self.compactions += 1
-        self.kept_positions[request_id] = positions[keep_index]
+        self.kept_positions[request_id] = _take_positions(positions, keep_index)
         if self.log_path:  # the kept positions are a list of up to thousands: only when someone reads them
             append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
-                                               "moved": int(src.numel()), "physical": physical,
-                                               "scored": 0 if scores is None else int(scores.numel()),
-                                               "logical": int(plan["logical_length"]),
+                                               "moved": int(src.shape[-1]), "physical": physical,
+                                               "scored": 0 if scores is None else int(scores.shape[-1]),
+                                               "logical": int(plan["logical_length"]), "redundancy": redundancy,
                                                "kept_positions": self.kept_positions[request_id].tolist()})
         self.scores.keep(request_id, keep_index, physical)
         self._truncate(runner, request_id, keep)
+
+    def _discount_redundant(self, scores: torch.Tensor, positions: torch.Tensor, block_row: torch.Tensor,
+                            plan: dict, layout: BlockLayout) -> torch.Tensor:
+        """``scores`` with the candidate generated tokens re-ranked by R-KV's mix (see
+        :mod:`~growpage.vllm_plugin.redundancy`): past the prompt, before the recent window, per KV
+        head when the scores are, with keys read from the observed layers (this rank's heads)."""
+        physical = positions.shape[-1]
+        first, last = int(plan.get("prompt_tokens", 0)), int(plan["logical_length"]) - self.config.recent_window_tokens
+        candidates = ((positions >= first) & (positions < last)).expand(*scores.shape[:-1], physical)
+        device = self.key_caches[0].device
+        device_layout = layout if layout.key_index.device == device else layout.to(device)
+        heads, row = torch.arange(self.key_caches[0].shape[1], device=device), block_row.to(device)
+        # [L, G, P, hd] on the cache's device; only the redundancy ([G, D]) comes back to the host
+        keys = torch.stack([read_keys(cache, row, physical, heads, device_layout) for cache in self.key_caches])
+        mixed = scores.clone()
+        if scores.dim() == 1:
+            index = candidates.nonzero().flatten()
+            redundancy = key_redundancy(keys[:, :, index.to(device)]).mean(0).cpu()
+            mixed[index] = mix_redundancy(scores[index], redundancy, self.redundancy_weight)
+            return mixed
+        for head in range(scores.shape[0]):
+            index = candidates[head].nonzero().flatten()
+            redundancy = key_redundancy(keys[:, head:head + 1, index.to(device)])[0].cpu()
+            mixed[head, index] = mix_redundancy(scores[head, index], redundancy, self.redundancy_weight)
+        return mixed
 
     def _truncate(self, runner: Any, request_id: str, keep_tokens: int) -> None:
         """Cut the request's cached ``block_ids`` and block-table row to ``keep_tokens`` (as the scheduler did)."""
@@ -182,6 +223,13 @@ class WorkerCompactor:
 
     def physical_length(self, request_id: str, logical_length: int) -> int:
         return logical_length - self.dropped.get(request_id, 0)
+
+
+def _take_positions(positions: torch.Tensor, keep_index: torch.Tensor) -> torch.Tensor:
+    """The survivors' logical positions: ``[k]``, or ``[kv_heads, k]`` for per-head keep sets."""
+    if keep_index.dim() == 1:
+        return positions[..., keep_index]
+    return torch.gather(positions.expand(keep_index.shape[0], -1), -1, keep_index)
 
 
 def _unique_caches(runner: Any) -> list[torch.Tensor]:

@@ -296,7 +296,8 @@ class SchedulerEnforcer:
         tracked.tokens_evicted += physical - target
         self._plans[request.request_id] = CompactionPlan(
             physical_tokens=physical, keep_tokens=target, logical_length=request.num_computed_tokens,
-            shared_prefix_tokens=running.shared_blocks * self.block_size, dropped=dropped)
+            shared_prefix_tokens=running.shared_blocks * self.block_size, dropped=dropped,
+            prompt_tokens=request.num_prompt_tokens)
 
     def after_schedule(self, scheduler: Any, output: Any) -> None:
         """Record block peaks and attach this step's plans for the workers."""

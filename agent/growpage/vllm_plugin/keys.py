@@ -284,8 +284,13 @@ def read_token(kv_cache: torch.Tensor, slot: int, layout: BlockLayout, value: bo
 
 
 def _token_offsets(slots: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    """``[N, 2, H, hd]``: K then V storage offsets of ``slots`` from the layer's base."""
+    """K then V storage offsets of ``slots`` from the layer's base: ``[N, 2, H, hd]`` for ``[N]``
+    slots (every head), ``[H, N, 2, hd]`` for ``[H, N]`` (head ``h``'s own slots)."""
     block, offset = slots // layout.block_size, slots % layout.block_size
+    if slots.dim() == 2:
+        heads = torch.arange(slots.shape[0], device=slots.device)[:, None]
+        kv = torch.stack([layout.key_index[heads, offset], layout.value_index[heads, offset]], dim=2)  # [H, N, 2, hd]
+        return block[:, :, None, None] * layout.block_stride + kv
     kv = torch.stack([layout.key_index[:, offset], layout.value_index[:, offset]])  # [2, H, N, hd]
     return block[:, None, None, None] * layout.block_stride + kv.permute(2, 0, 1, 3)
 
@@ -306,6 +311,9 @@ def move_tokens(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torc
 def move_tokens_in_layers(kv_caches: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor,
                           layout: BlockLayout) -> int:
     """:func:`move_tokens` in every layer: a few indexed copies per shared allocation.
+
+    ``src_slots`` and ``dst_slots`` are ``[N]`` (every KV head moves the same slots) or
+    ``[kv_heads, N]`` (head ``h`` moves ``src_slots[h]`` into ``dst_slots[h]``: per-head keep sets).
 
     vLLM carves every layer's cache out of one allocation, each layer a constant stride from the
     last. Where the layout is affine (:attr:`BlockLayout.key_strides`) and the layers' offsets are
@@ -336,7 +344,7 @@ def move_tokens_in_layers(kv_caches: Sequence[torch.Tensor], src_slots: torch.Te
                                    device_layout, (affine[0], affine[1]))
             continue
         src_offsets = _token_offsets(src, device_layout).reshape(-1)
-        dst_offsets = _token_offsets(dst, device_layout).reshape(-1)
+        dst_offsets = _token_offsets(dst, device_layout).reshape(-1)  # (either shape: the same order for both)
         bases = torch.tensor(offsets, dtype=torch.long, device=device)
         storage = storage_of(caches[0])
         tokens = storage[bases[:, None] + src_offsets[None, :]]
@@ -349,7 +357,8 @@ def _move_strided(cache: torch.Tensor, first_offset: int, num_layers: int, layer
                   dst: torch.Tensor, layout: BlockLayout,
                   strides: tuple[tuple[int, int, int, int], tuple[int, int, int, int]]) -> int:
     """K and V of ``src`` slots into ``dst`` slots in ``num_layers`` evenly spaced layers: for each
-    of K and V, one gather ``[N, L, H, hd]`` then one scatter (sources read before any write)."""
+    of K and V, one gather (``[N, L, H, hd]``, or ``[L, H, N, hd]`` for per-head ``[H, N]`` slots)
+    then one scatter (sources read before any write)."""
     storage = storage_of(cache)
     num_kv_heads, block_size, head_dim = layout.key_index.shape
     views = [torch.as_strided(storage, (num_layers, cache.shape[0], num_kv_heads, block_size, head_dim),
@@ -357,7 +366,10 @@ def _move_strided(cache: torch.Tensor, first_offset: int, num_layers: int, layer
              for origin, head, slot, dim in strides]
     src_block, src_offset = src // block_size, src % block_size
     dst_block, dst_offset = dst // block_size, dst % block_size
-    gathered = [view[:, src_block, :, src_offset] for view in views]  # [N, L, H, hd] each
+    # every head the same slots, or head h its own row of them
+    heads: slice | torch.Tensor = (slice(None) if src.dim() == 1
+                                   else torch.arange(src.shape[0], device=src.device)[:, None])
+    gathered = [view[:, src_block, heads, src_offset] for view in views]
     for view, tokens in zip(views, gathered, strict=True):
-        view[:, dst_block, :, dst_offset] = tokens
+        view[:, dst_block, heads, dst_offset] = tokens
     return sum(tokens.numel() * tokens.element_size() for tokens in gathered)

@@ -117,6 +117,18 @@ def query_window(spans: list[tuple[int, int]], window_tokens: int) -> tuple[list
     return tokens, offsets
 
 
+def sampled_heads(num_heads: int, num_kv_heads: int, count: int, every_kv_head: bool) -> list[int]:
+    """``count`` query heads to observe, evenly spaced (ascending); with ``every_kv_head``, plus the
+    first head of each KV head's group that none of them reads (per-head keep sets need every KV
+    head's own attention). The packaged model's 4 of 9 heads already read all 3 KV heads."""
+    count = min(count, num_heads)
+    heads = {i * num_heads // count for i in range(count)}
+    if every_kv_head and num_kv_heads > 0 and num_heads % num_kv_heads == 0:
+        group = num_heads // num_kv_heads
+        heads |= {kv * group for kv in range(num_kv_heads) if kv not in {h // group for h in heads}}
+    return sorted(heads)
+
+
 def layer_index(layer_name: str) -> int | None:
     """``model.layers.7.self_attn.attn`` -> 7."""
     match = _LAYER_INDEX.search(layer_name)
@@ -172,7 +184,10 @@ class VllmObserver:
         # enforce: the worker's physical state (None unless the deployment runs enforce)
         method = build_method(settings.method)
         scores = token_scores.for_method(method)
-        self.compactor = WorkerCompactor(config, rank, scores) if config.mode is Mode.ENFORCE else None
+        self.compactor = (WorkerCompactor(config, rank, scores, settings.redundancy_weight)
+                          if config.mode is Mode.ENFORCE else None)
+        # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
+        self._per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"
         self.pending_readings: dict[str, tuple[float, float]] = {}
         self.pending_attention_tokens: dict[str, int] = {}
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
@@ -326,7 +341,7 @@ class VllmObserver:
         plan = self._step_rows(metadata, query.device)
         if plan is None:
             return
-        heads = self._sampled_heads(impl.num_heads)
+        heads = self._sampled_heads(impl.num_heads, impl.num_kv_heads)
         kv_heads = heads // max(1, impl.num_heads // impl.num_kv_heads)
         # Only the newest queries are taken now (a copy: the next layer reuses vLLM's buffers); the
         # keys stay in the cache, and every observed layer is scored at once at the end of the step.
@@ -349,9 +364,13 @@ class VllmObserver:
         scores = scoring.score_step(
             pending, plan.block_rows, plan.lengths, self._layout,
             cap_bytes=self.settings.observe_chunk_mib * 2 ** 20, token_mass=plan.enforced,
+            mass_by_kv_head=self._per_kv_head,
             summarize=functools.partial(summarize_attention, num_bins=self.config.sts_num_bins),
             query_offsets=plan.query_offsets)
-        plan.token_mass = scores.token_mass  # compaction scores: per token, head mean, summed over layers
+        # compaction scores: per token (and KV head), head mean, summed over layers
+        plan.token_mass = scores.token_mass
+        if self.compactor is not None and len(self.compactor.key_caches) != len(pending):
+            self.compactor.key_caches = [layer.cache for layer in pending]  # redundancy reads their keys
         assert scores.bin_mass is not None and scores.entropy is not None
         for layer in range(len(pending)):
             self._step.append(_LayerObservation(plan.rows, scores.bin_mass[layer], scores.entropy[layer]))
@@ -405,12 +424,13 @@ class VllmObserver:
             cached = self._heads_on_device[key] = heads.to(device)
         return cached
 
-    def _sampled_heads(self, num_heads: int) -> torch.Tensor:
-        """The sampled query heads, evenly spaced (built once per head count: this runs every layer)."""
+    def _sampled_heads(self, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """The sampled query heads, evenly spaced; with per-head keep sets evenly spaced within each
+        KV head's group, at least one per group (built once per head count: this runs every layer)."""
         heads = self._heads_by_count.get(num_heads)
         if heads is None:
-            count = min(self.settings.observed_heads, num_heads)
-            heads = torch.tensor(sorted({i * num_heads // count for i in range(count)}), dtype=torch.long)
+            heads = torch.tensor(sampled_heads(num_heads, num_kv_heads, self.settings.observed_heads,
+                                               self._per_kv_head), dtype=torch.long)
             self._heads_by_count[num_heads] = heads
         return heads
 
@@ -424,7 +444,7 @@ class VllmObserver:
         if isinstance(plan, _StepRows) and plan.token_mass is not None and self.compactor is not None:
             for n, tracked in enumerate(plan.observed):
                 if tracked.mode is Mode.ENFORCE:
-                    self.compactor.add_scores(tracked.request_id, plan.token_mass[n, :plan.lengths[n]])
+                    self.compactor.add_scores(tracked.request_id, plan.token_mass[n, ..., :plan.lengths[n]])
         self._step_plan = None
         if self._step:
             rows = self._step[0].rows

@@ -87,7 +87,8 @@ class StepScores:
             ``summarize``).
         bin_mass: ``[L, R, bins]`` head-mean attention mass per position bin (None likewise).
         token_mass: ``[R, max_len]`` attention per key, mean over heads, summed over layers (the
-            compaction scores; 0 past each request), when asked for.
+            compaction scores; 0 past each request), when asked for; ``[R, kv_heads, max_len]``
+            with ``mass_by_kv_head`` (each KV head's mean over the sampled query heads that read it).
         planned_bytes: the largest transient a chunk was planned to hold (:func:`chunk_bytes`).
         chunks: how many chunks of requests were scored.
     """
@@ -165,7 +166,7 @@ def to_device(values: list[int], device: torch.device) -> torch.Tensor:
 
 def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, lengths: Sequence[int],
                layout: kv_keys.BlockLayout, *, cap_bytes: int = DEFAULT_CAP_BYTES,
-               summarize: Summarize | None = None, token_mass: bool = False,
+               summarize: Summarize | None = None, token_mass: bool = False, mass_by_kv_head: bool = False,
                query_offsets: Sequence[Sequence[int]] | None = None) -> StepScores:
     """Attention of each layer's newest queries (or observation windows) over its requests' keys,
     chunk by chunk (a window's queries: see the module docstring).
@@ -179,6 +180,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
         cap_bytes: transient budget per chunk (:func:`plan_chunks`).
         summarize: turns probabilities into histograms and entropies (see :data:`Summarize`).
         token_mass: also return per-key attention summed over layers (compaction scores).
+        mass_by_kv_head: that attention per KV head of the cache (per-head keep sets); a KV head
+            no sampled query head reads gets the mean over all sampled heads.
         query_offsets: ``[R][W]`` with a window: how many positions each query lies before its
             request's newest (0 for the newest and for repeats; host ints). None: all 0.
 
@@ -200,7 +203,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
     queries = queries.to(device).float()  # [L, R, H, W, hd]
     entropy = torch.zeros(num_layers, num_rows, device=device) if summarize else None
     bin_mass: torch.Tensor | None = None
-    mass = torch.zeros(num_rows, max(lengths), device=device) if token_mass else None
+    mass, head_weights = (_token_mass_buffers(heads_t, int(first.cache.shape[1]), num_rows, max(lengths),
+                                              mass_by_kv_head) if token_mass else (None, None))
     start = 0
     for chunk in chunks:
         rows = order_t[start:start + len(chunk.rows)]
@@ -210,12 +214,9 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
         probs = _chunk_probabilities(layers, queries.index_select(1, rows), heads_t, block_rows.index_select(0, rows),
                                      visible, chunk, layout)
         if mass is not None:
-            mass[:, :chunk.length].index_copy_(0, rows, probs.mean(2).sum(0))
+            mass[..., :chunk.length].index_copy_(0, rows, _chunk_token_mass(probs, num_heads, window, head_weights))
         if summarize is not None and entropy is not None:
-            positions = torch.arange(chunk.length, device=device).expand(len(chunk.rows), chunk.length)
-            key_positions = positions.masked_fill(positions >= chunk_lengths[:, None], -1)
-            chunk_bins, chunk_entropy = summarize(probs.flatten(0, 1), key_positions.repeat(num_layers, 1),
-                                                  chunk_lengths.repeat(num_layers))
+            chunk_bins, chunk_entropy = _chunk_summaries(summarize, probs, chunk_lengths, chunk.length)
             if bin_mass is None:
                 bin_mass = torch.zeros(num_layers, num_rows, chunk_bins.shape[-1], device=device)
             bin_mass.index_copy_(1, rows, chunk_bins.view(num_layers, len(chunk.rows), -1))
@@ -240,6 +241,50 @@ def _step_indices(layers: Sequence[ObservedLayer], order: list[int], lengths: Se
     heads_end = 2 * num_rows + sum(len(layer) for layer in heads)
     return (packed[:num_rows], packed[num_rows:2 * num_rows],
             packed[2 * num_rows:heads_end].view(num_layers, -1), packed[heads_end:].view(num_rows, window))
+
+
+def _chunk_summaries(summarize: Summarize, probs: torch.Tensor, lengths: torch.Tensor,
+                     length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``summarize`` over a chunk's ``[L, r, H * W, length]`` probabilities, every layer at once."""
+    num_layers, num_rows = probs.shape[:2]
+    positions = torch.arange(length, device=probs.device).expand(num_rows, length)
+    key_positions = positions.masked_fill(positions >= lengths[:, None], -1)
+    return summarize(probs.flatten(0, 1), key_positions.repeat(num_layers, 1), lengths.repeat(num_layers))
+
+
+def _token_mass_buffers(heads: torch.Tensor, num_kv_heads: int, num_rows: int, length: int,
+                        by_kv_head: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The step's zeroed token mass (``[R, length]``, or ``[R, G, length]`` by KV head) and, by KV
+    head, the sampled heads' weights (:func:`_kv_head_weights`)."""
+    if not by_kv_head:
+        return torch.zeros(num_rows, length, device=heads.device), None
+    return (torch.zeros(num_rows, num_kv_heads, length, device=heads.device),
+            _kv_head_weights(heads, num_kv_heads))
+
+
+def _chunk_token_mass(probs: torch.Tensor, num_heads: int, window: int, weights: torch.Tensor | None) -> torch.Tensor:
+    """A chunk's attention per key summed over layers: the mean over heads and window queries
+    (``[r, K]``), or per KV head (``[r, G, K]``) with ``weights``."""
+    if weights is None:
+        return probs.mean(2).sum(0)
+    return _mass_by_kv_head(probs, num_heads, window, weights)
+
+
+def _kv_head_weights(heads: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[L, H, G + 1]``: per layer, each sampled head's weight in its KV head's mean (column ``g``)
+    and in the mean over all sampled heads (the last column, for KV heads no sampled head reads)."""
+    one_hot = torch.nn.functional.one_hot(heads, num_kv_heads).float()  # [L, H, G]
+    per_kv_head = one_hot / one_hot.sum(1, keepdim=True).clamp(min=1.0)
+    everyone = torch.full_like(one_hot[..., :1], 1.0 / heads.shape[1])
+    return torch.cat([per_kv_head, everyone], dim=-1)
+
+
+def _mass_by_kv_head(probs: torch.Tensor, num_heads: int, window: int, weights: torch.Tensor) -> torch.Tensor:
+    """``[r, G, K]`` attention per KV head, summed over layers, from ``probs`` ``[L, r, H * W, K]``."""
+    per_head = probs.unflatten(2, (num_heads, window)).mean(3)  # [L, r, H, K]
+    mass = torch.einsum("lrhk,lhg->rgk", per_head, weights)  # [r, G + 1, K]
+    read = weights[..., :-1].sum(1).amax(0) > 0  # [G]: some sampled head reads this KV head
+    return torch.where(read[None, :, None], mass[:, :-1], mass[:, -1:])
 
 
 def _block_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
 
 
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
+KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
 VLLM_METHODS = ("growpage", "growpage_when_it_pays", "streaming_llm", "h2o", "snapkv")
 """Methods enforce can run inside vLLM (quantizing ones cannot: ``kv_cache_dtype`` is deployment-wide)."""
 
@@ -77,6 +78,14 @@ class PluginSettings:
             ``streaming_llm`` (sinks + the most recent tokens), ``h2o`` (accumulated attention),
             ``snapkv`` (windowed attention; the cached prompt is compressed to the cap once).
             The cap is ``base_pages``.
+        keep_sets: what a compaction keeps: ``request`` (one set of tokens for every KV head) or
+            ``kv_head`` (each KV head its own highest-scored tokens, as H2O and SnapKV select: every
+            head keeps as many, in the same slots' count; the observer then samples at least one
+            query head per KV head). Scored methods only; recency keeps the same tokens either way.
+        redundancy_weight: R-KV's redundancy term for generated tokens (``1 - lambda``; 0: off,
+            R-KV uses 0.9-0.93): a compaction ranks a request's generated tokens (past its prompt,
+            before the recent window) by R-KV's mix of attention and key redundancy, so repeated
+            phrases of a long decode give way first (:mod:`~growpage.vllm_plugin.redundancy`).
     """
 
     exporter_port: int = DEFAULT_EXPORTER_PORT
@@ -90,6 +99,8 @@ class PluginSettings:
     client_namespaces: str = "auto"
     namespace_header: str = "x-growpage-namespace"
     method: str = "growpage"
+    keep_sets: str = "request"
+    redundancy_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.exporter_port, int) or not -1 <= self.exporter_port <= 65535:
@@ -109,6 +120,13 @@ class PluginSettings:
         if self.method not in VLLM_METHODS:
             raise ConfigError(f"method must be one of {', '.join(VLLM_METHODS)}, got {self.method!r}; "
                               "growpage is the contract, the others are fixed caps at base_pages")
+        if self.keep_sets not in KEEP_SETS:
+            raise ConfigError(f"keep_sets must be one of {', '.join(KEEP_SETS)}, got {self.keep_sets!r}; "
+                              "kv_head lets each KV head keep its own tokens")
+        if (isinstance(self.redundancy_weight, bool) or not isinstance(self.redundancy_weight, int | float)
+                or not 0.0 <= self.redundancy_weight < 1.0):
+            raise ConfigError(f"redundancy_weight must be a number in [0, 1), got {self.redundancy_weight!r}; "
+                              "try 0 (off) or 0.9 (R-KV's lambda of 0.1)")
         for name in ("client_mode", "client_namespaces"):
             if getattr(self, name) not in CLIENT_CHOICES:
                 raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
@@ -182,6 +200,11 @@ def _coerce(name: str, text: str) -> Any:
             return int(text)
         except ValueError:
             raise ConfigError(f"GROWPAGE_VLLM_{name.upper()} must be an integer, got {text!r}") from None
+    if name == "redundancy_weight":
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"GROWPAGE_VLLM_{name.upper()} must be a number, got {text!r}; try 0 or 0.9") from None
     return text
 
 

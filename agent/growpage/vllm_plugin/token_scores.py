@@ -1,7 +1,8 @@
 """What a worker ranks a request's tokens by when it compacts them inside vLLM.
 
 The observer hands over one observation per observed step and enforced request: ``[P]`` attention
-mass per physical slot (the mean over sampled heads, summed over observed layers). The first one
+mass per physical slot (the mean over sampled heads, summed over observed layers), or with per-head
+keep sets ``[kv_heads, P]`` (each KV head's own; every tensor here then carries that head axis). The first one
 after a request is admitted (or restarted) is its prompt's: the step that ends the prompt, scored by
 the prompt's last query (or its observation window). How observations combine is the method's
 :class:`~growpage.core.methods.TokenScore`:
@@ -37,28 +38,37 @@ from growpage.core.methods import PROMPT_PRIOR_STEPS, SCORED_TOKEN_SCORES, KVMet
 
 @dataclasses.dataclass
 class _RequestScores:
-    prompt: torch.Tensor  # [prompt physical slots] the prompt's observation
-    decoded: torch.Tensor | None = None  # [P] decode observations: summed, or decayed for WINDOW
+    prompt: torch.Tensor  # [(kv_heads,) prompt physical slots] the prompt's observation
+    decoded: torch.Tensor | None = None  # [(kv_heads,) P] decode observations: summed, or decayed for WINDOW
     steps: int = 0  # decode observations folded into ``decoded``
 
 
 def _grown(current: torch.Tensor | None, length: int, like: torch.Tensor) -> torch.Tensor:
-    """``current`` zero-padded to ``length`` (a new tensor when it must grow)."""
-    if current is not None and current.numel() >= length:
+    """``current`` zero-padded to ``length`` slots on its last axis (a new tensor when it must grow)."""
+    if current is not None and current.shape[-1] >= length:
         return current
-    grown = torch.zeros(length, dtype=torch.float32, device=like.device)
+    grown = torch.zeros(*like.shape[:-1], length, dtype=torch.float32, device=like.device)
     if current is not None:
-        grown[:current.numel()] = current
+        grown[..., :current.shape[-1]] = current
     return grown
 
 
-def _padded(scores: torch.Tensor | None, length: int) -> torch.Tensor:
-    """``scores[:length]`` on the host, zero-padded to ``length``."""
-    out = torch.zeros(length, dtype=torch.float32)
-    if scores is not None:
-        count = min(length, scores.numel())
-        out[:count] = scores[:count].float().cpu()
+def _padded(scores: torch.Tensor | None, length: int, heads: tuple[int, ...] = ()) -> torch.Tensor:
+    """``scores[..., :length]`` on the host, zero-padded to ``length`` (shape ``heads + (length,)``
+    when ``scores`` is None)."""
+    if scores is None:
+        return torch.zeros(*heads, length, dtype=torch.float32)
+    out = torch.zeros(*scores.shape[:-1], length, dtype=torch.float32)
+    count = min(length, scores.shape[-1])
+    out[..., :count] = scores[..., :count].float().cpu()
     return out
+
+
+def _take(scores: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``scores[..., index]`` along the slot axis; a ``[kv_heads, k]`` index takes each head's own."""
+    if index.dim() == 1:
+        return scores[..., index]
+    return torch.gather(scores.expand(index.shape[0], -1), -1, index)
 
 
 class TokenScores:
@@ -102,26 +112,29 @@ class TokenScores:
         if entry is None:
             self._requests[request_id] = _RequestScores(prompt=attention.clone())
             return
-        length = attention.numel()
+        length = attention.shape[-1]
         decoded = _grown(entry.decoded, length, attention)
         if self.decay < 1.0:
             decoded.mul_(self.decay)
-        decoded[:length] += attention
+        decoded[..., :length] += attention
         entry.decoded = decoded
         entry.steps += 1
 
     def ranking(self, request_id: str, positions: torch.Tensor) -> torch.Tensor | None:
-        """``[P]`` host scores of the request's physical slots (higher: kept first), or None when
-        nothing was observed (or the kind keeps none): the compactor then keeps the newest.
+        """``[P]`` (per KV head ``[kv_heads, P]``) host scores of the request's physical slots
+        (higher: kept first), or None when nothing was observed (or the kind keeps none): the
+        compactor then keeps the newest.
 
         Args:
-            positions: ``[P]`` logical position of each physical slot (for max-pooling neighbours).
+            positions: ``[P]`` or ``[kv_heads, P]`` logical position of each physical slot (for
+                max-pooling neighbours).
         """
         entry = self._requests.get(request_id)
         if entry is None or not self.scored:
             return None
-        length = positions.numel()
-        prompt, decoded = _padded(entry.prompt, length), _padded(entry.decoded, length)
+        length = positions.shape[-1]
+        heads = tuple(entry.prompt.shape[:-1])
+        prompt, decoded = _padded(entry.prompt, length), _padded(entry.decoded, length, heads)
         if self.kind is TokenScore.PROMPT_ANCHORED:
             prior = self.prompt_prior_steps
             combined = (prior * prompt + decoded) / (prior + entry.steps)
@@ -138,30 +151,31 @@ class TokenScores:
         others whose scores hold ``coverage`` of the others' score mass (highest first). The
         protected tokens' mass is left out: a small model puts most of its attention on the first
         token, so a share of the total would count a handful of tokens as enough. 0 when nothing
-        was observed.
+        was observed. Per KV head, the neediest head's count (every head keeps as many tokens).
 
         After a compaction the survivors' shares are of what is left, so a caller that uses this as
         a floor keeps the highest value it has seen (the controller does)."""
         entry = self._requests.get(request_id)
         if entry is None or not self.scored:
             return 0
-        length = max(entry.prompt.numel(), 0 if entry.decoded is None else entry.decoded.numel())
+        length = max(entry.prompt.shape[-1], 0 if entry.decoded is None else entry.decoded.shape[-1])
         ranking = self.ranking(request_id, torch.arange(length))
         assert ranking is not None
         slots = torch.arange(length)
         protected = (slots < protected_head) | (slots >= length - protected_tail)
-        return tokens_for_coverage(ranking, protected, coverage)
+        return max(tokens_for_coverage(head, protected, coverage) for head in ranking.reshape(-1, length))
 
     def keep(self, request_id: str, keep_index: torch.Tensor, physical: int) -> None:
-        """After a compaction: the survivors' scores move to slots ``[0, len(keep_index))`` with them."""
+        """After a compaction: the survivors' scores move to slots ``[0, k)`` with them
+        (``keep_index`` ``[k]``, or ``[kv_heads, k]``: each head's own survivors)."""
         entry = self._requests.get(request_id)
         if entry is None:
             return
         device = entry.prompt.device
         index = keep_index.long()
-        entry.prompt = _padded(entry.prompt, physical)[index].to(device)
+        entry.prompt = _take(_padded(entry.prompt, physical), index).to(device)
         if entry.decoded is not None:
-            entry.decoded = _padded(entry.decoded, physical)[index].to(device)
+            entry.decoded = _take(_padded(entry.decoded, physical), index).to(device)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)

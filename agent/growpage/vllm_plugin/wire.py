@@ -38,6 +38,7 @@ class CompactionPlan:
         logical_length: the request's ``num_computed_tokens`` (for the recent window).
         shared_prefix_tokens: leading tokens in shared blocks (kept in place).
         dropped: the request's evicted tokens after this compaction.
+        prompt_tokens: the request's prompt length (logical positions past it were generated).
     """
 
     physical_tokens: int
@@ -45,6 +46,7 @@ class CompactionPlan:
     logical_length: int
     shared_prefix_tokens: int
     dropped: int
+    prompt_tokens: int = 0
 
 
 def step_payload(plans: dict[str, CompactionPlan], dropped: dict[str, int]) -> dict:
