@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from growpage.bench.sweep import FIXED_CAPS, sweep_configs, sweep_rows, verdict
+from growpage.bench.sweep import FIXED_CAPS, SweepVariant, sweep_configs, sweep_rows, verdict
 from growpage.bench.vllm import PARTS, VllmBenchSettings
 from growpage.vllm_plugin.settings import VLLM_METHODS
 
@@ -50,6 +50,21 @@ def test_coverage_points_run_growpage_at_the_lowest_floor_with_each_attention_co
         assert config["attention_coverage"] == coverage
     assert configs["growpage@2"]["attention_coverage"] == 0.0  # the floor alone, whatever the default
     assert "attention_coverage" not in configs["h2o@2"]
+
+
+def test_a_settings_variant_follows_its_methods_points_at_every_floor_and_coverage():
+    settings = dataclasses.replace(VllmBenchSettings(), sweep_pages=(2, 4), sweep_coverage=(0.95,),
+                                   sweep_methods=("growpage", "h2o", "streaming_llm"),
+                                   sweep_variants=(SweepVariant.parse("heads@growpage,h2o:keep_sets=kv_head"),
+                                                   SweepVariant.parse("rkv@growpage:redundancy_weight=0.9")))
+    configs = sweep_configs(settings)
+    assert [name for name in configs if name.startswith("growpage@2")] == [
+        "growpage@2", "growpage@2/heads", "growpage@2/rkv", "growpage@2+cov0.95", "growpage@2+cov0.95/heads",
+        "growpage@2+cov0.95/rkv"]
+    assert configs["h2o@4/heads"] == {**configs["h2o@4"], "keep_sets": "kv_head"}
+    assert configs["growpage@2+cov0.95/rkv"]["attention_coverage"] == 0.95
+    assert configs["growpage@2+cov0.95/rkv"]["redundancy_weight"] == 0.9
+    assert not any(name.startswith(("snapkv", "streaming_llm@2/", "h2o@2/rkv")) for name in configs)
 
 
 def test_a_coverage_point_counts_on_growpages_curve():

@@ -230,3 +230,25 @@ def test_bench_vllm_sweep_coverage_reaches_the_sweep():
 
     settings = _vllm_settings(True, 1, ["sweep"], None, [], {"sweep_coverage": (0.9, 0.95)})
     assert settings.sweep_coverage == (0.9, 0.95)
+
+
+@pytest.mark.parametrize(("option", "value", "said"), [
+    ("--sweep-variant", "heads", "LABEL[@METHOD,...]:KEY=VALUE"),
+    ("--sweep-variant", "heads@h2o2:keep_sets=kv_head", "names 'h2o2'"),
+    ("--sweep-variant", "heads:keep_sets=every_head", "keep_sets must be one of request, kv_head"),
+    ("--sweep-method", "zipage", "--sweep-method zipage is unknown"),
+])
+def test_bench_vllm_refuses_a_bad_sweep_variant_or_method_with_the_form_to_use(runner, option, value, said):
+    result = runner.invoke(app, ["bench", "vllm", "--quick", "--part", "sweep", option, value])
+    assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output
+
+
+def test_bench_vllm_sweep_variants_and_methods_reach_the_sweep():
+    from gpctl.commands.bench import _vllm_settings
+
+    settings = _vllm_settings(True, 1, ["sweep"], None, [], {}, ["growpage", "h2o"],
+                              ["heads:keep_sets=kv_head", "rkv@growpage:keep_sets=kv_head,redundancy_weight=0.9"])
+    assert settings.sweep_methods == ("growpage", "h2o")
+    heads, rkv = settings.sweep_variants
+    assert (heads.label, dict(heads.settings), heads.methods) == ("heads", {"keep_sets": "kv_head"}, ())
+    assert dict(rkv.settings) == {"keep_sets": "kv_head", "redundancy_weight": 0.9} and rkv.methods == ("growpage",)

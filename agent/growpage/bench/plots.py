@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -139,15 +140,18 @@ def sweep_tradeoff(result: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(sweeps), figsize=(7 * len(sweeps), 5), squeeze=False)
     for ax, sweep in zip(axes[0], sweeps, strict=True):
         points = sweep["points"]
-        for method, marker in SWEEP_MARKERS.items():
-            budgets = [p for p in points.values() if p["method"] == method and p.get("axis") != COVERAGE_AXIS]
-            _sweep_line(ax, sorted(budgets, key=lambda p: p["base_pages"]), marker, method,
-                        lambda p: f"{p['base_pages']}b")
-        coverage = sorted((p for p in points.values() if p.get("axis") == COVERAGE_AXIS),
-                          key=lambda p: p["attention_coverage"])
-        if coverage:
-            _sweep_line(ax, coverage, "P", f"growpage@{coverage[0]['base_pages']}b, attention_coverage",
-                        lambda p: f"c{p['attention_coverage']:g}")
+        labels = sorted({p.get("variant", "") for p in points.values()})
+        for (method, marker), label in itertools.product(SWEEP_MARKERS.items(), labels):
+            budgets = [p for p in points.values() if p["method"] == method and p.get("axis") != COVERAGE_AXIS
+                       and p.get("variant", "") == label]
+            _sweep_line(ax, sorted(budgets, key=lambda p: p["base_pages"]), marker,
+                        f"{method}/{label}" if label else method, lambda p: f"{p['base_pages']}b")
+        for label in labels:
+            coverage = sorted((p for p in points.values() if p.get("axis") == COVERAGE_AXIS
+                               and p.get("variant", "") == label), key=lambda p: p["attention_coverage"])
+            if coverage:
+                name = f"growpage@{coverage[0]['base_pages']}b{'/' + label if label else ''}, attention_coverage"
+                _sweep_line(ax, coverage, "P", name, lambda p: f"c{p['attention_coverage']:g}")
         for name, marker in (("vllm", "X"), ("limit", "*")):
             ax.scatter([0.0], [points[name]["tokens_per_s"]["median"]], marker=marker, s=90, color="black",
                        label=f"{name} ({'vLLM alone' if name == 'vllm' else 'room for all'})", zorder=3)

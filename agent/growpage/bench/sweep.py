@@ -10,6 +10,10 @@
   coverage, not the floor, sets the operating point. These points belong to GrowPage's curve too;
 * ``streaming_llm@N``, ``h2o@N``, ``snapkv@N``: the fixed caps of ``N`` blocks under the same
   admission, pressure relief and floors (the plugin's ``method`` setting);
+* ``<point>/<label>`` (with ``sweep_variants``): a point again with more plugin settings, e.g.
+  ``growpage@2/heads`` with ``keep_sets: kv_head``: an ablation inside one interleaved run. A variant
+  names the methods it applies to (default: every swept method) and runs at every floor and
+  coverage point of theirs;
 * ``limit``: vLLM alone with room for every request (the attainable speed, and the reference).
 
 Every variant runs ``repeats`` times, interleaved (the order reverses each round), for its tokens/s
@@ -21,7 +25,9 @@ tokens/s at an NLL increase no larger than the best fixed cap's at that speed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,27 +39,81 @@ FIXED_CAPS = SWEEP_METHODS[1:]
 SPEEDUP_TARGET = 1.5
 COVERAGE_MARK = "+cov"  # in a variant's name: a point of GrowPage's coverage axis
 COVERAGE_AXIS = "coverage"
+VARIANT_MARK = "/"  # in a variant's name: the settings variant it ran (``growpage@2/heads``)
 
 
-def variant_name(method: str, pages: int, coverage: float | None = None) -> str:
-    return f"{method}@{pages}" + ("" if coverage is None else f"{COVERAGE_MARK}{coverage:g}")
+@dataclasses.dataclass(frozen=True)
+class SweepVariant:
+    """More plugin settings for some methods' points: ``label[@method,method]:key=value,key=value``.
+
+    Attributes:
+        label: the suffix of the points' names (``growpage@2/<label>``).
+        settings: ``additional_config["growpage"]`` keys added to those points.
+        methods: the swept methods it applies to (empty: all of them).
+    """
+
+    label: str
+    settings: Mapping[str, Any]
+    methods: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> SweepVariant:
+        """``heads:keep_sets=kv_head`` or ``rkv@growpage:redundancy_weight=0.9`` (values read as
+        JSON where they parse: 2, 0.9, true). Raises ValueError with the expected form."""
+        head, separator, pairs = text.partition(":")
+        label, _, methods = head.partition("@")
+        settings: dict[str, Any] = {}
+        for pair in filter(None, pairs.split(",")):
+            key, equals, value = pair.partition("=")
+            if not equals or not key:
+                settings = {}
+                break
+            try:
+                settings[key] = json.loads(value)
+            except json.JSONDecodeError:
+                settings[key] = value
+        if not separator or not label or not settings or VARIANT_MARK in label or COVERAGE_MARK in label:
+            raise ValueError(f"sweep variant {text!r} is not LABEL[@METHOD,...]:KEY=VALUE[,KEY=VALUE]; "
+                             "e.g. heads:keep_sets=kv_head or rkv@growpage:redundancy_weight=0.9")
+        unknown = sorted(set(filter(None, methods.split(","))) - set(SWEEP_METHODS))
+        if unknown:
+            raise ValueError(f"sweep variant {text!r} names {unknown[0]!r}; its methods are among "
+                             f"{', '.join(SWEEP_METHODS)}")
+        return cls(label, settings, tuple(filter(None, methods.split(","))))
+
+    def applies_to(self, method: str) -> bool:
+        return not self.methods or method in self.methods
+
+
+def variant_name(method: str, pages: int, coverage: float | None = None, label: str = "") -> str:
+    return (f"{method}@{pages}" + ("" if coverage is None else f"{COVERAGE_MARK}{coverage:g}")
+            + (f"{VARIANT_MARK}{label}" if label else ""))
 
 
 def sweep_configs(settings: VllmBenchSettings) -> dict[str, dict | None]:
     """Every variant's ``additional_config["growpage"]`` (None: vLLM alone), in run order.
 
     GrowPage's floor points name their ``attention_coverage`` (``--setting``'s, else 0: the floor
-    alone), so what a point ran does not depend on the config's default."""
+    alone), so what a point ran does not depend on the config's default. Each settings variant
+    (:class:`SweepVariant`) follows its methods' points with its own."""
+    variants = [SweepVariant("", {}), *settings.sweep_variants]
     configs: dict[str, dict | None] = {"vllm": None}
     floor_coverage = {"attention_coverage": settings.growpage.get("attention_coverage", 0.0)}
-    for method in SWEEP_METHODS:
+    for method in settings.sweep_methods:
         for pages in settings.sweep_pages:
-            configs[variant_name(method, pages)] = {**settings.growpage_config(), "base_pages": pages,
-                                                    "method": method} | (floor_coverage if method == "growpage" else {})
-    for coverage in settings.sweep_coverage:
+            base = {**settings.growpage_config(), "base_pages": pages, "method": method}
+            base |= floor_coverage if method == "growpage" else {}
+            for variant in variants:
+                if variant.applies_to(method):
+                    configs[variant_name(method, pages, label=variant.label)] = {**base, **variant.settings}
+    if "growpage" in settings.sweep_methods:
         pages = min(settings.sweep_pages)
-        configs[variant_name("growpage", pages, coverage)] = {**settings.growpage_config(), "base_pages": pages,
-                                                              "method": "growpage", "attention_coverage": coverage}
+        for coverage in settings.sweep_coverage:
+            base = {**settings.growpage_config(), "base_pages": pages, "method": "growpage",
+                    "attention_coverage": coverage}
+            for variant in variants:
+                if variant.applies_to("growpage"):
+                    configs[variant_name("growpage", pages, coverage, variant.label)] = {**base, **variant.settings}
     configs["limit"] = None
     return configs
 
@@ -85,6 +145,8 @@ def pressure_sweep(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
         config = configs[name]
         nll = goodput.forced_nll(run_spec(name), reference, log, timeout_s) if config is not None else None
         points[name] = {"method": config["method"] if config is not None else name,
+                        "variant": name.partition(VARIANT_MARK)[2],
+                        "settings": {k: v for k, v in (config or {}).items() if k not in ("mode", "method")},
                         "base_pages": config["base_pages"] if config is not None else None,
                         "attention_coverage": (config or {}).get("attention_coverage", 0.0),
                         "axis": COVERAGE_AXIS if COVERAGE_MARK in name else "budget",

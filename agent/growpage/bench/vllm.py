@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from growpage import __version__
+from growpage.bench.sweep import SWEEP_METHODS, SweepVariant
 
 VARIANTS = ("vllm", "growpage", "limit")
 PARTS = ("pressure", "overhead", "retrieval", "accuracy", "sweep")
@@ -69,6 +70,9 @@ class VllmBenchSettings:
             (:mod:`growpage.bench.sweep`), in blocks.
         sweep_coverage: ``attention_coverage`` values run as more GrowPage points of the ``sweep``
             part, at the lowest of ``sweep_pages`` (none by default).
+        sweep_methods: the methods of the ``sweep`` part (GrowPage and the fixed caps by default).
+        sweep_variants: more settings run as more points of the ``sweep`` part
+            (:class:`~growpage.bench.sweep.SweepVariant`: ablations in one interleaved run).
     """
 
     requests: int = 16
@@ -89,6 +93,8 @@ class VllmBenchSettings:
     retrieval_kv_share: float = 0.25
     sweep_pages: tuple[int, ...] = (2, 4, 6)
     sweep_coverage: tuple[float, ...] = ()
+    sweep_methods: tuple[str, ...] = SWEEP_METHODS
+    sweep_variants: tuple[SweepVariant, ...] = ()
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:

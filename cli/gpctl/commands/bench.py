@@ -361,6 +361,12 @@ def vllm(
     sweep_coverage: Annotated[list[float] | None, typer.Option(
         min=0.01, max=1.0, help="attention_coverage values run as more GrowPage points of --part sweep, at "
                                 "the lowest --sweep-pages (repeatable; default none).")] = None,
+    sweep_method: Annotated[list[str] | None, typer.Option(
+        help="Methods of --part sweep (repeatable; default growpage, streaming_llm, h2o, snapkv).")] = None,
+    sweep_variant: Annotated[list[str] | None, typer.Option(
+        help="LABEL[@METHOD,...]:KEY=VALUE[,KEY=VALUE]: run those methods' --part sweep points again with "
+             "these settings, named <point>/LABEL (repeatable), e.g. heads:keep_sets=kv_head or "
+             "rkv@growpage:redundancy_weight=0.9.")] = None,
     setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
                                                             "plugin's additional_config keys; repeatable), e.g. "
                                                             "observe_every_steps=2.")] = None,
@@ -374,7 +380,8 @@ def vllm(
     settings = _vllm_settings(quick, threads, part, method, setting, {
         "base_pages": base_pages, "seeds": tuple(seed) if seed else None, "repeats": repeats,
         "sweep_pages": tuple(sweep_pages) if sweep_pages else None,
-        "sweep_coverage": tuple(sweep_coverage) if sweep_coverage else None})
+        "sweep_coverage": tuple(sweep_coverage) if sweep_coverage else None},
+        sweep_method or [], sweep_variant or [])
     console = Console(stderr=True)
     try:
         result = run_vllm_bench(str(model) if model else None, settings, log=lambda line: console.log(line))
@@ -388,10 +395,12 @@ def vllm(
 
 
 def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, method: str | None,
-                   setting: list[str] | None, overrides: dict[str, Any]) -> Any:
+                   setting: list[str] | None, overrides: dict[str, Any], sweep_methods: list[str] | None = None,
+                   sweep_variants: list[str] | None = None) -> Any:
     """``gpctl bench vllm``'s settings from its options; a bad choice exits 2 with one line."""
     import dataclasses
 
+    from growpage.bench.sweep import SWEEP_METHODS, SweepVariant
     from growpage.bench.vllm import PARTS, VllmBenchSettings
     from growpage.errors import ConfigError
     from growpage.vllm_plugin.settings import VLLM_METHODS
@@ -407,12 +416,20 @@ def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, met
     if method is not None and method not in VLLM_METHODS:
         typer.echo(f"error: --method {method} is unknown; use one of {', '.join(VLLM_METHODS)}", err=True)
         raise typer.Exit(2)
+    unknown = sorted(set(sweep_methods or ()) - set(SWEEP_METHODS))
+    if unknown:
+        typer.echo(f"error: --sweep-method {unknown[0]} is unknown; use one of {', '.join(SWEEP_METHODS)}", err=True)
+        raise typer.Exit(2)
     try:
         extra = _growpage_settings(setting or [], settings, method)
+        variants = tuple(SweepVariant.parse(text) for text in sweep_variants or ())
+        for variant in variants:  # a typo fails here, not in the first engine
+            _check_growpage_settings(settings, {**extra, **variant.settings})
     except (ConfigError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    chosen = {**overrides, "growpage": extra or None}
+    chosen = {**overrides, "growpage": extra or None, "sweep_methods": tuple(sweep_methods or ()) or None,
+              "sweep_variants": variants or None}
     return dataclasses.replace(settings, **{k: v for k, v in chosen.items() if v is not None})
 
 
@@ -420,8 +437,6 @@ def _growpage_settings(pairs: list[str], settings: Any, method: str | None) -> d
     """``KEY=VALUE`` pairs as GrowPage settings (values read as JSON where they parse: 2, 0.5, true),
     checked the way the plugin will read them, so a typo fails here and not in the first engine."""
     import json
-
-    from growpage.vllm_plugin.settings import split_settings
 
     extra: dict[str, Any] = {"method": method} if method else {}
     for pair in pairs:
@@ -432,8 +447,15 @@ def _growpage_settings(pairs: list[str], settings: Any, method: str | None) -> d
             extra[key] = json.loads(text)
         except json.JSONDecodeError:
             extra[key] = text
-    split_settings({**settings.growpage_config(), **extra}, env={}, block_size=settings.block_size)
+    _check_growpage_settings(settings, extra)
     return extra
+
+
+def _check_growpage_settings(settings: Any, values: dict[str, Any]) -> None:
+    """Read ``values`` as the plugin will (raises ConfigError with the fix)."""
+    from growpage.vllm_plugin.settings import split_settings
+
+    split_settings({**settings.growpage_config(), **values}, env={}, block_size=settings.block_size)
 
 
 def _print_sweep(result: dict, console: Console, output: Path | None) -> None:
