@@ -8,7 +8,7 @@
 # Without it they are skipped with one line saying so (exit 3 when only the torch checks ran).
 # PYTHON=... picks the interpreter (default .venv/bin/python, else python3).
 # What it checks:
-#   0. scripts/gpu-torch-checks.sh: probe, read, move and chunked scoring in every KVCacheLayout
+#   0. scripts/gpu-torch-checks.sh: probe, read, moves, chunked scoring, redundancy in every KVCacheLayout
 #      against dense copies on the GPU; observation and compaction cost at an 8B geometry
 #      (before/after chunked scoring, ms and peak memory);
 #   1. the GPU-marked tests: summaries update on the device with no host sync (tests/core), and

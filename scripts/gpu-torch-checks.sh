@@ -2,7 +2,8 @@
 # GrowPage's paged-cache code on a GPU with CUDA torch alone: no vLLM, nothing installed or downloaded.
 # Carry this repository (agent/ and scripts/ are enough) to a machine whose python has CUDA torch:
 #   PYTHON=python3 scripts/gpu-torch-checks.sh            # about 2-4 minutes on one GPU
-# Checks probe, read, move and chunked scoring against dense copies in every KVCacheLayout the CUDA
+# Checks probe, read, moves (per request and per KV head), chunked scoring (per request and per KV head)
+# and R-KV redundancy against dense copies in every KVCacheLayout the CUDA
 # backends use (float16 and bfloat16), then times observation (before/after chunked scoring) and
 # compaction at an 8B geometry for 16 and 128 requests of 2k and 8k tokens, with peak GPU memory.
 # Writes ${OUT:-bench-results/gpu}/torch-checks.json; exit 0 when every check passes.

@@ -18,6 +18,7 @@ import torch
 from growpage.core.summaries import summarize_attention
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring
+from growpage.vllm_plugin.gpu_checks import CHECKS
 from growpage.vllm_plugin.settings import split_settings
 from growpage.vllm_plugin.synthetic import flash_write, layer_caches
 
@@ -143,9 +144,9 @@ def test_the_observation_cap_is_a_plugin_setting():
 
 
 def test_torch_only_gpu_checks_run_on_cpu_without_vllm_or_growpages_other_dependencies(tmp_path):
-    """``scripts/gpu_torch_checks.py --device cpu --quick``: every layout's probe, read, move and
-    scoring pass, the measurements come back, and neither vLLM nor PyYAML, typer or prometheus is
-    imported (a GPU machine with CUDA torch alone can run it)."""
+    """``scripts/gpu_torch_checks.py --device cpu --quick``: every layout's probe, read, moves (per
+    request and per KV head), scoring and redundancy pass, the measurements come back, and neither
+    vLLM nor PyYAML, typer or prometheus is imported (a GPU machine with CUDA torch alone can run it)."""
     report_path = tmp_path / "report.json"
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_torch_checks.py"), "--device", "cpu",
                            "--quick", "--output", str(report_path)], capture_output=True, text=True, timeout=1200,
@@ -153,7 +154,8 @@ def test_torch_only_gpu_checks_run_on_cpu_without_vllm_or_growpages_other_depend
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(report_path.read_text())
     assert report["ok"] and report["forbidden_modules_imported"] == []
-    assert len(report["checks"]) == 12 and all(all(c.values()) and len(c) == 4 for c in report["checks"].values())
+    assert len(report["checks"]) == 12 and all(set(c) == set(CHECKS) and all(c.values())
+                                               for c in report["checks"].values())
     step = report["observation"][-1]
     assert step["after_chunks"] > 1 and step["after_peak_bytes"] <= step["cap_bytes"]
     assert step["max_abs_diff_token_mass"] < 1e-4 and step["before_ms"] is not None

@@ -7,9 +7,12 @@ float16 and bfloat16, on the chosen device:
 - ``read``: keys read through it equal a dense copy of what was written;
 - ``move``: moving K and V of some tokens in every layer at once lands them where a dense copy
   says, and writes nothing else;
+- ``move_per_head``: the same with each KV head moving its own tokens (per-head keep sets);
 - ``scoring``: the chunked scores (:func:`~growpage.vllm_plugin.scoring.score_step`) equal dense
   softmax attention, with a cap so small every request and block is its own chunk and with one
-  chunk.
+  chunk, per request and per KV head;
+- ``redundancy``: R-KV's key redundancy (:mod:`~growpage.vllm_plugin.redundancy`) on the device
+  equals the CPU's, read from the cache.
 
 Then the observation and compaction cost at an 8B geometry (:mod:`growpage.bench.observation`):
 milliseconds and peak memory, before and after chunked scoring. Run it through
@@ -31,6 +34,7 @@ import torch
 from growpage.bench import observation
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring
+from growpage.vllm_plugin.redundancy import key_redundancy
 from growpage.vllm_plugin.synthetic import LAYOUT_ORDERS, flash_write, layer_caches
 
 # modules a torch-only machine lacks; none may be imported by these checks
@@ -38,6 +42,7 @@ FORBIDDEN_MODULES = ("vllm", "yaml", "typer", "prometheus_client", "fastapi", "t
 FULL_SIZES = ((16, 2048), (16, 8192), (128, 2048), (128, 8192))
 QUICK_SIZES = ((4, 64), (8, 200))
 QUICK_GEOMETRY = observation.ObservationGeometry(num_layers=4, num_q_heads=8, num_kv_heads=4, head_dim=32)
+CHECKS = ("probe", "read", "scoring", "move", "move_per_head", "redundancy")
 
 
 def _request_caches(layout_name: str, dtype: torch.dtype, device: torch.device, lengths: list[int],
@@ -70,7 +75,7 @@ def _request_caches(layout_name: str, dtype: torch.dtype, device: torch.device, 
 
 
 def check_layout(layout_name: str, dtype: torch.dtype, device: torch.device) -> dict[str, bool]:
-    """probe, read, move and scoring for one layout and dtype (see the module docstring)."""
+    """Every check of :data:`CHECKS` for one layout and dtype (see the module docstring)."""
     heads, block_size, head_dim = 3, 16, 64
     lengths = [70, 33, 16]
     caches, rows, keys, values = _request_caches(layout_name, dtype, device, lengths)
@@ -85,8 +90,21 @@ def check_layout(layout_name: str, dtype: torch.dtype, device: torch.device) -> 
                     keys[request][index][:, sampled].transpose(0, 1))
         for index, cache in enumerate(caches) for request, length in enumerate(lengths))
     results["scoring"] = _check_scoring(caches, rows, lengths, keys, layout, device)
+    results["redundancy"] = _check_redundancy(caches, rows, lengths[0], keys, layout)
     results["move"] = _check_move(caches, rows, keys, values, layout, block_size)
+    caches, rows, keys, values = _request_caches(layout_name, dtype, device, lengths)  # unmoved again
+    results["move_per_head"] = _check_move(caches, rows, keys, values, layout, block_size, per_head=True)
     return results
+
+
+def _check_redundancy(caches: list[torch.Tensor], rows: torch.Tensor, length: int, keys: list[list[torch.Tensor]],
+                      layout: Any) -> bool:
+    """R-KV's redundancy of request 0's keys, read from the cache on the device, equals the CPU's."""
+    heads = torch.arange(caches[0].shape[1], device=caches[0].device)
+    read = torch.stack([kv_keys.read_keys(cache, rows[0], length, heads, layout) for cache in caches])
+    dense = torch.stack([layer_keys.transpose(0, 1) for layer_keys in keys[0]])  # [L, H, length, hd]
+    on_device = key_redundancy(read, cap_bytes=4096).cpu()  # small blocks of rows: the chunked path too
+    return bool(torch.allclose(on_device, key_redundancy(dense), atol=1e-5))
 
 
 def _check_scoring(caches: list[torch.Tensor], rows: torch.Tensor, lengths: list[int], keys: list[list[torch.Tensor]],
@@ -114,26 +132,37 @@ def _check_scoring(caches: list[torch.Tensor], rows: torch.Tensor, lengths: list
         ok &= torch.allclose(scores.token_mass.cpu(), mass, atol=1e-5)
         ok &= torch.allclose(scores.entropy.cpu(), entropy, atol=1e-4)
         ok &= scores.chunks == (len(lengths) if cap == 1 else 1)
+        by_head = scoring.score_step(layers, rows, lengths, layout, cap_bytes=cap, token_mass=True,
+                                     mass_by_kv_head=True).token_mass
+        assert by_head is not None  # KV head 0 is read by two sampled heads, 1 and 2 by one each
+        ok &= torch.allclose((by_head.cpu() * torch.tensor([2.0, 1.0, 1.0])[None, :, None]).sum(1) / 4, mass,
+                             atol=1e-5)
     return bool(ok)
 
 
 def _check_move(caches: list[torch.Tensor], rows: torch.Tensor, keys: list[list[torch.Tensor]],
-                values: list[list[torch.Tensor]], layout: Any, block_size: int) -> bool:
-    """Every other token of request 0 to the front of its blocks, in every layer at once."""
+                values: list[list[torch.Tensor]], layout: Any, block_size: int, per_head: bool = False) -> bool:
+    """Every other token of request 0 to the front of its blocks, in every layer at once; with
+    ``per_head``, KV head ``h`` keeps every other token starting at ``h % 2`` (its own keep set)."""
     row = rows[0].cpu()
-    length = keys[0][0].shape[0]
+    length, heads = keys[0][0].shape[:2]
     slots = row[torch.arange(length) // block_size] * block_size + torch.arange(length) % block_size
-    keep = torch.arange(0, length, 2)
+    count = length // 2
+    keep = torch.stack([torch.arange(head % 2 if per_head else 0, length, 2)[:count] for head in range(heads)])
     before = kv_keys.storage_of(caches[0]).clone()
     device = caches[0].device
-    moved = kv_keys.move_tokens_in_layers(caches, slots[keep].to(device), slots[:keep.numel()].to(device), layout)
-    ok = moved == len(caches) * keep.numel() * 2 * keys[0][0][0].numel() * caches[0].element_size()
+    src, dst = (slots[keep], slots[:count].expand(heads, -1)) if per_head else (slots[keep[0]], slots[:count])
+    moved = kv_keys.move_tokens_in_layers(caches, src.to(device), dst.to(device), layout)
+    ok = moved == len(caches) * count * 2 * keys[0][0][0].numel() * caches[0].element_size()
     touched = torch.zeros(before.numel(), dtype=torch.bool, device=device)
     for index, cache in enumerate(caches):
-        for position, token in enumerate(keep.tolist()):
+        for position in range(count):
             slot = int(slots[position])
-            ok &= torch.equal(kv_keys.read_token(cache, slot, layout).cpu(), keys[0][index][token])
-            ok &= torch.equal(kv_keys.read_token(cache, slot, layout, value=True).cpu(), values[0][index][token])
+            for head in range(heads):
+                token = int(keep[head, position])
+                ok &= torch.equal(kv_keys.read_token(cache, slot, layout)[head].cpu(), keys[0][index][token, head])
+                ok &= torch.equal(kv_keys.read_token(cache, slot, layout, value=True)[head].cpu(),
+                                  values[0][index][token, head])
             block, offset = divmod(slot, block_size)
             base = cache.storage_offset() + block * layout.block_stride
             for index_table in (layout.key_index, layout.value_index):
@@ -152,7 +181,8 @@ def run_checks(device: str, quick: bool, log: Callable[[str], None] = print) -> 
         for dtype in (torch.float16, torch.bfloat16):
             name = f"{layout_name}-{str(dtype).removeprefix('torch.')}"
             checks[name] = check_layout(layout_name, dtype, torch_device)
-            log(f"{'PASS' if all(checks[name].values()) and len(checks[name]) == 4 else 'FAIL'} {name} {checks[name]}")
+            passed = all(checks[name].values()) and len(checks[name]) == len(CHECKS)
+            log(f"{'PASS' if passed else 'FAIL'} {name} {checks[name]}")
     geometry = QUICK_GEOMETRY if quick else observation.ObservationGeometry()
     sizes = QUICK_SIZES if quick else FULL_SIZES
     cpu = torch_device.type == "cpu"
@@ -173,7 +203,7 @@ def run_checks(device: str, quick: bool, log: Callable[[str], None] = print) -> 
         log(f"compact {measured['tokens']} tokens: {measured['ms']} ms, {measured['peak_bytes']:,} B "
             f"({measured['memory']})")
     imported = sorted(name for name in FORBIDDEN_MODULES if name in sys.modules)
-    ok = all(all(result.values()) and len(result) == 4 for result in checks.values()) and not imported
+    ok = all(all(result.values()) and len(result) == len(CHECKS) for result in checks.values()) and not imported
     ok &= all(m.get("max_abs_diff_token_mass", 0.0) < 1e-4 for m in measurements)
     return {"ok": bool(ok), "device": device,
             "device_name": torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else "cpu",

@@ -466,7 +466,9 @@ def _print_sweep(result: dict, console: Console, output: Path | None) -> None:
         return
     table = Table(title="gpctl bench vllm --part sweep: tokens/s against NLL increase (median \\[min-max])")
     for column in ("seed", "variant", "tokens/s", "x vLLM alone", "NLL +nats/token", "preemptions"):
-        table.add_column(column, justify="left" if column in ("seed", "variant") else "right")
+        # a variant's name says what ran (growpage@2+cov0.95/heads): never cut it
+        table.add_column(column, justify="left" if column in ("seed", "variant") else "right",
+                         no_wrap=column == "variant")
     for row in sweep_rows(result["sweeps"]):
         table.add_row(*row)
     console.print(table)
