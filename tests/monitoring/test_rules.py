@@ -13,7 +13,7 @@ from growpage.monitoring.alert_tests import alert_test_files, quiet_scenarios, s
 from growpage.monitoring.mixin import MixinConfig
 from growpage.monitoring.promql import duration_seconds
 from growpage.monitoring.rules_file import dump_yaml, rules_yaml
-from support.promstack import run_tool
+from support.promstack import promtool_test_rules, run_tool
 
 RULE_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")  # level:metric:operations
 
@@ -30,8 +30,8 @@ def test_promtool_check_rules_is_clean():
 def test_promtool_unit_tests_pass_for_every_alert():
     files = sorted(ALERT_TESTS_DIR.glob("*.test.yaml"))
     assert {f.name.removesuffix(".test.yaml") for f in files} == {r.name for r in alert_rules()}
-    result = run_tool("promtool", "test", "rules", *map(str, files))
-    assert result.stdout.count("SUCCESS") == len(files), result.stdout
+    stdout = promtool_test_rules(files)
+    assert stdout.count("SUCCESS") == len(files), stdout
 
 
 def test_each_unit_test_checks_silence_before_for_and_firing_after_with_exact_annotations():
@@ -168,8 +168,8 @@ def test_a_mixin_config_keeps_its_cluster_label_and_passes_promtool(tmp_path):
         if name.startswith(("GrowPageVLLMTimeToFirstToken", "GrowPageKVPagesStranded", "GrowPageAgentDown")):
             files.append(tests / f"{name}.test.yaml")
             files[-1].write_text(dump_yaml(document))
-    result = run_tool("promtool", "test", "rules", *map(str, files))
-    assert result.stdout.count("SUCCESS") == len(files) == 4, result.stdout
+    stdout = promtool_test_rules(files)
+    assert stdout.count("SUCCESS") == len(files) == 4, stdout
     text = (tmp_path / "growpage-rules.yaml").read_text()
     assert "cluster, namespace" not in text.replace("k8s_cluster, namespace", "")
     assert "https://rb.example/GrowPageAgentDown.html" in text

@@ -81,6 +81,22 @@ def run_tool(*args: str, input_text: str | None = None, check: bool = True) -> s
     return result
 
 
+def promtool_test_rules(paths: list[Path]) -> str:
+    """``promtool test rules`` over ``paths``, one process per CPU on a share of the files (promtool
+    runs its files one after another); every process must pass. Returns their stdout, joined."""
+    require("promtool")
+    groups = [paths[start::max(1, os.cpu_count() or 1)] for start in range(min(len(paths), os.cpu_count() or 1))]
+    processes = [subprocess.Popen(["promtool", "test", "rules", *map(str, group)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for group in groups]
+    outputs = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=900)  # a hang guard, not a timing check
+        if process.returncode != 0:
+            raise AssertionError(f"promtool test rules failed ({process.returncode}):\n{stdout}\n{stderr}")
+        outputs.append(stdout)
+    return "\n".join(outputs)
+
+
 class _Server:
     def __init__(self, process: subprocess.Popen, port: int, log_path: Path):
         self.process, self.port, self.log_path = process, port, log_path

@@ -105,6 +105,14 @@ def _keep_in_one_head(positions: torch.Tensor, scores: torch.Tensor | None, num_
     return keep.nonzero().flatten()
 
 
+def take_slots(values: torch.Tensor, keep_index: torch.Tensor) -> torch.Tensor:
+    """``values[..., keep_index]`` along the slot axis: ``[k]`` keeps the same slots of every row,
+    ``[kv_heads, k]`` each head's own (``values`` ``[P]`` or ``[kv_heads, P]``)."""
+    if keep_index.dim() == 1:
+        return values[..., keep_index]
+    return torch.gather(values.expand(keep_index.shape[0], -1), -1, keep_index)
+
+
 def physical_slots(block_row: torch.Tensor, indices: torch.Tensor, block_size: int) -> torch.Tensor:
     """Cache slot ids (``block_id * block_size + offset``) of a request's physical token indices
     (any shape: ``[N]``, or ``[kv_heads, N]`` for per-head keep sets)."""

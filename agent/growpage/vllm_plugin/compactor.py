@@ -26,7 +26,13 @@ import torch
 
 from growpage.config import GrowPageConfig
 from growpage.core.methods import TokenScore
-from growpage.vllm_plugin.compaction import choose_keep, physical_slot_mapping, physical_slots, slot_positions
+from growpage.vllm_plugin.compaction import (
+    choose_keep,
+    physical_slot_mapping,
+    physical_slots,
+    slot_positions,
+    take_slots,
+)
 from growpage.vllm_plugin.keys import BlockLayout, move_tokens_in_layers, read_keys
 from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
 from growpage.vllm_plugin.token_scores import TokenScores
@@ -132,9 +138,9 @@ class WorkerCompactor:
         block_row = torch.tensor(block_ids[:held_blocks], dtype=torch.long)
         positions = slot_positions(self.kept_positions.get(request_id), physical, previous)
         scores = self.scores.ranking(request_id, positions)  # on the host: compactions are rare
-        redundancy = scores is not None and self.redundancy_weight > 0 and bool(self.key_caches)
-        if scores is not None and redundancy:
-            scores = self._discount_redundant(scores, positions, block_row, plan, layout)
+        redundancy = False
+        if scores is not None and self.redundancy_weight > 0 and self.key_caches:
+            scores, redundancy = self._discount_redundant(scores, positions, block_row, plan, layout), True
         keep_index = choose_keep(positions, scores, keep, int(plan["logical_length"]),
                                  int(plan["shared_prefix_tokens"]), self.config.sink_tokens,
                                  self.config.recent_window_tokens)
@@ -151,7 +157,7 @@ class WorkerCompactor:
         self.bytes_moved += move_tokens_in_layers(_unique_caches(runner), src, dst, layout)
         self.tokens_moved += int(src.shape[-1])
         self.compactions += 1
-        self.kept_positions[request_id] = _take_positions(positions, keep_index)
+        self.kept_positions[request_id] = take_slots(positions, keep_index)
         if self.log_path:  # the kept positions are a list of up to thousands: only when someone reads them
             append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
                                                "moved": int(src.shape[-1]), "physical": physical,
@@ -223,13 +229,6 @@ class WorkerCompactor:
 
     def physical_length(self, request_id: str, logical_length: int) -> int:
         return logical_length - self.dropped.get(request_id, 0)
-
-
-def _take_positions(positions: torch.Tensor, keep_index: torch.Tensor) -> torch.Tensor:
-    """The survivors' logical positions: ``[k]``, or ``[kv_heads, k]`` for per-head keep sets."""
-    if keep_index.dim() == 1:
-        return positions[..., keep_index]
-    return torch.gather(positions.expand(keep_index.shape[0], -1), -1, keep_index)
 
 
 def _unique_caches(runner: Any) -> list[torch.Tensor]:

@@ -34,6 +34,7 @@ import torch
 
 from growpage.core.evict import max_pool_scores, tokens_for_coverage
 from growpage.core.methods import PROMPT_PRIOR_STEPS, SCORED_TOKEN_SCORES, KVMethod, TokenScore
+from growpage.vllm_plugin.compaction import take_slots
 
 
 @dataclasses.dataclass
@@ -62,13 +63,6 @@ def _padded(scores: torch.Tensor | None, length: int, heads: tuple[int, ...] = (
     count = min(length, scores.shape[-1])
     out[..., :count] = scores[..., :count].float().cpu()
     return out
-
-
-def _take(scores: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``scores[..., index]`` along the slot axis; a ``[kv_heads, k]`` index takes each head's own."""
-    if index.dim() == 1:
-        return scores[..., index]
-    return torch.gather(scores.expand(index.shape[0], -1), -1, index)
 
 
 class TokenScores:
@@ -173,9 +167,9 @@ class TokenScores:
             return
         device = entry.prompt.device
         index = keep_index.long()
-        entry.prompt = _take(_padded(entry.prompt, physical), index).to(device)
+        entry.prompt = take_slots(_padded(entry.prompt, physical), index).to(device)
         if entry.decoded is not None:
-            entry.decoded = _take(_padded(entry.decoded, physical), index).to(device)
+            entry.decoded = take_slots(_padded(entry.decoded, physical), index).to(device)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
