@@ -12,7 +12,7 @@ from support.vllm_guard import require_vllm_plugin
 
 require_vllm_plugin()
 
-from growpage.demos.vllm_engine import VllmDemoSettings, prompts_for, run_vllm_demo  # noqa: E402
+from growpage.demos.vllm_engine import VllmDemoSettings, prompts_for, run_engine, run_vllm_demo  # noqa: E402
 
 # Smaller than --quick: two engine starts, each serving its variant's reasoning, (forced,) retrieval runs.
 # 24 blocks hold one retrieval question (~600 tokens) but not every reasoning request at full length.
@@ -78,3 +78,8 @@ def test_retrieval_in_the_same_kv_space_keeps_the_answers_vllm_alone_gives(demo_
     assert tuple(base["correct"]) == (2, 2)  # the packaged model finds both codes
     assert tuple(grow["correct"]) == (2, 2)  # GrowPage's default floor follows the question's attention
     assert sum(grow["decisions"].values()) > 0 and grow["blocks_total"] == grow["blocks_free_at_end"]
+
+
+def test_a_run_on_a_shared_engine_cannot_change_the_engine():
+    with pytest.raises(ValueError, match="'kv_blocks' needs an engine of its own"):
+        run_engine({"variant": "vllm"}, [{"prompts": ["hi"]}, {"kv_blocks": 3}], lambda report: None, 10.0)
