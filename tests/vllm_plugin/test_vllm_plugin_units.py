@@ -151,6 +151,25 @@ def test_a_fault_in_growpage_is_counted_and_swallowed():
     assert observer.take_report().errors == 1 and observer.take_report().errors == 0  # counted once, at the scheduler
 
 
+def test_a_request_resumed_after_a_preemption_is_observed_again_from_a_fresh_row():
+    """Model Runner V1 resends a resumed request as a cached one (``resumed_req_ids``), not a new one."""
+    observer = _observer()
+    _observe_one_step(observer)
+    observer.end_step()
+    step = types.SimpleNamespace
+    observer.begin_step(None, step(finished_req_ids=set(), preempted_req_ids={"r1"}, scheduled_new_reqs=[]))
+    observer.end_step()
+    assert observer.requests == {}  # its KV is gone: nothing to observe until it runs again
+    observer.begin_step(None, step(finished_req_ids=set(), scheduled_new_reqs=[],
+                                   scheduled_cached_reqs=step(resumed_req_ids={"r1"})))
+    resumed = observer.requests["r1"]
+    assert resumed.namespace == "a" and resumed.prompt_tokens == 39  # what it was admitted with
+    assert observer.summaries.read([resumed.row])[0].steps_observed == 0  # its recomputed KV starts over
+    observer.end_step()
+    observer.begin_step(None, step(finished_req_ids={"r1"}, scheduled_new_reqs=[]))
+    assert observer.requests == {} and observer._preempted == {} and len(observer._free_rows) == 4  # no row leaks
+
+
 def test_off_requests_are_not_tracked():
     observer = _observer()
     new = types.SimpleNamespace(req_id="r", prompt_token_ids=[1, 2], num_computed_tokens=0,

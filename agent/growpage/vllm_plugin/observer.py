@@ -164,6 +164,7 @@ class VllmObserver:
         self.observed_layers = observed_layer_indices(num_layers, config.observed_layers)
         self.num_layers = num_layers
         self.requests: dict[str, TrackedRequest] = {}
+        self._preempted: dict[str, TrackedRequest] = {}  # preempted, waiting to resume (see _resume)
         self._free_rows = list(range(max_requests - 1, -1, -1))
         self.runner: Any = None
         self._in_step = False
@@ -228,10 +229,17 @@ class VllmObserver:
         self._observe_this_step = self._steps_begun % self.settings.observe_every_steps == 0
         for request_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self._release(request_id)
+            self._preempted.pop(request_id, None)
         for request_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
-            self._release(request_id)
+            tracked = self._release(request_id)
+            if tracked is not None:
+                self._preempted[request_id] = tracked
         for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
+            self._preempted.pop(new.req_id, None)
             self._admit(new)
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        for request_id in getattr(cached, "resumed_req_ids", None) or ():
+            self._resume(request_id)
         if self.requests and int(getattr(scheduler_output, "total_num_scheduled_tokens", 1) or 0) > 0:
             self._steps_tracked += 1
 
@@ -275,7 +283,18 @@ class VllmObserver:
         self.requests[new.req_id] = TrackedRequest(new.req_id, row, namespace, mode,
                                                    prompt_tokens=len(new.prompt_token_ids or ()))
 
-    def _release(self, request_id: str) -> None:
+    def _resume(self, request_id: str) -> None:
+        """Track a request again that vLLM resumed after a preemption. Model Runner V1 resends it as a
+        cached request (``resumed_req_ids``), not a new one: without this the agent would stay blind to
+        it for the rest of its life. Its KV is recomputed, so its summaries start over in a fresh row."""
+        tracked = self._preempted.pop(request_id, None)
+        if tracked is None or request_id in self.requests or not self._free_rows:
+            return
+        row = self._free_rows.pop()
+        self.summaries.reset([row])
+        self.requests[request_id] = dataclasses.replace(tracked, row=row)
+
+    def _release(self, request_id: str) -> TrackedRequest | None:
         if self.compactor is not None:
             self.compactor.forget(request_id)
         self.pending_readings.pop(request_id, None)
@@ -284,6 +303,7 @@ class VllmObserver:
         tracked = self.requests.pop(request_id, None)
         if tracked is not None:
             self._free_rows.append(tracked.row)
+        return tracked
 
     # ---- attention (backend hook) -------------------------------------------------------------------
     def wants_layer(self, layer_name: str) -> bool:
