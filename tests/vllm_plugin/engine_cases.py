@@ -27,7 +27,7 @@ EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens":
             "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0}
 
 
-PER_HEAD_REDUNDANT = {"keep_sets": "kv_head", "redundancy_weight": 0.9}
+PER_HEAD_REDUNDANT = {"keep_sets": "kv_head", "shared_keep_fraction": 0.5, "redundancy_weight": 0.9}
 
 
 def _cuda_devices() -> int:

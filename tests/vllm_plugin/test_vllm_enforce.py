@@ -135,7 +135,8 @@ def test_forced_preemption_recomputes_and_frees_every_block(vllm_runs):
         _assert_coherent(ids)
     _assert_no_leak(run)
     assert "growpage:" not in "\n".join(line for line in run["stderr"].splitlines() if "failed" in line)
-    # This engine keeps a set per KV head and re-ranks generated tokens by redundancy (PER_HEAD_REDUNDANT).
+    # This engine keeps a set per KV head, half of it in common by the request's ranking, and re-ranks
+    # generated tokens by redundancy (PER_HEAD_REDUNDANT).
     # Every compaction ranks by observed attention, a preempted request's too: the worker tracks it
     # again when vLLM resumes it (unscored, it would only keep its newest tokens).
     applied = [r for r in run["enforce_log"] if "worker_compaction" in r]

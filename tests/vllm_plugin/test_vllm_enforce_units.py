@@ -70,6 +70,29 @@ def test_per_head_keep_sets_follow_each_heads_scores_and_protect_the_same_tokens
     assert choose_keep(positions, scores, 5, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4) is None
 
 
+def test_a_shared_share_of_per_head_keep_sets_keeps_what_the_request_ranks_highest_in_every_head():
+    positions = torch.arange(12)
+    scores = torch.zeros(2, 12)
+    scores[0, 5] = 3.0  # the request's needle: only head 0's readers saw it
+    scores[0, 6], scores[1, 7], scores[1, 8] = 1.0, 1.0, 0.5  # each head's own hitters
+    alone = choose_keep(positions, scores, 8, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4)
+    assert 5 not in alone[1].tolist()  # head 1 ranks alone: its readers never looked at the needle
+    mixed = choose_keep(positions, scores, 8, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4,
+                        shared_fraction=0.5)  # 2 unprotected survivors per head: 1 in common
+    assert mixed.tolist() == [[0, 1, 5, 6, 8, 9, 10, 11], [0, 1, 5, 7, 8, 9, 10, 11]]
+    same = choose_keep(positions, scores, 8, 12, shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=4,
+                       shared_fraction=1.0)  # all in common: the request's ranking in every head
+    request = choose_keep(positions, scores.mean(0), 8, 12, shared_prefix_tokens=0, sink_tokens=2,
+                          recent_window_tokens=4)
+    assert same.tolist() == [request.tolist()] * 2
+    # after a per-head compaction a head that dropped a common token fills its place by its own ranking
+    kept = torch.tensor([[0, 1, 5, 8], [0, 1, 7, 8]])
+    later = slot_positions(kept, 8, 5)  # [[0, 1, 5, 8, 9..12], [0, 1, 7, 8, 9..12]]
+    again = choose_keep(later, torch.tensor([[0., 0, 4, 0, 0, 0, 0, 0], [0., 0, 1, 2, 0, 0, 0, 0]]), 6, 13,
+                        shared_prefix_tokens=0, sink_tokens=2, recent_window_tokens=2, shared_fraction=1.0)
+    assert [later[h, again[h]].tolist() for h in range(2)] == [[0, 1, 5, 8, 11, 12], [0, 1, 7, 8, 11, 12]]
+
+
 def test_physical_slots_use_the_block_row():
     row = torch.tensor([7, 3, 9])
     assert physical_slots(row, torch.tensor([0, 5, 9]), BLOCK).tolist() == [28, 13, 37]

@@ -58,6 +58,13 @@ def test_keep_sets_and_redundancy_settings_are_checked_with_a_fix():
     assert (settings.keep_sets, settings.redundancy_weight) == ("kv_head", 0.9)
     with pytest.raises(ConfigError, match="GROWPAGE_VLLM_REDUNDANCY_WEIGHT must be a number"):
         split_settings({}, env={"GROWPAGE_VLLM_REDUNDANCY_WEIGHT": "lots"})
+    for bad in (1.5, -0.1, "half", True):
+        with pytest.raises(ConfigError, match=r"shared_keep_fraction must be a number in \[0, 1\].*try 0.5"):
+            split_settings({"keep_sets": "kv_head", "shared_keep_fraction": bad}, env={})
+    with pytest.raises(ConfigError, match="applies only to per-head keep sets; set keep_sets to kv_head"):
+        split_settings({"shared_keep_fraction": 0.5}, env={})  # it would change nothing: say so
+    shared = split_settings({"keep_sets": "kv_head"}, env={"GROWPAGE_VLLM_SHARED_KEEP_FRACTION": "0.5"})[1]
+    assert shared.shared_keep_fraction == 0.5
 
 
 def test_per_head_keep_sets_sample_a_query_head_in_every_kv_heads_group():

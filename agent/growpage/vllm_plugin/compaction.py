@@ -17,7 +17,9 @@ holds the token ``kept_positions[h, j]``: heads keep the same *number* of tokens
 table and ``seq_lens`` are per request) but not the same tokens. Attention reads each head's keys
 with their RoPE already applied, so which slot a key sits in does not change its logit; the
 protected tokens (sinks, the recent window, a shared prefix) are kept by every head, in the same
-slots.
+slots. Per head, a share of the budget can be held in common (``shared_fraction``): the tokens the
+request as a whole ranks highest (its mean over KV heads) are kept by every head that still holds
+them, so a token the answer needs is not lost because one head's few sampled readers missed it.
 
 Protected tokens, never dropped: the request's first ``sink_tokens`` positions, its newest
 ``recent_window_tokens``, and every token in a leading block shared through the prefix cache
@@ -32,7 +34,7 @@ import math
 
 import torch
 
-from growpage.core.evict import select_keep
+from growpage.core.evict import protected_mask, select_keep
 
 
 def slot_positions(kept_positions: torch.Tensor | None, physical_tokens: int, dropped: int) -> torch.Tensor:
@@ -53,7 +55,8 @@ def slot_positions(kept_positions: torch.Tensor | None, physical_tokens: int, dr
 
 
 def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: int, logical_length: int,
-                shared_prefix_tokens: int, sink_tokens: int, recent_window_tokens: int) -> torch.Tensor | None:
+                shared_prefix_tokens: int, sink_tokens: int, recent_window_tokens: int,
+                shared_fraction: float = 0.0) -> torch.Tensor | None:
     """The physical slots that survive a compaction, ascending (so logical order is kept).
 
     The highest score wins among unprotected tokens; with no scores (nothing observed yet) the
@@ -67,6 +70,10 @@ def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: 
         num_keep: survivors wanted, ``<= P``.
         logical_length: the request's logical length (for the recent window).
         shared_prefix_tokens: leading physical slots in shared blocks (kept in place).
+        shared_fraction: per KV head, the share of the unprotected survivors every head keeps in
+            common: the request's highest-ranked tokens by the mean of the heads' scores (a head
+            that no longer holds one of them fills its place by its own ranking). 0: each head
+            ranks alone; 1: every head keeps the request's ranking where it can.
 
     Returns:
         ``[num_keep]`` long slot indices (``[kv_heads, num_keep]`` when ``positions`` or ``scores``
@@ -79,6 +86,8 @@ def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: 
     heads = (scores if scores is not None and scores.dim() == 2 else positions).shape[0]
     head_positions = positions.expand(heads, -1) if positions.dim() == 1 else positions
     head_scores = scores.expand(heads, -1) if scores is not None and scores.dim() == 1 else scores
+    if head_scores is not None and shared_fraction > 0.0:
+        head_scores = _with_common_tokens(head_positions, head_scores, num_keep, shared_fraction, *protection)
     kept = []
     for head in range(heads):
         keep = _keep_in_one_head(head_positions[head], None if head_scores is None else head_scores[head], num_keep,
@@ -87,6 +96,38 @@ def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: 
             return None
         kept.append(keep)
     return torch.stack(kept)
+
+
+def _with_common_tokens(positions: torch.Tensor, scores: torch.Tensor, num_keep: int, shared_fraction: float,
+                        logical_length: int, shared_prefix_tokens: int, sink_tokens: int,
+                        recent_window_tokens: int) -> torch.Tensor:
+    """``[kv_heads, P]`` scores with the request's common tokens ranked first (``inf``) in every
+    head that holds them (:func:`choose_keep`'s ``shared_fraction``).
+
+    A token's request-level score is the mean over every KV head of its score there (0 where a head
+    dropped it), so tokens all heads still hold and value come first. The common quota is a share of
+    the survivors left after the protected tokens, which every head holds in the same slots: a head
+    keeps at most that many common tokens, so exactly ``num_keep`` survivors stay possible."""
+    heads, physical = positions.shape
+    scores = scores[:, :physical].float()
+    protected = protected_mask(positions[0], logical_length, sink_tokens, recent_window_tokens)
+    protected[:shared_prefix_tokens] = True
+    quota = int(shared_fraction * max(0, num_keep - int(protected.sum())))
+    if quota == 0:
+        return scores
+    flat = positions.flatten().long()
+    length = max(logical_length, int(flat.max()) + 1)
+    request = torch.zeros(length, dtype=torch.float32).index_add_(0, flat, scores.flatten()) / heads
+    request[positions[0][protected].long()] = -math.inf
+    held = torch.zeros(length, dtype=torch.bool)
+    held[flat] = True
+    request[~held] = -math.inf
+    # highest first; among equal scores the newer first, as select_keep drops the older first
+    newest_first = torch.arange(length - 1, -1, -1)
+    ranked = newest_first[torch.argsort(request.flip(0), descending=True, stable=True)]
+    common = torch.zeros(length, dtype=torch.bool)
+    common[ranked[:min(quota, int(torch.isfinite(request).sum()))]] = True
+    return torch.where(common[positions.long()], torch.full_like(scores, math.inf), scores)
 
 
 def _keep_in_one_head(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: int, logical_length: int,

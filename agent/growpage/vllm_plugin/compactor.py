@@ -7,7 +7,8 @@ worker:
 
 1. chooses the survivors (:func:`~growpage.vllm_plugin.compaction.choose_keep`): sinks, the recent
    window, shared-prefix tokens, then the highest attention accumulated by the observer (recency
-   when nothing was observed), one set per request or one per KV head (``keep_sets``), generated
+   when nothing was observed), one set per request or one per KV head (``keep_sets``; per head,
+   optionally with a common share chosen by the request's ranking: ``shared_keep_fraction``), generated
    tokens optionally discounted by R-KV's redundancy (:mod:`~growpage.vllm_plugin.redundancy`);
 2. moves their K and V to the front of the request's blocks in every layer (before any write of
    this step, and before a freed block can be reused: the worker runs steps in order);
@@ -59,14 +60,17 @@ class WorkerCompactor:
             with a KV-head axis give per-head keep sets.
         redundancy_weight: R-KV's ``1 - lambda`` for the request's generated tokens (0: off); needs
             :attr:`key_caches`, which the observer fills with its observed layers' caches.
+        shared_keep_fraction: with per-head scores, the share of each head's survivors kept in
+            common by the request's ranking (:func:`~growpage.vllm_plugin.compaction.choose_keep`).
     """
 
     def __init__(self, config: GrowPageConfig, rank: int = 0, scores: TokenScores | None = None,
-                 redundancy_weight: float = 0.0):
+                 redundancy_weight: float = 0.0, shared_keep_fraction: float = 0.0):
         self.config = config
         self.rank = rank
         self.scores = scores if scores is not None else TokenScores(TokenScore.ACCUMULATED)
         self.redundancy_weight = redundancy_weight
+        self.shared_keep_fraction = shared_keep_fraction
         self.key_caches: list[torch.Tensor] = []  # the observed layers' cache views (redundancy's keys)
         self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
         self.block_size = config.block_size
@@ -143,7 +147,7 @@ class WorkerCompactor:
             scores, redundancy = self._discount_redundant(scores, positions, block_row, plan, layout), True
         keep_index = choose_keep(positions, scores, keep, int(plan["logical_length"]),
                                  int(plan["shared_prefix_tokens"]), self.config.sink_tokens,
-                                 self.config.recent_window_tokens)
+                                 self.config.recent_window_tokens, self.shared_keep_fraction)
         if keep_index is None:
             raise CompactionError(f"request {request_id}: protected tokens exceed {keep}")
         src = physical_slots(block_row, keep_index, block_size)

@@ -185,7 +185,8 @@ class VllmObserver:
         # enforce: the worker's physical state (None unless the deployment runs enforce)
         method = build_method(settings.method)
         scores = token_scores.for_method(method)
-        self.compactor = (WorkerCompactor(config, rank, scores, settings.redundancy_weight)
+        self.compactor = (WorkerCompactor(config, rank, scores, settings.redundancy_weight,
+                                          settings.shared_keep_fraction)
                           if config.mode is Mode.ENFORCE else None)
         # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
         self._per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"

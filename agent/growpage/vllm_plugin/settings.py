@@ -82,6 +82,11 @@ class PluginSettings:
             ``kv_head`` (each KV head its own highest-scored tokens, as H2O and SnapKV select: every
             head keeps as many, in the same slots' count; the observer then samples at least one
             query head per KV head). Scored methods only; recency keeps the same tokens either way.
+        shared_keep_fraction: with ``kv_head``, the share of each head's unprotected survivors that
+            every KV head keeps in common: the tokens the request ranks highest (the mean of its
+            heads' scores), so one head's few sampled readers cannot drop what the answer needs;
+            each head fills the rest by its own ranking. 0: each head alone; 1: the request's
+            ranking wherever a head still holds the token.
         redundancy_weight: R-KV's redundancy term for generated tokens (``1 - lambda``; 0: off,
             R-KV uses 0.9-0.93): a compaction ranks a request's generated tokens (past its prompt,
             before the recent window) by R-KV's mix of attention and key redundancy, so repeated
@@ -100,6 +105,7 @@ class PluginSettings:
     namespace_header: str = "x-growpage-namespace"
     method: str = "growpage"
     keep_sets: str = "request"
+    shared_keep_fraction: float = 0.0
     redundancy_weight: float = 0.0
 
     def __post_init__(self) -> None:
@@ -117,20 +123,31 @@ class PluginSettings:
                 or not 1 <= self.observation_window_tokens <= MAX_OBSERVATION_WINDOW):
             raise ConfigError(f"observation_window_tokens must be an int in [1, {MAX_OBSERVATION_WINDOW}], got "
                               f"{self.observation_window_tokens!r}; try 32 (1 scores the newest query only)")
+        self._check_selection()
+        for name in ("client_mode", "client_namespaces"):
+            if getattr(self, name) not in CLIENT_CHOICES:
+                raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
+                                  "auto ignores clients when the deployment enforces")
+
+    def _check_selection(self) -> None:
+        """What enforce keeps: the method, keep sets and R-KV's term."""
         if self.method not in VLLM_METHODS:
             raise ConfigError(f"method must be one of {', '.join(VLLM_METHODS)}, got {self.method!r}; "
                               "growpage is the contract, the others are fixed caps at base_pages")
         if self.keep_sets not in KEEP_SETS:
             raise ConfigError(f"keep_sets must be one of {', '.join(KEEP_SETS)}, got {self.keep_sets!r}; "
                               "kv_head lets each KV head keep its own tokens")
+        if (isinstance(self.shared_keep_fraction, bool) or not isinstance(self.shared_keep_fraction, int | float)
+                or not 0.0 <= self.shared_keep_fraction <= 1.0):
+            raise ConfigError(f"shared_keep_fraction must be a number in [0, 1], got {self.shared_keep_fraction!r}; "
+                              "try 0.5 (half of each KV head's survivors chosen by the request's ranking)")
+        if self.shared_keep_fraction and self.keep_sets != "kv_head":
+            raise ConfigError(f"shared_keep_fraction {self.shared_keep_fraction!r} applies only to per-head keep sets; "
+                              "set keep_sets to kv_head, or drop shared_keep_fraction")
         if (isinstance(self.redundancy_weight, bool) or not isinstance(self.redundancy_weight, int | float)
                 or not 0.0 <= self.redundancy_weight < 1.0):
             raise ConfigError(f"redundancy_weight must be a number in [0, 1), got {self.redundancy_weight!r}; "
                               "try 0 (off) or 0.9 (R-KV's lambda of 0.1)")
-        for name in ("client_mode", "client_namespaces"):
-            if getattr(self, name) not in CLIENT_CHOICES:
-                raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
-                                  "auto ignores clients when the deployment enforces")
 
     @property
     def exporter_enabled(self) -> bool:
@@ -138,6 +155,7 @@ class PluginSettings:
 
 
 PLUGIN_FIELDS = tuple(f.name for f in dataclasses.fields(PluginSettings))
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PluginSettings)}
 
 
 def honours(choice: str, deployment_mode: Mode) -> bool:
@@ -194,17 +212,19 @@ def default_base_pages(block_size: int) -> int:
 
 
 def _coerce(name: str, text: str) -> Any:
-    if name in ("exporter_port", "observed_heads", "observe_every_steps", "observe_chunk_mib",
-                "observation_window_tokens"):
+    """An environment value as its field's type (the field's default says which: int, float, str)."""
+    kind = type(_FIELD_DEFAULTS[name])
+    if kind is int:
         try:
             return int(text)
         except ValueError:
             raise ConfigError(f"GROWPAGE_VLLM_{name.upper()} must be an integer, got {text!r}") from None
-    if name == "redundancy_weight":
+    if kind is float:
         try:
             return float(text)
         except ValueError:
-            raise ConfigError(f"GROWPAGE_VLLM_{name.upper()} must be a number, got {text!r}; try 0 or 0.9") from None
+            raise ConfigError(f"GROWPAGE_VLLM_{name.upper()} must be a number, got {text!r}; "
+                              f"try {_FIELD_DEFAULTS[name]:g} (the default)") from None
     return text
 
 
