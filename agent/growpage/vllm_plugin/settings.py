@@ -137,21 +137,24 @@ class PluginSettings:
         if self.keep_sets not in KEEP_SETS:
             raise ConfigError(f"keep_sets must be one of {', '.join(KEEP_SETS)}, got {self.keep_sets!r}; "
                               "kv_head lets each KV head keep its own tokens")
-        if (isinstance(self.shared_keep_fraction, bool) or not isinstance(self.shared_keep_fraction, int | float)
-                or not 0.0 <= self.shared_keep_fraction <= 1.0):
+        if not _is_number(self.shared_keep_fraction) or not 0.0 <= self.shared_keep_fraction <= 1.0:
             raise ConfigError(f"shared_keep_fraction must be a number in [0, 1], got {self.shared_keep_fraction!r}; "
                               "try 0.5 (half of each KV head's survivors chosen by the request's ranking)")
         if self.shared_keep_fraction and self.keep_sets != "kv_head":
             raise ConfigError(f"shared_keep_fraction {self.shared_keep_fraction!r} applies only to per-head keep sets; "
                               "set keep_sets to kv_head, or drop shared_keep_fraction")
-        if (isinstance(self.redundancy_weight, bool) or not isinstance(self.redundancy_weight, int | float)
-                or not 0.0 <= self.redundancy_weight < 1.0):
+        if not _is_number(self.redundancy_weight) or not 0.0 <= self.redundancy_weight < 1.0:
             raise ConfigError(f"redundancy_weight must be a number in [0, 1), got {self.redundancy_weight!r}; "
                               "try 0 (off) or 0.9 (R-KV's lambda of 0.1)")
 
     @property
     def exporter_enabled(self) -> bool:
         return self.exporter_port >= 0
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float, not a bool (JSON's ``true`` is not a fraction)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 PLUGIN_FIELDS = tuple(f.name for f in dataclasses.fields(PluginSettings))
