@@ -83,6 +83,26 @@ def test_serving_runs_every_method_at_every_pool_and_plots(loaded, quality, tmp_
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
 
 
+def test_serving_fidelity_forces_growpage_at_the_coverage_it_served_with(loaded, monkeypatch):
+    # The NLL beside a run must be that run's policy: a forced GrowPage at another coverage would
+    # report another operating point's fidelity next to this one's tokens/s.
+    built: list[tuple[str, float]] = []
+    real = harness.build_engine
+
+    def recording(loaded_model, method_name, **kwargs):
+        built.append((method_name, kwargs.get("attention_coverage", 0.0)))
+        return real(loaded_model, method_name, **kwargs)
+
+    monkeypatch.setattr(harness, "build_engine", recording)
+    settings = ServingSettings(methods=("full_kv", "growpage"), pool_fractions=(0.5,), reasoning=1,
+                               reasoning_max_tokens=12, summaries=0, rate_per_s=50.0, base_pages=6,
+                               fidelity=True, attention_coverage=0.8)
+    serving = run_serving_bench(loaded.model_dir, settings, loaded=loaded)
+    growpage_runs = [coverage for method, coverage in built if method == "growpage"]
+    assert len(growpage_runs) == 2 and set(growpage_runs) == {0.8}  # served once, forced once
+    assert serving["settings"]["attention_coverage"] == 0.8
+
+
 def test_a_budget_pool_gives_every_method_the_same_memory_and_growpage_lives_within_it(loaded):
     # 8 reasoning sequences of ~11 pages each outlive the retrieval ones: about 90 pages wanted
     # from a 6 x 10 + 19 = 79-page pool

@@ -189,6 +189,12 @@ def test_bench_comparison_refuses_an_unknown_method_before_loading_the_model(run
     assert "unknown method(s) lru" in result.output
 
 
+def test_bench_fidelity_refuses_a_coverage_outside_its_range_before_loading_the_model(runner):
+    result = runner.invoke(app, ["bench", "fidelity", "--quick", "--attention-coverage", "1.5"])
+    assert result.exit_code == 2
+    assert "--attention-coverage" in result.output and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize(("option", "message"), [
     (["--method", "lru"], "error: --method lru is unknown; use one of growpage, growpage_when_it_pays"),
     (["--part", "speed"], "error: --part speed is unknown; use --part pressure, overhead"),

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from growpage.bench import harness
+from growpage.config import DEFAULT_ATTENTION_COVERAGE
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +51,8 @@ class FidelitySettings:
         max_tokens: tokens of full KV's continuation each method is forced through.
         top_k: full KV's most likely tokens the KL keeps apart (the rest is one bucket).
         pool: ``budget`` (equal memory, as above) or ``ample`` (no request ever waits).
+        attention_coverage: GrowPage's floor keeps this share of each request's observed attention
+            (the default everywhere GrowPage runs; 0: the floor alone). The fixed caps ignore it.
     """
 
     methods: tuple[str, ...] = ("growpage", "streaming_llm", "h2o", "snapkv")
@@ -62,6 +65,7 @@ class FidelitySettings:
     pool: str = "budget"
     threads: int | None = None
     thresholds_file: str | None = None
+    attention_coverage: float = DEFAULT_ATTENTION_COVERAGE
 
     def __post_init__(self) -> None:
         harness.check_pool(self.pool)
@@ -185,7 +189,8 @@ def _forced_run(loaded: harness.Loaded, method: str, budget: int, prompts: dict[
     engine, _ = harness.build_engine(loaded, method, base_pages=budget, block_size=settings.block_size,
                                      num_pages=num_pages or _num_pages(settings, method, budget, lengths),
                                      max_num_seqs=len(prompts), clock=clock, seed=settings.seed,
-                                     thresholds=harness.thresholds_from(settings.thresholds_file))
+                                     thresholds=harness.thresholds_from(settings.thresholds_file),
+                                     attention_coverage=settings.attention_coverage)
     return _force(engine, prompts, references, _DistributionTap(
         engine, settings.top_k, reference_tap.recorded if reference_tap else None), clock)
 
@@ -277,11 +282,13 @@ def forced_spec(spec: dict, references: Sequence[Sequence[int]]) -> dict:
 def forced_nll_increase(loaded: harness.Loaded, method: str, *, base_pages: int, num_pages: int, block_size: int,
                         prompts: dict[str, list[int]], references: dict[str, list[int]],
                         reference_logprobs: dict[str, list[float]] | None = None, seed: int = 0,
-                        thresholds_file: str | None = None) -> tuple[dict, dict[str, list[float]]]:
-    """``method`` on the reference engine (``num_pages`` pool, ``base_pages`` budget) forced through
+                        thresholds_file: str | None = None,
+                        attention_coverage: float = DEFAULT_ATTENTION_COVERAGE) -> tuple[dict, dict[str, list[float]]]:
+    """``method`` on the reference engine (``num_pages`` pool, ``base_pages`` budget, GrowPage at
+    ``attention_coverage``: pass the run's own, or the NLL is another policy's) forced through
     ``references``; its NLL increase over ``reference_logprobs`` (full KV's own, forced: pass None
     when ``method`` is full KV and this run is the reference) and its per-token log-probabilities."""
     settings = FidelitySettings(budgets=(base_pages,), block_size=block_size, seed=seed,
-                                thresholds_file=thresholds_file)
+                                thresholds_file=thresholds_file, attention_coverage=attention_coverage)
     run = _forced_run(loaded, method, base_pages, prompts, references, settings, None, num_pages=num_pages)
     return nll_increase(reference_logprobs or run.logprobs, run.logprobs), run.logprobs

@@ -186,7 +186,8 @@ def _add_fidelity(loaded: harness.Loaded, runs: list[dict], tasks: list[Task], p
         return forced_nll_increase(loaded, method, base_pages=settings.base_pages, num_pages=num_pages,
                                    block_size=settings.block_size, prompts=ids, references=references,
                                    reference_logprobs=reference, seed=settings.seed,
-                                   thresholds_file=settings.thresholds_file)
+                                   thresholds_file=settings.thresholds_file,
+                                   attention_coverage=settings.attention_coverage)
 
     _, reference = forced("full_kv", ample, None)
     for run in runs:

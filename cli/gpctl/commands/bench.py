@@ -283,6 +283,9 @@ def fidelity(
     seed: Annotated[int | None, typer.Option(help="Workload seed.")] = None,
     config: Annotated[Path | None, typer.Option(help="A GrowPage config file with calibrated thresholds.")] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
+    attention_coverage: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="GrowPage's floor keeps this share of each request's observed attention "
+                               "(default 0.95, as inside vLLM; 0: the floor alone).")] = None,
 ) -> None:
     """Reference engine: per-token NLL increase and KL over full KV of full KV's own continuation,
     teacher-forced under each method's cache (inside vLLM: gpctl bench vllm --part pressure)."""
@@ -294,7 +297,8 @@ def fidelity(
     settings = FidelitySettings.quick() if quick else FidelitySettings()
     overrides: dict[str, Any] = {"methods": tuple(method) if method else None,
                                  "budgets": tuple(budget) if budget else None,
-                                 "seed": seed, "threads": threads, "thresholds_file": str(config) if config else None}
+                                 "seed": seed, "threads": threads, "thresholds_file": str(config) if config else None,
+                                 "attention_coverage": attention_coverage}
     try:
         settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
         console = Console(stderr=True)
