@@ -11,6 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from growpage.config import DEFAULT_ATTENTION_COVERAGE
+
+COVERAGE_HELP = (f"GrowPage's floor keeps this share of each request's observed attention (default "
+                 f"{DEFAULT_ATTENTION_COVERAGE:g}, as inside vLLM; 0: the floor alone).")
+
 app = typer.Typer(help="Measure GrowPage (results as JSON and a table).", no_args_is_help=True)
 
 
@@ -239,8 +244,7 @@ def _comparison_command(which: str) -> Callable[..., None]:
             min=1, help="serving: interleaved rounds of every method (more than 1: after a discarded "
                         "warm-up; medians with their range).")] = None,
         attention_coverage: Annotated[float | None, typer.Option(
-            min=0.0, max=1.0, help="serving: GrowPage's floor keeps this share of each request's observed "
-                                   "attention (default 0.95, as inside vLLM; 0: the floor alone).")] = None,
+            min=0.0, max=1.0, help="serving: " + COVERAGE_HELP)] = None,
     ) -> None:
         if pool is not None and pool not in ("ample", "budget"):
             raise typer.BadParameter(f"{pool!r} is not a pool; use ample or budget", param_hint="--pool")
@@ -284,8 +288,7 @@ def fidelity(
     config: Annotated[Path | None, typer.Option(help="A GrowPage config file with calibrated thresholds.")] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
     attention_coverage: Annotated[float | None, typer.Option(
-        min=0.0, max=1.0, help="GrowPage's floor keeps this share of each request's observed attention "
-                               "(default 0.95, as inside vLLM; 0: the floor alone).")] = None,
+        min=0.0, max=1.0, help=COVERAGE_HELP)] = None,
 ) -> None:
     """Reference engine: per-token NLL increase and KL over full KV of full KV's own continuation,
     teacher-forced under each method's cache (inside vLLM: gpctl bench vllm --part pressure)."""
