@@ -208,3 +208,26 @@ def test_dashboard_configmaps_carry_the_generated_dashboards(monitoring):
                   if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     loaded = {name: json.loads(text) for cm in configmaps for name, text in cm["data"].items()}
     assert loaded == dashboards()
+
+
+def _datasource_references(value) -> list:
+    """Every ``datasource`` value in a dashboard, at any depth."""
+    if isinstance(value, dict):
+        found = [value["datasource"]] if "datasource" in value else []
+        return found + [ref for item in value.values() for ref in _datasource_references(item)]
+    return [ref for item in value for ref in _datasource_references(item)] if isinstance(value, list) else []
+
+
+def test_the_datasource_is_growpages_own_and_the_dashboards_reach_it(monitoring):
+    # kube-prometheus-stack provisions "Prometheus" (uid prometheus) as the default: ours must not
+    # overwrite it nor become a second default.
+    configmap = _one(monitoring, "ConfigMap", "growpage-grafana-datasource")
+    [datasource] = yaml.safe_load(configmap["data"]["growpage-prometheus.yaml"])["datasources"]
+    assert (datasource["name"], datasource["uid"], datasource["isDefault"]) == (
+        "GrowPage Prometheus", "growpage-prometheus", False)
+    for name, board in dashboards().items():
+        [variable] = [v for v in board["templating"]["list"] if v["name"] == "datasource"]
+        assert variable["type"] == "datasource" and variable["query"] == datasource["type"], name
+        assert variable["current"].get("value") in (None, datasource["uid"]), name
+        uids = {ref["uid"] for ref in _datasource_references(board) if isinstance(ref, dict)}
+        assert uids <= {"${datasource}", datasource["uid"]}, (name, uids)
