@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from growpage.config import GrowPageConfig, Mode, load_config
+from growpage.config import GrowPageConfig, Mode, load_config, min_base_pages
 from growpage.errors import ConfigError
 
 
@@ -67,8 +67,20 @@ def test_bad_values_name_the_field(env, fragment):
 
 
 def test_protected_tokens_must_leave_room_to_evict():
-    with pytest.raises(ConfigError, match="lower recent_window_tokens or raise base_pages"):
+    with pytest.raises(ConfigError, match="raise base_pages to at least 6 at block_size 16, or lower recent_window"):
         GrowPageConfig(base_pages=2, block_size=16, recent_window_tokens=64)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32, 64, 128, 256])
+@pytest.mark.parametrize("sink_tokens, recent_window_tokens, evict_min_pages", [(4, 64, 1), (0, 0, 2), (4, 300, 2)])
+def test_min_base_pages_is_the_fewest_pages_the_config_accepts(block_size, sink_tokens, recent_window_tokens,
+                                                               evict_min_pages):
+    fewest = min_base_pages(block_size, sink_tokens, recent_window_tokens, evict_min_pages)
+    settings = {"block_size": block_size, "sink_tokens": sink_tokens, "recent_window_tokens": recent_window_tokens,
+                "evict_min_pages": evict_min_pages}
+    GrowPageConfig(base_pages=fewest, **settings)
+    with pytest.raises(ConfigError, match=f"raise base_pages to at least {fewest} "):
+        GrowPageConfig(base_pages=fewest - 1, **settings)
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -147,10 +147,13 @@ class GrowPageConfig:
         protected = self.sink_tokens + self.recent_window_tokens
         evictable_room = (self.base_pages - self.evict_min_pages) * self.block_size
         if protected > evictable_room:
+            fewest = min_base_pages(self.block_size, self.sink_tokens, self.recent_window_tokens,
+                                    self.evict_min_pages)
             raise ConfigError(
                 f"sink_tokens + recent_window_tokens ({protected}) must fit in "
                 f"(base_pages - evict_min_pages) * block_size = {evictable_room} tokens, or "
-                "eviction could never free a page; lower recent_window_tokens or raise base_pages")
+                f"eviction could never free a page; raise base_pages to at least {fewest} at block_size "
+                f"{self.block_size}, or lower recent_window_tokens")
 
     @property
     def lts_ema_decay(self) -> float:
@@ -195,6 +198,16 @@ class GrowPageConfig:
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(GrowPageConfig))
 
 
+def min_base_pages(block_size: int, sink_tokens: int, recent_window_tokens: int, evict_min_pages: int) -> int:
+    """The fewest ``base_pages`` :class:`GrowPageConfig` accepts with these settings.
+
+    A request at its floor that evicts ``evict_min_pages`` pages must still hold its sinks and its
+    recent window in the pages left: ``(base_pages - evict_min_pages) * block_size >= sink_tokens +
+    recent_window_tokens``, so ``base_pages >= evict_min_pages + ceil(protected / block_size)``.
+    """
+    return evict_min_pages + math.ceil((sink_tokens + recent_window_tokens) / block_size)
+
+
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
                 overrides: Mapping[str, Any] | None = None,
                 defaults: Mapping[str, Any] | None = None) -> GrowPageConfig:
@@ -211,6 +224,18 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     Raises:
         ConfigError: a file is missing or unreadable, a key is unknown, or a value is invalid.
     """
+    return GrowPageConfig(**merged_values(path, env, overrides, defaults))
+
+
+def merged_values(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                  overrides: Mapping[str, Any] | None = None,
+                  defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The fields :func:`load_config` would build a config from, coerced but not yet validated
+    together: only the keys some source set (a home derives a default from the others first).
+
+    Raises:
+        ConfigError: a file is missing or unreadable, a key is unknown, or a value cannot be coerced.
+    """
     env = os.environ if env is None else env
     values: dict[str, Any] = _coerce_mapping(dict(defaults or {}), source="defaults")
     if path is None and env.get(ENV_CONFIG_FILE):
@@ -222,7 +247,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     values.update(_coerce_mapping(env_values, source="environment", from_env=True))
     if overrides:
         values.update(_coerce_mapping(dict(overrides), source="overrides"))
-    return GrowPageConfig(**values)
+    return values
 
 
 def _is_config_env(key: str) -> bool:

@@ -31,7 +31,7 @@ from growpage import catalog  # noqa: E402
 from growpage.engine.model_prep import resolve_model_dir  # noqa: E402
 from growpage.errors import GrowPageError  # noqa: E402
 from growpage.vllm_plugin.serve import SERVER_MODULE  # noqa: E402
-from growpage.vllm_plugin.settings import DEFAULT_FLOOR_TOKENS  # noqa: E402
+from growpage.vllm_plugin.settings import default_base_pages  # noqa: E402
 from support.processes import stop_group  # noqa: E402
 from support.promstack import free_port, wait_until  # noqa: E402
 
@@ -111,7 +111,7 @@ def test_the_rendered_deployment_starts_vllm_with_the_plugin_exporting_before_an
         assert response.status_code == 200, response.text
         text = response.text
         mode = env_values["GROWPAGE_MODE"]
-        floor_pages = -(-DEFAULT_FLOOR_TOKENS // block_size)
+        floor_pages = default_base_pages(block_size)
         build = next(line for line in text.splitlines() if line.startswith(catalog.BUILD_INFO.name + "{"))
         assert f'mode="{mode}"' in build and f'block_size="{block_size}"' in build, build
         assert f'base_pages="{floor_pages}"' in build, build  # the floor in the deployment's block size

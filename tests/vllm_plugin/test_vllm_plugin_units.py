@@ -399,6 +399,19 @@ def test_workers_of_an_unwrapped_backend_report_it(monkeypatch):
     assert worker_hooks.observer_built() and worker_hooks.current_observer() is observer
 
 
+def test_a_worker_whose_settings_cannot_be_honoured_runs_unobserved_instead_of_failing(monkeypatch):
+    from growpage.vllm_plugin import worker_hooks
+
+    monkeypatch.setattr(worker_hooks, "_OBSERVERS", {})
+    vllm_config = types.SimpleNamespace(
+        additional_config={"growpage": {"mode": "enforce", "base_pages": 1, "exporter_port": -1}},
+        cache_config=types.SimpleNamespace(block_size=128),
+        model_config=types.SimpleNamespace(get_num_layers=lambda parallel: 30, served_model_name="m", model="m"),
+        parallel_config=None, scheduler_config=types.SimpleNamespace(max_num_seqs=4), compilation_config=None)
+    assert worker_hooks.observer_for(vllm_config) is None  # the backend's __init__ asks this: it must not raise
+    assert worker_hooks.observer_built() and worker_hooks.current_observer() is None
+
+
 def test_observing_one_step_in_two_reports_every_step_and_half_of_them_observed():
     observer = _observer(observe_every_steps=2)
     new = types.SimpleNamespace(req_id="r", prompt_token_ids=list(range(20)), num_computed_tokens=0,

@@ -5,6 +5,7 @@ preemptions, the worker's report (with async scheduling too), and Model Runner V
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 
 import httpx
@@ -116,6 +117,43 @@ def test_metrics_are_served_from_start_up_before_any_request_in_every_mode(mode)
     key, value = scheduler_series[0]
     assert ('reason="mode_off"' in key and value == 0) if mode == "off" else ('reason="active"' in key and value == 1)
     assert f'growpage_pool_pages{{model_name="m",state="free"}} {float(POOL)}' in text  # the whole pool, free
+
+
+@pytest.mark.parametrize("mode, reason", [("enforce", "invalid_config"), ("off", "mode_off")])
+def test_settings_it_cannot_honour_leave_the_agent_inactive_saying_why_and_vllm_running(mode, reason):
+    """A recent window no floor can keep: enforce reports ``invalid_config`` and logs one line with the
+    fix; mode off never uses the window, so it is not checked there."""
+    pytest.importorskip("vllm")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("vllm.growpage")  # vLLM's "vllm" logger may not propagate to pytest's
+    logger.addHandler(handler)
+    try:
+        scheduler = _scheduler({"mode": mode, "base_pages": 2, "recent_window_tokens": 4096,
+                                "exporter_port": 0, "exporter_host": "127.0.0.1"})
+        agent = build_agent(scheduler)
+    finally:
+        logger.removeHandler(handler)
+    try:
+        response = httpx.get(f"http://127.0.0.1:{agent.exporter.port}{catalog.METRICS_PATH}", timeout=10)
+    finally:
+        agent.telemetry.close()
+    assert agent.enforcer is None and agent.config.mode.value == "off"
+    _run(agent, scheduler, _request("r", prompt=7, computed=0), new_blocks=2)
+    assert agent.controller.requests == {} and agent.stats.pages_allocated_total == 2  # vLLM pages on its own
+    active = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in response.text.splitlines()
+              if line.startswith("growpage_agent_active{")}
+    components = ("scheduler", "observer", "enforcer") if mode == "enforce" else ("scheduler", "observer")
+    assert active == {f'growpage_agent_active{{component="{c}",model_name="m",reason="{reason}"}}': 0.0
+                      for c in components}
+    errors = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    if mode == "enforce":
+        assert len(errors) == 1, errors
+        fewest = 1 + -(-(4 + 4096) // BLOCK)  # an evicted page, then sinks and recent window in blocks
+        assert "invalid_config" in errors[0] and f"raise base_pages to at least {fewest} " in errors[0], errors
+    else:
+        assert errors == []
 
 
 def test_monitor_admits_times_grants_and_decides_past_the_grant():

@@ -58,15 +58,17 @@ class GrowPageEndpoint:
                            "growpage_namespace")
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
-        from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, split_settings
+        from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, resolve_settings
 
         additional = getattr(args, "additional_config", None) or {}
         if isinstance(additional, str):
             import json
 
             additional = json.loads(additional)
-        config, settings = split_settings(additional.get(ADDITIONAL_CONFIG_KEY),
-                                          block_size=getattr(args, "block_size", None))
+        # never raises: settings GrowPage cannot honour are reported (and logged) by the engine core
+        resolved = resolve_settings(additional.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional, dict) else None,
+                                    block_size=getattr(args, "block_size", None))
+        config, settings = resolved.config, resolved.settings
         from growpage.vllm_plugin.namespaces import CURRENT_POLICY, ClientPolicy
         from growpage.vllm_plugin.settings import honours
 

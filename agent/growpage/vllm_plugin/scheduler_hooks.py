@@ -55,14 +55,28 @@ def existing_agent(scheduler: Any) -> SchedulerAgent | None:
 
 
 def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAgent:
-    """The agent for ``scheduler``'s deployment (config errors fail start-up loudly)."""
+    """The agent for ``scheduler``'s deployment.
+
+    Settings GrowPage cannot honour never stop vLLM: the agent then runs ``off``, serves
+    ``growpage_agent_active{reason="invalid_config"}`` = 0 and logs one line saying what to fix.
+    """
     from growpage.config import Mode
     from growpage.vllm_plugin.settings import settings_from_vllm_config
-    from growpage.vllm_plugin.support import REMEDIES, enforce_blocker, start_up_states, uses_model_runner_v2
+    from growpage.vllm_plugin.support import (
+        INVALID_CONFIG,
+        REMEDIES,
+        enforce_blocker,
+        start_up_states,
+        uses_model_runner_v2,
+    )
     from growpage.vllm_plugin.versions import check_vllm_version
 
     vllm_config = scheduler.vllm_config
-    config, settings = settings_from_vllm_config(vllm_config)
+    resolved = settings_from_vllm_config(vllm_config)
+    config, settings = resolved.config, resolved.settings
+    if resolved.problem is not None:
+        logger.error("growpage: the settings cannot be honoured, so GrowPage is off (reason %s) and vLLM pages on "
+                     "its own: %s; %s", INVALID_CONFIG, resolved.problem, REMEDIES[INVALID_CONFIG])
     compilation = getattr(vllm_config, "compilation_config", None)
     groups = scheduler.kv_cache_manager.coordinator.single_type_managers
     blocker = None
@@ -78,7 +92,9 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
         device=str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "unknown"),
         num_pages=max(0, int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks) - 1),  # less the null block
         token_bytes=token_bytes(scheduler),
-        component_states=start_up_states(config.mode is Mode.OFF, compilation),
+        component_states=start_up_states(config.mode is Mode.OFF, compilation,
+                                         invalid_config=resolved.problem is not None,
+                                         enforce_requested=resolved.requested_mode == Mode.ENFORCE.value),
         otlp_traces_endpoint=getattr(getattr(vllm_config, "observability_config", None), "otlp_traces_endpoint",
                                      None))
     agent = SchedulerAgent(config, settings, view, enforcer_blocker=blocker)

@@ -2,9 +2,12 @@
 
 One source: ``vllm_config.additional_config["growpage"]`` (``--additional-config '{"growpage":
 {...}}'`` or ``LLM(..., additional_config={"growpage": {...}})``) over the ``GROWPAGE_*``
-environment over defaults, through the same :func:`growpage.config.load_config` as every home. The
+environment over defaults, merged as :func:`growpage.config.load_config` merges them in every home. The
 few keys that only mean something inside vLLM (the exporter's address, head sampling) are split off
 into :class:`PluginSettings` first; ``block_size`` always follows vLLM's cache block size.
+
+Inside vLLM's own processes settings are read with :func:`resolve_settings`, which never raises:
+settings GrowPage cannot honour leave it off (vLLM pages on its own) with the reason to report.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from growpage.config import DEFAULT_ATTENTION_COVERAGE, GrowPageConfig, Mode, load_config
+from growpage.config import DEFAULT_ATTENTION_COVERAGE, GrowPageConfig, Mode, merged_values, min_base_pages
 from growpage.errors import ConfigError
 
 ADDITIONAL_CONFIG_KEY = "growpage"
@@ -28,6 +31,7 @@ MODE_ARG = "growpage_mode"  # a request may ask for less than the deployment run
 # pressure, GrowPage at 128 tokens + 0.95 answered 16 of 16 on both traces (vLLM alone 16, the best
 # fixed cap 6) at 0.94x vLLM alone's wall time; at 1,024 tokens alone it compressed nothing there.
 DEFAULT_FLOOR_TOKENS = 128
+_CONFIG_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GrowPageConfig)}
 
 
 def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
@@ -175,12 +179,13 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
         env: environment to read (``os.environ`` by default).
         block_size: vLLM's cache block size; overrides any ``block_size`` given. Unless
             ``base_pages`` is set (here, in ``GROWPAGE_BASE_PAGES`` or a config file), the floor is
-            :data:`DEFAULT_FLOOR_TOKENS` in blocks of this size (:func:`default_base_pages`).
+            :func:`default_base_pages` of this block size and the protected tokens.
             ``attention_coverage`` defaults to :data:`~growpage.config.DEFAULT_ATTENTION_COVERAGE`
             inside vLLM either way (``GrowPageConfig``'s own default is 0).
 
     Raises:
-        ConfigError: a key is unknown or a value invalid (the message says how to fix it).
+        ConfigError: a key is unknown or a value invalid (the message says how to fix it). Inside
+            vLLM's processes use :func:`resolve_settings`, which never raises.
     """
     env = os.environ if env is None else env
     if raw is not None and not isinstance(raw, Mapping):
@@ -194,24 +199,128 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
             plugin_values[name] = _coerce(name, env[env_name])
         if name in raw:
             plugin_values[name] = raw.pop(name)
-    defaults: dict[str, Any] = {"attention_coverage": DEFAULT_ATTENTION_COVERAGE}
     if block_size is not None:
         raw["block_size"] = block_size
-        defaults["base_pages"] = default_base_pages(block_size)
-    env_without_plugin = {k: v for k, v in env.items() if not k.startswith("GROWPAGE_VLLM_")}
-    config = load_config(env=env_without_plugin, overrides=raw, defaults=defaults)
-    return config, PluginSettings(**plugin_values)
+    values = merged_values(env=_config_env(env), overrides=raw,
+                           defaults={"attention_coverage": DEFAULT_ATTENTION_COVERAGE})
+    if block_size is not None and "base_pages" not in values:
+        values["base_pages"] = default_base_pages(block_size, **_protection(values))
+    return GrowPageConfig(**values), PluginSettings(**plugin_values)
 
 
-def default_base_pages(block_size: int) -> int:
-    """The floor inside vLLM when none is given: :data:`DEFAULT_FLOOR_TOKENS` in vLLM's block size.
+def default_base_pages(block_size: int, sink_tokens: int = _CONFIG_DEFAULTS["sink_tokens"],
+                       recent_window_tokens: int = _CONFIG_DEFAULTS["recent_window_tokens"],
+                       evict_min_pages: int = _CONFIG_DEFAULTS["evict_min_pages"]) -> int:
+    """The floor inside vLLM when none is given, in vLLM's blocks: :data:`DEFAULT_FLOOR_TOKENS`
+    rounded up to whole blocks, and never fewer than :func:`~growpage.config.min_base_pages` (an
+    eviction at the floor must keep the sinks and the recent window), so the defaults hold at every
+    block size: 8 blocks of 16, 4 of 32, 3 of 64, 2 of 128, 2 of 256 with the default 68
+    protected tokens and ``evict_min_pages`` 1.
 
     Inside vLLM a GrowPage page is one of vLLM's blocks. The reference engine's default floor, 128
     pages of 16 tokens, taken as 128 blocks would mean a different number of tokens on each backend
-    (vLLM's blocks are 16 tokens on most GPUs and 32 or more elsewhere), and 128 blocks of 32 (4,096
-    tokens) is longer than most requests: enforce would never compress.
+    (vLLM's blocks are 16 tokens on most GPUs, 128 on CPU), and 128 blocks of 32 (4,096 tokens) is
+    longer than most requests: enforce would never compress.
     """
-    return max(1, -(-DEFAULT_FLOOR_TOKENS // block_size))
+    return max(-(-DEFAULT_FLOOR_TOKENS // block_size),
+               min_base_pages(block_size, sink_tokens, recent_window_tokens, evict_min_pages))
+
+
+def _protection(values: Mapping[str, Any]) -> dict[str, int]:
+    """The settings :func:`default_base_pages` reads, from ``values`` where set and usable (a bad
+    value keeps its default here and is rejected by validation with its own message)."""
+    minimum = {"sink_tokens": 0, "recent_window_tokens": 0, "evict_min_pages": 1}
+    out: dict[str, int] = {}
+    for name, least in minimum.items():
+        value = values.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= least:
+            out[name] = value
+        else:
+            out[name] = int(_CONFIG_DEFAULTS[name])
+    return out
+
+
+def _config_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the plugin's own ``GROWPAGE_VLLM_*`` variables (not config fields)."""
+    return {k: v for k, v in env.items() if not k.startswith("GROWPAGE_VLLM_")}
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedSettings:
+    """What one vLLM process runs: the user's settings, or, when they cannot be honoured, GrowPage
+    off with the exporter still serving (so the pod says why).
+
+    Attributes:
+        config: the user's config, or a mode-``off`` config at vLLM's block size.
+        settings: the user's plugin settings, or the exporter's settings alone.
+        problem: why the user's settings cannot be honoured (the :class:`ConfigError`'s message,
+            which says how to fix it); None when they are, or when only settings mode ``off``
+            never uses are wrong.
+        requested_mode: the mode the user asked for (``off`` | ``monitor`` | ``enforce``, or what
+            they wrote), whether or not it runs.
+    """
+
+    config: GrowPageConfig
+    settings: PluginSettings
+    problem: str | None = None
+    requested_mode: str = Mode.MONITOR.value
+
+
+def resolve_settings(raw: Any, env: Mapping[str, str] | None = None,
+                     block_size: int | None = None) -> ResolvedSettings:
+    """:func:`split_settings` for vLLM's own processes (scheduler, workers, API server): never raises.
+
+    Settings GrowPage cannot honour must not take vLLM down: GrowPage then runs ``off`` (vLLM pages
+    on its own) and :attr:`ResolvedSettings.problem` says why, for the caller to report as
+    ``growpage_agent_active{reason="invalid_config"}`` and log once. Mode ``off`` uses only the
+    exporter's settings, so only those are checked there.
+    """
+    env = os.environ if env is None else env
+    try:
+        config, settings = split_settings(raw, env, block_size)
+        return ResolvedSettings(config, settings, None, config.mode.value)
+    except ConfigError as error:
+        problem: str | None = str(error)
+    requested = _requested_mode(raw, env)
+    settings, exporter_problem = _exporter_settings(raw, env)
+    if requested == Mode.OFF.value:
+        problem = exporter_problem
+    return ResolvedSettings(_off_config(block_size), settings, problem, requested)
+
+
+def _requested_mode(raw: Any, env: Mapping[str, str]) -> str:
+    """The mode the user asked for, read leniently (the rest of the settings may be invalid)."""
+    value: Any = raw.get("mode") if isinstance(raw, Mapping) else None
+    if value is None:
+        try:
+            value = merged_values(env=_config_env(env)).get("mode")
+        except ConfigError:
+            value = env.get("GROWPAGE_MODE")
+    if value is None:
+        value = _CONFIG_DEFAULTS["mode"]
+    return str(getattr(value, "value", value)).strip().lower()
+
+
+def _exporter_settings(raw: Any, env: Mapping[str, str]) -> tuple[PluginSettings, str | None]:
+    """The user's exporter address alone (the defaults if it is invalid), and what is wrong with it."""
+    values: dict[str, Any] = {}
+    try:
+        for name in ("exporter_port", "exporter_host"):
+            env_name = f"GROWPAGE_VLLM_{name.upper()}"
+            if env_name in env:
+                values[name] = _coerce(name, env[env_name])
+            if isinstance(raw, Mapping) and name in raw:
+                values[name] = raw[name]
+        return PluginSettings(**values), None
+    except ConfigError as error:
+        return PluginSettings(), str(error)
+
+
+def _off_config(block_size: int | None) -> GrowPageConfig:
+    """GrowPage off at vLLM's block size (the defaults, valid at every block size)."""
+    if block_size is None:
+        return GrowPageConfig(mode=Mode.OFF)
+    return GrowPageConfig(mode=Mode.OFF, block_size=block_size, base_pages=default_base_pages(block_size))
 
 
 def _coerce(name: str, text: str) -> Any:
@@ -231,8 +340,9 @@ def _coerce(name: str, text: str) -> Any:
     return text
 
 
-def settings_from_vllm_config(vllm_config: Any) -> tuple[GrowPageConfig, PluginSettings]:
-    """:func:`split_settings` for a ``VllmConfig`` (its ``additional_config`` and block size)."""
+def settings_from_vllm_config(vllm_config: Any) -> ResolvedSettings:
+    """:func:`resolve_settings` for a ``VllmConfig`` (its ``additional_config`` and block size): never raises."""
     additional = getattr(vllm_config, "additional_config", None) or {}
     block_size = getattr(getattr(vllm_config, "cache_config", None), "block_size", None)
-    return split_settings(additional.get(ADDITIONAL_CONFIG_KEY), block_size=block_size)
+    raw = additional.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional, Mapping) else additional
+    return resolve_settings(raw, block_size=block_size)

@@ -20,6 +20,7 @@ PIPELINE_PARALLEL = "pipeline_parallel"
 HYBRID_KV_CACHE = "hybrid_kv_cache"
 MODEL_RUNNER_V2 = "model_runner_v2"
 QUANTIZED_KV_CACHE = "quantized_kv_cache"
+INVALID_CONFIG = "invalid_config"
 
 
 def _graph_mode_name(compilation_config: Any) -> str | None:
@@ -90,15 +91,22 @@ REMEDIES = {
     MODEL_RUNNER_V2: "set VLLM_USE_V2_MODEL_RUNNER=0 for enforce (monitor observes under either runner)",
     MODE_OFF: "set additional_config.growpage.mode (or GROWPAGE_MODE) to monitor or enforce",
     QUANTIZED_KV_CACHE: "run with --kv-cache-dtype auto (fp8 and other scaled caches cannot be read as keys)",
+    INVALID_CONFIG: "correct additional_config.growpage (or the GROWPAGE_* variables) as the message says and "
+                    "restart vLLM",
 }
 
 
-def start_up_states(mode_is_off: bool, compilation_config: Any) -> dict[str, str]:
+def start_up_states(mode_is_off: bool, compilation_config: Any, *, invalid_config: bool = False,
+                    enforce_requested: bool = False) -> dict[str, str]:
     """``{component: "active" or reason}`` as known from the configuration, before any step.
 
     The observer's entry is provisional: the worker's first report replaces it (an unwrapped
-    backend, a cache layout that does not round-trip).
+    backend, a cache layout that does not round-trip). Settings GrowPage cannot honour
+    (``invalid_config``) switch every component off, the enforcer too when enforce was asked for.
     """
+    if invalid_config:
+        states = {"scheduler": INVALID_CONFIG, "observer": INVALID_CONFIG}
+        return {**states, "enforcer": INVALID_CONFIG} if enforce_requested else states
     if mode_is_off:
         return {"scheduler": MODE_OFF, "observer": MODE_OFF}
     return {"scheduler": ACTIVE, "observer": observer_blocker(compilation_config) or ACTIVE}

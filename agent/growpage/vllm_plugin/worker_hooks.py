@@ -47,10 +47,15 @@ def observer_built() -> bool:
 
 
 def observer_for(vllm_config: Any) -> Any:
-    """The observer of this process, built on first call (config errors fail start-up loudly)."""
+    """The observer of this process, built on first call; None when GrowPage is off here, its
+    settings cannot be honoured, or the observer cannot start (vLLM then runs unobserved)."""
     pid = os.getpid()
     if pid not in _OBSERVERS:
-        _OBSERVERS[pid] = _build_observer(vllm_config)
+        try:
+            _OBSERVERS[pid] = _build_observer(vllm_config)
+        except Exception:
+            logger.exception("growpage: cannot start the observer in pid %d; vLLM runs unobserved", pid)
+            _OBSERVERS[pid] = None
     return _OBSERVERS[pid]
 
 
@@ -60,7 +65,12 @@ def _build_observer(vllm_config: Any) -> Any:
     from growpage.vllm_plugin.settings import settings_from_vllm_config
     from growpage.vllm_plugin.support import REMEDIES, observer_blocker
 
-    config, settings = settings_from_vllm_config(vllm_config)
+    resolved = settings_from_vllm_config(vllm_config)
+    config, settings = resolved.config, resolved.settings
+    if resolved.problem is not None:  # the scheduler reports it (invalid_config) and logs it, once
+        logger.debug("growpage: settings cannot be honoured; attention is not observed in pid %d: %s",
+                     os.getpid(), resolved.problem)
+        return None
     if config.mode is Mode.OFF:
         logger.info("growpage: mode=off; attention is not observed in pid %d", os.getpid())
         return None
