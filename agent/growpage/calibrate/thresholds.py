@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from growpage import catalog
 from growpage.calibrate.evidence import ModelEvidence
 from growpage.config import GrowPageConfig
+from growpage.config import min_base_pages as config_min_base_pages
 from growpage.diagnose.observations import HistogramCounts
 from growpage.errors import GrowPageError
 
@@ -97,8 +98,8 @@ def min_base_pages(block_size: int) -> int:
 
     Sinks and the recent window must fit in the pages an eviction may keep (see GrowPageConfig).
     """
-    protected = _DEFAULTS.sink_tokens + _DEFAULTS.recent_window_tokens
-    return _DEFAULTS.evict_min_pages + math.ceil(protected / block_size)
+    return config_min_base_pages(block_size, _DEFAULTS.sink_tokens, _DEFAULTS.recent_window_tokens,
+                                 _DEFAULTS.evict_min_pages)
 
 
 def check_samples(evidence: ModelEvidence, min_samples: int, where: str, wider: str = "") -> None:
