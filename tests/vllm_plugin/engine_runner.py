@@ -143,6 +143,7 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
         result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
     except AttributeError:
         result["cudagraph_mode"] = "unknown"
+    result["block_size"] = llm.llm_engine.vllm_config.cache_config.block_size  # what vLLM chose
     port = phase["growpage"].get("exporter_port", -1)
     if phase.get("scrape") and port > 0:  # the scheduler's exporter serves from start-up, before any request
         result["metrics_before"] = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/growpage",
