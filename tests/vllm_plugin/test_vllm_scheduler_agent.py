@@ -26,7 +26,7 @@ class _Block:
 
 
 class _Pool:
-    """vLLM's BlockPool as the agent reads it: a null block plus ``POOL`` usable blocks."""
+    """vLLM's BlockPool as the agent and its enforcer use it: a null block plus ``POOL`` usable blocks."""
 
     def __init__(self):
         self.num_gpu_blocks = POOL + 1
@@ -38,6 +38,16 @@ class _Pool:
     def take(self, count: int) -> list[_Block]:
         taken, self.free = self.free[:count], self.free[count:]
         return [_Block(i) for i in taken]
+
+    def free_blocks(self, blocks) -> None:
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free.append(block.block_id)
+
+    def _maybe_evict_cached_block(self, block) -> bool:
+        block.block_hash = None
+        return True
 
 
 def _request(request_id: str, prompt: int, computed: int, extra: dict | None = None):
@@ -205,7 +215,8 @@ def test_blocks_shared_through_the_prefix_cache_are_counted_once():
     setattr(second, DROPPED_ATTRIBUTE, 0)
     req_to_blocks = {"a": shared + [_Block(3)], "b": shared + [_Block(4)]}
     live, logical = live_and_logical_tokens([first, second], req_to_blocks, BLOCK)
-    assert live == 8 + 2 + 3 and logical == 21  # 2 full shared blocks once, then each own tail
+    assert live == 8 + 2 + 3  # 2 full shared blocks once, then each own tail
+    assert logical == live  # nothing compacted: sharing is vLLM's saving, not compression
 
 
 def test_a_compacted_request_holds_its_physical_tokens():
@@ -213,6 +224,36 @@ def test_a_compacted_request_holds_its_physical_tokens():
     setattr(request, DROPPED_ATTRIBUTE, 12)
     live, logical = live_and_logical_tokens([request], {"a": [_Block(1), _Block(2), _Block(3)]}, BLOCK)
     assert (live, logical) == (8, 20)
+
+
+def test_prefix_sharing_reads_no_compression_and_only_growpages_compactions_do():
+    """Two requests sharing a 64-token cached prefix, nothing compacted: ratio 1.0 (it read 2.0 when
+    sharing counted as compression); then the enforcer compacts a third request: ratio above 1."""
+    scheduler = _scheduler({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2,
+                            "growth_coefficient": 0, "lts_grow_threshold": 100, "attention_coverage": 0})
+    agent = build_agent(scheduler, start_telemetry=False)
+    pool = scheduler.kv_cache_manager.block_pool
+    blocks = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    prefix = pool.take(64 // BLOCK)
+    for block in prefix:
+        block.ref_cnt = 2  # vLLM's prefix cache: both requests hold the same blocks
+    first, second = _request("a", prompt=64, computed=64), _request("b", prompt=64, computed=64)
+    blocks.update(a=list(prefix), b=list(prefix))
+    scheduler.running = [first, second]
+    agent.after_schedule(scheduler, types.SimpleNamespace())  # the step that admits them
+    gauges = agent.make_stats().gauges
+    assert gauges.live_tokens == 64 and gauges.stored_bytes == gauges.logical_bytes == 64 * 2 * 256
+    assert gauges.compression_ratio == 1.0
+
+    third = _request("c", prompt=2, computed=12)  # decoding at its 3-block cap, its blocks its own
+    blocks["c"] = pool.take(3)
+    scheduler.running.append(third)
+    agent.take_report(WorkerReport(readings={}, ready_to_compact=True, observer_state="active"))
+    agent.before_schedule(scheduler)  # the enforcer compacts it: 4 tokens dropped, its tail block freed
+    assert getattr(third, DROPPED_ATTRIBUTE) == 4 and len(blocks["c"]) == 2
+    gauges = agent.make_stats().gauges
+    assert gauges.live_tokens == 64 + 8 and gauges.logical_bytes == (64 + 12) * 2 * 256
+    assert gauges.compression_ratio == pytest.approx((64 + 12) / (64 + 8))
 
 
 def test_the_report_rides_on_the_output_the_async_wrapper_resolves_to():

@@ -11,7 +11,8 @@ and any executor, so everything that can be known there is known there:
   and the decision GrowPage *would* take is recorded; in ``enforce`` the
   :class:`~growpage.vllm_plugin.enforcer.SchedulerEnforcer` decides and acts on the same controller;
 - **the pool**: free, used and live slots read from vLLM's block pool and block lists, blocks
-  shared through the prefix cache counted once;
+  shared through the prefix cache counted once (in the compression ratio too: only GrowPage's
+  compactions count as compression, :func:`live_and_logical_tokens`);
 - **telemetry**: the exporter (``/metrics/growpage`` on ``exporter_port``) starts with the
   scheduler, before any request and in every mode (``off`` included: ``growpage_build_info`` and
   ``growpage_agent_active{reason="mode_off"}``), so a scrape never depends on the workers.
@@ -345,20 +346,23 @@ class SchedulerAgent:
 
 
 def live_and_logical_tokens(running: Any, req_to_blocks: dict[str, list], block_size: int) -> tuple[int, int]:
-    """Tokens held in the pool (each block counted once, however many requests share it through the
-    prefix cache) and the running requests' logical lengths (what full KV would hold).
+    """Tokens the running requests' KV holds in the pool, and the tokens it would hold without GrowPage.
 
-    A request's block ``i`` holds ``min(block_size, physical - i * block_size)`` tokens, where
-    ``physical`` is its computed tokens less those GrowPage evicted.
+    Both count a block shared through vLLM's prefix cache once: sharing is vLLM's saving, not
+    GrowPage's, so with nothing compacted the two are equal (a compression ratio of 1.0) however
+    many requests share a prefix. Only GrowPage's own compactions part them: logical = live + the
+    tokens compactions dropped (``growpage_dropped``, which only ever comes from blocks the
+    request alone held). A request's block ``i`` holds ``min(block_size, physical - i * block_size)``
+    tokens, where ``physical`` is its computed tokens less those GrowPage dropped.
     """
     per_block: dict[int, int] = {}
-    logical = 0
+    dropped = 0
     for request in running:
-        computed = int(request.num_computed_tokens)
-        logical += computed
         physical = physical_tokens(request)
+        dropped += int(request.num_computed_tokens) - physical
         for index, block in enumerate(req_to_blocks.get(request.request_id, ())):
             tokens = max(0, min(block_size, physical - index * block_size))
             block_id = getattr(block, "block_id", id(block))
             per_block[block_id] = max(per_block.get(block_id, 0), tokens)
-    return sum(per_block.values()), logical
+    live = sum(per_block.values())
+    return live, live + dropped
