@@ -31,6 +31,8 @@ import pytest
 from kustomize_render import build
 from monitoring_paths import DEPLOY_DIR, RUNBOOKS_DIR
 
+from growpage.config import ENV_PREFIX, FIELD_NAMES, load_config
+
 OVERLAYS = {"base": DEPLOY_DIR / "base",
             **{name: DEPLOY_DIR / "overlays" / name
                for name in ("phase1-monitor", "phase2-namespaces", "phase3-everywhere", "fleet")}}
@@ -278,6 +280,36 @@ def test_scoped_and_router_commands_are_checked_somewhere(rendered):
         assert any(_workload(documents)["kind"] == scope for documents in rendered.values()), scope
     assert any("ROUTER" in _bindings(documents) for documents in rendered.values())
     assert {c.runbook for c in commands} >= ROUTER_RUNBOOKS
+
+
+def _settings(workload: dict) -> tuple[dict[str, str], dict]:
+    """The vLLM container's plain env and its ``--additional-config`` GrowPage keys."""
+    [container] = workload["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    [additional] = [json.loads(arg.split("=", 1)[1])["growpage"] for arg in container["args"]
+                    if arg.startswith("--additional-config=")]
+    return env, additional
+
+
+def test_every_setting_a_runbook_changes_takes_effect_on_the_shipped_pods(rendered):
+    """A `set env` of a GrowPage variable that --additional-config also sets would change nothing
+    (the key there wins); one the config does not know would fail at start-up."""
+    changes = [(c, word) for c in _all_commands() if _verb(_positionals(c.text))[0] == "set env"
+               for word in _verb(_positionals(c.text))[1][1:]]
+    assert changes
+    for overlay, documents in rendered.items():
+        env, additional = _settings(_workload(documents))
+        for command, word in changes:
+            key, _, value = word.partition("=")
+            where = f"{overlay}: {command.runbook}: {word}"
+            if not key.startswith(ENV_PREFIX):
+                assert key in env, f"{where}: the shipped pods have no {key} to change"
+                continue
+            field = key.removeprefix(ENV_PREFIX).lower()
+            assert field in FIELD_NAMES and field not in additional, where
+            if not value.startswith("<"):  # a placeholder the reader fills in
+                changed = load_config(env={**env, key: value}, overrides=additional)
+                assert getattr(changed, field) == getattr(load_config(env={key: value}), field), where
 
 
 def _cost_phrases(command: str) -> set[str]:
