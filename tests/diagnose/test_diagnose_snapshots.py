@@ -23,30 +23,35 @@ from growpage.diagnose.sources import snapshot
 CHECK_IDS = ["vllm-latency", "slo-utilization", "slo-compress-ratio", "slo-allocation-latency", "over-granting",
              "allocation-latency", "oom-fragmentation", "rollout", "agent-health"]
 OK = dict.fromkeys(CHECK_IDS, "ok")
+# Snapshots hold no history: the burn-rate checks are not checked (unknown), and never decide the
+# verdict. On the reference engine no vLLM serves: its latency SLOs do not apply (ok).
+NO_BURNS = {"vllm-latency": "unknown", "slo-allocation-latency": "unknown"}
+NO_BURNS_REFERENCE = {"slo-allocation-latency": "unknown"}
 
 # scenario -> (verdict, exit code, the checks that are not ok). Statuses follow the alerts' severity
 # table: only pages are critical (stranded pages here); over-granting and slow grants are tickets.
 BRANCHES = {
-    "healthy": (scenarios.HEALTHY, "ok", 0, {}),
+    "healthy": (scenarios.HEALTHY, "ok", 0, NO_BURNS),
     "over-granting": (scenarios.OVER_GRANTING, "warning", 1,
-                      {"slo-utilization": "warning", "over-granting": "warning"}),
+                      {**NO_BURNS_REFERENCE, "slo-utilization": "warning", "over-granting": "warning"}),
     "latency": (scenarios.LATENCY, "warning", 1,
-                {"slo-allocation-latency": "warning", "allocation-latency": "warning", "rollout": "warning"}),
+                {**NO_BURNS, "allocation-latency": "warning", "rollout": "warning"}),
     # Stranded pages are over-granted pages (reference engine): both checks see them.
     "oom-fragmentation": (scenarios.OOM_FRAGMENTATION, "critical", 2,
-                          {"slo-utilization": "warning", "over-granting": "warning", "oom-fragmentation": "critical"}),
-    "agent-errors": (scenarios.AGENT_ERRORS, "warning", 1, {"agent-health": "warning"}),
-    "compress-int8": (scenarios.COMPRESS_INT8, "warning", 1, {"slo-compress-ratio": "warning"}),
-    "phase-two-candidate": (scenarios.PHASE_TWO_CANDIDATE, "ok", 0, {}),
+                          {**NO_BURNS_REFERENCE, "slo-utilization": "warning", "over-granting": "warning",
+                           "oom-fragmentation": "critical"}),
+    "agent-errors": (scenarios.AGENT_ERRORS, "warning", 1, {**NO_BURNS, "agent-health": "warning"}),
+    "compress-int8": (scenarios.COMPRESS_INT8, "warning", 1, {**NO_BURNS, "slo-compress-ratio": "warning"}),
+    "phase-two-candidate": (scenarios.PHASE_TWO_CANDIDATE, "ok", 0, NO_BURNS),
     "mixed": (scenarios.MIXED, "critical", 2,
-              {"slo-utilization": "warning", "over-granting": "warning", "slo-allocation-latency": "warning",
+              {**NO_BURNS_REFERENCE, "slo-utilization": "warning", "over-granting": "warning",
                "allocation-latency": "warning", "oom-fragmentation": "critical"}),
-    "partial": (scenarios.NO_LATENCY_HISTOGRAM, "unknown", 3,
-                {"slo-allocation-latency": "unknown", "allocation-latency": "unknown"}),
-    "idle": (scenarios.IDLE, "unknown", 3,
-             {"vllm-latency": "unknown", "slo-utilization": "unknown", "over-granting": "unknown",
-              "slo-allocation-latency": "unknown", "allocation-latency": "unknown"}),
-    "users-feel-it": (scenarios.SLOW_FIRST_TOKENS, "critical", 2, {"vllm-latency": "critical"}),
+    "partial": (scenarios.NO_LATENCY_HISTOGRAM, "ok", 0, {**NO_BURNS, "allocation-latency": "unknown"}),
+    # An idle healthy pod is healthy: nothing burns, nothing is over-granted.
+    "idle": (scenarios.IDLE, "ok", 0, NO_BURNS),
+    # 8 % of first tokens after 2.5 s over one minute: the pages compare 5m to 3d windows, which
+    # snapshots do not hold, so the burn is not checked (diagnose --prometheus judges it).
+    "users-feel-it": (scenarios.SLOW_FIRST_TOKENS, "ok", 0, NO_BURNS),
     "mode-off": (scenarios.MODE_OFF, "ok", 0, {}),
 }
 
@@ -73,11 +78,12 @@ def test_each_branch_gives_its_verdict_statuses_and_exit_code(runner, write_snap
 
 def test_json_is_stable_keys_and_order(runner, write_snapshots):
     _, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenarios.HEALTHY)))
-    assert list(document) == ["schema_version", "status", "exit_code", "source", "counts", "notes", "checks"]
+    assert list(document) == ["schema_version", "status", "exit_code", "source", "counts", "notes", "not_checked",
+                              "checks"]
     assert [check["id"] for check in document["checks"]] == CHECK_IDS
     for check in document["checks"]:
         assert list(check) == ["id", "title", "status", "severity", "summary", "evidence", "remediation",
-                               "runbook_url", "breakdown", "alerts"]
+                               "runbook_url", "breakdown", "alerts", "not_checked"]
         assert list(check["evidence"])[:4] == ["metric", "value", "threshold", "window"]
         assert check["runbook_url"].startswith("https://github.com/growpage/growpage/blob/main/runbooks/")
     assert document["source"]["window"] == {
@@ -273,8 +279,9 @@ def test_vllm_metrics_saved_separately_attach_to_the_snapshot_of_the_same_time(r
         paths.append(path)
     _, document = run_json(runner, "--snapshot", *map(str, paths))
     check = checks_by_id(document)["vllm-latency"]
-    assert check["status"] == "critical" and check["alerts"] == ["GrowPageVLLMTimeToFirstTokenFastBurn",
-                                                                 "GrowPageVLLMTimeToFirstTokenSlowBurn"]
+    assert check["evidence"]["within_slo"] == {"vllm_time_to_first_token": pytest.approx(0.92),
+                                               "vllm_inter_token_latency": 1.0}, check
+    assert check["status"] == "unknown" and "burn-rate alerts not checked" in check["not_checked"]["reason"]
     stray = tmp_path / "vllm-late.prom"
     stray.write_text(scenarios.text_exposition(scenarios.vllm_samples(scenario, 0.0), start_s + 30), encoding="utf-8")
     result = runner.invoke(app, ["diagnose", "--snapshot", *map(str, paths), str(stray)])
@@ -294,9 +301,42 @@ def test_the_mixin_config_gives_diagnose_the_thresholds_the_alerts_use(runner, w
     paths = list(map(str, write_snapshots(scenarios.SLOW_FIRST_TOKENS)))
     config = tmp_path / "growpage-mixin.yaml"
     config.write_text("thresholds:\n  vllm_ttft_s: 5.0\n")
-    default, document = run_json(runner, "--snapshot", *paths)
-    assert default.exit_code == 2 and checks_by_id(document)["vllm-latency"]["status"] == "critical"
-    custom, document = run_json(runner, "--snapshot", *paths, "--mixin-config", str(config))
+    _, document = run_json(runner, "--snapshot", *paths)
+    assert checks_by_id(document)["vllm-latency"]["evidence"]["within_slo"]["vllm_time_to_first_token"] == \
+        pytest.approx(0.92)
+    _, document = run_json(runner, "--snapshot", *paths, "--mixin-config", str(config))
     latency = checks_by_id(document)["vllm-latency"]
-    assert latency["status"] == "ok" and "(5 s, 100 ms)" in latency["title"], latency
-    assert custom.exit_code == 0, custom.output
+    assert "(5 s, 100 ms)" in latency["title"], latency
+    assert latency["evidence"]["within_slo"]["vllm_time_to_first_token"] == 1.0
+
+
+def test_a_growpage_only_snapshot_is_ok_and_lists_what_was_not_checked(runner, write_snapshots):
+    # /metrics/growpage saved without vLLM's /metrics: every GrowPage check runs and is ok; the
+    # user-facing check only lacks vLLM's histograms, and says what to save.
+    result, document = run_json(runner, "--snapshot", *map(str, write_snapshots(scenarios.HEALTHY, vllm=False)))
+    assert (result.exit_code, document["status"]) == (0, "ok"), result.output
+    jsonschema.validate(document, REPORT_SCHEMA)
+    listed = {item["id"]: item for item in document["not_checked"]}
+    assert set(listed) == {"vllm-latency", "slo-allocation-latency"}
+    assert "save vLLM's /metrics beside /metrics/growpage" in listed["vllm-latency"]["to_check"]
+    assert "--prometheus" in listed["slo-allocation-latency"]["to_check"]
+    assert not any(item["in_part"] for item in listed.values())
+    text = " ".join(runner.invoke(app, ["diagnose", "--snapshot", *map(str, write_snapshots(
+        scenarios.HEALTHY, vllm=False))]).output.split())
+    assert text.startswith("VERDICT: OK (exit 0): 7 ok, 2 not checked"), text
+    assert "Not checked (left out of the verdict), and how to check it: [vllm-latency]" in text
+
+
+def test_exit_3_only_when_nothing_could_be_read(runner, tmp_path):
+    empty = tmp_path / "empty.prom"
+    empty.write_text("")
+    result = runner.invoke(app, ["diagnose", "--snapshot", str(empty)])
+    assert result.exit_code == 3 and len(result.output.strip().splitlines()) == 1, result.output
+    # Build info alone is something read: what it tells (mode, health) is checked, the rest listed.
+    build_only = tmp_path / "build.prom"
+    build_only.write_text(scenarios.text_exposition(
+        [row for row in scenarios.samples(scenarios.HEALTHY, 0.0) if row.family == catalog.BUILD_INFO.name]))
+    result, document = run_json(runner, "--snapshot", str(build_only))
+    assert result.exit_code == 0 and document["status"] == "ok", result.output
+    assert {item["id"] for item in document["not_checked"]} >= {"slo-utilization", "over-granting",
+                                                                "allocation-latency", "oom-fragmentation"}

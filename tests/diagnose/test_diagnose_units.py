@@ -16,9 +16,18 @@ from growpage.diagnose.checks.oom import oom_fragmentation
 from growpage.diagnose.checks.overgrant import over_granting, suggest_base_pages
 from growpage.diagnose.checks.rollout import rollout
 from growpage.diagnose.checks.slo import allocation_latency_slo, compress_ratio, utilization
+from growpage.diagnose.checks.vllm import vllm_latency
 from growpage.diagnose.exposition import parse_exposition, snapshot_time, with_snapshot_time
-from growpage.diagnose.findings import Severity, Status, worst
-from growpage.diagnose.observations import BuildInfo, GaugeStats, HistogramCounts, Observations, Scope, Window
+from growpage.diagnose.findings import Severity, Status, verdict, worst
+from growpage.diagnose.observations import (
+    BuildInfo,
+    GaugeStats,
+    HistogramCounts,
+    Observations,
+    Scope,
+    ServiceErrorRatios,
+    Window,
+)
 from growpage.diagnose.scrapes import counter_increase, histogram_increase
 
 T = Thresholds.from_catalog()
@@ -131,18 +140,20 @@ def test_utilization_slo_uses_the_mean():
     assert utilization(Scope("s", utilization=gauge(0.65)), WINDOW, T).status is Status.OK
 
 
-def test_idle_scope_is_unknown_not_over_granting():
+def test_an_idle_scope_is_ok_with_nothing_to_judge_not_over_granting():
+    # As for the alerts: a ratio of no traffic never fires, so an idle pod is healthy, not unknown.
     idle = Scope("s", utilization=gauge(0.0), page_allocations=0.0, requests_running_max=0.0)
     for check in (utilization, over_granting):
         finding = check(idle, WINDOW, T)
-        assert finding.status is Status.UNKNOWN and "no traffic" in finding.summary
+        assert finding.status is Status.OK and finding.summary.startswith("idle: no pages granted"), finding
+        assert finding.evidence["idle"] is True and finding.not_checked is None
 
 
 def test_samples_between_bursts_are_not_over_granting():
     """Grants in the window, but no request held pages at either sample: the gauge's 0 is no data."""
     between = Scope("s", utilization=gauge(0.0), page_allocations=12.0, requests_running_max=0.0)
     finding = over_granting(between, WINDOW, T)
-    assert finding.status is Status.UNKNOWN and "no request held KV pages" in finding.summary
+    assert finding.status is Status.OK and "no request held KV pages" in finding.summary
 
 
 def test_over_granting_reads_the_pooled_ratio_at_samples_with_grants():
@@ -173,9 +184,53 @@ def test_compress_ratio_falls_back_to_the_gauge_and_is_ok_without_compressions()
 def test_latency_slo_is_the_fraction_of_grants_at_or_under_15_ms():
     finding = allocation_latency_slo(Scope("s", allocation_latency=histogram({0.01: 985, 0.015: 4, 0.05: 11})),
                                      WINDOW, T)
-    assert finding.status is Status.WARNING
+    # Snapshots hold no history: the share is read, the burn-rate alerts are not checked.
+    assert finding.status is Status.UNKNOWN and finding.not_checked is not None
+    assert "burn-rate alerts not checked" in finding.not_checked.reason
+    assert "--prometheus" in finding.not_checked.to_check
     assert finding.evidence["value"] == pytest.approx(0.989)
     assert "98.9 %" in finding.summary
+
+
+RANGE = Window(0.0, 1800.0, "range")
+WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+
+
+def burning(ratios: dict[str, float], slo: str = catalog.SLO_ALLOCATION_LATENCY.name) -> Scope:
+    return Scope("s", allocation_latency=histogram({0.01: 900, 0.05: 100}), build_infos=(BuildInfo(mode="enforce"),),
+                 burn_ratios={slo: (ServiceErrorRatios({"namespace": "chat"}, ratios),)})
+
+
+def test_a_30_minute_burn_at_7x_is_no_fast_burn():
+    # The old verdict: 7x over --since 30m > the lowest fast factor (6): critical. The rules: the 6h
+    # window of the 6h/30m pair is quiet, so nothing fires.
+    ratios = {"5m": 0.07, "30m": 0.07, "1h": 0.035, "6h": 0.07 / 12}
+    finding = allocation_latency_slo(burning(ratios), RANGE, T)
+    assert finding.status is Status.OK and finding.alerts == (), finding.summary
+    # The slow pairs' long windows (1d, 3d) are not covered: said, not guessed.
+    assert finding.not_checked is not None and "SlowBurn 1d/2h" in finding.not_checked.reason
+    states = {(p["alert"], p["long_window"]): p["state"] for p in finding.evidence["burn_pairs"]}
+    assert states[("GrowPageAllocationLatencyFastBurn", "6h")] == "quiet"
+    assert states[("GrowPageAllocationLatencySlowBurn", "3d")] == "not_checked"
+
+
+def test_a_burn_names_the_alert_and_window_pair_the_rules_raise():
+    ratios = dict.fromkeys(WINDOWS, 0.0) | {"1h": 0.16, "5m": 0.2}
+    finding = allocation_latency_slo(burning(ratios), RANGE, T)
+    assert finding.alerts == ("GrowPageAllocationLatencyFastBurn",) and finding.not_checked is None
+    # Its severity is the severity table's (a ticket: grant latency is a cause), not the speed's.
+    assert finding.status is Status.WARNING
+    assert "GrowPageAllocationLatencyFastBurn (1h/5m: 16.00/20.00 % bad > 14.40 %, namespace chat)" in finding.summary
+    ttft = vllm_latency(Scope(
+        "s", vllm_ttft=histogram({1.0: 90, 5.0: 10}), build_infos=(BuildInfo(engine="vllm", mode="monitor"),),
+        burn_ratios={catalog.SLO_VLLM_TTFT.name: (ServiceErrorRatios({}, ratios),)}), RANGE, T)
+    assert ttft.alerts == ("GrowPageVLLMTimeToFirstTokenFastBurn",) and ttft.status is Status.CRITICAL
+
+
+def test_no_covered_pair_is_not_checked():
+    finding = allocation_latency_slo(burning({"5m": 0.5, "30m": 0.5}), RANGE, T)
+    assert finding.status is Status.UNKNOWN and finding.not_checked is not None
+    assert "up to 3d" in finding.not_checked.to_check
 
 
 def test_pct_floor_never_rounds_a_miss_up_to_the_objective():
@@ -272,15 +327,21 @@ def test_rollout_flags_phase_two_candidates_as_advice_and_throttling_as_warning(
 
 
 def test_verdict_precedence_and_partial_data():
-    assert worst([Status.OK, Status.UNKNOWN]) is Status.UNKNOWN
-    assert worst([Status.UNKNOWN, Status.WARNING]) is Status.WARNING
-    assert worst([Status.WARNING, Status.CRITICAL, Status.OK]) is Status.CRITICAL
+    # The verdict is the worst of the checks that could run; unknown only when none could.
+    assert verdict([Status.OK, Status.UNKNOWN]) is Status.OK
+    assert verdict([Status.UNKNOWN, Status.UNKNOWN]) is Status.UNKNOWN
+    assert verdict([Status.UNKNOWN, Status.WARNING]) is Status.WARNING
+    assert verdict([Status.WARNING, Status.CRITICAL, Status.OK]) is Status.CRITICAL
+    assert worst([Status.OK, Status.UNKNOWN]) is Status.UNKNOWN  # a scope's worst still ranks unknown
     report = run_checks(Observations(source={"kind": "snapshot", "target": "x"}, window=WINDOW,
                                      overall=Scope("all", utilization=gauge(0.8))))
     statuses = {finding.id: finding.status for finding in report.findings}
     assert statuses["slo-utilization"] is Status.OK
     assert statuses["slo-allocation-latency"] is Status.UNKNOWN
     assert report.exit_code == 1  # agent-health warns: no build info
+    listed = {item["id"]: item for item in report.to_dict()["not_checked"]}
+    assert listed["slo-allocation-latency"]["to_check"].startswith(f"save {catalog.METRICS_PATH} of an agent")
+    assert listed["vllm-latency"]["to_check"].startswith("save vLLM's /metrics beside /metrics/growpage")
 
 
 def test_a_problem_namespace_escalates_an_ok_fleet():

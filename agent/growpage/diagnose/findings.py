@@ -36,20 +36,48 @@ class Severity(enum.StrEnum):
     CRITICAL = "critical"
 
 
-SCHEMA_VERSION = 1  # of Report.to_dict(); see growpage.diagnose.schema
+# Of Report.to_dict(); see growpage.diagnose.schema. 2: the verdict is the worst of the checks that
+# could run (unknown only when none could), and not_checked says what could not.
+SCHEMA_VERSION = 2
 
-# Exit codes of `gpctl diagnose` (documented): 3 also covers "could not diagnose at all".
+# Exit codes of `gpctl diagnose` (documented): 3 is "could not diagnose at all" (nothing was read,
+# or no check could run).
 EXIT_CODES = {Status.OK: 0, Status.WARNING: 1, Status.CRITICAL: 2, Status.UNKNOWN: 3}
 EXIT_CANNOT_DIAGNOSE = 3
 
-# NOTE: unknown ranks below warning and critical: a problem we did find is never hidden by a check
-# we could not evaluate; but it ranks above ok, because "ok" must mean every check was evaluated.
 _VERDICT_RANK = {Status.OK: 0, Status.UNKNOWN: 1, Status.WARNING: 2, Status.CRITICAL: 3}
 
 
 def worst(statuses: list[Status] | tuple[Status, ...]) -> Status:
-    """The verdict over ``statuses``: critical > warning > unknown > ok (ok when empty)."""
+    """The worst of ``statuses``: critical > warning > unknown > ok (ok when empty)."""
     return max(statuses, key=_VERDICT_RANK.__getitem__, default=Status.OK)
+
+
+def verdict(statuses: list[Status] | tuple[Status, ...]) -> Status:
+    """The report's verdict: the worst of the checks that could run (unknown = not checked).
+
+    NOTE: a check that could not run never decides the verdict: a healthy pod whose vLLM metrics
+    were not saved is ok, and the report lists what was not checked. Unknown only when nothing could
+    be checked at all.
+    """
+    checked = [status for status in statuses if status is not Status.UNKNOWN]
+    return worst(checked) if checked else Status.UNKNOWN
+
+
+@dataclasses.dataclass(frozen=True)
+class NotChecked:
+    """What a check could not evaluate, and what to scrape, save or run so that it can.
+
+    Attributes:
+        reason: why (e.g. "none of vLLM's latency histograms found").
+        to_check: the fix, one sentence (e.g. "save vLLM's /metrics beside /metrics/growpage").
+    """
+
+    reason: str
+    to_check: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"reason": self.reason, "to_check": self.to_check}
 
 
 def alert_finding(alerts: tuple[str, ...], summary: str, evidence: Mapping[str, Any],
@@ -82,6 +110,9 @@ class ScopeFinding:
         severity: ``None`` derives it from ``status`` (info when ok with remediation).
         alerts: the alerts whose condition this finding is (``catalog.SEVERITY_TABLE``): what
             would page or ticket for it, so a report and the alerts never disagree.
+        not_checked: what could not be evaluated and how to evaluate it: the whole check when the
+            status is unknown, else a part of it (e.g. burn-rate pairs whose long window the data
+            does not cover).
     """
 
     status: Status
@@ -90,6 +121,10 @@ class ScopeFinding:
     remediation: tuple[str, ...] = ()
     severity: Severity | None = None
     alerts: tuple[str, ...] = ()
+    not_checked: NotChecked | None = None
+
+    def __post_init__(self) -> None:
+        assert self.status is not Status.UNKNOWN or self.not_checked is not None, "say how to check it"
 
     @property
     def resolved_severity(self) -> Severity:
@@ -115,6 +150,7 @@ class Finding:
     breakdown_label: str | None = None
     breakdown: Mapping[str, ScopeFinding] = dataclasses.field(default_factory=dict)
     alerts: tuple[str, ...] = ()
+    not_checked: NotChecked | None = None
 
     def to_dict(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -128,6 +164,7 @@ class Finding:
             "runbook_url": self.runbook_url,
             "breakdown": None,
             "alerts": list(self.alerts),
+            "not_checked": self.not_checked.to_dict() if self.not_checked else None,
         }
         if self.breakdown_label is not None:
             document["breakdown"] = {
@@ -140,6 +177,7 @@ class Finding:
                         "evidence": dict(scope.evidence),
                         "remediation": list(scope.remediation),
                         "alerts": list(scope.alerts),
+                        "not_checked": scope.not_checked.to_dict() if scope.not_checked else None,
                     }
                     for name, scope in sorted(self.breakdown.items())
                 },
@@ -157,7 +195,13 @@ class Report:
 
     @property
     def status(self) -> Status:
-        return worst([finding.status for finding in self.findings])
+        return verdict([finding.status for finding in self.findings])
+
+    @property
+    def not_checked(self) -> tuple[Finding, ...]:
+        """The checks that could not run (unknown), then those that ran in part, in checklist order."""
+        whole = [f for f in self.findings if f.status is Status.UNKNOWN]
+        return (*whole, *(f for f in self.findings if f.status is not Status.UNKNOWN and f.not_checked))
 
     @property
     def exit_code(self) -> int:
@@ -174,6 +218,8 @@ class Report:
             "source": dict(self.source),
             "counts": self.counts(),
             "notes": list(self.notes),
+            "not_checked": [{"id": f.id, "title": f.title, "in_part": f.status is not Status.UNKNOWN,
+                             **f.not_checked.to_dict()} for f in self.not_checked if f.not_checked],
             "checks": [finding.to_dict() for finding in self.findings],
         }
 

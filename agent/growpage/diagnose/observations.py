@@ -176,6 +176,25 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServiceErrorRatios:
+    """One service's error ratios at the window's end, over each burn-rate window, as the recording
+    rules compute them (``1 - good / all`` of the histogram's rates, per service: the SLO labels).
+
+    Attributes:
+        labels: the service's SLO labels (cluster, namespace, model_name, where present).
+        ratios: window (``"5m"``...) -> bad share over it; NaN: no events in it; a window absent: the
+            data does not reach back to its start (its pairs are not checked).
+    """
+
+    labels: Mapping[str, str]
+    ratios: Mapping[str, float]
+
+    def describe(self) -> str:
+        """``namespace chat, model_name m`` (or ``all`` when the series carry no SLO labels)."""
+        return ", ".join(f"{key} {value}" for key, value in sorted(self.labels.items()) if value) or "all"
+
+
+@dataclasses.dataclass(frozen=True)
 class Scope:
     """Everything observed for one scope (the whole source, one namespace, or one pod).
 
@@ -221,6 +240,9 @@ class Scope:
     router_load_min_by_pod: Mapping[str, float] | None = None
     gpu_framebuffer_used_max: float | None = None  # DCGM used / (used + free), highest in window
     gpu_models: tuple[str, ...] = ()
+    # Burn-rate windows of each latency SLO (key: the SLO's name), per service; None: the source holds
+    # no history (scrapes, snapshots) or the scope is finer than a service (a pod).
+    burn_ratios: Mapping[str, tuple[ServiceErrorRatios, ...]] | None = None
     # Health of the data path: endpoint response time, or Prometheus sample age and targets.
     response_time_s: float | None = None
     sample_age_s: float | None = None
@@ -241,7 +263,8 @@ class Scope:
         """Whether any GrowPage series reached this scope (the build info or any metric)."""
         values = [getattr(self, field.name) for field in dataclasses.fields(self)
                   if field.name not in {"name", "gpu_framebuffer_used_max", "gpu_models", "response_time_s",
-                                        "sample_age_s", "targets_total", "targets_down", "non_finite"}
+                                        "sample_age_s", "targets_total", "targets_down", "non_finite",
+                                        "burn_ratios"}
                   and not field.name.startswith("vllm_")]
         return any(value not in (None, ()) for value in values)
 

@@ -21,7 +21,10 @@ from growpage.diagnose.findings import Finding, Report, Severity, Status
 
 STATUS_STYLES = {Status.OK: "bold green", Status.WARNING: "bold yellow", Status.CRITICAL: "bold red",
                  Status.UNKNOWN: "bold magenta"}
+# A check's row: unknown means it could not run (left out of the verdict); the verdict says UNKNOWN.
+ROW_LABELS = {Status.OK: "OK", Status.WARNING: "WARNING", Status.CRITICAL: "CRITICAL", Status.UNKNOWN: "NOT CHECKED"}
 _CORE_EVIDENCE = ("metric", "value", "threshold", "window")
+_JSON_ONLY_EVIDENCE = ("burn_pairs",)  # every pair judged: the summary names the firing ones
 
 
 def to_json(report: Report) -> str:
@@ -32,8 +35,9 @@ def render_text(report: Report, console: Console) -> None:
     """Print the report on ``console`` (its width decides the wrapping)."""
     status = report.status
     counts = report.counts()
-    tally = ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.CRITICAL, Status.WARNING, Status.UNKNOWN,
-                                                               Status.OK) if counts[s.value])
+    tally = ", ".join(f"{counts[s.value]} {ROW_LABELS[s].lower()}" for s in (Status.CRITICAL, Status.WARNING,
+                                                                             Status.OK, Status.UNKNOWN)
+                      if counts[s.value])
     advised = sum(f.status is Status.OK and f.severity is Severity.INFO for f in report.findings)
     if advised:
         tally += f" ({advised} with advice)"
@@ -53,10 +57,24 @@ def render_text(report: Report, console: Console) -> None:
     table.add_column("Status", no_wrap=True, width=8)
     table.add_column("Check and evidence", ratio=1, overflow="fold")
     for finding in report.findings:
-        table.add_row(Text(finding.status.value.upper(), style=STATUS_STYLES[finding.status]), _row(finding))
+        label = ROW_LABELS[finding.status].replace(" ", "\n")  # NOT CHECKED on two lines: the column stays 8 wide
+        table.add_row(Text(label, style=STATUS_STYLES[finding.status]), _row(finding))
     console.print(table)
+    _not_checked(report, console)
     console.print(Text("Runbook pages (\"runbook:\" above) are under:"))
     console.print(Text(f"  {catalog.RUNBOOK_BASE_URL}/"))
+
+
+def _not_checked(report: Report, console: Console) -> None:
+    """What could not be checked (left out of the verdict) and how to check it."""
+    if not report.not_checked:
+        return
+    console.print(Text("Not checked (left out of the verdict), and how to check it:", style="bold"))
+    for finding in report.not_checked:
+        assert finding.not_checked is not None
+        part = " (in part)" if finding.status is not Status.UNKNOWN else ""
+        console.print(Text(f"  [{finding.id}]{part} {finding.not_checked.reason}; to check it: "
+                           f"{finding.not_checked.to_check}"))
 
 
 def _row(finding: Finding) -> Group:
@@ -70,7 +88,7 @@ def _row(finding: Finding) -> Group:
     for name, scope in sorted(finding.breakdown.items()):
         if scope.status is not Status.OK or scope.resolved_severity is Severity.INFO:
             parts.append(Text.assemble(f"{finding.breakdown_label} {name}: ",
-                                       (scope.status.value.upper(), STATUS_STYLES[scope.status]),
+                                       (ROW_LABELS[scope.status], STATUS_STYLES[scope.status]),
                                        f" {scope.summary}"))
     quiet = [name for name, scope in finding.breakdown.items()
              if scope.status is Status.OK and scope.resolved_severity is not Severity.INFO]
@@ -91,7 +109,7 @@ def _core_evidence(evidence: Mapping[str, Any]) -> str:
 
 def _extra_evidence(evidence: Mapping[str, Any]) -> str:
     items = [f"{key}={_format(value)}" for key, value in evidence.items()
-             if key not in _CORE_EVIDENCE and value not in (None, [], {}, "")]
+             if key not in (*_CORE_EVIDENCE, *_JSON_ONLY_EVIDENCE) and value not in (None, [], {}, "")]
     return "  ".join(items)
 
 

@@ -124,7 +124,7 @@ def _finding(check: Check, overall: ScopeFinding, breakdown: dict[str, ScopeFind
     return Finding(id=check.id, title=check.title_for(thresholds), status=status, severity=severity, summary=summary,
                    evidence=overall.evidence, remediation=tuple(remediation),
                    runbook_url=runbook_url(check.id), breakdown_label=observations.breakdown_label,
-                   breakdown=breakdown, alerts=alerts)
+                   breakdown=breakdown, alerts=alerts, not_checked=overall.not_checked)
 
 
 def _worst_summary(problems: dict[str, ScopeFinding]) -> str:

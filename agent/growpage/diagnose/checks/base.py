@@ -8,8 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from growpage import catalog
-from growpage.diagnose.findings import ScopeFinding, Status
+from growpage.diagnose.findings import NotChecked, ScopeFinding, Status
 from growpage.diagnose.observations import Scope, Window, round_number
+from growpage.monitoring.promql import duration_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,16 +85,43 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def unknown(metric: str, reason: str, window: Window, threshold: Any = None) -> ScopeFinding:
-    """A check that could not be evaluated; ``reason`` says what was missing and what to check."""
-    return ScopeFinding(Status.UNKNOWN, reason, evidence(metric, None, threshold, window, reason=reason))
+def unknown(metric: str, reason: str, window: Window, to_check: str, threshold: Any = None) -> ScopeFinding:
+    """A check that could not be evaluated: ``reason`` says what was missing, ``to_check`` what to
+    scrape, save or run so that it can be."""
+    return ScopeFinding(Status.UNKNOWN, reason, evidence(metric, None, threshold, window, reason=reason),
+                        not_checked=NotChecked(reason, to_check))
 
 
 def missing(scope: Scope, metric: str, window: Window, what: str | None = None, threshold: Any = None) -> ScopeFinding:
     """Unknown because ``metric`` has no usable value: absent, or only NaN/Inf (which is said)."""
     if metric in scope.non_finite:
-        return unknown(metric, f"{metric} is NaN or Inf: read as unknown, not as a value", window, threshold)
-    return unknown(metric, f"{what or metric} not found", window, threshold)
+        return unknown(metric, f"{metric} is NaN or Inf: read as unknown, not as a value", window,
+                       "the agent exported NaN or Inf: report it with a --bundle", threshold)
+    return unknown(metric, f"{what or metric} not found", window, to_read(metric, window), threshold)
+
+
+def to_read(metric: str, window: Window) -> str:
+    """What to scrape or save so that ``metric`` reaches diagnose, for the source the window says."""
+    if metric.startswith("vllm:"):
+        return {"scrapes": f"vLLM's {catalog.VLLM_METRICS_PATH} must answer on the agent's server (diagnose "
+                           f"reads it beside {catalog.METRICS_PATH})",
+                "range": f"scrape vLLM's {catalog.VLLM_METRICS_PATH} (job {catalog.VLLM_SCRAPE_JOB}) into the "
+                         "same Prometheus, with the pod's namespace and pod labels",
+                }.get(window.kind, f"save vLLM's {catalog.VLLM_METRICS_PATH} beside {catalog.METRICS_PATH} "
+                                   "(into the same file, or with the same '# growpage-snapshot-time:' line)")
+    return {"scrapes": f"an agent that exports {metric} on {catalog.METRICS_PATH} (upgrade GrowPage)",
+            "range": f"scrape {catalog.METRICS_PATH} (job {catalog.SCRAPE_JOB}) of an agent that exports {metric}",
+            }.get(window.kind, f"save {catalog.METRICS_PATH} of an agent that exports {metric}")
+
+
+def no_history(window: Window) -> NotChecked:
+    """Why burn rates are not judged from scrapes or snapshots, and how to judge them."""
+    windows = sorted({w for alert in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS for pair in alert.windows
+                      for w in (pair.long_window, pair.short_window)}, key=duration_seconds)
+    source = "two scrapes" if window.kind == "scrapes" else "snapshots"
+    return NotChecked(f"burn-rate alerts not checked: they compare error ratios over windows of "
+                      f"{windows[0]} to {windows[-1]} ending now, and {source} hold no such history",
+                      "diagnose with --prometheus (the Prometheus that scrapes this pod)")
 
 
 def is_idle(scope: Scope) -> bool:
@@ -116,8 +144,14 @@ def in_modes(scope: Scope, modes: tuple[str, ...]) -> bool:
 
 
 def idle_reason(window: Window) -> str:
-    return (f"no traffic: no pages granted and no requests running ({window.describe()}); "
-            "diagnose while the deployment serves, or widen the window")
+    return f"no pages granted and no requests running ({window.describe()})"
+
+
+def idle(metric: str, what: str, window: Window, threshold: Any = None, **extra: Any) -> ScopeFinding:
+    """The check ran and found no traffic to judge: ok, as for the alerts (a ratio of no events never
+    fires). ``what`` says what was absent, e.g. "no page grants"."""
+    return ScopeFinding(Status.OK, f"idle: {what}: nothing to judge",
+                        evidence(metric, None, threshold, window, idle=True, **extra))
 
 
 def ms(seconds: float | None) -> str:

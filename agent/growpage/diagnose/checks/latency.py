@@ -10,7 +10,7 @@ from __future__ import annotations
 from growpage import catalog
 from growpage.diagnose.checks import advice
 from growpage.diagnose.checks.advice import recommended_block_size
-from growpage.diagnose.checks.base import Thresholds, evidence, in_modes, missing, ms, pct, throttle_share, unknown
+from growpage.diagnose.checks.base import Thresholds, evidence, idle, in_modes, missing, ms, pct, throttle_share
 from growpage.diagnose.findings import ScopeFinding, Severity, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
@@ -22,7 +22,7 @@ def allocation_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFind
     if histogram is None:
         return missing(scope, metric, window, threshold=limit_s)
     if histogram.count <= 0:
-        return unknown(metric, f"no page grants ({window.describe()}): nothing to time", window, limit_s)
+        return idle(metric, f"no page grants ({window.describe()})", window, limit_s)
     p99_s = histogram.quantile(0.99)
     block_size = scope.build_value("block_size")
     gpu_names = advice.gpu_names(scope)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from growpage import catalog
-from growpage.diagnose.checks.base import Thresholds, evidence, idle_reason, in_modes, is_idle, missing, pct, unknown
+from growpage.diagnose.checks.base import Thresholds, evidence, idle, idle_reason, in_modes, is_idle, missing, pct
 from growpage.diagnose.findings import ScopeFinding, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
@@ -36,11 +36,10 @@ def over_granting(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     if stats is None:
         return missing(scope, metric, window, threshold=limit)
     if is_idle(scope):
-        return unknown(metric, idle_reason(window), window, limit)
+        return idle(metric, idle_reason(window), window, limit)
     if scope.pooled_utilization is None and scope.requests_running_max == 0:
-        return unknown(metric, f"no request held KV pages at any sample ({window.describe()}): utilization is "
-                       "undefined between requests; diagnose under steady traffic, or widen the window",
-                       window, limit)
+        # Utilization is undefined between requests: the alert reads running pods only.
+        return idle(metric, f"no request held KV pages at any sample ({window.describe()})", window, limit)
     highest = stats.max
     base_pages, block_size = scope.build_value("base_pages"), scope.build_value("block_size")
     tokens = scope.request_tokens

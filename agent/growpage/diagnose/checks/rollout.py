@@ -8,7 +8,7 @@ candidate (advice: status ok, severity info). In enforce mode, growth refused by
 from __future__ import annotations
 
 from growpage import catalog
-from growpage.diagnose.checks.base import Thresholds, evidence, pct, throttle_share, unknown
+from growpage.diagnose.checks.base import Thresholds, evidence, pct, throttle_share, to_read, unknown
 from growpage.diagnose.findings import ScopeFinding, Severity, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
@@ -20,7 +20,8 @@ def rollout(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     limit = t.checklist.rollout_entropy
     modes = scope.build_values("mode")
     if not modes:
-        return unknown(metric, "growpage_build_info not found: the mode is unknown", window, limit)
+        return unknown(metric, "growpage_build_info not found: the mode is unknown", window,
+                       to_read(catalog.BUILD_INFO.name, window), limit)
     mode = modes[0] if len(modes) == 1 else "mixed"
     entropy = scope.lts_entropy
     p50 = entropy.quantile(0.5) if entropy is not None and entropy.count > 0 else None
@@ -47,8 +48,8 @@ def rollout(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
         return ScopeFinding(Status.OK, f"modes differ here ({', '.join(modes)}): judged per namespace/pod "
                             "where a breakdown exists", proof)
     if p50 is None:
-        return unknown(metric, f"mode {mode} but no finished requests in {metric} ({window.describe()}): "
-                       "cannot tell whether entropy justifies phase 2", window, limit)
+        return ScopeFinding(Status.OK, f"mode {mode}; no finished requests in {metric} ({window.describe()}): "
+                            "phase 2 waits for traffic to judge its entropy", proof)
     if p50 > limit:
         return ScopeFinding(Status.OK, f"mode {mode}; LTS entropy p50 {p50:.2f} nats > {limit}: a phase-2 "
                             "candidate", proof,

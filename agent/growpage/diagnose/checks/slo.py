@@ -6,6 +6,7 @@ from growpage import catalog
 from growpage.diagnose.checks.base import (
     Thresholds,
     evidence,
+    idle,
     idle_reason,
     in_modes,
     is_idle,
@@ -13,9 +14,10 @@ from growpage.diagnose.checks.base import (
     ms,
     pct,
     pct_floor,
+    to_read,
     unknown,
 )
-from growpage.diagnose.checks.vllm import burn_alerts
+from growpage.diagnose.checks.burns import allocation_burn_slo, burn_finding
 from growpage.diagnose.findings import ScopeFinding, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
@@ -29,7 +31,7 @@ def utilization(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     if stats is None:
         return missing(scope, metric, window, threshold=t.utilization_slo)
     if is_idle(scope):
-        return unknown(metric, idle_reason(window), window, t.utilization_slo)
+        return idle(metric, idle_reason(window), window, t.utilization_slo)
     how = ("sum of live tokens / sum of granted token slots, mean over the window" if scope.pooled_utilization
            else "mean of all samples")
     proof = evidence(metric, stats.mean, t.utilization_slo, window, statistic=how,
@@ -70,7 +72,7 @@ def compress_ratio(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
         ratio, how = None, "gauge: no compression in the window"
     else:
         return unknown(metric, f"neither {catalog.COMPRESS_OUTPUT_BYTES.name} nor {metric} found", window,
-                       t.compress_ratio_slo)
+                       to_read(catalog.COMPRESS_OUTPUT_BYTES.name, window), t.compress_ratio_slo)
     proof = evidence(metric, ratio, t.compress_ratio_slo, window, method=how, mode=mode,
                      input_bytes=bytes_in, output_bytes=bytes_out)
     if ratio is not None and not in_modes(scope, catalog.MODES_ENFORCING):
@@ -97,29 +99,20 @@ def allocation_latency_slo(scope: Scope, window: Window, t: Thresholds) -> Scope
     histogram = scope.allocation_latency
     if histogram is None:
         return missing(scope, metric, window, threshold=t.latency_slo_objective)
-    if histogram.count <= 0:
-        return unknown(metric, f"no page grants ({window.describe()}): diagnose while the deployment serves, "
-                       "or widen the window", window, t.latency_slo_objective)
+    if not in_modes(scope, catalog.MODES_OBSERVING):
+        return ScopeFinding(Status.OK, "mode off: GrowPage grants no page here, its grant latency is not timed",
+                            evidence(metric, None, t.latency_slo_objective, window, mode="off"))
     within = histogram.fraction_at_or_below(t.latency_slo_threshold_s)
-    if within is None:  # fraction_at_or_below is None only for an empty histogram, handled above
-        return unknown(metric, f"no page grants ({window.describe()})", window, t.latency_slo_objective)
     on_bound = any(abs(bound - t.latency_slo_threshold_s) < 1e-12 for bound, _ in histogram.buckets)
     proof = evidence(
         metric, within, t.latency_slo_objective, window, latency_threshold_s=t.latency_slo_threshold_s,
-        grants=histogram.count, grants_within_threshold=round(within * histogram.count, 1),
+        grants=histogram.count, grants_within_threshold=round(within * histogram.count, 1) if within else None,
         p99_s=histogram.quantile(0.99),
         method=(f"bucket le={t.latency_slo_threshold_s:g} / all grants" if on_bound
                 else "interpolated between buckets"))
-    target = f"SLO {pct(t.latency_slo_objective)}"
-    burn = (1 - within) / (1 - t.latency_slo_objective)
-    alerts = burn_alerts("AllocationLatency", burn, t)
-    if not alerts or not in_modes(scope, catalog.MODES_OBSERVING):
-        return ScopeFinding(Status.OK, f"{pct_floor(within)} of {histogram.count:,.0f} grants took <= "
-                            f"{ms(t.latency_slo_threshold_s)} ({target})", proof)
-    return alert_finding(
-        alerts,
-        f"only {pct_floor(within)} of {histogram.count:,.0f} grants took <= {ms(t.latency_slo_threshold_s)} "
-        f"({target}; error budget burning at {burn:.1f}x)",
-        proof,
-        ("See the allocation-latency check for the cause (block size, growth throttling, pool exhaustion).",),
-    )
+    reading = (f"{pct_floor(within)} of {histogram.count:,.0f} grants took <= {ms(t.latency_slo_threshold_s)} "
+               f"(SLO {pct(t.latency_slo_objective)}, {window.describe()})" if within is not None
+               else f"no page grants ({window.describe()})")
+    return burn_finding(scope, window, t, (allocation_burn_slo(t),), reading, proof,
+                        ("See the allocation-latency check for the cause (block size, growth throttling, pool "
+                         "exhaustion).",))

@@ -1,0 +1,102 @@
+"""Burn-rate verdicts of the latency SLOs, reached as the alerts reach them.
+
+Each service's error ratios over the burn windows (``Scope.burn_ratios``, read by the Prometheus
+source at the window's end) go through :func:`growpage.diagnose.burn.judge_burn_pairs`, the rules'
+own decision: a finding names exactly the alert and window pair the rules would raise, with the
+severity of ``catalog.SEVERITY_BY_ALERT``. The share within the SLO over ``--since`` is context in
+the summary and never a verdict: a 30-minute burn at 7x is no fast burn when its 6-hour window is
+quiet. Scrapes and snapshots hold no history: there the burns are not checked, and the report says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from growpage import catalog
+from growpage.diagnose.burn import PairState, PairVerdict, judge_burn_pairs
+from growpage.diagnose.checks.base import Thresholds, no_history
+from growpage.diagnose.findings import NotChecked, ScopeFinding, Status, alert_finding
+from growpage.diagnose.observations import Scope, Window
+from growpage.monitoring.promql import duration_seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class BurnSLO:
+    """A latency SLO as its burn alerts see it: ``name`` keys ``Scope.burn_ratios``, ``stem`` names
+    the alerts (``GrowPage<stem>FastBurn``)."""
+
+    name: str
+    stem: str
+    objective: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judged:
+    service: str
+    slo: BurnSLO
+    verdict: PairVerdict
+
+    def to_dict(self) -> dict[str, object]:
+        return {"slo": self.slo.name, "service": self.service, **self.verdict.to_dict()}
+
+    def describe(self) -> str:
+        v = self.verdict
+        ratios = "/".join(f"{(r or 0.0) * 100:.2f}" for r in (v.long_ratio, v.short_ratio))
+        return (f"{v.alert} ({v.window.long_window}/{v.window.short_window}: {ratios} % bad > "
+                f"{v.limit * 100:.2f} %, {self.service})")
+
+
+def judge(scope: Scope, slos: Sequence[BurnSLO], t: Thresholds) -> list[_Judged]:
+    """Every window pair of every service of ``slos`` in ``scope`` (``burn_ratios`` must be read)."""
+    assert scope.burn_ratios is not None
+    return [_Judged(service.describe(), slo, verdict)
+            for slo in slos for service in scope.burn_ratios.get(slo.name, ())
+            for verdict in judge_burn_pairs(slo.stem, t.alerting.burn_rate_alerts, slo.objective, service.ratios)]
+
+
+def burn_finding(scope: Scope, window: Window, t: Thresholds, slos: Sequence[BurnSLO], reading: str,
+                 proof: dict[str, object], remediation: tuple[str, ...]) -> ScopeFinding:
+    """The finding of ``slos``' burn alerts; ``reading`` (the window's shares) leads the summary."""
+    if scope.burn_ratios is None:
+        skipped = no_history(window) if window.kind != "range" else NotChecked(
+            "burn rates are judged per service (namespace, model), as the alerts judge them, not per pod",
+            "read the overall row of this report")
+        return ScopeFinding(Status.UNKNOWN, f"{reading}; {skipped.reason}", proof, not_checked=skipped)
+    judged = judge(scope, slos, t)
+    proof = {**proof, "burn_pairs": [item.to_dict() for item in judged]}
+    unchecked = [item for item in judged if item.verdict.state is PairState.NOT_CHECKED]
+    if not judged or len(unchecked) == len(judged):
+        return ScopeFinding(Status.UNKNOWN, f"{reading}; no burn-rate window pair could be evaluated",
+                            proof, not_checked=_uncovered(unchecked, window))
+    partial = _uncovered(unchecked, window) if unchecked else None
+    firing = [item for item in judged if item.verdict.state is PairState.FIRING]
+    checked = len(judged) - len(unchecked)
+    if not firing:
+        return ScopeFinding(Status.OK, f"{reading}; no burn-rate alert holds ({checked} window pairs quiet at "
+                            f"the window's end)", proof, not_checked=partial)
+    alerts = tuple(dict.fromkeys(item.verdict.alert for item in firing))
+    summary = f"{reading}; burning: {'; '.join(item.describe() for item in firing)}"
+    return dataclasses.replace(alert_finding(alerts, summary, proof, remediation), not_checked=partial)
+
+
+def _uncovered(unchecked: list[_Judged], window: Window) -> NotChecked:
+    if not unchecked:
+        return NotChecked(f"no series of these histograms in Prometheus ({window.describe()})",
+                          "scrape the histograms' metrics into this Prometheus")
+    pairs = sorted({f"{item.verdict.alert} {item.verdict.window.long_window}/{item.verdict.window.short_window}"
+                    for item in unchecked})
+    longest = max((item.verdict.window for item in unchecked), key=lambda w: duration_seconds(w.long_window))
+    return NotChecked(f"Prometheus holds no sample from the start of these pairs' windows before the evaluation "
+                      f"time: {', '.join(pairs)}",
+                      f"diagnose again once Prometheus holds that much history (up to {longest.long_window}), or "
+                      "query a Prometheus with longer retention")
+
+
+def vllm_burn_slos(t: Thresholds) -> tuple[BurnSLO, ...]:
+    stems = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken", catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency"}
+    return tuple(BurnSLO(slo.name, stems[slo.name], slo.objective) for slo in t.alerting.vllm_latency_slos)
+
+
+def allocation_burn_slo(t: Thresholds) -> BurnSLO:
+    return BurnSLO(catalog.SLO_ALLOCATION_LATENCY.name, "AllocationLatency", t.latency_slo_objective)
