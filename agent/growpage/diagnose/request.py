@@ -15,6 +15,7 @@ from growpage.diagnose.findings import Report
 from growpage.diagnose.sources import endpoint, prometheus, snapshot
 from growpage.diagnose.sources.choice import require_modules, require_one_source
 from growpage.diagnose.sources.result import SourceResult
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
 
@@ -80,8 +81,14 @@ class DiagnoseRequest:
     timeout_s: float = 10.0
     # target -> source label naming the GPU's user in DCGM series; None: catalog.DCGM_EXPORTED_LABELS.
     dcgm_labels: tuple[tuple[str, str], ...] | None = None
-    # The alerts' thresholds (the mixin config's): diagnose's verdicts use the same numbers.
-    thresholds: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS
+    # The installation's mixin config: the alerts' thresholds (diagnose's verdicts use the same
+    # numbers) and, with --prometheus, its cluster label and selectors.
+    config: MixinConfig = DEFAULT_CONFIG
+    cluster: str | None = None  # with --prometheus: only series whose cluster label has this value
+
+    @property
+    def thresholds(self) -> catalog.MixinThresholds:
+        return self.config.thresholds
 
     @property
     def dcgm_label_map(self) -> dict[str, str]:
@@ -92,8 +99,12 @@ class DiagnoseRequest:
         if self.dcgm and not self.endpoint:
             raise DiagnoseError("--dcgm goes with --endpoint (with --prometheus, DCGM series are queried; "
                                 "with --snapshot, pass the DCGM exposition as another snapshot file)")
-        if (self.namespace or self.pod or self.at_s is not None) and not self.prometheus:
-            raise DiagnoseError("--namespace, --pod and --at go with --prometheus")
+        if (self.namespace or self.pod or self.at_s is not None or self.cluster is not None) and not self.prometheus:
+            raise DiagnoseError("--namespace, --pod, --cluster and --at go with --prometheus (an endpoint or a "
+                                "snapshot is one pod already)")
+        if self.cluster is not None and not self.cluster.strip():
+            raise DiagnoseError(f"--cluster needs a cluster name, the value of the mixin config's cluster label "
+                                f"{self.config.cluster_label!r} (e.g. --cluster prod-eu-1)")
 
 
 def collect(request: DiagnoseRequest) -> SourceResult:
@@ -103,8 +114,9 @@ def collect(request: DiagnoseRequest) -> SourceResult:
         return endpoint.observe(request.endpoint, request.dcgm, request.duration_s, request.timeout_s,
                                 dcgm_labels=request.dcgm_label_map)
     if request.prometheus:
-        return prometheus.observe(request.prometheus, request.since_s, request.at_s, request.namespace,
-                                  request.pod, request.timeout_s, dcgm_labels=request.dcgm_label_map)
+        selection = prometheus.Selection(request.namespace, request.pod, request.cluster, request.config)
+        return prometheus.observe(request.prometheus, request.since_s, request.at_s, selection, request.timeout_s,
+                                  dcgm_labels=request.dcgm_label_map)
     return snapshot.observe(request.snapshots, dcgm_labels=request.dcgm_label_map)
 
 

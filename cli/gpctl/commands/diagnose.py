@@ -1,7 +1,8 @@
 """``gpctl diagnose``: the troubleshooting checklist against a live agent, Prometheus or snapshots.
 
-Exit codes: 0 ok, 1 warning, 2 critical, 3 could not diagnose (source unreachable, bad input, or a
-check could not be evaluated and nothing worse was found). Input and transport problems print one
+Exit codes: 0 ok, 1 warning, 2 critical: the worst of the checks that could run (the report lists
+those that could not, and what to scrape or save to run them); 3 could not diagnose (source
+unreachable, nothing readable, bad input, or no check could run). Input and transport problems print one
 line and exit 3 here, so the root group's generic exit 2 (for GrowPageError) never applies.
 """
 
@@ -60,6 +61,9 @@ NamespaceOption = Annotated[str | None, typer.Option(
     metavar="NAMESPACE", show_default=False, help="With --prometheus: only this namespace (breakdown by pod).")]
 PodOption = Annotated[str | None, typer.Option(
     metavar="POD", show_default=False, help="With --prometheus: only this pod.")]
+ClusterOption = Annotated[str | None, typer.Option(
+    metavar="NAME", show_default=False,
+    help="With --prometheus: only this cluster (the mixin config's cluster_label, default label cluster).")]
 OutputOption = Annotated[OutputFormat, typer.Option(help="text (a report) or json.")]
 BundleOption = Annotated[Path | None, typer.Option(
     metavar="FILE.tar.gz", show_default=False,
@@ -80,6 +84,7 @@ def diagnose(
     since: SinceOption = "30m",
     namespace: NamespaceOption = None,
     pod: PodOption = None,
+    cluster: ClusterOption = None,
     output: OutputOption = OutputFormat.TEXT,
     bundle: BundleOption = None,
     at: AtOption = None,
@@ -96,7 +101,8 @@ def diagnose(
     [bold]gpctl diagnose --prometheus http://prometheus:9090 --since 1h --namespace chat[/bold];
     [bold]gpctl diagnose --snapshot before.prom after.prom --output json[/bold]
 
-    With --mixin-config, the checks use the thresholds your alerts were built with.
+    With --mixin-config, the checks use the thresholds your alerts were built with, and Prometheus
+    queries its cluster label and selectors.
     """
     try:
         snapshots = snapshot_paths(snapshot, files, DiagnoseError)
@@ -106,7 +112,7 @@ def diagnose(
             at_s=parse_time_s(at, "--at") if at is not None else None, namespace=namespace, pod=pod,
             snapshots=snapshots, timeout_s=parse_duration_s(timeout, "--timeout"),
             dcgm_labels=parse_label_map(dcgm_label or [], "--dcgm-label"),
-            thresholds=mixin_config(config).thresholds)
+            config=mixin_config(config), cluster=cluster)
         exit_code = _diagnose(request, output, bundle)
     except (DiagnoseError, ConfigError) as error:
         print_error(" ".join(str(error).split()))

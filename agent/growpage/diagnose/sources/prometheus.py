@@ -10,17 +10,20 @@ and ``--pod`` filter on them, and the breakdown is by namespace, or by pod withi
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from growpage import catalog
 from growpage.diagnose.errors import DiagnoseError
 from growpage.diagnose.observations import BuildInfo, GaugeStats, HistogramCounts, Observations, Scope, Window
 from growpage.diagnose.sources import http
+from growpage.diagnose.sources.prometheus_burns import BurnQueries, for_namespace, read_burn_ratios
 from growpage.diagnose.sources.result import SourceResult
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 
 if TYPE_CHECKING:
     import httpx
@@ -45,10 +48,16 @@ _MIN_SUBQUERY_STEP_S = 15  # subqueries (ratios over time) sample at the common 
 
 
 class _Queries:
-    """Builds the PromQL of one diagnosis: selector, window and grouping are fixed per run."""
+    """Builds the PromQL of one diagnosis: selector, window and grouping are fixed per run.
 
-    def __init__(self, matchers: Sequence[str], window_s: int, breakdown_label: str | None):
+    ``join`` is the labels one pod's series share across scrape jobs (the mixin's cluster label,
+    namespace, pod): vLLM's and DCGM's series are joined on them, never on ``$job``.
+    """
+
+    def __init__(self, matchers: Sequence[str], window_s: int, breakdown_label: str | None,
+                 join: str = "namespace, pod"):
         self.matchers = tuple(matchers)
+        self.join = join
         self.range = f"[{window_s}s]"
         self.subquery = f"[{window_s}s:{max(_MIN_SUBQUERY_STEP_S, window_s // 240)}s]"
         self.breakdown_label = breakdown_label
@@ -67,14 +76,20 @@ def _label_matcher(label: str, value: str) -> str:
 
 
 class _Client:
-    """Runs instant queries at one evaluation time; keeps every query and result for the bundle."""
+    """Runs instant queries at one evaluation time; keeps every query and result for the bundle.
 
-    def __init__(self, client: httpx.Client, base_url: str, at_s: float):
-        self.client, self.base_url, self.at_s = client, base_url, at_s
+    ``scoped`` adds the mixin config's selectors to every selector of GrowPage's and vLLM's series,
+    as the rules and dashboards built from the same config have them.
+    """
+
+    def __init__(self, client: httpx.Client, base_url: str, at_s: float,
+                 scoped: Callable[[str], str] = lambda expr: expr):
+        self.client, self.base_url, self.at_s, self.scoped = client, base_url, at_s, scoped
         self.recorded: list[dict] = []
         self.warnings: set[str] = set()
 
-    def vector(self, expr: str) -> list[tuple[dict[str, str], float]]:
+    def vector(self, expr: str, scoped: bool = True) -> list[tuple[dict[str, str], float]]:
+        expr = self.scoped(expr) if scoped else expr
         url = f"{self.base_url}/api/v1/query"
         response = http.get(self.client, url, "Prometheus", params={"query": expr, "time": f"{self.at_s:.3f}"},
                             accept="application/json")
@@ -96,9 +111,24 @@ class _Client:
         return result
 
 
-def observe(base_url: str, since_s: float, at_s: float | None = None, namespace: str | None = None,
-            pod: str | None = None, timeout_s: float = 10.0,
-            dcgm_labels: Mapping[str, str] | None = None) -> SourceResult:
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What one Prometheus diagnosis reads: the scope the user chose and the installation's mixin
+    config (its cluster label and selectors, and the thresholds of its burn alerts)."""
+
+    namespace: str | None = None
+    pod: str | None = None
+    cluster: str | None = None
+    config: MixinConfig = DEFAULT_CONFIG
+
+    @property
+    def matchers(self) -> list[str]:
+        chosen = (("namespace", self.namespace), ("pod", self.pod), (self.config.cluster_label, self.cluster))
+        return [_label_matcher(label, value) for label, value in chosen if value]
+
+
+def observe(base_url: str, since_s: float, at_s: float | None = None, selection: Selection = Selection(),
+            timeout_s: float = 10.0, dcgm_labels: Mapping[str, str] | None = None) -> SourceResult:
     """Query Prometheus at ``at_s`` (default: now) over the ``since_s`` before it.
 
     Args:
@@ -108,19 +138,26 @@ def observe(base_url: str, since_s: float, at_s: float | None = None, namespace:
     base_url = http.check_url(base_url, "--prometheus").rstrip("/")
     at_s = round(time.time() if at_s is None else at_s, 3)
     window_s = max(1, int(round(since_s)))
-    matchers = [_label_matcher(label, value) for label, value in (("namespace", namespace), ("pod", pod)) if value]
-    breakdown_label = None if pod else ("pod" if namespace else "namespace")
-    queries = _Queries(matchers, window_s, breakdown_label)
+    matchers, config = selection.matchers, selection.config
+    breakdown_label = None if selection.pod else ("pod" if selection.namespace else "namespace")
+    queries = _Queries(matchers, window_s, breakdown_label, ", ".join(config.pod_join))
     with http.make_client(timeout_s) as client:
-        prom = _Client(client, base_url, at_s)
-        _require_growpage_series(prom, queries, namespace, pod)
+        prom = _Client(client, base_url, at_s, config.scoped)
+        _require_growpage_series(prom, queries, selection)
         scopes = _collect(prom, queries, catalog.DCGM_EXPORTED_LABELS if dcgm_labels is None else dcgm_labels)
+        burns = read_burn_ratios(prom.vector, BurnQueries(matchers, config), config.thresholds, config.slo_labels)
+        clusters = _clusters(prom, queries, config.cluster_label) if selection.cluster is None else []
     window = Window(at_s - window_s, at_s, "range")
-    overall = scopes.pop(OVERALL, None) or Scope(name=OVERALL)
-    breakdown = {name: scope for name, scope in scopes.items() if scope.has_growpage_data}
+    overall = dataclasses.replace(scopes.pop(OVERALL, None) or Scope(name=OVERALL), burn_ratios=burns)
+    breakdown = {name: (dataclasses.replace(scope, burn_ratios=for_namespace(burns, name))
+                        if breakdown_label == "namespace" else scope)
+                 for name, scope in scopes.items() if scope.has_growpage_data}
     source = {"kind": "prometheus", "target": base_url, "since_s": window_s, "at": at_s,
               "selector": "{" + ",".join(matchers) + "}"}
     notes = [f"Prometheus warning: {w}" for w in sorted(prom.warnings)]
+    if len(clusters) > 1:
+        notes.append(f"series from {len(clusters)} clusters ({', '.join(clusters[:5])}, label "
+                     f"{config.cluster_label}): namespaces of the same name are read together; pass --cluster NAME")
     if overall.non_finite:
         notes.append(f"NaN or Inf values read as unknown (no value), never as data: {', '.join(overall.non_finite)}")
     observations = Observations(source=source, window=window, overall=overall,
@@ -130,33 +167,51 @@ def observe(base_url: str, since_s: float, at_s: float | None = None, namespace:
     return SourceResult(observations=observations, raw_files=raw)
 
 
-def _require_growpage_series(prom: _Client, queries: _Queries, namespace: str | None, pod: str | None) -> None:
-    found = prom.vector(f'count(last_over_time({{__name__=~"growpage_.+"{_comma(queries.matchers)}}}{queries.range}))')
+def _require_growpage_series(prom: _Client, queries: _Queries, selection: Selection) -> None:
+    chosen = [*queries.matchers, *([selection.config.growpage_selector] if selection.config.growpage_selector else [])]
+    found = prom.vector(f'count(last_over_time({{__name__=~"growpage_.+"{_comma(chosen)}}}{queries.range}))')
     if found:
         return
     window = queries.range.strip("[]")
-    if queries.matchers:
-        anywhere = prom.vector(f'count by (namespace) (last_over_time(growpage_build_info{queries.range}))')
-        namespaces = sorted(labels.get("namespace", "") for labels, _ in anywhere if labels.get("namespace"))
-        hint = f" (GrowPage series exist in namespaces: {', '.join(namespaces[:5])})" if namespaces else ""
-        raise DiagnoseError(f"no growpage_* series for namespace={namespace!r} pod={pod!r} in the {window} "
-                            f"before the evaluation time{hint}: check --namespace/--pod and --since")
+    if chosen:
+        label = selection.config.cluster_label
+        where = ", ".join(f"{name}s: {', '.join(values[:5])}" for name, values in (
+            ("namespace", _label_values(prom, queries, "namespace")), (label, _label_values(prom, queries, label)))
+            if values)
+        hint = f" (GrowPage series exist in {where})" if where else ""
+        config = (f" growpage_selector {selection.config.growpage_selector!r} (--mixin-config)"
+                  if selection.config.growpage_selector else "")
+        raise DiagnoseError(f"no growpage_* series for namespace={selection.namespace!r} pod={selection.pod!r} "
+                            f"{label}={selection.cluster!r}{config} in the {window} before the evaluation "
+                            f"time{hint}: check --namespace/--pod/--cluster, the mixin config's selector and --since")
     raise DiagnoseError(f"Prometheus has no growpage_* series in the {window} before the evaluation time: "
                         f"is the agent scraped (job {catalog.SCRAPE_JOB}, path {catalog.METRICS_PATH})? "
                         "Check --since/--at, and Prometheus' targets page")
+
+
+def _label_values(prom: _Client, queries: _Queries, label: str) -> list[str]:
+    """Values of ``label`` on any GrowPage build info in the window (no selection, no selector)."""
+    rows = prom.vector(f"count by ({label}) (last_over_time({catalog.BUILD_INFO.name}{queries.range}))", scoped=False)
+    return sorted(labels[label] for labels, _ in rows if labels.get(label))
+
+
+def _clusters(prom: _Client, queries: _Queries, label: str) -> list[str]:
+    """The clusters the selection's GrowPage series come from (a note when there are several)."""
+    rows = prom.vector(f"count by ({label}) (last_over_time({queries.select(catalog.BUILD_INFO.name)}{queries.range}))")
+    return sorted(labels[label] for labels, _ in rows if labels.get(label))
 
 
 def _comma(matchers: Sequence[str]) -> str:
     return "".join("," + matcher for matcher in matchers)
 
 
-def _dcgm_joined(expr: str, mapping: Mapping[str, str], agents: str) -> str:
+def _dcgm_joined(expr: str, mapping: Mapping[str, str], agents: str, join: str) -> str:
     """``expr`` over DCGM series, relabeled to the pod using the GPU and kept only for the pods in
     ``agents`` (the selection's GrowPage pods): the exporter's own namespace/pod are not the GPU's user,
     so the selection's --namespace/--pod matchers cannot go on the DCGM selector itself."""
     for target, source_label in mapping.items():
         expr = f'label_replace({expr}, "{target}", "$1", "{source_label}", "(.+)")'
-    return f"(({expr}) and on (namespace, pod) max by (namespace, pod) ({agents}))"
+    return f"(({expr}) and on ({join}) max by ({join}) ({agents}))"
 
 
 def _collect(prom: _Client, q: _Queries, dcgm_labels: Mapping[str, str]) -> dict[str, Scope]:
@@ -225,8 +280,8 @@ def _dcgm_templates(q: _Queries, dcgm_labels: Mapping[str, str]) -> _Templates:
     r, sub = q.range, q.subquery
     agents = q.select(catalog.BUILD_INFO.name)
     used, unused = catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE
-    framebuffer = _dcgm_joined(f"{used} / ({used} + {unused})", dcgm_labels, agents)
-    models = _dcgm_joined(f"last_over_time({used}{r})", dcgm_labels, f"last_over_time({agents}{r})")
+    framebuffer = _dcgm_joined(f"{used} / ({used} + {unused})", dcgm_labels, agents, q.join)
+    models = _dcgm_joined(f"last_over_time({used}{r})", dcgm_labels, f"last_over_time({agents}{r})", q.join)
     return {("gpu_framebuffer_used_max",): (f"max {{by}} (max_over_time({framebuffer}{sub}))", ()),
             ("gpu_models",): (f"count {{by}} ({models})", (catalog.DCGM_MODEL_NAME_LABEL,))}
 
@@ -234,10 +289,10 @@ def _dcgm_templates(q: _Queries, dcgm_labels: Mapping[str, str]) -> _Templates:
 def _vllm_templates(q: _Queries) -> _Templates:
     """vLLM's own series of the selection's pods (another scrape job: joined on the pod, never on $job)."""
     c, r = catalog, q.range
-    vllm_pods = f"max by (namespace, pod) (last_over_time({q.select(c.BUILD_INFO.name)}{r}))"
+    vllm_pods = f"max by ({q.join}) (last_over_time({q.select(c.BUILD_INFO.name)}{r}))"
 
     def vllm(expr: str) -> str:
-        return f"({expr} and on (namespace, pod) {vllm_pods})"
+        return f"({expr} and on ({q.join}) {vllm_pods})"
 
     templates: _Templates = {}
     for field, histogram in (("vllm_ttft", c.VLLM_TTFT), ("vllm_itl", c.VLLM_ITL)):
