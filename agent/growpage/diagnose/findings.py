@@ -60,7 +60,7 @@ def verdict(statuses: list[Status] | tuple[Status, ...]) -> Status:
     were not saved is ok, and the report lists what was not checked. Unknown only when nothing could
     be checked at all.
     """
-    checked = [status for status in statuses if status is not Status.UNKNOWN]
+    checked: list[Status] = [status for status in statuses if status is not Status.UNKNOWN]
     return worst(checked) if checked else Status.UNKNOWN
 
 

@@ -148,7 +148,7 @@ def observe(base_url: str, since_s: float, at_s: float | None = None, selection:
         burns = read_burn_ratios(prom.vector, BurnQueries(matchers, config), config.thresholds, config.slo_labels)
         clusters = _clusters(prom, queries, config.cluster_label) if selection.cluster is None else []
     window = Window(at_s - window_s, at_s, "range")
-    overall = dataclasses.replace(scopes.pop(OVERALL, None) or Scope(name=OVERALL), burn_ratios=burns)
+    overall = dataclasses.replace(scopes.pop(OVERALL, Scope(name=OVERALL)), burn_ratios=burns)
     breakdown = {name: (dataclasses.replace(scope, burn_ratios=for_namespace(burns, name))
                         if breakdown_label == "namespace" else scope)
                  for name, scope in scopes.items() if scope.has_growpage_data}
