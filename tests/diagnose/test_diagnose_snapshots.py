@@ -49,6 +49,9 @@ BRANCHES = {
     "partial": (scenarios.NO_LATENCY_HISTOGRAM, "ok", 0, {**NO_BURNS, "allocation-latency": "unknown"}),
     # An idle healthy pod is healthy: nothing burns, nothing is over-granted.
     "idle": (scenarios.IDLE, "ok", 0, NO_BURNS),
+    "idle-monitor": (scenarios.IDLE.replace(build={**scenarios.IDLE.build, "mode": "monitor"}), "ok", 0, NO_BURNS),
+    "idle-off": (scenarios.IDLE.replace(build={**scenarios.IDLE.build, "mode": "off"},
+                                        components={"observer": "mode_off", "enforcer": "mode_off"}), "ok", 0, {}),
     # 8 % of first tokens after 2.5 s over one minute: the pages compare 5m to 3d windows, which
     # snapshots do not hold, so the burn is not checked (diagnose --prometheus judges it).
     "users-feel-it": (scenarios.SLOW_FIRST_TOKENS, "ok", 0, NO_BURNS),
