@@ -34,6 +34,9 @@ COUNTER_RATES_PER_S = {  # per label value where the metric has one label
     catalog.COMPRESS_INPUT_BYTES.name: 2.0e6, catalog.COMPRESS_OUTPUT_BYTES.name: 1.0e6,
     catalog.ALLOCATIONS.name: 50.0, catalog.OOM_EVENTS.name: 0.01, catalog.AGENT_ERRORS.name: 0.005,
     catalog.DECISIONS.name: 2.0, catalog.SAMPLES_DROPPED.name: 0.0,
+    # the vLLM home's own series (catalog.VLLM_HOME_METRICS): one step in four observed
+    catalog.VLLM_DEGRADED_DECISIONS.name: 0.1, catalog.VLLM_STEPS.name: 20.0, catalog.VLLM_OBSERVED_STEPS.name: 5.0,
+    catalog.VLLM_TRACKED_REQUESTS.name: 1.0, catalog.VLLM_OBSERVED_REQUESTS.name: 0.9,
 }
 HISTOGRAM_OBSERVATIONS = {  # (observations per second, typical value): a log-normal-ish spread
     catalog.ALLOCATION_LATENCY.name: (50.0, 0.004), catalog.LTS_ENTROPY.name: (2.0, 2.6),
@@ -103,7 +106,7 @@ def openmetrics_history(end_s: float, duration_s: int = 1800, step_s: int = 15) 
     ``end_s`` every ``step_s``."""
     times = [end_s - duration_s + i * step_s for i in range(duration_s // step_s + 1)]
     lines: list[str] = []
-    for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS):
+    for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS, *catalog.VLLM_HOME_METRICS):
         family, kind = _family(spec)
         lines += [f"# TYPE {family} {kind}", f"# HELP {family} {spec.help}"]
         for namespace, pod, mode in PODS:
@@ -148,7 +151,15 @@ def _vllm_history(times: list[float]) -> list[str]:
         labels = {**pod_labels(namespace, pod), "job": catalog.VLLM_SCRAPE_JOB, "engine": "0"}
         lines += [f"{catalog.VLLM_PREEMPTIONS}{_labels_text(labels)} {0.02 * (t - times[0]):.3f} {t:.3f}"
                   for t in times]
-    for histogram, typical in ((catalog.VLLM_TTFT, 0.2), (catalog.VLLM_ITL, 0.03)):
+    finished = catalog.VLLM_REQUESTS_FINISHED
+    lines.append(f"# TYPE {finished.removesuffix('_total')} counter")
+    for namespace, pod, _ in PODS:
+        labels = {**pod_labels(namespace, pod), "job": catalog.VLLM_SCRAPE_JOB, "engine": "0"}
+        for reason, per_s in (("stop", 4.0), ("length", 0.9), ("abort", 0.02)):
+            reason_labels = {**labels, catalog.VLLM_FINISHED_REASON_LABEL: reason}
+            lines += [f"{finished}{_labels_text(reason_labels)} {per_s * (t - times[0]):.3f} {t:.3f}" for t in times]
+    for histogram, typical in ((catalog.VLLM_TTFT, 0.2), (catalog.VLLM_ITL, 0.03), (catalog.VLLM_QUEUE_TIME, 0.05),
+                               (catalog.VLLM_E2E_LATENCY, 2.0)):
         lines.append(f"# TYPE {histogram} histogram")
         bounds = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
         for namespace, pod, _ in PODS:

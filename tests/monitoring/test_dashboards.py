@@ -17,7 +17,8 @@ from growpage.monitoring.promql import metric_names
 from growpage.monitoring.recording_rules import recording_rule_names
 
 COMMITTED = {path.name: json.loads(path.read_text()) for path in (REPO_ROOT / "dashboards").glob("*.json")}
-ALLOWED_METRICS = ({name for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS) for name in spec.series_names}
+ALLOWED_METRICS = ({name for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS, *catalog.VLLM_HOME_METRICS)
+                    for name in spec.series_names}
                    | recording_rule_names()
                    | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE, catalog.DCGM_GPU_UTIL, *catalog.VLLM_METRICS})
 VARIABLES = ("datasource", "cluster", "job", "namespace", "pod", catalog.MODEL_LABEL)

@@ -228,6 +228,6 @@ def test_the_datasource_is_growpages_own_and_the_dashboards_reach_it(monitoring)
     for name, board in dashboards().items():
         [variable] = [v for v in board["templating"]["list"] if v["name"] == "datasource"]
         assert variable["type"] == "datasource" and variable["query"] == datasource["type"], name
-        assert variable["current"].get("value") in (None, datasource["uid"]), name
+        assert variable["current"].get("value") == datasource["uid"], name
         uids = {ref["uid"] for ref in _datasource_references(board) if isinstance(ref, dict)}
         assert uids <= {"${datasource}", datasource["uid"]}, (name, uids)

@@ -44,6 +44,7 @@ PAGE = "GrowPageKVOverGranting"
 # return at least one series.
 _TROUBLESHOOTING = "GrowPage / Troubleshooting"
 _FLEET = "GrowPage / Fleet"
+_OVERVIEW = "GrowPage / Overview"
 NO_DATA_ON_THIS_MACHINE = {
     # Recorded from NVIDIA's DCGM exporter; a CPU-only machine has no GPU and no exporter.
     (_TROUBLESHOOTING, "GPU framebuffer used (DCGM)", "A"),
@@ -56,8 +57,16 @@ NO_DATA_ON_THIS_MACHINE = {
     (_TROUBLESHOOTING, "vLLM preemptions per second", "A"),
     (_TROUBLESHOOTING, "vLLM time to first token / inter-token latency p99", "A"),
     (_TROUBLESHOOTING, "vLLM time to first token / inter-token latency p99", "B"),
-    # One series per vLLM latency SLO and long window: 2 SLOs x 4 windows, refIds A-H.
-    *((_TROUBLESHOOTING, "vLLM latency SLO burn rate", ref_id) for ref_id in "ABCDEFGH"),
+    # One series per vLLM SLO and long window: 3 SLOs (TTFT, ITL, availability) x 4 windows, refIds A-L.
+    *((_TROUBLESHOOTING, "vLLM latency SLO burn rate", ref_id) for ref_id in "ABCDEFGHIJKL"),
+    (_TROUBLESHOOTING, "vLLM queue time / end-to-end latency p99", "A"),
+    (_TROUBLESHOOTING, "vLLM queue time / end-to-end latency p99", "B"),
+    # The budget left of each vLLM SLO, from its recorded rates of vLLM's series.
+    *((_OVERVIEW, f"{slo} budget left ({catalog.SLO_BUDGET_PANEL_WINDOW})", "A")
+      for slo in (catalog.SLO_VLLM_TTFT.name, catalog.SLO_VLLM_ITL.name, catalog.SLO_VLLM_AVAILABILITY.name)),
+    # The observer's shares are the vLLM plugin's own series.
+    (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "A"),
+    (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "B"),
     # growpage_agent_active is reported by the vLLM plugin's components, not by the reference engine.
     (_TROUBLESHOOTING, "Agent components active", "A"),
     # The router's load and the KV headroom are exported by the vLLM plugin's scheduler agent (its
@@ -68,6 +77,9 @@ NO_DATA_ON_THIS_MACHINE = {
     (_FLEET, "Router load per replica (GET /get_load)", "A"),
     (_FLEET, "New requests per second per replica", "A"),
     (_FLEET, "vLLM preemptions per second per replica", "A"),
+    (_FLEET, "vLLM KV cache usage per replica", "A"),
+    (_FLEET, "Requests waiting per replica", "A"),
+    (_FLEET, "Time to first token p99 per replica", "A"),
 }
 
 

@@ -135,6 +135,17 @@ def heatmap(title: str, description: str, histogram: str, unit: str) -> Heatmap:
                    targets=[heatmap_target], unit=unit, maxDataPoints=200)
 
 
+# The datasource deploy/components/monitoring provisions (never as the default: it must not take
+# over kube-prometheus-stack's). Grafana falls back to the default datasource where it is absent.
+PROVISIONED_DATASOURCE = {"text": "GrowPage Prometheus", "value": "growpage-prometheus"}
+
+
+def _datasource_variable() -> g.Template:
+    variable = g.Template(name=DATASOURCE_VARIABLE, label="Data source", query="prometheus", type="datasource")
+    variable._current = {"selected": True, **PROVISIONED_DATASOURCE}  # no setter
+    return variable
+
+
 def variables() -> g.Templating:
     """datasource, cluster, job, namespace, pod, model_name; each label variable narrows the next."""
     def label_variable(name: str, label: str, query: str) -> g.Template:
@@ -146,7 +157,7 @@ def variables() -> g.Templating:
 
     info, model = catalog.BUILD_INFO.name, catalog.MODEL_LABEL
     return g.Templating(list=[
-        g.Template(name=DATASOURCE_VARIABLE, label="Data source", query="prometheus", type="datasource"),
+        _datasource_variable(),
         label_variable("cluster", "Cluster", f"label_values({info}, cluster)"),
         label_variable("job", "Job", f'label_values({info}{{cluster=~"$cluster"}}, job)'),
         label_variable("namespace", "Namespace",

@@ -75,10 +75,37 @@ def _routing_row(t: catalog.MixinThresholds) -> list[Cell]:
     ]
 
 
+def _replica_state_row(t: catalog.MixinThresholds) -> list[Cell]:
+    """What each replica's vLLM says of itself: KV in use, its queue, and its users' first-token p99."""
+    def vllm(name: str) -> str:
+        return selector(name, VLLM_FILTER)
+
+    ttft_p99 = (f"histogram_quantile(0.99, sum by (namespace, pod, le) "
+                f"(rate({vllm(f'{catalog.VLLM_TTFT}_bucket')}[{RATE}])))")
+    return [
+        Cell(timeseries("vLLM KV cache usage per replica",
+                        f"{catalog.VLLM_KV_CACHE_USAGE}: the share of vLLM's KV blocks in use (0-1). Near "
+                        f"{t.checklist.vllm_kv_cache_usage_full:.0%} with a queue the replica is full.",
+                        targets((f"max by (namespace, pod) ({vllm(catalog.VLLM_KV_CACHE_USAGE)})", _POD_LEGEND)),
+                        "percentunit", steps("green", (t.checklist.vllm_kv_cache_usage_full, "red"))), 8),
+        Cell(timeseries("Requests waiting per replica",
+                        f"{catalog.VLLM_REQUESTS_WAITING}: requests queued for KV blocks or a batch slot; the HPA "
+                        f"scales at {catalog.HPA_TARGET_WAITING_PER_POD} per pod.",
+                        targets((_per_pod(vllm(catalog.VLLM_REQUESTS_WAITING)), _POD_LEGEND)), "short",
+                        steps("green", (float(catalog.HPA_TARGET_WAITING_PER_POD), "red"))), 8),
+        Cell(timeseries("Time to first token p99 per replica",
+                        f"What users of each replica feel (SLO: {t.vllm_latency_slos[0].description}) "
+                        + runbook_links("GrowPageVLLMTimeToFirstTokenFastBurn"),
+                        targets((ttft_p99, _POD_LEGEND)), "s",
+                        steps("green", (t.vllm_ttft_s, "red"))), 8),
+    ]
+
+
 def fleet_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict:
     """The dashboard with the thresholds ``t`` (full load, the preemption rate)."""
     return dashboard(TITLE, UID, "Replicas behind vLLM's router side by side: KV headroom, the load each one "
                      "reports, and where the router sends work.", [
                          ("Where the router can send work: headroom and load per replica", _headroom_row(t)),
+                         ("Each replica's own state: KV in use, queue, first-token latency", _replica_state_row(t)),
                          ("Is the router sending work to a replica that preempts?", _routing_row(t)),
                      ])

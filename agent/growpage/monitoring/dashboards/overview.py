@@ -49,13 +49,37 @@ def _compress_ratio(window: str) -> str:
             f"sum(increase({metric(catalog.COMPRESS_OUTPUT_BYTES.name)}[{window}]))")
 
 
+def _budget_left(slo: str, budget: float) -> str:
+    """1 - (error ratio over the budget window) / budget, from the SLO's recorded base-window rates.
+
+    The window is :data:`catalog.SLO_BUDGET_PANEL_WINDOW`, inside kube-prometheus-stack's default
+    10-day retention; a 30-day window would read only what the retention still holds.
+    """
+    window = catalog.SLO_BUDGET_PANEL_WINDOW
+    good, total = (f"sum(sum_over_time({rule(rec.slo_events_name(slo, kind), service=True)}[{window}]))"
+                   for kind in ("good", "total"))
+    return f"1 - (\n  (1 - {good}\n  / {total})\n) / {budget:g}"
+
+
+def _users_row(t: catalog.MixinThresholds) -> list[Cell]:
+    """What vLLM's users feel, as the pages read it: the budget each vLLM SLO has left."""
+    objectives = [(slo.name, slo.objective, slo.description) for slo in t.vllm_latency_slos]
+    availability = t.vllm_availability_slo
+    objectives.append((availability.name, availability.objective, availability.description))
+    return [Cell(stat(f"{name} budget left ({catalog.SLO_BUDGET_PANEL_WINDOW})",
+                      f"{description} Share of the error budget not spent over the last "
+                      f"{catalog.SLO_BUDGET_PANEL_WINDOW}, every vLLM pod counted; below 0 the SLO is missed.",
+                      _budget_left(name, round(1 - objective, 10)), RATIO_UNIT, steps("red", (0.0, "green")), 1),
+                 8, 4) for name, objective, description in objectives]
+
+
 def _slo_row(t: catalog.MixinThresholds) -> list[Cell]:
     utilization, ratio, objective = t.utilization_objective, t.compress_ratio_objective, t.allocation_latency_objective
     budget, threshold_ms = round(1 - objective, 10), _threshold_ms(t)
     p99_limit_s = t.checklist.allocation_latency_p99_critical_s
     # Sum of live tokens over sum of granted slots: an idle pod weighs nothing, a busy one its size.
     busy = f"sum({metric(catalog.LIVE_TOKENS.name)})\n/\nsum({metric(catalog.GRANTED_TOKEN_SLOTS.name)})"
-    budget_left = f"1 - (\n  (1 - (\n{_share_fast(catalog.SLO_COMPLIANCE_WINDOW, t)}\n  )) / {budget:g}\n)"
+    budget_left = _budget_left(catalog.ALLOCATION_LATENCY.name, budget)
     return [
         Cell(stat(f"KV page utilization (SLO >= {utilization:.0%})",
                   t.slo_utilization.description + " Live tokens / granted slots, summed over the pods.",
@@ -66,9 +90,10 @@ def _slo_row(t: catalog.MixinThresholds) -> list[Cell]:
         Cell(stat(f"Grants under {threshold_ms} (SLO >= {objective:.0%})",
                   t.slo_allocation_latency.description + " Over the selected range.",
                   _share_fast(RANGE, t), RATIO_UNIT, steps("red", (objective, "green")), 2), 5, 5),
-        Cell(stat(f"Latency error budget left ({catalog.SLO_COMPLIANCE_WINDOW})",
-                  f"Share of the {catalog.SLO_COMPLIANCE_WINDOW} error budget ({budget:.0%} of "
-                  f"grants may take {threshold_ms} or more) not yet spent; below 0 the SLO is missed.",
+        Cell(stat(f"Latency error budget left ({catalog.SLO_BUDGET_PANEL_WINDOW})",
+                  f"Share of the error budget ({budget:.0%} of grants may take {threshold_ms} or more) not "
+                  f"spent over the last {catalog.SLO_BUDGET_PANEL_WINDOW}, from the recorded per-service "
+                  "rates (replaced pods included); below 0 the SLO is missed.",
                   budget_left, RATIO_UNIT, steps("red", (0.0, "green")), 1), 5, 5),
         Cell(stat("Allocation latency p99", f"SLO: p99 under {threshold_ms}; the checklist tickets above "
                   f"{p99_limit_s * 1000:g} ms.", _quantile(0.99), SECONDS_UNIT,
@@ -159,6 +184,7 @@ def _rollout_row(t: catalog.MixinThresholds) -> list[Cell]:
 def overview_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict:
     """The dashboard with the thresholds ``t`` (its panels' threshold lines and titles)."""
     return dashboard(TITLE, UID, "GrowPage SLOs and KV cache behaviour per namespace, pod and model.", [
+        ("What users feel: vLLM's SLOs", _users_row(t)),
         ("SLOs", _slo_row(t)),
         ("Capacity", _capacity_row(t)),
         ("Page allocation latency", _latency_row(t)),

@@ -27,6 +27,8 @@ from growpage.monitoring.dashboards.fleet import load_panel
 from growpage.monitoring.promql import selector
 
 UID = "growpage-troubleshooting"
+PANEL_VLLM_QUEUE_E2E = "vLLM queue time / end-to-end latency p99"
+PANEL_OBSERVED_SHARE = "Share of steps and requests observed (vLLM home)"
 TITLE = "GrowPage / Troubleshooting"
 _POD_LEGEND = "{{namespace}}/{{pod}}"
 _BLOCK_SIZES = ", ".join(f"{gpu} -> {size}" for gpu, size in catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU.items())
@@ -137,22 +139,37 @@ def _users_row(t: catalog.MixinThresholds) -> list[Cell]:
     """What vLLM's users feel, as the pages read it: each SLO's error budget burn per long window,
     next to GrowPage's view of the same pods (compression headroom, denied growth)."""
     burn_targets = []
-    for slo in t.vllm_latency_slos:
-        budget = round(1 - slo.objective, 10)
+    objectives = [(slo.name, slo.objective) for slo in t.vllm_latency_slos]
+    objectives.append((t.vllm_availability_slo.name, t.vllm_availability_slo.objective))
+    for name, objective in objectives:
+        budget = round(1 - objective, 10)
         for alert in t.burn_rate_alerts:
             for burn in alert.windows:
-                ratio = rule(rec.vllm_error_ratio_name(slo.name, burn.long_window), service=True)
+                ratio = rule(rec.vllm_error_ratio_name(name, burn.long_window), service=True)
                 burn_targets.append((f"{ratio} / {budget:g}",
-                                     f"{slo.name} {burn.long_window} {{{{namespace}}}} ({{{{model_name}}}})"))
+                                     f"{name} {burn.long_window} {{{{namespace}}}} ({{{{model_name}}}})"))
     factors = sorted({burn.factor for alert in t.burn_rate_alerts for burn in alert.windows})
+
+    def p99(histogram: str) -> str:
+        return (f"histogram_quantile(0.99, sum by (namespace, pod, le) "
+                f"(rate({selector(f'{histogram}_bucket', VLLM_FILTER)}[{RATE}])))")
+
     return [
         Cell(timeseries(alerts.PANEL_VLLM_BURN_RATE,
-                        "vLLM's time to first token and inter-token latency: how many times faster than "
-                        f"sustainable each long window spends the error budget (1 = the budget lasts "
-                        f"{catalog.SLO_COMPLIANCE_WINDOW}). Pods in mode off are not counted. "
+                        "vLLM's time to first token, inter-token latency and availability (finished requests "
+                        "neither aborted nor failed): how many times faster than sustainable each long window "
+                        f"spends the error budget (1 = the budget lasts {catalog.SLO_COMPLIANCE_WINDOW}). Every "
+                        "vLLM pod counts, whatever GrowPage's mode or health. "
                         + _runbooks_for(alerts.PANEL_VLLM_BURN_RATE),
                         targets(*burn_targets), TIMES_UNIT,
                         steps("green", (factors[0], "yellow"), (factors[-1], "red"))), 12),
+        Cell(timeseries(PANEL_VLLM_QUEUE_E2E,
+                        f"Time requests wait before vLLM first schedules them ({catalog.VLLM_QUEUE_TIME}: "
+                        "waiting for KV blocks or a batch slot) and from arrival to their last token "
+                        f"({catalog.VLLM_E2E_LATENCY}), p99 per pod. Queue time is the share of TTFT that "
+                        "KV capacity decides. " + runbook_links("GrowPageVLLMTimeToFirstTokenFastBurn"),
+                        targets((p99(catalog.VLLM_QUEUE_TIME), f"queue {_POD_LEGEND}"),
+                                (p99(catalog.VLLM_E2E_LATENCY), f"end-to-end {_POD_LEGEND}")), SECONDS_UNIT), 12),
         Cell(timeseries("GrowPage's view: compression headroom and denied growth",
                         "Page boundaries resolved by compressing instead of growing (in mode monitor: that "
                         "enforce would resolve so) and growth denied for want of pages, per second. Headroom "
@@ -232,6 +249,19 @@ def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
                         targets((f"max by (namespace, pod, component, reason) ({metric(catalog.AGENT_ACTIVE.name)})",
                                  "{{component}} {{reason}} " + _POD_LEGEND)), "short",
                         steps("red", (1.0, "green"))), 12),
+        Cell(timeseries(PANEL_OBSERVED_SHARE,
+                        "Inside vLLM: engine steps whose attention GrowPage observed over steps with a tracked "
+                        "request, and finished requests observed at least once over those tracked. Below 1 "
+                        "by design with observe_every_steps > 1 and under full CUDA graphs (decode steps "
+                        "replay without Python); at 0 while the observer reports active, its decisions rank "
+                        "by recency alone. " + runbook_links("GrowPageAgentInactive"),
+                        targets((f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_STEPS.name)}[{RATE}]))"
+                                 f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
+                                 f"steps {_POD_LEGEND}"),
+                                (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_REQUESTS.name)}"
+                                 f"[{RATE}]))\n/\nsum by (namespace, pod) "
+                                 f"(rate({metric(catalog.VLLM_TRACKED_REQUESTS.name)}[{RATE}]))",
+                                 f"requests {_POD_LEGEND}")), RATIO_UNIT), 12),
         Cell(load_panel(t), 12),  # a fleet behind vLLM's router: GrowPage / Fleet has the rest
     ]
 
