@@ -210,6 +210,28 @@ ROUTER_LOAD = MetricSpec(
     "What GET /get_load answers: percent of the requests this replica can hold without preempting that it "
     "runs or queues (0 idle, 100 full, above 100 it queues).", "percent")
 ROUTER_METRICS: tuple[MetricSpec, ...] = (HEADROOM_PAGES, RECLAIMABLE_PAGES, ROUTER_LOAD)
+
+# Series only the vLLM home serves, beside the contract: what it could not enforce as decided, and how
+# much of the work its observer saw (the shares of steps and of requests observed: below 1 under full
+# CUDA graphs, where decode steps replay without Python, or with observe_every_steps > 1).
+VLLM_DEGRADED_DECISIONS = MetricSpec(
+    "growpage_vllm_decisions_degraded_total", MetricType.COUNTER,
+    "Page-boundary decisions vLLM applied differently than decided (quantize and defer cannot be per-request "
+    "in vLLM), by decided and enforced kind.", "decisions", labels=("decided", "enforced"))
+VLLM_STEPS = MetricSpec(
+    "growpage_vllm_steps_total", MetricType.COUNTER,
+    "Engine steps that ran with at least one request GrowPage tracks.", "steps")
+VLLM_OBSERVED_STEPS = MetricSpec(
+    "growpage_vllm_observed_steps_total", MetricType.COUNTER,
+    "Engine steps whose attention GrowPage observed (not replayed from a full CUDA graph, not skipped by "
+    "observe_every_steps).", "steps")
+VLLM_TRACKED_REQUESTS = MetricSpec(
+    "growpage_vllm_tracked_requests_total", MetricType.COUNTER, "Finished requests GrowPage tracked.", "requests")
+VLLM_OBSERVED_REQUESTS = MetricSpec(
+    "growpage_vllm_observed_requests_total", MetricType.COUNTER,
+    "Finished requests whose attention GrowPage observed at least once.", "requests")
+VLLM_HOME_METRICS: tuple[MetricSpec, ...] = (VLLM_DEGRADED_DECISIONS, VLLM_STEPS, VLLM_OBSERVED_STEPS,
+                                             VLLM_TRACKED_REQUESTS, VLLM_OBSERVED_REQUESTS)
 # The load at and above which a replica holds all it can without preempting (the fleet alert's "full").
 FLEET_LOAD_FULL = 100.0
 
@@ -310,9 +332,15 @@ VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 VLLM_TTFT = "vllm:time_to_first_token_seconds"  # histogram
 VLLM_ITL = "vllm:inter_token_latency_seconds"  # histogram
+VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"  # histogram: waiting before the first schedule
+VLLM_E2E_LATENCY = "vllm:e2e_request_latency_seconds"  # histogram: arrival to the last token
+# Finished requests by finished_reason (stop, length, abort, error): the availability SLO's events.
+VLLM_REQUESTS_FINISHED = "vllm:request_success_total"
+VLLM_FINISHED_REASON_LABEL = "finished_reason"
+VLLM_HISTOGRAMS = (VLLM_TTFT, VLLM_ITL, VLLM_QUEUE_TIME, VLLM_E2E_LATENCY)
 VLLM_METRICS = (VLLM_KV_CACHE_USAGE, VLLM_PREEMPTIONS, VLLM_REQUESTS_RUNNING, VLLM_REQUESTS_WAITING,
-                *(f"{histogram}_{suffix}" for histogram in (VLLM_TTFT, VLLM_ITL)
-                  for suffix in ("bucket", "sum", "count")))
+                VLLM_REQUESTS_FINISHED,
+                *(f"{histogram}_{suffix}" for histogram in VLLM_HISTOGRAMS for suffix in ("bucket", "sum", "count")))
 
 # Runbook page (under RUNBOOK_BASE_URL) for each ``gpctl diagnose`` check id: the alert runbook
 # (runbooks/<AlertName>.md) of the alert that watches the same condition, so a diagnose finding and
@@ -415,7 +443,10 @@ ALLOCATION_LATENCY_BURN_RATE_ALERTS = (
     BurnRateAlert("slow", SEVERITY_TICKET, "1h",
                   (BurnRateWindow("1d", "2h", 3.0, "1h"), BurnRateWindow("3d", "6h", 1.0, "3h"))),
 )
-SLO_COMPLIANCE_WINDOW = "30d"  # the window an error budget is counted over (dashboards)
+SLO_COMPLIANCE_WINDOW = "30d"  # the period the burn-rate factors are sized for (2 % of it in 1 h, ...)
+# The window the dashboards' "budget left" panels sum over: inside kube-prometheus-stack's default
+# retention (10 days), so the panel reads what Prometheus still holds.
+SLO_BUDGET_PANEL_WINDOW = "7d"
 # SLOs are kept per service, not per pod: a replaced pod must not take its error budget with it.
 SLO_LABELS = ("namespace", MODEL_LABEL)
 POD_LABELS = ("namespace", "pod", MODEL_LABEL)
@@ -458,6 +489,31 @@ SLO_VLLM_TTFT = LatencySLO("vllm_time_to_first_token", VLLM_TTFT, 2.5, 0.99,
 SLO_VLLM_ITL = LatencySLO("vllm_inter_token_latency", VLLM_ITL, 0.1, 0.99,
                           "99 % of decode steps emit the next token within 100 ms.")
 VLLM_LATENCY_SLOS = (SLO_VLLM_TTFT, SLO_VLLM_ITL)
+
+
+@dataclasses.dataclass(frozen=True)
+class AvailabilitySLO:
+    """An availability objective on vLLM's finished requests: ``objective`` of them not failed.
+
+    ``failed_reasons`` are the ``finished_reason`` values that count against it: ``error`` (vLLM
+    answers 500) and ``abort`` (the client gave up: at a healthy pod a small, steady share of users
+    cancel, which the objective absorbs; a surge means clients time out on a slow or stuck server).
+    """
+
+    name: str
+    counter: str
+    failed_reasons: tuple[str, ...]
+    objective: float
+    description: str
+
+    @property
+    def good_matcher(self) -> str:
+        return f'{VLLM_FINISHED_REASON_LABEL}!~"{"|".join(self.failed_reasons)}"'
+
+
+SLO_VLLM_AVAILABILITY = AvailabilitySLO(
+    "vllm_request_availability", VLLM_REQUESTS_FINISHED, ("abort", "error"), 0.99,
+    "99 % of finished requests are neither aborted nor failed with an error.")
 # Preemptions a pod may take before it is worth a ticket: sustained over RATE_WINDOW, per second.
 VLLM_PREEMPTIONS_PER_S_HIGH = 0.05
 # vLLM's queue "grows" when it is longer at the end of this window than at its start.
@@ -494,14 +550,15 @@ class Condition:
 
 
 SEVERITY_TABLE: tuple[Condition, ...] = (
-    # Pages: what users of the vLLM pod feel, and a pod that is gone.
+    # Pages: what users of the vLLM pod feel.
     Condition("GrowPageVLLMTimeToFirstTokenFastBurn", "vllm-latency", SEVERITY_PAGE),
     Condition("GrowPageVLLMInterTokenLatencyFastBurn", "vllm-latency", SEVERITY_PAGE),
+    Condition("GrowPageVLLMAvailabilityFastBurn", "vllm-latency", SEVERITY_PAGE),
     Condition("GrowPageKVPagesStranded", "oom-fragmentation", SEVERITY_PAGE),
-    Condition("GrowPageAgentDown", "agent-health", SEVERITY_PAGE),
     # Tickets: capacity wasted or at risk, GrowPage's own objectives, the agent's health.
     Condition("GrowPageVLLMTimeToFirstTokenSlowBurn", "vllm-latency", SEVERITY_TICKET),
     Condition("GrowPageVLLMInterTokenLatencySlowBurn", "vllm-latency", SEVERITY_TICKET),
+    Condition("GrowPageVLLMAvailabilitySlowBurn", "vllm-latency", SEVERITY_TICKET),
     Condition("GrowPageVLLMPreemptions", "oom-fragmentation", SEVERITY_TICKET),
     Condition("GrowPageFleetRoutesToPreemptingReplica", "oom-fragmentation", SEVERITY_TICKET),
     Condition("GrowPageFragmentationHigh", "oom-fragmentation", SEVERITY_TICKET),
@@ -513,6 +570,9 @@ SEVERITY_TABLE: tuple[Condition, ...] = (
     Condition("GrowPageAllocationLatencySlowBurn", "slo-allocation-latency", SEVERITY_TICKET),
     Condition("GrowPageAllocationLatencyHigh", "allocation-latency", SEVERITY_TICKET),
     Condition("GrowPageGrowthThrottled", "rollout", SEVERITY_TICKET),
+    # vLLM serves while GrowPage's route fails: GrowPage is blind, users are not hurt (vLLM's own
+    # SLOs still page), so a ticket.
+    Condition("GrowPageAgentDown", "agent-health", SEVERITY_TICKET),
     Condition("GrowPageMetricsAbsent", "agent-health", SEVERITY_TICKET),
     Condition("GrowPageAgentErrors", "agent-health", SEVERITY_TICKET),
     Condition("GrowPageAgentInactive", "agent-health", SEVERITY_TICKET),
@@ -542,6 +602,7 @@ class MixinThresholds:
             and a bound vLLM does not export selects nothing). Not checked here: vLLM's
             ``--custom-histogram-buckets`` changes the bounds.
         vllm_ttft_objective / vllm_itl_objective: the share of observations within them, in (0, 1).
+        vllm_availability_objective: the share of finished requests neither aborted nor failed.
         utilization_objective, compress_ratio_objective: GrowPage's own SLOs.
         allocation_latency_s / allocation_latency_objective: the grant-latency SLO; the threshold
             must be one of :data:`ALLOCATION_LATENCY_BUCKETS_S`.
@@ -556,6 +617,7 @@ class MixinThresholds:
     vllm_ttft_objective: float = SLO_VLLM_TTFT.objective
     vllm_itl_s: float = SLO_VLLM_ITL.threshold_s
     vllm_itl_objective: float = SLO_VLLM_ITL.objective
+    vllm_availability_objective: float = SLO_VLLM_AVAILABILITY.objective
     utilization_objective: float = SLO_UTILIZATION.objective
     compress_ratio_objective: float = SLO_COMPRESS_RATIO.objective
     allocation_latency_s: float = ALLOCATION_LATENCY_SLO_THRESHOLD_S
@@ -567,7 +629,8 @@ class MixinThresholds:
     checklist: ChecklistThresholds = CHECKLIST
 
     def __post_init__(self) -> None:
-        for name in ("vllm_ttft_objective", "vllm_itl_objective", "allocation_latency_objective"):
+        for name in ("vllm_ttft_objective", "vllm_itl_objective", "vllm_availability_objective",
+                     "allocation_latency_objective"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"thresholds.{name} must be a share between 0 and 1 (exclusive), "
                                  f"e.g. 0.99; got {getattr(self, name)}")
@@ -590,6 +653,15 @@ class MixinThresholds:
                              "requests get their first token within"),
                 _latency_slo(SLO_VLLM_ITL, self.vllm_itl_s, self.vllm_itl_objective,
                              "decode steps emit the next token within"))
+
+    @property
+    def vllm_availability_slo(self) -> AvailabilitySLO:
+        """:data:`SLO_VLLM_AVAILABILITY` with this objective."""
+        if self.vllm_availability_objective == SLO_VLLM_AVAILABILITY.objective:
+            return SLO_VLLM_AVAILABILITY
+        text = _objective_description(self.vllm_availability_objective, "finished requests")
+        return dataclasses.replace(SLO_VLLM_AVAILABILITY, objective=self.vllm_availability_objective,
+                                   description=f"{text} are neither aborted nor failed with an error.")
 
     @property
     def slo_utilization(self) -> SLO:

@@ -19,6 +19,7 @@ from growpage.monitoring.alertmanager import (
     PLACEHOLDER_WEBHOOK_URLS,
     RECEIVER_BY_SEVERITY,
     TICKET_RECEIVER,
+    inhibit_equal,
 )
 from support.promstack import Alertmanager, run_alertmanager, run_tool, wait_until
 
@@ -48,7 +49,7 @@ def test_inhibit_rules_never_let_a_lesser_alert_silence_a_page():
         assert {pair.source, pair.target} <= set(alert_names())
         assert rank[SEVERITY[pair.source]] >= rank[SEVERITY[pair.target]], pair
         assert rule["source_matchers"] == [f'alertname="{pair.source}"']
-        assert rule["equal"] == list(pair.equal)
+        assert rule["equal"] == inhibit_equal(pair)
 
 
 @pytest.mark.parametrize(("labels", "receiver"), [
@@ -121,4 +122,23 @@ def test_receivers_are_placeholder_webhooks_and_grouping_is_per_pod():
     config = yaml.safe_load(ALERTMANAGER_FILE.read_text())
     urls = {r["name"]: r["webhook_configs"][0]["url"] for r in config["receivers"]}
     assert urls == PLACEHOLDER_WEBHOOK_URLS and all(".invalid/" in url for url in urls.values())
-    assert config["route"]["routes"][0]["group_by"] == ["alertname", "namespace", catalog.MODEL_LABEL, "pod"]
+    assert config["route"]["routes"][0]["group_by"] == ["cluster", "alertname", "namespace", catalog.MODEL_LABEL,
+                                                         "pod"]
+
+
+def test_a_burn_in_one_cluster_never_silences_another_clusters_page(alertmanager):
+    # One Alertmanager for two clusters with the same namespaces: the fast burn in cluster a inhibits
+    # the slow burn there only.
+    fast, slow = "GrowPageVLLMTimeToFirstTokenFastBurn", "GrowPageVLLMTimeToFirstTokenSlowBurn"
+    namespace = "two-clusters"
+    _post(alertmanager, _alert(fast, namespace=namespace, pod=None, cluster="a"),
+          _alert(slow, namespace=namespace, pod=None, cluster="a"),
+          _alert(slow, namespace=namespace, pod=None, cluster="b"))
+
+    def by_cluster() -> dict[str, bool] | None:
+        found = {a["labels"].get("cluster", ""): bool(a["status"]["inhibitedBy"]) for a in alertmanager.alerts()
+                 if a["labels"]["alertname"] == slow and a["labels"].get("namespace") == namespace}
+        return found if found.get("a") else None
+
+    state = wait_until(by_cluster, 10, what="the slow burn in cluster a to be inhibited")
+    assert state == {"a": True, "b": False}

@@ -15,6 +15,7 @@ import yaml
 from monitoring_paths import REPO_ROOT
 
 from growpage import catalog
+from growpage.errors import ConfigError
 from growpage.monitoring import alert_rules as alerts
 from growpage.monitoring.alert_tests import alert_test_files
 from growpage.monitoring.dashboards import dashboards
@@ -59,8 +60,8 @@ def test_custom_thresholds_change_exactly_the_rules_that_read_them():
     ttft_ratios = {key for key in changed if key[1].startswith(f"namespace_model_name:{catalog.SLO_VLLM_TTFT.name}:")}
     burns = {key for key in changed if key[1].endswith("Burn")}
     assert {key[1] for key in burns} == {name for name in catalog.SEVERITY_BY_ALERT if name.endswith("Burn")}
-    assert len(ttft_ratios) == len({w for a in catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS for b in a.windows
-                                    for w in (b.long_window, b.short_window)})
+    # Only the recorded good-event rate reads the threshold: every window's ratio is built from it.
+    assert {key[1] for key in ttft_ratios} == {f"namespace_model_name:{catalog.SLO_VLLM_TTFT.name}:good_rate5m"}
     others = {key[1] for key in set(changed) - ttft_ratios - burns}
     assert others == {"GrowPageFragmentationHigh", "GrowPageGrowthThrottled", "GrowPageFleetRoutesToPreemptingReplica"}
     for key in ttft_ratios:
@@ -96,13 +97,13 @@ def test_custom_rules_pass_promtool_and_their_own_unit_tests(tmp_path):
     run_tool("promtool", "check", "rules", str(tmp_path / "growpage-rules.yaml"))
     (tmp_path / "tests").mkdir()
     changed = {key[1] for key in _changed(CUSTOM) if not key[1].startswith("namespace")}
-    assert len(changed) == 9
+    assert len(changed) == 11
     paths = []
     for name, document in alert_test_files(CUSTOM).items():
         if name in changed:
             paths.append(tmp_path / "tests" / f"{name}.test.yaml")
             paths[-1].write_text(dump_yaml(document))
-    assert promtool_test_rules(paths).count("SUCCESS") == len(paths) == 9
+    assert promtool_test_rules(paths).count("SUCCESS") == len(paths) == 11
 
 
 def _series_selectors(expr: str, names: frozenset[str]) -> list[str]:
@@ -196,3 +197,24 @@ def test_the_documented_example_is_a_valid_config_and_every_key_is_documented():
         assert field.name == "thresholds" or f"`{field.name}`" in text, field.name
     for field in dataclasses.fields(catalog.MixinThresholds):
         assert re.search(rf"`(thresholds\.)?{field.name}[`.]", text), field.name
+
+
+def test_a_time_scaled_config_shortens_every_range_and_for_and_passes_promtool(tmp_path):
+    # What a game day runs: the real rules at 1/60, an hour-long window read over a minute.
+    from growpage.monitoring.promql import scale_durations
+    assert scale_durations('rate(x{le="5m"}[5m]) offset 1h + max_over_time(y[1h:1m])', 1 / 60) == \
+        'rate(x{le="5m"}[5s]) offset 1m + max_over_time(y[1m:1s])'
+    scaled = MixinConfig(time_scale=1 / 60)
+    path = tmp_path / "growpage-rules.yaml"
+    path.write_text(rules_yaml(config=scaled))
+    run_tool("promtool", "check", "rules", str(path))
+    real = {rule.get("alert", rule.get("record")): rule for group in yaml.safe_load(rules_yaml())["groups"]
+            for rule in group["rules"]}
+    fast = {rule.get("alert", rule.get("record")): rule for group in yaml.safe_load(path.read_text())["groups"]
+            for rule in group["rules"]}
+    assert fast.keys() == real.keys()  # names keep the real windows
+    assert fast["GrowPageAgentDown"]["for"] == "5s" and real["GrowPageAgentDown"]["for"] == "5m"
+    ratio = f"namespace_model_name:{catalog.SLO_VLLM_TTFT.name}:slo_error_ratio_rate3d"
+    assert "[72m]" in fast[ratio]["expr"] and "[3d]" in real[ratio]["expr"]
+    with pytest.raises(ConfigError, match="time_scale must be in"):
+        mixin_config_from({"time_scale": 2})

@@ -9,7 +9,7 @@ from monitoring_paths import ALERT_TESTS_DIR, RULES_FILE
 
 from growpage import catalog
 from growpage.monitoring.alert_rules import alert_rules
-from growpage.monitoring.alert_tests import alert_test_files, quiet_scenarios, scenarios
+from growpage.monitoring.alert_tests import alert_test_files, quiet_scenarios, scenarios, timeline_scenarios
 from growpage.monitoring.mixin import MixinConfig
 from growpage.monitoring.promql import duration_seconds
 from growpage.monitoring.rules_file import dump_yaml, rules_yaml
@@ -39,7 +39,7 @@ def test_each_unit_test_checks_silence_before_for_and_firing_after_with_exact_an
     for path in ALERT_TESTS_DIR.glob("*.test.yaml"):
         rule = rules[path.name.removesuffix(".test.yaml")]  # the severity and annotations of every pair
         document = yaml.safe_load(path.read_text())
-        firing_tests = [t for t in document["tests"] if len(t["alert_rule_test"]) == 2]
+        firing_tests = [t for t in document["tests"] if len(t.get("alert_rule_test", [])) == 2]
         assert len(firing_tests) == len(scenarios()[rule.name])
         for test in firing_tests:
             silent, firing = test["alert_rule_test"]
@@ -58,7 +58,7 @@ def test_every_alert_has_a_case_where_its_condition_is_false():
         longest[rule.name] = max(longest.get(rule.name, 0.0), duration_seconds(rule.for_duration))
     for path in ALERT_TESTS_DIR.glob("*.test.yaml"):
         name = path.name.removesuffix(".test.yaml")
-        quiet = [t for t in yaml.safe_load(path.read_text())["tests"] if len(t["alert_rule_test"]) == 1]
+        quiet = [t for t in yaml.safe_load(path.read_text())["tests"] if len(t.get("alert_rule_test", [])) == 1]
         assert len(quiet) == len(quiet_scenarios()[name]) >= 1, name
         for test in quiet:
             [check] = test["alert_rule_test"]
@@ -77,9 +77,30 @@ def test_every_alert_that_reads_growpage_has_a_mode_off_near_miss():
 
 def test_every_page_stays_silent_for_a_healthy_idle_pod():
     for name in (rule.name for rule in alert_rules() if rule.severity == catalog.SEVERITY_PAGE):
-        if name == "GrowPageAgentDown":
-            continue  # an idle pod is scraped: its near miss is "scraped"
         assert any("idle" in quiet.title for quiet in quiet_scenarios()[name]), name
+
+
+def test_what_users_feel_pages_whatever_growpage_does_and_a_starting_pod_pages_nobody():
+    # The rollback (mode off) and a dead exporter must not silence vLLM's SLO pages; a pod loading
+    # its model (neither target answers) must not page at all, AgentDown included.
+    for name in (rule.name for rule in alert_rules() if rule.name.startswith("GrowPageVLLM") and "Burn" in rule.name):
+        titles = [scenario.title for scenario in scenarios()[name]]
+        assert any("rolled back to off" in title for title in titles), name
+        assert any("no GrowPage series" in title for title in titles), name
+    for name in ("GrowPageAgentDown", "GrowPageMetricsAbsent",
+                 *(rule.name for rule in alert_rules() if rule.severity == catalog.SEVERITY_PAGE
+                   and rule.name.startswith("GrowPageVLLM"))):
+        assert any("loading its model" in quiet.title for quiet in quiet_scenarios()[name]), name
+
+
+def test_a_replaced_pod_keeps_its_burn_in_every_slow_budget():
+    timelines = timeline_scenarios()
+    slow = {rule.name for rule in alert_rules() if rule.name.endswith("SlowBurn")}
+    assert set(timelines) == slow
+    for name in slow:
+        [timeline] = timelines[name]
+        # fires after the pod is gone, stays up an hour later, and resolves
+        assert [firing for _, firing in timeline.firing] == [False, True, True, False], name
 
 
 def test_burn_rate_pairs_have_their_own_for_and_window_labels():
@@ -99,7 +120,7 @@ def test_severities_come_from_the_one_table():
         assert rule.severity == catalog.SEVERITY_BY_ALERT[rule.name]
     pages = {rule.name for rule in alert_rules() if rule.severity == catalog.SEVERITY_PAGE}
     assert pages == {"GrowPageVLLMTimeToFirstTokenFastBurn", "GrowPageVLLMInterTokenLatencyFastBurn",
-                     "GrowPageKVPagesStranded", "GrowPageAgentDown"}
+                     "GrowPageVLLMAvailabilityFastBurn", "GrowPageKVPagesStranded"}
 
 
 def test_the_page_for_stranded_pages_ignores_the_framebuffer_vllm_keeps_full():

@@ -17,7 +17,8 @@ from growpage.monitoring.runbook_sections import BEGIN, END, INDEX
 SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation", "## Verify the fix", "## Escalation")
 PARAMETERS = ("$NAMESPACE", "$PROMETHEUS", "$ALERTMANAGER")
 PROMQL_BLOCK = re.compile(r"```promql\n(.*?)\n```", re.DOTALL)
-KNOWN_METRICS = ({n for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS) for n in spec.series_names}
+KNOWN_METRICS = ({n for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS, *catalog.VLLM_HOME_METRICS)
+                  for n in spec.series_names}
                  | recording_rule_names()
                  | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE, catalog.DCGM_GPU_UTIL, *catalog.VLLM_METRICS})
 

@@ -178,19 +178,29 @@ def _utilization_alerts(lv: rec.Levels) -> list[AlertRule]:
     ]
 
 
-def _compress_alert(lv: rec.Levels) -> AlertRule:
+# What a compress ratio under its objective means, and the fix that exists, in each home.
+_COMPRESS_RATIO_FIXES = {
+    "reference": ("INT8 alone cannot reach {target}x once per-head scales are stored; use quantization_bits=4 "
+                  "or let eviction run."),
+    "vllm": ("Inside vLLM compression is eviction and compaction only (per-request quantization does not exist "
+             "there): each compaction keeps most of the tokens it touches, so it frees little. Lower "
+             "attention_coverage or base_pages in the plugin's settings, or let enforce compress only under "
+             "pressure."),
+}
+
+
+def _compress_alerts(lv: rec.Levels) -> list[AlertRule]:
     target = lv.thresholds.compress_ratio_objective
     window = catalog.COMPRESS_RATIO_RULE_WINDOW
-    return AlertRule(
+    return [AlertRule(
         "GrowPageCompressRatioLow",
-        in_modes(f"{rec.COMPRESS_RATIO} < {target}", catalog.MODES_ENFORCING, lv.slo),
+        in_modes(f"{rec.COMPRESS_RATIO} < {target}", catalog.MODES_ENFORCING, lv.slo, homes=(home,)),
         catalog.ALERT_FOR.compress_ratio_below_slo,
         f"Compressions return less than {target:g}x",
         f"{_SERVICE}: compressions of the last {window} turn {{{{ $value | humanize }}}} bytes into 1 (SLO >= "
-        f"{target:g}x, scales included), and have for {catalog.ALERT_FOR.compress_ratio_below_slo}. INT8 "
-        f"alone cannot reach {target:g}x once per-head scales are stored; use quantization_bits=4 or let "
-        f"eviction run. {_DIAGNOSE_SERVICE}",
-        PANEL_COMPRESS)
+        f"{target:g}x, scales included), and have for {catalog.ALERT_FOR.compress_ratio_below_slo}. "
+        f"{fix.format(target=f'{target:g}')} {_DIAGNOSE_SERVICE}",
+        PANEL_COMPRESS, {"home": home}) for home, fix in _COMPRESS_RATIO_FIXES.items()]
 
 
 def burn_rate_alert_name(speed: str, slo: str = "AllocationLatency") -> str:
@@ -199,7 +209,8 @@ def burn_rate_alert_name(speed: str, slo: str = "AllocationLatency") -> str:
 
 # vLLM SLO -> the alertname stem of its burn-rate alerts.
 VLLM_SLO_ALERT_STEMS = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken",
-                        catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency"}
+                        catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency",
+                        catalog.SLO_VLLM_AVAILABILITY.name: "VLLMAvailability"}
 
 
 def _burn_rules(stem: str, error_ratio: Callable[[str], str], objective: float, summary: str, description: str,
@@ -243,10 +254,11 @@ def _allocation_burn_alerts(lv: rec.Levels) -> list[AlertRule]:
 
 
 def vllm_latency_alerts(thresholds: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> list[AlertRule]:
-    """What vLLM's users feel, on pods where GrowPage runs: TTFT and inter-token latency burns.
+    """What vLLM's users feel: TTFT and inter-token latency burns, on every vLLM pod the selector matches.
 
-    The error ratios count only pods whose GrowPage is in monitor or enforce (the recording rules
-    join on growpage_build_info), so a pod in mode off never pages the GrowPage rotation.
+    The error ratios count every pod whatever GrowPage's mode or health (mode off after a rollback,
+    its exporter gone): users' latency does not depend on GrowPage reporting it. The long windows
+    sum recorded per-service rates, so a pod replaced mid-burn keeps its errors in the budget.
     """
     rules = []
     for slo in thresholds.vllm_latency_slos:
@@ -257,6 +269,14 @@ def vllm_latency_alerts(thresholds: catalog.MixinThresholds = catalog.MIXIN_THRE
             f"requests over the long window had a {what} above {slo.threshold_s:g} s (vLLM's "
             f"{slo.histogram}; SLO: {_pct(slo.objective)} within {slo.threshold_s:g} s)",
             PANEL_VLLM_BURN_RATE, _view("service"), burn_alerts=thresholds.burn_rate_alerts)
+    availability = thresholds.vllm_availability_slo
+    rules += _burn_rules(
+        VLLM_SLO_ALERT_STEMS[availability.name], functools.partial(rec.vllm_error_ratio_name, availability.name),
+        availability.objective, "vLLM requests fail or are aborted too often",
+        f"requests finished over the long window were aborted or failed ({catalog.VLLM_REQUESTS_FINISHED}"
+        f"{{{catalog.VLLM_FINISHED_REASON_LABEL}=~\"{'|'.join(availability.failed_reasons)}\"}}; SLO: "
+        f"{_pct(availability.objective)} of finished requests neither)",
+        PANEL_VLLM_BURN_RATE, _view("service"), burn_alerts=thresholds.burn_rate_alerts)
     return rules
 
 
@@ -374,23 +394,28 @@ def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     others, enforcer = idle('component!="enforcer"'), idle('component="enforcer"')
     inactive = (f"(\n{_observing(others, lv.join)}\n)\nor\n(\n"
                 f"{in_modes(enforcer, catalog.MODES_ENFORCING, lv.join)}\n)")
+    # vLLM answers where its own /metrics is scraped: GrowPage's route failing there is GrowPage's
+    # fault. A pod still loading its model answers neither and pages nobody (Kubernetes' readiness
+    # and kube-state-metrics' alerts cover a pod that never becomes ready).
+    vllm_up = selector("up", job=config.vllm_job)
     return _with_config([
-        # The route answers 200 from start-up in every mode, off included: a failed scrape means
-        # the process (or its pod's network) is gone, never that GrowPage is switched off.
         AlertRule(
-            "GrowPageAgentDown", f"{up} == 0", catalog.ALERT_FOR.agent_down,
-            f"Prometheus cannot scrape {catalog.METRICS_PATH}",
+            "GrowPageAgentDown", f"{up} == 0\nand on ({lv.join})\n{vllm_up} == 1", catalog.ALERT_FOR.agent_down,
+            f"vLLM answers but GrowPage's {catalog.METRICS_PATH} does not",
             f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}: the {config.growpage_job} target "
-            f"{{{{ $labels.instance }}}} has failed every scrape for {catalog.ALERT_FOR.agent_down}: the vLLM "
-            f"process is gone or its API server does not answer (the route answers in every mode, off "
-            f"included). Run: gpctl diagnose --endpoint http://{{{{ $labels.instance }}}}{catalog.METRICS_PATH}",
+            f"{{{{ $labels.instance }}}} has failed every scrape for {catalog.ALERT_FOR.agent_down} while vLLM's own "
+            f"{catalog.VLLM_METRICS_PATH} (job {config.vllm_job}) answers: vLLM serves, GrowPage's exporter is "
+            f"broken or hung, and GrowPage's alerts are blind for this pod (vLLM's latency SLOs still page). "
+            f"Run: gpctl diagnose --endpoint http://{{{{ $labels.instance }}}}{catalog.METRICS_PATH}",
             PANEL_SCRAPE),
         AlertRule(
-            "GrowPageMetricsAbsent", f"absent({build_info})", catalog.ALERT_FOR.metrics_absent,
-            "No GrowPage metrics in Prometheus",
+            "GrowPageMetricsAbsent", f"absent({build_info})\nand on ()\ncount({vllm_up} == 1) > 0",
+            catalog.ALERT_FOR.metrics_absent,
+            "vLLM serves but no GrowPage metrics reach Prometheus",
             f"No {catalog.BUILD_INFO.name} series from job {config.growpage_job} for "
-            f"{catalog.ALERT_FOR.metrics_absent}: no target is scraped (ServiceMonitor selector or port), "
-            f"the plugin is not loaded (VLLM_PLUGINS), or {catalog.METRICS_PATH} serves vLLM's own metrics.",
+            f"{catalog.ALERT_FOR.metrics_absent} while vLLM targets (job {config.vllm_job}) answer: no GrowPage "
+            f"target is scraped (ServiceMonitor selector or port), the plugin is not loaded (VLLM_PLUGINS), or "
+            f"{catalog.METRICS_PATH} serves vLLM's own metrics.",
             PANEL_SCRAPE),
         AlertRule(
             "GrowPageAgentErrors", errors, catalog.ALERT_FOR.agent_errors,
@@ -425,7 +450,7 @@ def slo_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     """Per service: vLLM's latency SLOs, then GrowPage's three (utilization, compress ratio, grant latency)."""
     lv = rec.Levels.of(config)
     utilization_low, _ = _utilization_alerts(lv)
-    return _with_config([*vllm_latency_alerts(config.thresholds), utilization_low, _compress_alert(lv),
+    return _with_config([*vllm_latency_alerts(config.thresholds), utilization_low, *_compress_alerts(lv),
                          *_allocation_burn_alerts(lv)], config)
 
 

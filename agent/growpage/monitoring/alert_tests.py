@@ -137,6 +137,16 @@ def _vllm_latency(slo: catalog.LatencySLO, good_share: float, per_minute: float 
     return _histogram(slo.histogram, slo.threshold_s, good_share, per_minute, {**VLLM_TARGET, **target})
 
 
+def _vllm_finished(good_share: float, per_minute: float = 1000, **target: str) -> dict[str, str]:
+    """vLLM's finished-requests counter (job vllm) where ``good_share`` finish by stop or length and
+    the rest are aborted by their clients."""
+    labels = {**VLLM_TARGET, **target}
+    good = round(per_minute * good_share)
+    reason = catalog.VLLM_FINISHED_REASON_LABEL
+    return {selector(catalog.VLLM_REQUESTS_FINISHED, **labels, **{reason: "stop"}): _counter(good),
+            selector(catalog.VLLM_REQUESTS_FINISHED, **labels, **{reason: "abort"}): _counter(per_minute - good)}
+
+
 def _vllm(metric: str, values: str) -> dict[str, str]:
     return {selector(metric, **VLLM_TARGET): values}
 
@@ -220,20 +230,96 @@ def _stranded_scenarios() -> list[Scenario]:
             Scenario(vllm, "1m", dict(POD), 6, "vLLM preemptions at kv_cache_usage_perc 99 %, queue growing")]
 
 
-def _vllm_burn_alerts(t: catalog.MixinThresholds) -> Iterator[tuple[str, catalog.LatencySLO, float,
+def _vllm_burn_alerts(t: catalog.MixinThresholds) -> Iterator[tuple[str, Callable[..., dict[str, str]], float,
                                                                      catalog.BurnRateAlert]]:
-    """``(alertname, SLO, error budget, burn-rate alert)`` of each burn-rate alert on vLLM's latency SLOs."""
-    for slo in t.vllm_latency_slos:
-        budget = round(1 - slo.objective, 10)
+    """``(alertname, series, error budget, burn-rate alert)`` of each burn-rate alert on vLLM's SLOs;
+    ``series(good_share, per_minute=1000, **target)`` are the SLO's input series."""
+    events: list[tuple[str, float, Callable[..., dict[str, str]]]] = [
+        (slo.name, slo.objective, functools.partial(_vllm_latency, slo)) for slo in t.vllm_latency_slos]
+    availability = t.vllm_availability_slo
+    events.append((availability.name, availability.objective, _vllm_finished))
+    for name, objective, series in events:
+        budget = round(1 - objective, 10)
         for alert in t.burn_rate_alerts:
-            yield burn_rate_alert_name(alert.speed, VLLM_SLO_ALERT_STEMS[slo.name]), slo, budget, alert
+            yield burn_rate_alert_name(alert.speed, VLLM_SLO_ALERT_STEMS[name]), series, budget, alert
 
 
 def _vllm_burn_scenarios(t: catalog.MixinThresholds) -> dict[str, list[Scenario]]:
     result: dict[str, list[Scenario]] = {}
-    for name, slo, budget, alert in _vllm_burn_alerts(t):
-        result[name] = [_burn_scenario(burn, lambda share, total=1000, slo=slo, **other: _vllm_latency(
-            slo, share, total, **other), budget, ENFORCE) for burn in alert.windows]
+    for name, series, budget, alert in _vllm_burn_alerts(t):
+        result[name] = [_burn_scenario(burn, series, budget, ENFORCE) for burn in alert.windows]
+        fast = alert.windows[0]
+        # What users feel does not depend on GrowPage: rolled back to off, or its exporter gone.
+        pair = f"{fast.long_window}/{fast.short_window}"
+        result[name] += [
+            dataclasses.replace(_burn_scenario(fast, series, budget, OFF),
+                                title=f"{pair}: GrowPage rolled back to off"),
+            dataclasses.replace(_burn_scenario(fast, series, budget, {}),
+                                title=f"{pair}: no GrowPage series at all")]
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineScenario:
+    """An incident told over time: input series, and whether the alert is firing at each evaluation.
+
+    Checked through the ``ALERTS`` series (promtool's ``promql_expr_test``), so one scenario can say
+    that a page is still up long after its cause changed, and that it resolves.
+
+    Attributes:
+        series: promtool series selector -> values notation.
+        title: what the incident shows.
+        labels: the alert's labels besides ``severity`` and the rule's own.
+        rule_labels: which rule of a multi-rule alertname it watches (its window-pair labels).
+        firing: (evaluation time, firing then) in time order.
+    """
+
+    series: dict[str, str]
+    title: str
+    labels: dict[str, str]
+    rule_labels: dict[str, str]
+    firing: tuple[tuple[str, bool], ...]
+
+
+REPLACED_AT_MIN = 30  # when the burning pod goes away and a healthy one takes its traffic
+
+
+def _replaced_pod(series: Callable[..., dict[str, str]], burn: catalog.BurnRateWindow, mode: dict[str, str]
+                  ) -> TimelineScenario:
+    """A pod serves 30 % errors for 30 minutes and is then replaced by a healthy pod.
+
+    The slow burn's 2h window still holds the old pod's errors (the per-service recordings outlive its
+    series), so the page fires at ``for`` and stays up an hour after the replacement; it resolves once
+    the burn has left the short window. An instant join on the pod's current series would forget the
+    old pod at once.
+    """
+    minutes, total, bad = REPLACED_AT_MIN, 1000, 300
+    old_pod = {"pod": "vllm-reasoning-5d8c7b9f4-old01", "instance": "10.42.0.19:8000"}
+    inputs: dict[str, str] = {}
+    for name, values in series(1 - bad / total, total, **old_pod).items():
+        inputs[name] = f"0+{values.split('+')[1].split('x')[0]}x{minutes} stale"
+    for name, values in series(1.0, total).items():
+        inputs[name] = f"_x{minutes} 0+{values.split('+')[1].split('x')[0]}x{SAMPLES - minutes - 1}"
+    old_build_info = selector(catalog.BUILD_INFO.name, **{**TARGET, **old_pod}, mode="enforce", home="vllm")
+    inputs[old_build_info] = f"1x{minutes} stale"
+    fires_min = 1 + duration_seconds(burn.for_duration) // 60
+    clears_min = minutes + duration_seconds(burn.short_window) // 60 + 10
+    return TimelineScenario(
+        {**mode, **inputs}, f"a pod burning for {minutes}m, then replaced by a healthy one", dict(SERVICE),
+        {"long_window": burn.long_window, "short_window": burn.short_window},
+        ((format_duration((fires_min - 1) * 60), False), (format_duration(fires_min * 60), True),
+         (format_duration((minutes + 60) * 60), True), (format_duration(clears_min * 60), False)))
+
+
+def timeline_scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str, list[TimelineScenario]]:
+    """Incidents over time per alertname: a pod replaced mid-burn keeps its errors in the budget."""
+    result: dict[str, list[TimelineScenario]] = {}
+    for name, series, _, alert in _vllm_burn_alerts(t):
+        if alert.speed == "slow":
+            result[name] = [_replaced_pod(series, alert.windows[0], ENFORCE)]
+    latency = functools.partial(_latency, threshold_s=t.allocation_latency_s)
+    slow = t.burn_rate_alerts[1]
+    result[burn_rate_alert_name(slow.speed)] = [_replaced_pod(latency, slow.windows[0], ENFORCE)]
     return result
 
 
@@ -245,16 +331,23 @@ def _slow_burn(t: catalog.MixinThresholds) -> float:
 def _vllm_burn_quiet(t: catalog.MixinThresholds) -> dict[str, list[QuietScenario]]:
     result: dict[str, list[QuietScenario]] = {}
     slow = _slow_burn(t)
-    for name, slo, budget, alert in _vllm_burn_alerts(t):
-        near = (QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - slow * budget)}, f"a slow burn ({slow:g}x)")
+    for name, series, budget, alert in _vllm_burn_alerts(t):
+        near = (QuietScenario({**ENFORCE, **series(1 - slow * budget)}, f"a slow burn ({slow:g}x)")
                 if alert.speed == "fast" else
-                QuietScenario({**ENFORCE, **_vllm_latency(slo, 1 - 0.5 * budget)}, "half the error budget"))
+                QuietScenario({**ENFORCE, **series(1 - 0.5 * budget)}, "half the error budget"))
         result[name] = [
             near,
-            QuietScenario({**ENFORCE, **_vllm_latency(slo, 1.0, 0)}, "healthy idle pod: no requests"),
-            QuietScenario({**OFF, **_vllm_latency(slo, 0.5)}, "mode off: vLLM burns, GrowPage is not there"),
+            QuietScenario({**ENFORCE, **series(1.0, 0)}, "healthy idle pod: no requests"),
+            QuietScenario({**OFF, **series(1.0, 0)}, "healthy idle pod in mode off"),
+            QuietScenario(_starting_pod(), "a pod still loading its model: nothing answers yet"),
         ]
     return result
+
+
+def _starting_pod() -> dict[str, str]:
+    """A pod loading its model: Prometheus scrapes it and fails, so both targets are down and no
+    series of either exists yet."""
+    return {selector("up", **TARGET): _constant(0), selector("up", **VLLM_TARGET): _constant(0)}
 
 
 def scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str, list[Scenario]]:
@@ -266,8 +359,9 @@ def scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str
     throttle = {**ENFORCE, **_series(catalog.DECISIONS.name, _counter(6), decision="throttled"),
                 **_series(catalog.DECISIONS.name, _counter(4), decision="allocate")}
     # Compressions in bursts every 10 minutes: the hour-long window sees them from the first burst.
-    compress = {**ENFORCE, **_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(1970)),
-                **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}
+    compressions = {**_series(catalog.COMPRESS_INPUT_BYTES.name, _bursts(1970)),
+                    **_series(catalog.COMPRESS_OUTPUT_BYTES.name, _bursts(1000))}
+    compress = {**ENFORCE, **compressions}
     inactive = {**ENFORCE,
                 **_series(catalog.AGENT_ACTIVE.name, _constant(1), component="observer"),
                 **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="full_cudagraph")}
@@ -277,7 +371,10 @@ def scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str
                                               dict(SERVICE), 0.5)],
         "GrowPageKVOverGranting": [Scenario({**_build_info("enforce", "reference"), **_slots(300, 1000),
                                              **ok_running}, "0m", dict(POD), 0.3, "reference engine")],
-        "GrowPageCompressRatioLow": [Scenario(compress, "10m", dict(SERVICE), 1.97, "compressions in bursts")],
+        "GrowPageCompressRatioLow": [
+            Scenario(compress, "10m", dict(SERVICE), 1.97, "inside vLLM, compressions in bursts", {"home": "vllm"}),
+            Scenario({**compressions, **_build_info("enforce", "reference")}, "10m", dict(SERVICE), 1.97,
+                     "reference engine, compressions in bursts", {"home": "reference"})],
         "GrowPageAllocationLatencyHigh": [_latency_scenario()],
         "GrowPageFragmentationHigh": [Scenario({**MONITOR, **_slots(34, 100), **_pool(100, 0, 900)}, "0m",
                                                dict(POD), 0.66, "pool 10 % free")],
@@ -287,8 +384,10 @@ def scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str
                                              dict(POD), 0.1, "6 preemptions a minute")],
         "GrowPageFleetRoutesToPreemptingReplica": [Scenario(_fleet(6, 30, 150, 20, ENFORCE), "3m", dict(POD), 0.1,
                                                             "load 150 here, 20 on a sibling, still 30 arrivals/min")],
-        "GrowPageAgentDown": [Scenario(_series("up", _constant(0)), "0m", dict(TARGET), 0)],
-        "GrowPageMetricsAbsent": [Scenario(_series("up", _constant(1)), "0m", {"job": catalog.SCRAPE_JOB}, 1)],
+        "GrowPageAgentDown": [Scenario({**_series("up", _constant(0)), selector("up", **VLLM_TARGET): _constant(1)},
+                                       "0m", dict(TARGET), 0, "vLLM answers, GrowPage's route does not")],
+        "GrowPageMetricsAbsent": [Scenario({selector("up", **VLLM_TARGET): _constant(1)}, "0m",
+                                           {"job": catalog.SCRAPE_JOB}, 1, "vLLM answers, no GrowPage target")],
         "GrowPageAgentErrors": [Scenario(_series(catalog.AGENT_ERRORS.name, _counter(2), component="actuator"),
                                          "1m", {**POD, "component": "actuator"}, 10)],
         "GrowPageGrowthThrottled": [Scenario(throttle, "1m", dict(POD), 0.6)],
@@ -423,9 +522,14 @@ def _agent_quiet() -> dict[str, list[QuietScenario]]:
     return {
         "GrowPageAgentDown": [QuietScenario(_series("up", _constant(1)), "scraped"),
                               QuietScenario({**_series("up", _constant(1)), **off},
-                                            "mode off: the route answers, nothing runs")],
+                                            "mode off: the route answers, nothing runs"),
+                              QuietScenario(_starting_pod(), "a pod still loading its model: neither target answers"),
+                              QuietScenario({**_series("up", _constant(0)),
+                                             selector("up", **{**VLLM_TARGET, **SIBLING}): _constant(1)},
+                                            "another pod's vLLM answers: the join is per pod")],
         "GrowPageMetricsAbsent": [QuietScenario({**_series("up", _constant(1)), **MONITOR}, "build info present"),
-                                  QuietScenario({**_series("up", _constant(1)), **OFF}, "mode off exports it too")],
+                                  QuietScenario({**_series("up", _constant(1)), **OFF}, "mode off exports it too"),
+                                  QuietScenario(_starting_pod(), "the only pod still loading its model")],
         "GrowPageAgentErrors": [QuietScenario(_series(catalog.AGENT_ERRORS.name, _constant(3), component="actuator"),
                                               "old faults, none new")],
         "GrowPageAgentInactive": [QuietScenario(enforcing, "every component active"),
@@ -457,6 +561,22 @@ def _test_case(rule: AlertRule, scenario: Scenario) -> dict:
     }
 
 
+def _timeline_case(rule: AlertRule, timeline: TimelineScenario) -> dict:
+    labels = {"alertname": rule.name, "alertstate": "firing", **timeline.labels, "severity": rule.severity,
+              **rule.labels}
+    series = selector("ALERTS", **dict(sorted(labels.items())))
+    watched = selector("ALERTS", alertname=rule.name, alertstate="firing", **rule.labels)
+    return {
+        "name": f"{rule.name} ({timeline.title}): " + ", ".join(
+            f"{'firing' if firing else 'silent'} at {at}" for at, firing in timeline.firing),
+        "interval": EVALUATION_INTERVAL,
+        "input_series": [{"series": name, "values": values} for name, values in timeline.series.items()],
+        "promql_expr_test": [{"expr": watched, "eval_time": at,
+                              "exp_samples": [{"labels": series, "value": 1}] if firing else []}
+                             for at, firing in timeline.firing],
+    }
+
+
 def quiet_eval_time(rules: list[AlertRule]) -> str:
     """Well past every ``for`` of the alertname and the windows its rules read (the longest burn
     window is 3d: capped by the input series, 200 minutes)."""
@@ -473,7 +593,7 @@ def _quiet_case(rules: list[AlertRule], quiet: QuietScenario) -> dict:
     }
 
 
-def scenario_rule(rules: list[AlertRule], scenario: Scenario) -> AlertRule:
+def scenario_rule(rules: list[AlertRule], scenario: Scenario | TimelineScenario) -> AlertRule:
     """The rule of an alertname that ``scenario`` breaches (matched on the window-pair labels)."""
     matching = [rule for rule in rules if all(scenario.rule_labels.get(k) == v for k, v in rule.labels.items())]
     if len(matching) != 1:
@@ -484,6 +604,7 @@ def scenario_rule(rules: list[AlertRule], scenario: Scenario) -> AlertRule:
 def alert_test_files(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, dict]:
     """``{AlertName: test file document}``: one file per alertname, one test per scenario, quiet ones last."""
     firing, quiet = scenarios(config.thresholds), quiet_scenarios(config.thresholds)
+    timelines = timeline_scenarios(config.thresholds)
     files: dict[str, dict] = {}
     for name, rules in rules_by_name(config).items():
         if name not in firing or not quiet.get(name):
@@ -493,6 +614,8 @@ def alert_test_files(config: MixinConfig = DEFAULT_CONFIG) -> dict[str, dict]:
             "rule_files": [RULES_FILE_FROM_TESTS],
             "evaluation_interval": EVALUATION_INTERVAL,
             "tests": [*(_test_case(scenario_rule(rules, scenario), scenario) for scenario in firing[name]),
-                      *(_quiet_case(rules, scenario) for scenario in quiet[name])],
+                      *(_quiet_case(rules, scenario) for scenario in quiet[name]),
+                      *(_timeline_case(scenario_rule(rules, timeline), timeline)
+                        for timeline in timelines.get(name, []))],
         }
     return files

@@ -12,6 +12,7 @@ import dataclasses
 
 from growpage import catalog
 from growpage.monitoring.alert_rules import alert_names, burn_rate_alert_name
+from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.rules_file import dump_yaml, generated_header
 
 PAGER_RECEIVER = "growpage-pager"
@@ -21,7 +22,9 @@ PLACEHOLDER_WEBHOOK_URLS = {
     TICKET_RECEIVER: "http://growpage-ticket.invalid/webhook",
 }
 RECEIVER_BY_SEVERITY = {catalog.SEVERITY_PAGE: PAGER_RECEIVER, catalog.SEVERITY_TICKET: TICKET_RECEIVER}
-# pod last: service-level alerts (SLOs) have none, and group per service.
+# pod last: service-level alerts (SLOs) have none, and group per service. The mixin's cluster label
+# leads both the grouping and every inhibition's equal labels (group_by and equal below), so one
+# Alertmanager serving several clusters never merges nor silences one cluster's pages by another's.
 GROUP_BY = ["alertname", "namespace", catalog.MODEL_LABEL, "pod"]
 GROWPAGE_ALERTS_MATCHER = 'alertname=~"GrowPage.*"'
 _SERVICE = tuple(catalog.SLO_LABELS)
@@ -48,6 +51,8 @@ INHIBIT_PAIRS = (
                 burn_rate_alert_name("slow", "VLLMTimeToFirstToken"), _SERVICE),
     InhibitPair(burn_rate_alert_name("fast", "VLLMInterTokenLatency"),
                 burn_rate_alert_name("slow", "VLLMInterTokenLatency"), _SERVICE),
+    InhibitPair(burn_rate_alert_name("fast", "VLLMAvailability"),
+                burn_rate_alert_name("slow", "VLLMAvailability"), _SERVICE),
     # Grant latency is a cause, and a ticket: its fast burn stands for the slow burn and the per-pod
     # p99 ticket (which names the pod and the cause).
     InhibitPair(burn_rate_alert_name("fast"), burn_rate_alert_name("slow"), _SERVICE),
@@ -75,13 +80,28 @@ def _receiver(name: str, url: str) -> dict:
     return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
 
 
+def group_by(config: MixinConfig = DEFAULT_CONFIG) -> list[str]:
+    """The labels one notification groups by: the cluster, then :data:`GROUP_BY`."""
+    return [config.cluster_label, *GROUP_BY]
+
+
+def inhibit_equal(pair: InhibitPair, config: MixinConfig = DEFAULT_CONFIG) -> list[str]:
+    """The labels source and target must share for ``pair`` to silence: the cluster, then the pair's own.
+
+    Alertmanager treats a label absent on both sides as equal, so a single-cluster set-up without the
+    label inhibits exactly as before.
+    """
+    return [config.cluster_label, *pair.equal]
+
+
 def alertmanager_config(webhook_urls: dict[str, str] | None = None,
-                        timing: RouteTiming = RouteTiming()) -> dict:
+                        timing: RouteTiming = RouteTiming(), config: MixinConfig = DEFAULT_CONFIG) -> dict:
     """The configuration as a dict.
 
     Args:
         webhook_urls: receiver name -> URL; defaults to the placeholders.
         timing: group_wait / group_interval / repeat intervals.
+        config: the mixin config (its cluster label).
     """
     known = set(alert_names())
     for pair in INHIBIT_PAIRS:
@@ -99,24 +119,24 @@ def alertmanager_config(webhook_urls: dict[str, str] | None = None,
         "route": {
             # Anything that is not GrowPage's falls through to the root (a ticket, here).
             "receiver": TICKET_RECEIVER,
-            "group_by": GROUP_BY,
+            "group_by": group_by(config),
             "group_wait": timing.group_wait,
             "group_interval": timing.group_interval,
             "repeat_interval": timing.ticket_repeat_interval,
-            "routes": [{"matchers": [GROWPAGE_ALERTS_MATCHER], "group_by": GROUP_BY,
+            "routes": [{"matchers": [GROWPAGE_ALERTS_MATCHER], "group_by": group_by(config),
                         "receiver": TICKET_RECEIVER, "routes": severity_routes}],
         },
         "receivers": [_receiver(name, urls[name]) for name in (PAGER_RECEIVER, TICKET_RECEIVER)],
         "inhibit_rules": [
             {"source_matchers": [f'alertname="{pair.source}"'],
-             "target_matchers": [f'alertname="{pair.target}"'], "equal": list(pair.equal)}
+             "target_matchers": [f'alertname="{pair.target}"'], "equal": inhibit_equal(pair, config)}
             for pair in INHIBIT_PAIRS
         ],
     }
 
 
-def alertmanager_yaml() -> str:
+def alertmanager_yaml(config: MixinConfig = DEFAULT_CONFIG) -> str:
     header = generated_header("alerts build") + (
         "# Placeholder webhook URLs (.invalid): point them at your pager / ticket bridges when you\n"
         "# merge this route, its receivers and inhibit rules into your Alertmanager config.\n")
-    return dump_yaml(alertmanager_config(), header)
+    return dump_yaml(alertmanager_config(config=config), header)

@@ -70,7 +70,7 @@ def alert_artefacts(root: Path, config: MixinConfig = DEFAULT_CONFIG) -> list[Ar
     runbooks = [Artefact(f"{RUNBOOKS_DIR}/{name}", text)
                 for name, text in runbook_files(read_runbook, config).items()]
     return [
-        Artefact(RULES_FILE, rules_yaml(config=config)), *tests, Artefact(ALERTMANAGER_FILE, alertmanager_yaml()),
+        Artefact(RULES_FILE, rules_yaml(config=config)), *tests, Artefact(ALERTMANAGER_FILE, alertmanager_yaml(config)),
         Artefact(PROMETHEUS_RULE_FILE, prometheus_rule_yaml(config)), *runbooks,
     ]
 

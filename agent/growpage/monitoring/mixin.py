@@ -20,7 +20,8 @@ from growpage import catalog
 from growpage.monitoring.promql import add_matchers, is_matchers
 
 # Every series name GrowPage's route serves, and vLLM's own that the rules and panels read.
-GROWPAGE_SERIES = frozenset(name for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS) for name in spec.series_names)
+GROWPAGE_SERIES = frozenset(name for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS, *catalog.VLLM_HOME_METRICS)
+                            for name in spec.series_names)
 VLLM_SERIES = frozenset(catalog.VLLM_METRICS)
 
 
@@ -33,21 +34,33 @@ class MixinConfig:
             serving several clusters keeps their error budgets apart; absent labels are harmless.
         growpage_job: the scrape job of ``/metrics/growpage`` (the agent-down and metrics-absent
             alerts select it; vLLM's own series are joined on the pod, whatever their job).
+        vllm_job: the scrape job of vLLM's own ``/metrics``: the agent-down alert pages only where
+            that target answers (vLLM serves, GrowPage's route does not), so a pod still loading
+            its model, where neither answers, pages nobody.
         runbook_url_pattern: ``{alert}`` is replaced by the alertname.
         thresholds: every number the alerts, panels, runbooks and diagnose compare against.
         vllm_selector: label matchers (``namespace=~"llm-.*"``) added to every selector of vLLM's
             ``vllm:*`` series; empty adds none.
         growpage_selector: the same for GrowPage's ``growpage_*`` series.
+        time_scale: every range, offset and ``for`` of the generated rules times this, in (0, 1]:
+            a game day (``gpctl gameday``) runs the real rules in minutes at 1/60 (an hour-long
+            window reads a minute). Rule names and alert texts keep the real durations. Leave it at
+            1 in production.
     """
 
     cluster_label: str = "cluster"
     growpage_job: str = catalog.SCRAPE_JOB
+    vllm_job: str = catalog.VLLM_SCRAPE_JOB
     runbook_url_pattern: str = catalog.RUNBOOK_BASE_URL + "/{alert}.md"
     thresholds: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS
     vllm_selector: str = ""
     growpage_selector: str = ""
+    time_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0 < self.time_scale <= 1:
+            raise ValueError(f"time_scale must be in (0, 1] (1 in production; 1/60 runs an hour in a minute); "
+                             f"got {self.time_scale}")
         if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.cluster_label):
             raise ValueError(f"cluster_label must be a Prometheus label name, e.g. k8s_cluster; "
                              f"got {self.cluster_label!r}")

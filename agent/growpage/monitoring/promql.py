@@ -100,3 +100,35 @@ def add_matchers(expr: str, matchers_by_metric: dict[str, str]) -> str:
         return f"{name}{{{inner + ', ' if inner else ''}{extra}}}"
 
     return _SELECTOR_TOKEN.sub(rewrite, expr)
+
+
+_RANGE = re.compile(r"\[(?P<range>[0-9a-z]+)(?::(?P<step>[0-9a-z]*))?\]")
+_OFFSET = re.compile(r"\boffset\s+(?P<offset>[0-9a-z]+)")
+
+
+def scale_duration(duration: str, factor: float) -> str:
+    """``duration`` times ``factor``, in whole seconds (at least one unless it is 0):
+    ``scale_duration("1h", 1/60)`` is ``"1m"``."""
+    seconds = duration_seconds(duration) * factor
+    return "0s" if seconds == 0 else format_duration(max(1, round(seconds)))
+
+
+def scale_durations(expr: str, factor: float) -> str:
+    """``expr`` with every range (``[5m]``), subquery range and step (``[1h:1m]``) and ``offset`` times ``factor``.
+
+    Strings are left alone (a duration inside a label value is not a duration).
+    """
+    if factor == 1:
+        return expr
+
+    def ranged(match: re.Match[str]) -> str:
+        step = match.group("step")
+        scaled = scale_duration(match.group("range"), factor)
+        return f"[{scaled}:{scale_duration(step, factor) if step else ''}]" if step is not None else f"[{scaled}]"
+
+    def offset(match: re.Match[str]) -> str:
+        return f"offset {scale_duration(match.group('offset'), factor)}"
+
+    pieces = re.split(f"({_STRING.pattern})", expr)
+    return "".join(piece if index % 2 else _OFFSET.sub(offset, _RANGE.sub(ranged, piece))
+                   for index, piece in enumerate(pieces))

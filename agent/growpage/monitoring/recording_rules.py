@@ -10,12 +10,15 @@ denominators, never averages of per-pod ratios.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from growpage import catalog
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.promql import duration_seconds, le_value, selector
 
 RATE_WINDOW = catalog.RATE_WINDOW  # the window of rate-based rules and alerts: 20 scrapes at 15 s
+# The one window SLO events are rated over from raw series; every burn window sums its recordings.
+SLO_BASE_WINDOW = catalog.RATE_WINDOW
 LTS_ROLLOUT_WINDOW = "1h"  # finished requests are sparse: a longer window for the entropy p50
 # The cluster label is kept by every aggregation (absent, it is simply not there): one Prometheus
 # serving several clusters keeps their pods and error budgets apart.
@@ -55,6 +58,16 @@ def slo_error_ratio_name(window: str) -> str:
     return f"{_SLO}:{catalog.ALLOCATION_LATENCY.name}:slo_error_ratio_rate{window}"
 
 
+def slo_events_name(slo: str, kind: str) -> str:
+    """The recorded short-window event rate of an SLO, per service: ``kind`` is ``good`` or ``total``.
+
+    Every longer window is built from these (Sloth's and Pyrra's way): a per-service series keeps
+    the events of a pod that has since been replaced, and evaluating a 3d window sums recorded
+    samples instead of re-reading three days of raw buckets at every evaluation.
+    """
+    return f"{_SLO}:{slo}:{kind}_rate{SLO_BASE_WINDOW}"
+
+
 ALLOCATION_P99 = f"{_POD}:{catalog.ALLOCATION_LATENCY.name}:p99_rate{RATE_WINDOW}"
 ALLOCATION_P50 = f"{_POD}:{catalog.ALLOCATION_LATENCY.name}:p50_rate{RATE_WINDOW}"
 COMPRESS_RATIO = (f"{_SLO}:growpage_compress_input_per_output_bytes:ratio_increase"
@@ -73,7 +86,7 @@ LTS_ENTROPY_P50 = f"namespace:{catalog.LTS_ENTROPY.name}:p50_rate{LTS_ROLLOUT_WI
 
 def vllm_error_ratio_name(slo: str, window: str) -> str:
     """Share of vLLM observations over ``slo``'s threshold over ``window``, per service, counting
-    only pods where GrowPage observes (monitor or enforce)."""
+    every vLLM pod the mixin's selector matches, whatever GrowPage's mode or health."""
     return f"{_SLO}:{slo}:slo_error_ratio_rate{window}"
 
 
@@ -101,13 +114,46 @@ def _sum(series: str, level: str) -> str:
     return f"sum by ({level}) ({series})"
 
 
-def _slo_error_ratio(window: str, lv: Levels) -> RecordingRule:
-    histogram = catalog.ALLOCATION_LATENCY.name
-    fast = selector(f"{histogram}_bucket", le=le_value(lv.thresholds.allocation_latency_s))
-    # 1 - good/total: no grants in the window gives NaN, which never alerts (nothing to burn).
-    expr = (f"1 - (\n  {_rate_sum(fast, window, lv.slo)}\n/\n"
-            f"  {_rate_sum(f'{histogram}_count', window, lv.slo)}\n)")
-    return RecordingRule(slo_error_ratio_name(window), expr)
+def _slo_events(slo: str, good: str, total: str, lv: Levels,
+                scope: Callable[[str], str] = lambda expr: expr) -> list[RecordingRule]:
+    """The base window's good and total event rates of an SLO, per service.
+
+    ``good`` and ``total`` are counter selectors; ``scope`` filters the per-pod rates before they are
+    summed (GrowPage's own SLO counts only pods where it observes); vLLM's SLOs pass every pod.
+    """
+    return [RecordingRule(slo_events_name(slo, kind),
+                          f"sum by ({lv.slo}) (\n  {scope(f'rate({series}[{SLO_BASE_WINDOW}])')}\n)")
+            for kind, series in (("good", good), ("total", total))]
+
+
+def _latency_events(slo: str, histogram: str, threshold_s: float, lv: Levels,
+                    scope: Callable[[str], str] = lambda expr: expr) -> list[RecordingRule]:
+    """A latency SLO's events: observations in the threshold's bucket are good, the count is the total."""
+    return _slo_events(slo, selector(f"{histogram}_bucket", le=le_value(threshold_s)), f"{histogram}_count",
+                       lv, scope)
+
+
+def _error_ratio(record: str, slo: str, window: str) -> RecordingRule:
+    """1 - good/total over ``window``, from the recorded base-window rates.
+
+    Zero events in the window give NaN, which never alerts (nothing to burn).
+    """
+    good, total = slo_events_name(slo, "good"), slo_events_name(slo, "total")
+    if window == SLO_BASE_WINDOW:
+        return RecordingRule(record, f"1 - (\n  {good}\n/\n  {total}\n)")
+    return RecordingRule(record, f"1 - (\n  sum_over_time({good}[{window}])\n/\n"
+                                 f"  sum_over_time({total}[{window}])\n)")
+
+
+def _allocation_slo_rules(lv: Levels) -> list[RecordingRule]:
+    name = catalog.ALLOCATION_LATENCY.name
+    # GrowPage's own objective: only pods where it observes. The join is instant but sits under the
+    # base-window recording, so the history it leaves behind keeps a replaced pod's grants.
+    def observed(expr: str) -> str:
+        return f"{expr}\n  and on ({lv.join}) {_observed_pods(lv)}"
+
+    return [*_latency_events(name, name, lv.thresholds.allocation_latency_s, lv, observed),
+            *(_error_ratio(slo_error_ratio_name(window), name, window) for window in slo_windows())]
 
 
 def _observed_pods(lv: Levels) -> str:
@@ -116,16 +162,17 @@ def _observed_pods(lv: Levels) -> str:
     return f"max by ({lv.join}) ({selector(catalog.BUILD_INFO.name, modes)})"
 
 
-def _vllm_error_ratio(slo: catalog.LatencySLO, window: str, lv: Levels) -> RecordingRule:
-    # vLLM's series of pods in mode off are left out before summing: those pods never page the
-    # GrowPage rotation. No requests in the window gives NaN, which never alerts.
-    def observed(series: str) -> str:
-        return (f"sum by ({lv.slo}) (\n    rate({series}[{window}])\n"
-                f"    and on ({lv.join}) {_observed_pods(lv)}\n  )")
+def _vllm_slo_rules(slo: catalog.LatencySLO, lv: Levels) -> list[RecordingRule]:
+    # Every vLLM pod counts, GrowPage in mode off or its exporter gone included: what users feel
+    # does not depend on GrowPage reporting it.
+    return [*_latency_events(slo.name, slo.histogram, slo.threshold_s, lv),
+            *(_error_ratio(vllm_error_ratio_name(slo.name, window), slo.name, window) for window in slo_windows())]
 
-    good = selector(f"{slo.histogram}_bucket", le=le_value(slo.threshold_s))
-    expr = f"1 - (\n  {observed(good)}\n/\n  {observed(f'{slo.histogram}_count')}\n)"
-    return RecordingRule(vllm_error_ratio_name(slo.name, window), expr)
+
+def _vllm_availability_rules(slo: catalog.AvailabilitySLO, lv: Levels) -> list[RecordingRule]:
+    # Every vLLM pod counts, as for latency: a finished request is good unless aborted or failed.
+    return [*_slo_events(slo.name, selector(slo.counter, slo.good_matcher), slo.counter, lv),
+            *(_error_ratio(vllm_error_ratio_name(slo.name, window), slo.name, window) for window in slo_windows())]
 
 
 def _decisions_rate(record: str, matcher: str, lv: Levels) -> RecordingRule:
@@ -206,8 +253,9 @@ def slo_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingR
     window, the compress ratio, utilization."""
     lv = Levels.of(config)
     return _scoped([
-        *(_vllm_error_ratio(slo, window, lv) for slo in lv.thresholds.vllm_latency_slos for window in slo_windows()),
-        *(_slo_error_ratio(window, lv) for window in slo_windows()), _compress_ratio(lv),
+        *(rule for slo in lv.thresholds.vllm_latency_slos for rule in _vllm_slo_rules(slo, lv)),
+        *_vllm_availability_rules(lv.thresholds.vllm_availability_slo, lv),
+        *_allocation_slo_rules(lv), _compress_ratio(lv),
         _slot_ratio(UTILIZATION_SLO, catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name, lv.slo)], config)
 
 

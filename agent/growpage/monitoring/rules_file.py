@@ -9,6 +9,7 @@ import yaml
 from growpage.monitoring import alert_rules as alerts
 from growpage.monitoring import recording_rules as rec
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
+from growpage.monitoring.promql import scale_duration, scale_durations
 
 PROMETHEUS_RULE_NAME = "growpage"
 
@@ -55,9 +56,19 @@ def rule_groups(for_override: str | None = None, config: MixinConfig = DEFAULT_C
         ("growpage.agent", [], alerts.agent_alerts(config)),
         ("growpage.dashboards", rec.dashboard_recording_rules(config), []),
     ]
-    return [{"name": name, "rules": [rule.to_dict() for rule in recording]
-             + [alert.to_dict(for_override) for alert in alerting]}
+    return [{"name": name, "rules": [_scaled(rule.to_dict(), config) for rule in recording]
+             + [_scaled(alert.to_dict(for_override), config) for alert in alerting]}
             for name, recording, alerting in groups]
+
+
+def _scaled(rule: dict, config: MixinConfig) -> dict:
+    """``rule`` with its ranges and ``for`` times the config's time scale (unchanged at 1)."""
+    if config.time_scale == 1:
+        return rule
+    scaled = {**rule, "expr": scale_durations(rule["expr"], config.time_scale)}
+    if "for" in rule:
+        scaled["for"] = scale_duration(rule["for"], config.time_scale)
+    return scaled
 
 
 def rules_yaml(for_override: str | None = None, config: MixinConfig = DEFAULT_CONFIG) -> str:

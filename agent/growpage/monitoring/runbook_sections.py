@@ -34,9 +34,7 @@ def _rule_section(rules: list[AlertRule]) -> str:
     rule = rules[0]
     inhibited_by = [p.source for p in INHIBIT_PAIRS if p.target == rule.name]
     inhibits = [p.target for p in INHIBIT_PAIRS if p.source == rule.name]
-    fires_after = "; ".join(
-        f"`{r.for_duration}`" + (f" ({r.labels['long_window']}/{r.labels['short_window']} windows)"
-                                 if r.labels else "") for r in rules)
+    fires_after = "; ".join(f"`{r.for_duration}`" + _rule_scope(r) for r in rules)
     rows = [
         ("Severity", f"`{rule.severity}` (routed to `{RECEIVER_BY_SEVERITY[rule.severity]}`)"),
         ("Fires after", f"the expression holds for {fires_after}"),
@@ -49,6 +47,15 @@ def _rule_section(rules: list[AlertRule]) -> str:
         rows.append(("Silenced by", ", ".join(f"[{name}]({name}.md)" for name in inhibited_by)))
     table = "\n".join(["| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in rows)])
     return table + "".join(f"\n\n```promql\n{r.expr}\n```" for r in rules)
+
+
+def _rule_scope(rule: AlertRule) -> str:
+    """What sets one rule of an alertname apart: its burn windows, or the home it reads."""
+    if "long_window" in rule.labels:
+        return f" ({rule.labels['long_window']}/{rule.labels['short_window']} windows)"
+    if "home" in rule.labels:
+        return f" (home `{rule.labels['home']}`)"
+    return ""
 
 
 def _index_section(config: MixinConfig) -> str:
