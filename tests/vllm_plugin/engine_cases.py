@@ -110,11 +110,13 @@ DEFAULT_BLOCK_TOKENS = 8  # a few tokens: these engines check that vLLM starts a
 def default_block_phases() -> list[dict]:
     """Two engines at vLLM's *own* block size (128 on CPU; no ``block_size`` passed) with the plugin's
     default settings: ``off``, then ``monitor``. Every other engine here runs at 32, where the
-    default floor happened to be valid; at 128 it once stopped vLLM from starting."""
+    default floor happened to be valid; at 128 it once stopped vLLM from starting. The monitor engine
+    is also scraped while it loads the model (``scrape_during_start``)."""
     batch = {"name": "main", "prompts": PROMPTS[:2], "max_tokens": DEFAULT_BLOCK_TOKENS}
     engine = {"block_size": None, "num_gpu_blocks_override": 16}  # 16 blocks of 128: 2,048 tokens
     return [{"name": f"default_block_{mode}", "growpage": {"mode": mode, "exporter_port": _free_port()},
-             "batches": [batch], "scrape": True, "engine": engine} for mode in ("off", "monitor")]
+             "batches": [batch], "scrape": True, "engine": engine, "scrape_during_start": mode == "monitor"}
+            for mode in ("off", "monitor")]
 
 
 def rows(run: dict, name: str, field: str = "token_ids") -> list:

@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 import urllib.request
 
@@ -85,6 +86,19 @@ def _traced_batch(llm, traced: dict, collector: _Collector) -> dict:
     return {"trace_ids": trace_ids, "spans": [s for s in collector.spans if s["trace_id"] in wanted]}
 
 
+def _poll_while_starting(port: int, found: dict, stop) -> None:
+    """Scrape ``port`` until it answers with a component still ``starting`` (the model is loading)."""
+    while not stop.is_set():
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/growpage", timeout=2).read().decode()
+        except OSError:  # not bound yet
+            body = ""
+        if 'reason="starting"' in body:
+            found["body"] = body
+            return
+        stop.wait(0.1)
+
+
 def _engine_args(phase: dict) -> dict:
     """vLLM's engine arguments for ``phase``: the suite's small engine, then the phase's own."""
     # float32: vLLM's CPU kernels then take the `vec` path, whose outputs repeat exactly from engine
@@ -136,15 +150,23 @@ def run_phase(model: str, tmp: str, phase: dict) -> dict:
         os.environ.update(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="100")
         engine["otlp_traces_endpoint"] = collector.endpoint
         engine["disable_log_stats"] = False  # vLLM's request span is built from its request stats
+    port = phase["growpage"].get("exporter_port", -1)
+    starting: dict = {}
+    stop_polling = threading.Event()
+    if phase.get("scrape_during_start") and port > 0:  # what the exporter serves while vLLM loads the model
+        threading.Thread(target=_poll_while_starting, args=(port, starting, stop_polling), daemon=True).start()
     started = time.monotonic()
-    llm = LLM(model=model, additional_config={"growpage": phase["growpage"]}, **engine)
-    result = {"name": name, "growpage": phase["growpage"], "start_s": time.monotonic() - started, "batches": {}}
+    try:
+        llm = LLM(model=model, additional_config={"growpage": phase["growpage"]}, **engine)
+    finally:
+        stop_polling.set()
+    result = {"name": name, "growpage": phase["growpage"], "start_s": time.monotonic() - started, "batches": {},
+              "metrics_starting": starting.get("body", "")}
     try:
         result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
     except AttributeError:
         result["cudagraph_mode"] = "unknown"
     result["block_size"] = llm.llm_engine.vllm_config.cache_config.block_size  # what vLLM chose
-    port = phase["growpage"].get("exporter_port", -1)
     if phase.get("scrape") and port > 0:  # the scheduler's exporter serves from start-up, before any request
         result["metrics_before"] = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/growpage",
                                                           timeout=10).read().decode()

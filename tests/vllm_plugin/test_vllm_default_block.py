@@ -48,3 +48,15 @@ def test_the_default_floor_is_reported_at_vllms_block_size_and_the_agent_says_wh
     errors = samples(run["metrics"], "growpage_agent_errors_total")
     assert sum(errors.values()) == 0, errors
     assert "invalid_config" not in run["metrics"]
+
+
+def test_the_engine_core_says_it_is_starting_while_vllm_loads_the_model(vllm_default_block_runs):
+    """Scraped while ``LLM(...)`` was still loading the model: build info and every component
+    ``starting``, then (after start-up) the agent's own series."""
+    run = vllm_default_block_runs["default_block_monitor"]
+    starting = run["metrics_starting"]
+    assert f'block_size="{run["block_size"]}"' in _build_info(starting)
+    reasons = {key: value for key, value in samples(starting, catalog.AGENT_ACTIVE.name).items()}
+    assert reasons and all('reason="starting"' in key and value == 0.0 for key, value in reasons.items()), reasons
+    assert catalog.POOL_PAGES.name not in starting
+    assert 'reason="starting"' not in run["metrics_before"] and catalog.POOL_PAGES.name in run["metrics_before"]

@@ -15,6 +15,7 @@ worker side share only ``wire``)::
     support.py       what a deployment needs to observe and enforce (graph mode, runner, parallelism)
     wire.py          what crosses between scheduler and workers (payloads, reports, attribute names)
     -- scheduler side (EngineCore) --
+    startup.py          the exporter from process start (before the model loads), handed to the agent
     scheduler_agent.py  lifecycle, grants, monitored boundaries, pool gauges, telemetry from start-up
     enforcer.py         enforce: boundary decisions, freeing blocks, compaction plans
     scheduler_hooks.py  wraps Scheduler/KVCacheManager methods for the agent

@@ -77,3 +77,32 @@ class ObservationCollector:
         except Exception:  # a scrape never raises
             self._agent.stats.record_error("plugin")
         yield from (steps, observed, requests, observed_requests)
+
+
+class StartupCollector:
+    """What the engine core serves before its scheduler agent exists (while vLLM loads the model):
+    ``growpage_build_info`` and ``growpage_agent_active`` with each component's start-up reason
+    (``starting``, or one already final such as ``mode_off``), from the catalog's families.
+
+    Args:
+        build_info: ``growpage_build_info``'s label values by label (catalog order).
+        model: the ``model_name`` label.
+        component_states: ``{component: reason}``.
+    """
+
+    def __init__(self, build_info: dict[str, str], model: str, component_states: dict[str, str]):
+        self._build_info = build_info
+        self._model = model
+        self._states = dict(component_states)
+
+    def collect(self) -> Iterator[Any]:
+        from growpage import catalog
+        from growpage.telemetry.collector import empty_family, label_slug
+
+        info: Any = empty_family(catalog.BUILD_INFO)  # gauges (the union includes histograms)
+        info.add_metric([self._model, *(self._build_info[label] for label in catalog.BUILD_INFO.labels)], 1.0)
+        active: Any = empty_family(catalog.AGENT_ACTIVE)
+        for component, reason in sorted(self._states.items()):
+            value = 1.0 if reason == catalog.AGENT_ACTIVE_REASON else 0.0
+            active.add_metric([self._model, label_slug(component), label_slug(reason)], value)
+        yield from (info, active)

@@ -13,8 +13,10 @@ and any executor, so everything that can be known there is known there:
 - **the pool**: free, used and live slots read from vLLM's block pool and block lists, blocks
   shared through the prefix cache counted once (in the compression ratio too: only GrowPage's
   compactions count as compression, :func:`live_and_logical_tokens`);
-- **telemetry**: the exporter (``/metrics/growpage`` on ``exporter_port``) starts with the
-  scheduler, before any request and in every mode (``off`` included: ``growpage_build_info`` and
+- **telemetry**: the exporter (``/metrics/growpage`` on ``exporter_port``, plus the local
+  data-parallel rank) serves from process start, before the model loads
+  (:mod:`~growpage.vllm_plugin.startup`), and the agent takes it over when the scheduler is
+  built, before any request and in every mode (``off`` included: ``growpage_build_info`` and
   ``growpage_agent_active{reason="mode_off"}``), so a scrape never depends on the workers.
 
 The workers only observe attention and move tokens; their :class:`~growpage.vllm_plugin.wire.WorkerReport`
@@ -121,6 +123,7 @@ class SchedulerAgent:
         self.requests_observed_total = 0  # of them, those whose attention was observed at least once
         self.telemetry: Any = None
         self.exporter: Any = None
+        self._adopted_exporter: Any = None  # the start-up exporter this agent serves on, if any
         # the router's view (growpage.core.headroom), replaced whole on the engine thread, read by scrapes
         self.headroom: Headroom = idle_headroom(view.num_pages, self.config)
 
@@ -316,33 +319,52 @@ class SchedulerAgent:
         return parent_context_for(getattr(request, "trace_headers", None), request_id)
 
     def start_telemetry(self) -> None:
-        """The telemetry agent and, unless disabled, the exporter on ``exporter_port`` (from start-up)."""
+        """The telemetry agent and, unless disabled, the exporter on ``exporter_port``: the one this
+        process's start-up exporter already serves when there is one (:mod:`~growpage.vllm_plugin.startup`;
+        it keeps serving, now the agent's series), else a new one. A port that cannot be bound is
+        counted (``growpage_agent_errors_total{component="plugin"}``) and logged; vLLM carries on."""
         from growpage.telemetry import TelemetryAgent
         from growpage.telemetry.tracing import tracing_enabled
         from growpage.vllm_plugin.headroom import HeadroomCollector
         from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
+        from growpage.vllm_plugin.startup import take_over
         from growpage.vllm_plugin.trace_join import vllm_tracer_provider
 
+        port, host = self.settings.exporter_port, self.settings.exporter_host
+        early = take_over(port, host) if self.settings.exporter_enabled else None
         model, version = self.view.model, self.view.engine_version
+        shared: dict[str, Any] = {"model": model, "engine": "vllm", "engine_version": version,
+                                  "parent_context": self.parent_context,
+                                  "registry": early.registry if early is not None else None}
         if self.view.otlp_traces_endpoint and not tracing_enabled():  # vLLM traces: join its traces
-            self.telemetry = TelemetryAgent(
-                self, model=model, engine="vllm", engine_version=version, parent_context=self.parent_context,
-                tracer_provider=vllm_tracer_provider(self.view.otlp_traces_endpoint))
+            self.telemetry = TelemetryAgent(self, tracer_provider=vllm_tracer_provider(self.view.otlp_traces_endpoint),
+                                            **shared)
         else:
-            self.telemetry = TelemetryAgent.from_env(self, model=model, engine="vllm", engine_version=version,
-                                                     parent_context=self.parent_context)
+            self.telemetry = TelemetryAgent.from_env(self, **shared)
         self.telemetry.registry.register(DegradedDecisionsCollector(self, self.view.model))
         self.telemetry.registry.register(ObservationCollector(self, self.view.model))
         self.telemetry.registry.register(HeadroomCollector(self, self.view.model))
-        if self.settings.exporter_enabled:
+        if early is not None:
+            self.exporter = self._adopted_exporter = early.exporter
+        elif self.settings.exporter_enabled:
             try:
-                self.exporter = exporter = self.telemetry.serve(self.settings.exporter_port,
-                                                                self.settings.exporter_host)
-                logger.info("growpage: /metrics/growpage served at %s (pid %d, mode %s)", exporter.url,
-                            os.getpid(), self.config.mode.value)
+                self.exporter = self.telemetry.serve(port, host)
             except OSError:
-                self.controller.fault(PLUGIN_COMPONENT, f"binding the exporter to port {self.settings.exporter_port} "
-                                                        "failed; choose a free exporter_port")
+                self.controller.fault(PLUGIN_COMPONENT, f"binding the exporter to port {port} failed; choose a free "
+                                                        "exporter_port (with data parallelism rank r binds port + r)")
+                return
+        if self.exporter is not None:
+            logger.info("growpage: /metrics/growpage served at %s (pid %d, mode %s)", self.exporter.url, os.getpid(),
+                        self.config.mode.value)
+
+    def close(self) -> None:
+        """Stop telemetry and its exporter, also one taken over from start-up (telemetry did not start that one)."""
+        if self.telemetry is not None:
+            self.telemetry.close()
+        if self._adopted_exporter is not None:
+            self._adopted_exporter.close()
+            self._adopted_exporter = None
+        self.exporter = None
 
 
 def live_and_logical_tokens(running: Any, req_to_blocks: dict[str, list], block_size: int) -> tuple[int, int]:

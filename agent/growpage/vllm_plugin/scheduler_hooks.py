@@ -5,7 +5,9 @@ mode); each wrapper calls vLLM's own method and lets the scheduler's
 :class:`~growpage.vllm_plugin.scheduler_agent.SchedulerAgent` look before or after, its faults
 counted and swallowed:
 
-- ``Scheduler.__init__``: builds the agent, whose exporter serves from start-up;
+- ``Executor.__init__`` (EngineCore, before the model loads): the exporter serves the start-up
+  series (:mod:`~growpage.vllm_plugin.startup`);
+- ``Scheduler.__init__``: builds the agent, which takes that exporter over (or binds its own);
 - ``Scheduler.schedule``: boundaries and compactions (enforce) before vLLM schedules; admissions,
   grants, monitored boundaries and the workers' payload after;
 - ``KVCacheManager.allocate_slots``: times each allocation (grant latency) and, for a compacted
@@ -17,6 +19,7 @@ counted and swallowed:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -61,7 +64,8 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
     ``growpage_agent_active{reason="invalid_config"}`` = 0 and logs one line saying what to fix.
     """
     from growpage.config import Mode
-    from growpage.vllm_plugin.settings import settings_from_vllm_config
+    from growpage.vllm_plugin.settings import engine_exporter_port, settings_from_vllm_config
+    from growpage.vllm_plugin.startup import deployment_device, served_model
     from growpage.vllm_plugin.support import (
         INVALID_CONFIG,
         REMEDIES,
@@ -73,7 +77,9 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
 
     vllm_config = scheduler.vllm_config
     resolved = settings_from_vllm_config(vllm_config)
-    config, settings = resolved.config, resolved.settings
+    config = resolved.config
+    settings = dataclasses.replace(resolved.settings, exporter_port=engine_exporter_port(
+        resolved.settings.exporter_port, getattr(vllm_config, "parallel_config", None)))  # one port per DP rank
     if resolved.problem is not None:
         logger.error("growpage: the settings cannot be honoured, so GrowPage is off (reason %s) and vLLM pages on "
                      "its own: %s; %s", INVALID_CONFIG, resolved.problem, REMEDIES[INVALID_CONFIG])
@@ -86,10 +92,8 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
         if blocker is not None:
             logger.warning("growpage: mode=enforce cannot run in this deployment (%s), so requests are monitored "
                            "only; to enforce, %s", blocker, REMEDIES[blocker])
-    model_config = vllm_config.model_config
     view = SchedulerView(
-        model=str(model_config.served_model_name or model_config.model), engine_version=check_vllm_version(),
-        device=str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "unknown"),
+        model=served_model(vllm_config), engine_version=check_vllm_version(), device=deployment_device(vllm_config),
         num_pages=max(0, int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks) - 1),  # less the null block
         token_bytes=token_bytes(scheduler),
         component_states=start_up_states(config.mode is Mode.OFF, compilation,
@@ -119,9 +123,10 @@ def _new_blocks(result: Any) -> int:
 
 
 def install_scheduler_hooks() -> bool:
-    """Wrap the scheduler and KV cache manager once per process. Returns False when already done."""
+    """Wrap the executor, scheduler and KV cache manager once per process. Returns False when already done."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.executor.abstract import Executor
 
     if is_wrapped(Scheduler.schedule):
         return False
@@ -130,11 +135,23 @@ def install_scheduler_hooks() -> bool:
         raise RuntimeError("this vLLM's KVCacheManager.allocate_slots has no delay_cache_blocks; "
                            "GrowPage needs it (see SUPPORTED_VLLM_SPEC)")
     wrap_methods([
+        (Executor, "__init__", _wrap_executor_init),
         (Scheduler, "__init__", _wrap_init), (Scheduler, "schedule", _wrap_schedule),
         (KVCacheManager, "allocate_slots", functools.partial(_wrap_allocate, signature=allocate_signature)),
         (Scheduler, "_preempt_request", _wrap_preempt), (Scheduler, "_free_request", _wrap_free),
         (Scheduler, "update_from_output", _wrap_update)])
     return True
+
+
+def _wrap_executor_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        from growpage.vllm_plugin.startup import start_early
+
+        start_early(vllm_config)  # before the executor loads the model; never raises
+        original(self, vllm_config, *args, **kwargs)
+
+    return __init__
 
 
 def _wrap_init(original: Any) -> Any:
