@@ -123,3 +123,17 @@ def test_a_port_already_bound_is_counted_and_vllm_carries_on(no_early_exporter):
             assert agent.stats.agent_errors_total["plugin"] == 1
         finally:
             agent.close()
+
+
+def test_an_agent_that_cannot_start_closes_the_start_up_exporter_instead_of_saying_starting_for_ever(
+        no_early_exporter):
+    pytest.importorskip("vllm")
+    from growpage.vllm_plugin.scheduler_hooks import agent_of
+
+    scheduler = _scheduler({"mode": "monitor", "exporter_port": 0, "exporter_host": "127.0.0.1"})
+    early = startup.start_early(scheduler.vllm_config)
+    assert early is not None and 'reason="starting"' in _scrape(early.exporter.port)
+    del scheduler.kv_cache_config  # the agent cannot read the KV cache spec: it fails to start
+    assert agent_of(scheduler) is None
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{early.exporter.port}{catalog.METRICS_PATH}", timeout=2)

@@ -44,6 +44,9 @@ def agent_of(scheduler: Any) -> SchedulerAgent | None:
             agent = build_agent(scheduler)
         except Exception:
             logger.exception("growpage: cannot start the scheduler agent; vLLM's own paging runs, unobserved")
+            from growpage.vllm_plugin.startup import close_early
+
+            close_early()
         scheduler.__dict__[_AGENT_ATTRIBUTE] = agent
         manager = getattr(scheduler, "kv_cache_manager", None)
         if manager is not None and agent is not None:

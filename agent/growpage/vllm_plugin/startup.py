@@ -136,3 +136,15 @@ def take_over(port: int, host: str) -> EarlyExporter | None:
     except KeyError:  # never registered: nothing to remove
         pass
     return early
+
+
+def close_early() -> None:
+    """Stop this process's early exporter when no agent will take it over (its agent failed to
+    start): a pod must not say ``starting`` for ever; without an exporter GrowPageAgentDown says
+    what is true, that vLLM serves and GrowPage does not."""
+    early = _EARLY.pop(os.getpid(), None)
+    if early is not None:
+        try:
+            early.exporter.close()
+        except Exception:  # called where vLLM builds its scheduler: never raise there
+            logger.debug("growpage: closing the start-up exporter failed", exc_info=True)
