@@ -247,7 +247,10 @@ class Scope:
     response_time_s: float | None = None
     sample_age_s: float | None = None
     targets_total: int | None = None
+    # GrowPage targets whose scrape fails while vLLM's target of the same pod answers (what
+    # GrowPageAgentDown reads: a pod that answers neither is still loading its model).
     targets_down: int | None = None
+    vllm_targets_up: int | None = None  # vLLM's own targets that answer (job vllm); None: no up series
 
     def build_value(self, field: str) -> Any:
         """The build-info ``field`` when every series agrees on it, else ``None`` (see :meth:`build_values`)."""

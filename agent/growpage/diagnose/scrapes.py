@@ -110,6 +110,7 @@ def build_scope(name: str, agent: Sequence[Exposition], dcgm: Sequence[Expositio
         router_load_min_by_pod=_min_by_pod(agent, catalog.ROUTER_LOAD.name, keep),
         targets_total=_targets(agent, keep, down=False),
         targets_down=_targets(agent, keep, down=True),
+        vllm_targets_up=_vllm_targets_up(agent, keep),
         gpu_framebuffer_used_max=_framebuffer_used_max(dcgm, keep),
         gpu_models=tuple(sorted({s.labels[catalog.DCGM_MODEL_NAME_LABEL] for e in dcgm for s in e.samples
                                  if s.name == catalog.DCGM_FB_USED and keep(s.labels)
@@ -170,12 +171,32 @@ def _growth(expositions: Sequence[Exposition], name: str, keep: LabelFilter) -> 
 
 def _targets(expositions: Sequence[Exposition], keep: LabelFilter, down: bool) -> int | None:
     """GrowPage scrape targets (``up{job=...}`` in a federated or replayed snapshot) in the newest
-    exposition that has them; ``down`` counts those whose scrape failed."""
+    exposition that has them; ``down`` counts those whose scrape failed while vLLM's target of the
+    same pod answers."""
     for exposition in reversed(expositions):
         targets = {key: value for key, value in _series(exposition, "up", keep).items()
                    if dict(key).get("job") == catalog.SCRAPE_JOB}
         if targets:
-            return sum(1 for value in targets.values() if value < 1) if down else len(targets)
+            if not down:
+                return len(targets)
+            answering = {_pod(key) for key, value in _series(exposition, "up", keep).items()
+                         if dict(key).get("job") == catalog.VLLM_SCRAPE_JOB and value >= 1}
+            return sum(1 for key, value in targets.items() if value < 1 and _pod(key) in answering)
+    return None
+
+
+def _pod(key: SeriesKey) -> tuple[str | None, str | None]:
+    labels = dict(key)
+    return labels.get("namespace"), labels.get("pod")
+
+
+def _vllm_targets_up(expositions: Sequence[Exposition], keep: LabelFilter) -> int | None:
+    """vLLM's own targets that answer, in the newest exposition with any of their ``up`` series."""
+    for exposition in reversed(expositions):
+        targets = [value for key, value in _series(exposition, "up", keep).items()
+                   if dict(key).get("job") == catalog.VLLM_SCRAPE_JOB]
+        if targets:
+            return sum(1 for value in targets if value >= 1)
     return None
 
 

@@ -94,8 +94,11 @@ def _uncovered(unchecked: list[_Judged], window: Window) -> NotChecked:
 
 
 def vllm_burn_slos(t: Thresholds) -> tuple[BurnSLO, ...]:
+    """vLLM's SLOs with burn alerts: time to first token, inter-token latency, availability."""
     stems = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken", catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency"}
-    return tuple(BurnSLO(slo.name, stems[slo.name], slo.objective) for slo in t.alerting.vllm_latency_slos)
+    availability = t.alerting.vllm_availability_slo
+    return (*(BurnSLO(slo.name, stems[slo.name], slo.objective) for slo in t.alerting.vllm_latency_slos),
+            BurnSLO(availability.name, "VLLMAvailability", availability.objective))
 
 
 def allocation_burn_slo(t: Thresholds) -> BurnSLO:

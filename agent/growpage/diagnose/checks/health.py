@@ -17,17 +17,16 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     proof = evidence(metric, total, 0, window, errors_by_component=errors, build_info=build,
                      response_time_s=scope.response_time_s, sample_age_s=scope.sample_age_s,
                      targets_total=scope.targets_total, targets_down=scope.targets_down,
+                     vllm_targets_up=scope.vllm_targets_up,
                      inactive_components=dict(inactive), non_finite=list(scope.non_finite))
-    problems, steps, alerts = [], [], []
+    problems: list[str] = []
+    steps: list[str] = []
+    alerts: list[str] = []
     mode = scope.build_value("mode")
     # The enforcer idles by design outside enforce; every component idles in mode off.
     inactive = {component: reason for component, reason in inactive.items()
                 if mode not in ("off", None) and (component != "enforcer" or mode in catalog.MODES_ENFORCING)}
-    if scope.targets_down:
-        alerts.append("GrowPageAgentDown")
-        problems.append(f"{scope.targets_down} of {scope.targets_total} scrape targets down")
-        steps.append("Prometheus cannot scrape those pods and the route answers in every mode: the vLLM "
-                     "process is gone or its network is; check the pods and their Service/ServiceMonitor.")
+    _scrape_problems(scope, alerts, problems, steps)
     if inactive:
         alerts.append("GrowPageAgentInactive")
         listing = ", ".join(f"{component} ({reason})" for component, reason in sorted(inactive.items()))
@@ -42,12 +41,6 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
         problems.append(f"{total:,.0f} caught faults{since} ({listing})")
         steps.append("Read the agent's log lines for those components: each fault fell back to vLLM's "
                      "default behaviour (requests were served, GrowPage skipped them).")
-    if not scope.build_infos:
-        alerts.append("GrowPageMetricsAbsent")
-        problems.append(f"{catalog.BUILD_INFO.name} missing")
-        steps.append("Check that the plugin is loaded (VLLM_PLUGINS) and that the scrape reads "
-                     f"{catalog.METRICS_PATH}: without build info diagnose cannot read mode, block_size or "
-                     "base_pages.")
     if scope.response_time_s is not None and scope.response_time_s > t.diagnose.endpoint_slow_response_s:
         problems.append(f"{catalog.METRICS_PATH} took {scope.response_time_s:.1f}s")
         steps.append("A slow metrics route risks Prometheus scrape timeouts: check the agent's CPU.")
@@ -68,3 +61,23 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     elif scope.sample_age_s is not None:
         reading = f"; newest sample {scope.sample_age_s:,.0f}s old"
     return ScopeFinding(Status.OK, f"no caught faults; build info present{reading}", proof)
+
+
+def _scrape_problems(scope: Scope, alerts: list[str], problems: list[str], steps: list[str]) -> None:
+    """Whether Prometheus reads the agent, as GrowPageAgentDown and GrowPageMetricsAbsent judge it:
+    only while vLLM's own route answers (a pod loading its model answers neither)."""
+    if scope.targets_down:
+        alerts.append("GrowPageAgentDown")
+        problems.append(f"{scope.targets_down} of {scope.targets_total} scrape targets down while vLLM answers")
+        steps.append("vLLM serves but GrowPage's route fails: its exporter is broken or hung, and GrowPage's alerts "
+                     "are blind for those pods; see runbook GrowPageAgentDown.md.")
+    if not scope.build_infos and scope.vllm_targets_up == 0:
+        # As GrowPageMetricsAbsent: no alert while vLLM does not answer either (a pod loading its model).
+        problems.append(f"{catalog.BUILD_INFO.name} missing while no vLLM target answers either")
+        steps.append("The pod answers neither route: is it still loading its model? Check its readiness.")
+    elif not scope.build_infos:
+        alerts.append("GrowPageMetricsAbsent")
+        problems.append(f"{catalog.BUILD_INFO.name} missing")
+        steps.append("Check that the plugin is loaded (VLLM_PLUGINS) and that the scrape reads "
+                     f"{catalog.METRICS_PATH}: without build info diagnose cannot read mode, block_size or "
+                     "base_pages.")

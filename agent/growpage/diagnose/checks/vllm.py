@@ -1,16 +1,16 @@
-"""What vLLM's users feel: time to first token and inter-token latency against their SLOs.
+"""What vLLM's users feel: time to first token, inter-token latency and availability against their SLOs.
 
-Read from vLLM's own histograms (``vllm:time_to_first_token_seconds``,
-``vllm:inter_token_latency_seconds``), the same series the burn-rate pages read. The verdict is the
-burn-rate alerts' own (:mod:`growpage.diagnose.checks.burns`): with Prometheus, each window pair's
-long and short error ratios at the window's end; the share within the SLO over the window is the
-summary's context. A pod in mode off is not GrowPage's to page for.
+Read from vLLM's own series (``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
+``vllm:request_success_total``), the ones the burn-rate pages read. The verdict is the burn-rate
+alerts' own (:mod:`growpage.diagnose.checks.burns`): with Prometheus, each window pair's long and
+short error ratios at the window's end; the latency shares over the window are the summary's
+context. As for the alerts, GrowPage's mode does not matter: users feel a pod rolled back to off too.
 """
 
 from __future__ import annotations
 
 from growpage import catalog
-from growpage.diagnose.checks.base import Thresholds, evidence, is_mode_off, pct_floor, to_read, unknown
+from growpage.diagnose.checks.base import Thresholds, evidence, pct_floor, to_read, unknown
 from growpage.diagnose.checks.burns import burn_finding, vllm_burn_slos
 from growpage.diagnose.findings import ScopeFinding, Status
 from growpage.diagnose.observations import HistogramCounts, Scope, Window
@@ -35,10 +35,8 @@ def vllm_latency(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     if homes and VLLM_HOME not in homes:
         return ScopeFinding(Status.OK, f"home {', '.join(homes)}: no vLLM serves here, its latency SLOs do not apply",
                             evidence(metric, None, slos[0].objective, window, homes=list(homes)))
-    if is_mode_off(scope):
-        return ScopeFinding(Status.OK, "mode off: GrowPage does not run here, its rotation is not paged",
-                            evidence(metric, None, slos[0].objective, window, mode="off"))
-    if all(_histogram(scope, slo) is None for slo in slos):
+    judged = scope.burn_ratios is not None and any(scope.burn_ratios.get(slo.name) for slo in vllm_burn_slos(t))
+    if not judged and all(_histogram(scope, slo) is None for slo in slos):
         return unknown(metric, f"none of vLLM's latency histograms found ({', '.join(s.histogram for s in slos)})",
                        window, to_read(metric, window))
     shares: dict[str, float] = {}

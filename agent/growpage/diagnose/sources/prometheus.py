@@ -55,9 +55,10 @@ class _Queries:
     """
 
     def __init__(self, matchers: Sequence[str], window_s: int, breakdown_label: str | None,
-                 join: str = "namespace, pod"):
+                 config: MixinConfig = DEFAULT_CONFIG):
         self.matchers = tuple(matchers)
-        self.join = join
+        self.join = ", ".join(config.pod_join)
+        self.growpage_job, self.vllm_job = config.growpage_job, config.vllm_job
         self.range = f"[{window_s}s]"
         self.subquery = f"[{window_s}s:{max(_MIN_SUBQUERY_STEP_S, window_s // 240)}s]"
         self.breakdown_label = breakdown_label
@@ -140,7 +141,7 @@ def observe(base_url: str, since_s: float, at_s: float | None = None, selection:
     window_s = max(1, int(round(since_s)))
     matchers, config = selection.matchers, selection.config
     breakdown_label = None if selection.pod else ("pod" if selection.namespace else "namespace")
-    queries = _Queries(matchers, window_s, breakdown_label, ", ".join(config.pod_join))
+    queries = _Queries(matchers, window_s, breakdown_label, config)
     with http.make_client(timeout_s) as client:
         prom = _Client(client, base_url, at_s, config.scoped)
         _require_growpage_series(prom, queries, selection)
@@ -309,13 +310,16 @@ def _vllm_templates(q: _Queries) -> _Templates:
 
 
 def _target_templates(q: _Queries) -> _Templates:
-    """The scrape itself: targets up and down, and how old the newest sample is."""
-    info = f"last_over_time({q.select(catalog.BUILD_INFO.name)}{q.range})"
-    # Targets whose scrape exported GrowPage in the window, by job/instance: works with any job name.
-    up = q.select("up")
+    """The scrape itself: targets up and down, and how old the newest sample is.
+
+    A GrowPage target counts as down, as for GrowPageAgentDown, only while vLLM's target of the same
+    pod answers: a pod still loading its model answers neither.
+    """
+    up, vllm_up = q.select("up", f'job="{q.growpage_job}"'), q.select("up", f'job="{q.vllm_job}"')
     return {
-        ("targets_total",): (f"count {{by}} ({up} and on (job, instance) {info})", ()),
-        ("targets_down",): (f"count {{by}} (({up} == 0) and on (job, instance) {info})", ()),
+        ("targets_total",): (f"count {{by}} ({up})", ()),
+        ("targets_down",): (f"count {{by}} (({up} == 0) and on ({q.join}) ({vllm_up} == 1))", ()),
+        ("vllm_targets_up",): (f"count {{by}} ({vllm_up} == 1)", ()),
         # Age of the newest sample: timestamp() of the raw samples, newest over the window.
         ("sample_age_s",): (
             f"time() - max {{by}} (max_over_time(timestamp({q.select(catalog.BUILD_INFO.name)}){q.subquery}))", ()),
@@ -415,6 +419,7 @@ def _scope(name: str, found: _Rows) -> Scope:
         # A scope with GrowPage series but no matching `up` has no target information (None), not 0.
         targets_total=int(targets_total) if targets_total is not None else None,
         targets_down=int(targets_down or 0) if targets_total is not None else None,
+        vllm_targets_up=int(one(("vllm_targets_up",)) or 0) if one(("vllm_targets_up",)) is not None else None,
     )
 
 

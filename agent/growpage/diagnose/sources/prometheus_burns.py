@@ -1,17 +1,20 @@
-"""The latency SLOs' error ratios over every burn-rate window, at the diagnosis' end, per service.
+"""The SLOs' error ratios over every burn-rate window, at the diagnosis' end, per service.
 
-What the burn-rate rules compare, read from the raw histograms: ``1 - good / all`` of the rates over
-each window (``le`` = the SLO threshold's bucket over ``_count``), summed per service (the mixin's
-SLO labels: cluster, namespace, model). vLLM's series count only pods whose GrowPage observes
-(monitor or enforce), as the rules join them. Raw rates, not the recorded ratios: they need no rules
-loaded, and they take the selection (``--namespace``, ``--pod``, ``--cluster``) like every other
-query. A window counts as covered for a service when Prometheus holds a sample of its histogram at
+What the burn-rate rules compare, read from the raw series: ``1 - good / all`` of the rates over
+each window, summed per service (the mixin's SLO labels: cluster, namespace, model). A latency SLO's
+good events are its threshold's bucket and all are ``_count``; the availability SLO's are vLLM's
+finished requests not aborted or failed over all of them. vLLM's SLOs count every vLLM pod, whatever
+GrowPage's mode (as the rules do: users feel a rollback to off too); GrowPage's grant latency counts
+its own series. Raw rates, not the recorded ratios: they need no rules loaded, and they take the
+selection (``--namespace``, ``--pod``, ``--cluster``) like every other query. A window counts as
+covered for a service when Prometheus holds a sample of its total events at
 the window's start (within the 5m lookback); an uncovered window's pairs are not checked.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from growpage import catalog
@@ -32,11 +35,27 @@ def burn_windows(thresholds: catalog.MixinThresholds) -> tuple[str, ...]:
     return tuple(sorted(found, key=duration_seconds))
 
 
-def latency_slos(thresholds: catalog.MixinThresholds) -> tuple[tuple[str, str, float, bool], ...]:
-    """``(SLO name, histogram, threshold_s, is vLLM's)`` of every latency SLO with burn alerts."""
-    vllm = tuple((slo.name, slo.histogram, slo.threshold_s, True) for slo in thresholds.vllm_latency_slos)
-    return (*vllm, (catalog.SLO_ALLOCATION_LATENCY.name, catalog.ALLOCATION_LATENCY.name,
-                    thresholds.allocation_latency_s, False))
+@dataclasses.dataclass(frozen=True)
+class SLOEvents:
+    """The counters of one SLO with burn alerts: good events are ``good`` with ``good_matcher``,
+    all events are ``total``."""
+
+    name: str
+    good: str
+    good_matcher: str
+    total: str
+
+
+def slo_events(thresholds: catalog.MixinThresholds) -> tuple[SLOEvents, ...]:
+    """Every SLO with burn-rate alerts, with the deployment's thresholds."""
+    def latency(name: str, histogram: str, threshold_s: float) -> SLOEvents:
+        return SLOEvents(name, f"{histogram}_bucket", f'le="{le_value(threshold_s)}"', f"{histogram}_count")
+
+    availability = thresholds.vllm_availability_slo
+    return (*(latency(slo.name, slo.histogram, slo.threshold_s) for slo in thresholds.vllm_latency_slos),
+            SLOEvents(availability.name, availability.counter, availability.good_matcher, availability.counter),
+            latency(catalog.SLO_ALLOCATION_LATENCY.name, catalog.ALLOCATION_LATENCY.name,
+                    thresholds.allocation_latency_s))
 
 
 class BurnQueries:
@@ -45,36 +64,27 @@ class BurnQueries:
     def __init__(self, matchers: Sequence[str], config: MixinConfig):
         self.matchers = tuple(matchers)
         self.service = ", ".join(config.slo_labels)
-        self.join = ", ".join(config.pod_join)
 
     def _select(self, name: str, *extra: str) -> str:
         matchers = (*extra, *self.matchers)
         return name + ("{" + ", ".join(matchers) + "}" if matchers else "")
 
-    def _observed(self, expr: str) -> str:
-        modes = 'mode=~"' + "|".join(catalog.MODES_OBSERVING) + '"'
-        return f"({expr} and on ({self.join}) max by ({self.join}) ({self._select(catalog.BUILD_INFO.name, modes)}))"
-
-    def error_ratio(self, histogram: str, threshold_s: float, vllm: bool, window: str) -> str:
+    def error_ratio(self, slo: SLOEvents, window: str) -> str:
         def rate(series: str) -> str:
-            expr = f"rate({series}[{window}])"
-            return f"sum by ({self.service}) ({self._observed(expr) if vllm else expr})"
+            return f"sum by ({self.service}) (rate({series}[{window}]))"
 
-        good = rate(self._select(f"{histogram}_bucket", f'le="{le_value(threshold_s)}"'))
-        return f"1 - ({good} / {rate(self._select(f'{histogram}_count'))})"
+        return f"1 - ({rate(self._select(slo.good, slo.good_matcher))} / {rate(self._select(slo.total))})"
 
-    def covered(self, histogram: str, window: str) -> str:
-        return (f"count by ({self.service}) (last_over_time({self._select(f'{histogram}_count')}[{_LOOKBACK}] "
+    def covered(self, slo: SLOEvents, window: str) -> str:
+        return (f"count by ({self.service}) (last_over_time({self._select(slo.total)}[{_LOOKBACK}] "
                 f"offset {window}))")
 
 
 def read_burn_ratios(query: Query, queries: BurnQueries, thresholds: catalog.MixinThresholds,
                      service_labels: Sequence[str]) -> dict[str, tuple[ServiceErrorRatios, ...]]:
     """SLO name -> each service's error ratios over the covered windows (absent: not covered)."""
-    jobs = [(slo, window, kind, expr) for slo, histogram, threshold_s, vllm in latency_slos(thresholds)
-            for window in burn_windows(thresholds)
-            for kind, expr in (("ratio", queries.error_ratio(histogram, threshold_s, vllm, window)),
-                               ("covered", queries.covered(histogram, window)))]
+    jobs = [(slo.name, window, kind, expr) for slo in slo_events(thresholds) for window in burn_windows(thresholds)
+            for kind, expr in (("ratio", queries.error_ratio(slo, window)), ("covered", queries.covered(slo, window)))]
     with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
         results = list(pool.map(lambda job: query(job[3]), jobs))
     ratios: dict[str, dict[tuple[str, ...], dict[str, float]]] = {}
