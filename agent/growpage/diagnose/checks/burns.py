@@ -18,6 +18,7 @@ from growpage.diagnose.burn import PairState, PairVerdict, judge_burn_pairs
 from growpage.diagnose.checks.base import Thresholds, no_history
 from growpage.diagnose.findings import NotChecked, ScopeFinding, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
+from growpage.monitoring.alert_rules import VLLM_SLO_ALERT_STEMS
 from growpage.monitoring.promql import duration_seconds
 
 
@@ -95,10 +96,8 @@ def _uncovered(unchecked: list[_Judged], window: Window) -> NotChecked:
 
 def vllm_burn_slos(t: Thresholds) -> tuple[BurnSLO, ...]:
     """vLLM's SLOs with burn alerts: time to first token, inter-token latency, availability."""
-    stems = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken", catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency"}
-    availability = t.alerting.vllm_availability_slo
-    return (*(BurnSLO(slo.name, stems[slo.name], slo.objective) for slo in t.alerting.vllm_latency_slos),
-            BurnSLO(availability.name, "VLLMAvailability", availability.objective))
+    slos = (*t.alerting.vllm_latency_slos, t.alerting.vllm_availability_slo)
+    return tuple(BurnSLO(slo.name, VLLM_SLO_ALERT_STEMS[slo.name], slo.objective) for slo in slos)
 
 
 def allocation_burn_slo(t: Thresholds) -> BurnSLO:
