@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from growpage.config import Mode
+from growpage.vllm_plugin.resolve import resolve_settings
 from growpage.vllm_plugin.settings import (
     DEFAULT_EXPORTER_PORT,
     DEFAULT_FLOOR_TOKENS,
     default_base_pages,
-    resolve_settings,
     split_settings,
 )
 

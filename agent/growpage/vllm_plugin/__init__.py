@@ -12,6 +12,7 @@ worker side share only ``wire``)::
 
     versions.py      supported vLLM releases; the start-up check
     settings.py      GrowPageConfig + plugin settings from additional_config["growpage"] / GROWPAGE_*
+    resolve.py       the settings as vLLM's processes read them: never raising (invalid_config)
     support.py       what a deployment needs to observe and enforce (graph mode, runner, parallelism)
     wire.py          what crosses between scheduler and workers (payloads, reports, attribute names)
     -- scheduler side (EngineCore) --

@@ -58,7 +58,8 @@ class GrowPageEndpoint:
                            "growpage_namespace")
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
-        from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, resolve_settings
+        from growpage.vllm_plugin.resolve import resolve_settings
+        from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY
 
         additional = getattr(args, "additional_config", None) or {}
         if isinstance(additional, str):

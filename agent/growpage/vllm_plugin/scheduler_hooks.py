@@ -67,7 +67,8 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
     ``growpage_agent_active{reason="invalid_config"}`` = 0 and logs one line saying what to fix.
     """
     from growpage.config import Mode
-    from growpage.vllm_plugin.settings import engine_exporter_port, settings_from_vllm_config
+    from growpage.vllm_plugin.resolve import settings_from_vllm_config
+    from growpage.vllm_plugin.settings import engine_exporter_port
     from growpage.vllm_plugin.startup import deployment_device, served_model
     from growpage.vllm_plugin.support import (
         INVALID_CONFIG,

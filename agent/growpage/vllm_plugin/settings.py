@@ -6,8 +6,8 @@ environment over defaults, merged as :func:`growpage.config.load_config` merges 
 few keys that only mean something inside vLLM (the exporter's address, head sampling) are split off
 into :class:`PluginSettings` first; ``block_size`` always follows vLLM's cache block size.
 
-Inside vLLM's own processes settings are read with :func:`resolve_settings`, which never raises:
-settings GrowPage cannot honour leave it off (vLLM pages on its own) with the reason to report.
+Inside vLLM's own processes settings are read through :mod:`~growpage.vllm_plugin.resolve`, which never
+raises: settings GrowPage cannot honour leave it off (vLLM pages on its own) with the reason to report.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
 
     Raises:
         ConfigError: a key is unknown or a value invalid (the message says how to fix it). Inside
-            vLLM's processes use :func:`resolve_settings`, which never raises.
+            vLLM's processes use :func:`~growpage.vllm_plugin.resolve.resolve_settings`, which never raises.
     """
     env = os.environ if env is None else env
     if raw is not None and not isinstance(raw, Mapping):
@@ -208,12 +208,12 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     for name in PLUGIN_FIELDS:
         env_name = f"GROWPAGE_VLLM_{name.upper()}"
         if env_name in env:
-            plugin_values[name] = _coerce(name, env[env_name])
+            plugin_values[name] = coerce_plugin_env(name, env[env_name])
         if name in raw:
             plugin_values[name] = raw.pop(name)
     if block_size is not None:
         raw["block_size"] = block_size
-    values = merged_values(env=_config_env(env), overrides=raw,
+    values = merged_values(env=config_env(env), overrides=raw,
                            defaults={"attention_coverage": DEFAULT_ATTENTION_COVERAGE})
     if block_size is not None and "base_pages" not in values:
         values["base_pages"] = default_base_pages(block_size, **_protection(values))
@@ -252,90 +252,12 @@ def _protection(values: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-def _config_env(env: Mapping[str, str]) -> dict[str, str]:
+def config_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` without the plugin's own ``GROWPAGE_VLLM_*`` variables (not config fields)."""
     return {k: v for k, v in env.items() if not k.startswith("GROWPAGE_VLLM_")}
 
 
-@dataclasses.dataclass(frozen=True)
-class ResolvedSettings:
-    """What one vLLM process runs: the user's settings, or, when they cannot be honoured, GrowPage
-    off with the exporter still serving (so the pod says why).
-
-    Attributes:
-        config: the user's config, or a mode-``off`` config at vLLM's block size.
-        settings: the user's plugin settings, or the exporter's settings alone.
-        problem: why the user's settings cannot be honoured (the :class:`ConfigError`'s message,
-            which says how to fix it); None when they are, or when only settings mode ``off``
-            never uses are wrong.
-        requested_mode: the mode the user asked for (``off`` | ``monitor`` | ``enforce``, or what
-            they wrote), whether or not it runs.
-    """
-
-    config: GrowPageConfig
-    settings: PluginSettings
-    problem: str | None = None
-    requested_mode: str = Mode.MONITOR.value
-
-
-def resolve_settings(raw: Any, env: Mapping[str, str] | None = None,
-                     block_size: int | None = None) -> ResolvedSettings:
-    """:func:`split_settings` for vLLM's own processes (scheduler, workers, API server): never raises.
-
-    Settings GrowPage cannot honour must not take vLLM down: GrowPage then runs ``off`` (vLLM pages
-    on its own) and :attr:`ResolvedSettings.problem` says why, for the caller to report as
-    ``growpage_agent_active{reason="invalid_config"}`` and log once. Mode ``off`` uses only the
-    exporter's settings, so only those are checked there.
-    """
-    env = os.environ if env is None else env
-    try:
-        config, settings = split_settings(raw, env, block_size)
-        return ResolvedSettings(config, settings, None, config.mode.value)
-    except ConfigError as error:
-        problem: str | None = str(error)
-    requested = _requested_mode(raw, env)
-    settings, exporter_problem = _exporter_settings(raw, env)
-    if requested == Mode.OFF.value:
-        problem = exporter_problem
-    return ResolvedSettings(_off_config(block_size), settings, problem, requested)
-
-
-def _requested_mode(raw: Any, env: Mapping[str, str]) -> str:
-    """The mode the user asked for, read leniently (the rest of the settings may be invalid)."""
-    value: Any = raw.get("mode") if isinstance(raw, Mapping) else None
-    if value is None:
-        try:
-            value = merged_values(env=_config_env(env)).get("mode")
-        except ConfigError:
-            value = env.get("GROWPAGE_MODE")
-    if value is None:
-        value = _CONFIG_DEFAULTS["mode"]
-    return str(getattr(value, "value", value)).strip().lower()
-
-
-def _exporter_settings(raw: Any, env: Mapping[str, str]) -> tuple[PluginSettings, str | None]:
-    """The user's exporter address alone (the defaults if it is invalid), and what is wrong with it."""
-    values: dict[str, Any] = {}
-    try:
-        for name in ("exporter_port", "exporter_host"):
-            env_name = f"GROWPAGE_VLLM_{name.upper()}"
-            if env_name in env:
-                values[name] = _coerce(name, env[env_name])
-            if isinstance(raw, Mapping) and name in raw:
-                values[name] = raw[name]
-        return PluginSettings(**values), None
-    except ConfigError as error:
-        return PluginSettings(), str(error)
-
-
-def _off_config(block_size: int | None) -> GrowPageConfig:
-    """GrowPage off at vLLM's block size (the defaults, valid at every block size)."""
-    if block_size is None:
-        return GrowPageConfig(mode=Mode.OFF)
-    return GrowPageConfig(mode=Mode.OFF, block_size=block_size, base_pages=default_base_pages(block_size))
-
-
-def _coerce(name: str, text: str) -> Any:
+def coerce_plugin_env(name: str, text: str) -> Any:
     """An environment value as its field's type (the field's default says which: int, float, str)."""
     kind = type(_FIELD_DEFAULTS[name])
     if kind is int:
@@ -350,11 +272,3 @@ def _coerce(name: str, text: str) -> Any:
             raise ConfigError(f"GROWPAGE_VLLM_{name.upper()} must be a number, got {text!r}; "
                               f"try {_FIELD_DEFAULTS[name]:g} (the default)") from None
     return text
-
-
-def settings_from_vllm_config(vllm_config: Any) -> ResolvedSettings:
-    """:func:`resolve_settings` for a ``VllmConfig`` (its ``additional_config`` and block size): never raises."""
-    additional = getattr(vllm_config, "additional_config", None) or {}
-    block_size = getattr(getattr(vllm_config, "cache_config", None), "block_size", None)
-    raw = additional.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional, Mapping) else additional
-    return resolve_settings(raw, block_size=block_size)

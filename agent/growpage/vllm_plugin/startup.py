@@ -22,7 +22,8 @@ import os
 from typing import Any, cast
 
 from growpage.config import Mode
-from growpage.vllm_plugin.settings import ResolvedSettings, engine_exporter_port, settings_from_vllm_config
+from growpage.vllm_plugin.resolve import ResolvedSettings, settings_from_vllm_config
+from growpage.vllm_plugin.settings import engine_exporter_port
 from growpage.vllm_plugin.support import ACTIVE, start_up_states
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format

@@ -62,7 +62,7 @@ def observer_for(vllm_config: Any) -> Any:
 def _build_observer(vllm_config: Any) -> Any:
     from growpage.config import Mode
     from growpage.vllm_plugin.observer import VllmObserver
-    from growpage.vllm_plugin.settings import settings_from_vllm_config
+    from growpage.vllm_plugin.resolve import settings_from_vllm_config
     from growpage.vllm_plugin.support import REMEDIES, observer_blocker
 
     resolved = settings_from_vllm_config(vllm_config)
