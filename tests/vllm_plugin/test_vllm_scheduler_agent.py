@@ -15,6 +15,7 @@ from growpage import catalog
 from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, live_and_logical_tokens
 from growpage.vllm_plugin.scheduler_hooks import build_agent
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, REPORT_ATTRIBUTE, WorkerReport
+from support.promstack import wait_until
 
 BLOCK = 4
 POOL = 20
@@ -366,3 +367,29 @@ def test_get_load_answers_the_exported_load_and_503_when_the_exporter_is_gone():
     assert 'growpage_kv_headroom_pages{model_name="m"} 17.0' in metrics
     assert 'growpage_kv_reclaimable_pages{model_name="m"} 7.0' in metrics
     assert gone.status_code == 503 and "not answering" in gone.json()["error"]
+
+
+def test_an_exporter_port_held_by_another_process_is_bound_once_it_frees(monkeypatch):
+    """vLLM serves while the port is taken (the fault is counted once); the agent binds it when it frees."""
+    pytest.importorskip("vllm")
+    import socket
+
+    from growpage.vllm_plugin import exporter_retry
+
+    monkeypatch.setattr(exporter_retry, "RETRY_INTERVAL_S", 0.05)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    agent = build_agent(_scheduler({"mode": "monitor", "exporter_port": port, "exporter_host": "127.0.0.1"}))
+    try:
+        assert agent.exporter is None
+        assert agent.stats.agent_errors_total["plugin"] == 1
+        holder.close()
+        wait_until(lambda: agent.exporter is not None, 10, interval_s=0.05, what="the exporter to bind its freed port")
+        response = httpx.get(f"http://127.0.0.1:{port}{catalog.METRICS_PATH}", timeout=10)
+        assert response.status_code == 200 and 'mode="monitor"' in response.text
+        assert agent.stats.agent_errors_total["plugin"] == 1  # counted once, not per retry
+    finally:
+        holder.close()
+        agent.close()

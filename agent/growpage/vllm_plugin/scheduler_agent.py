@@ -42,6 +42,7 @@ from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
+from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
 from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
@@ -124,6 +125,7 @@ class SchedulerAgent:
         self.telemetry: Any = None
         self.exporter: Any = None
         self._adopted_exporter: Any = None  # the start-up exporter this agent serves on, if any
+        self._exporter_retry: ExporterRetry | None = None  # binding again while the port is taken
         # the router's view (growpage.core.headroom), replaced whole on the engine thread, read by scrapes
         self.headroom: Headroom = idle_headroom(view.num_pages, self.config)
 
@@ -350,15 +352,26 @@ class SchedulerAgent:
             try:
                 self.exporter = self.telemetry.serve(port, host)
             except OSError:
-                self.controller.fault(PLUGIN_COMPONENT, f"binding the exporter to port {port} failed; choose a free "
-                                                        "exporter_port (with data parallelism rank r binds port + r)")
+                self.controller.fault(PLUGIN_COMPONENT, f"binding the exporter to port {port} failed (retrying every "
+                                                        f"{RETRY_INTERVAL_S:g} s); choose a free exporter_port (with "
+                                                        "data parallelism rank r binds port + r)")
+                self._exporter_retry = ExporterRetry(lambda: self.telemetry.serve(port, host), self._exporter_bound,
+                                                     port)
                 return
         if self.exporter is not None:
             logger.info("growpage: /metrics/growpage served at %s (pid %d, mode %s)", self.exporter.url, os.getpid(),
                         self.config.mode.value)
 
+    def _exporter_bound(self, exporter: Any) -> None:
+        self.exporter = exporter
+        logger.info("growpage: /metrics/growpage served at %s after its port freed (pid %d)", exporter.url,
+                    os.getpid())
+
     def close(self) -> None:
         """Stop telemetry and its exporter, also one taken over from start-up (telemetry did not start that one)."""
+        if self._exporter_retry is not None:
+            self._exporter_retry.stop()
+            self._exporter_retry = None
         if self.telemetry is not None:
             self.telemetry.close()
         if self._adopted_exporter is not None:
