@@ -170,10 +170,16 @@ BUILD_INFO = MetricSpec(
 # workers; enforcer: enforce inside vLLM. The reference engine reports observer and enforcer.
 AGENT_COMPONENTS = ("scheduler", "observer", "enforcer")
 AGENT_ACTIVE_REASON = "active"
+# While vLLM loads the model (the engine core's exporter serves from process start): not a fault.
+AGENT_STARTING_REASON = "starting"
+# Settings GrowPage cannot honour: it runs off (build info says mode off) and vLLM pages on its own;
+# whatever mode was asked for, this is a fault to report.
+AGENT_INVALID_CONFIG_REASON = "invalid_config"
 AGENT_ACTIVE = MetricSpec(
     "growpage_agent_active", MetricType.GAUGE,
-    "1 when the component runs, else 0; reason is \"active\" or why not (e.g. mode_off, "
-    "unsupported_backend, full_cudagraph, async_scheduling, model_runner_v2, quantized_kv_cache).", "",
+    "1 when the component runs, else 0; reason is \"active\" or why not (e.g. starting while vLLM loads "
+    "the model, mode_off, invalid_config, unsupported_backend, full_cudagraph, async_scheduling, "
+    "model_runner_v2, quantized_kv_cache).", "",
     labels=("component", "reason"), label_values={"component": AGENT_COMPONENTS})
 SAMPLES_DROPPED = MetricSpec(
     "growpage_telemetry_samples_dropped_total", MetricType.COUNTER,

@@ -388,12 +388,16 @@ def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
     build_info = selector(catalog.BUILD_INFO.name, job=config.growpage_job)
     errors = (f"sum by ({lv.pod}, component) (increase({catalog.AGENT_ERRORS.name}[5m])) > 0")
     # The enforcer has nothing to do outside enforce; the other components run in monitor too.
-    def idle(component: str) -> str:
+    # Never while vLLM loads the model (reason starting); settings GrowPage cannot honour
+    # (invalid_config) in any mode, since GrowPage then runs off whatever was asked for.
+    def idle(matchers: str) -> str:
         return (f"max by ({lv.join}, {_MODEL}, component, reason) "
-                f"({selector(catalog.AGENT_ACTIVE.name, component)} == 0)")
-    others, enforcer = idle('component!="enforcer"'), idle('component="enforcer"')
+                f"({selector(catalog.AGENT_ACTIVE.name, matchers)} == 0)")
+    ordinary = f'reason!~"{catalog.AGENT_STARTING_REASON}|{catalog.AGENT_INVALID_CONFIG_REASON}"'
+    others, enforcer = idle(f'component!="enforcer", {ordinary}'), idle(f'component="enforcer", {ordinary}')
+    invalid = idle(f'reason="{catalog.AGENT_INVALID_CONFIG_REASON}"')
     inactive = (f"(\n{_observing(others, lv.join)}\n)\nor\n(\n"
-                f"{in_modes(enforcer, catalog.MODES_ENFORCING, lv.join)}\n)")
+                f"{in_modes(enforcer, catalog.MODES_ENFORCING, lv.join)}\n)\nor\n{invalid}")
     # vLLM answers where its own /metrics is scraped: GrowPage's route failing there is GrowPage's
     # fault. A pod still loading its model answers neither and pages nobody (Kubernetes' readiness
     # and kube-state-metrics' alerts cover a pod that never becomes ready).
@@ -428,8 +432,10 @@ def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
             "GrowPageAgentInactive", inactive, catalog.ALERT_FOR.agent_inactive,
             "A GrowPage component does nothing although its mode asks for it",
             f"{_WHERE}: the {{{{ $labels.component }}}} is inactive ({{{{ $labels.reason }}}}) for "
-            f"{catalog.ALERT_FOR.agent_inactive} while growpage_build_info says the mode is monitor or enforce: "
-            f"this pod serves with vLLM's default paging and its GrowPage metrics describe nothing. {_DIAGNOSE}",
+            f"{catalog.ALERT_FOR.agent_inactive} while growpage_build_info says the mode is monitor or enforce, "
+            f"or because GrowPage cannot honour its settings (invalid_config: it runs off whatever mode was "
+            f"asked; the engine core's log names the setting and the fix): this pod serves with vLLM's default "
+            f"paging and its GrowPage metrics describe nothing. {_DIAGNOSE}",
             PANEL_ACTIVE),
     ], config)
 

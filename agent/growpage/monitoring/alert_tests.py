@@ -391,8 +391,12 @@ def scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str
         "GrowPageAgentErrors": [Scenario(_series(catalog.AGENT_ERRORS.name, _counter(2), component="actuator"),
                                          "1m", {**POD, "component": "actuator"}, 10)],
         "GrowPageGrowthThrottled": [Scenario(throttle, "1m", dict(POD), 0.6)],
-        "GrowPageAgentInactive": [Scenario(inactive, "0m", {**POD, "component": "enforcer",
-                                                            "reason": "full_cudagraph"}, 0)],
+        "GrowPageAgentInactive": [
+            Scenario(inactive, "0m", {**POD, "component": "enforcer", "reason": "full_cudagraph"}, 0),
+            Scenario({**OFF, **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="observer",
+                                       reason=catalog.AGENT_INVALID_CONFIG_REASON)},
+                     "0m", {**POD, "component": "observer", "reason": catalog.AGENT_INVALID_CONFIG_REASON}, 0,
+                     "settings GrowPage cannot honour: it runs off, whatever mode was asked")],
     }
     latency = functools.partial(_latency, threshold_s=t.allocation_latency_s)
     budget = round(1 - t.allocation_latency_objective, 10)
@@ -533,6 +537,10 @@ def _agent_quiet() -> dict[str, list[QuietScenario]]:
         "GrowPageAgentErrors": [QuietScenario(_series(catalog.AGENT_ERRORS.name, _constant(3), component="actuator"),
                                               "old faults, none new")],
         "GrowPageAgentInactive": [QuietScenario(enforcing, "every component active"),
+                                  QuietScenario({**MONITOR, **_series(catalog.AGENT_ACTIVE.name, _constant(0),
+                                                                      component="observer",
+                                                                      reason=catalog.AGENT_STARTING_REASON)},
+                                                "vLLM still loading the model (starting)"),
                                   QuietScenario(monitoring, "mode monitor: the enforcer idles by design"),
                                   QuietScenario(off, "mode off: inactive by design")],
     }

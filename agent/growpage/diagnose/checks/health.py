@@ -23,9 +23,13 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     steps: list[str] = []
     alerts: list[str] = []
     mode = scope.build_value("mode")
-    # The enforcer idles by design outside enforce; every component idles in mode off.
+    # The enforcer idles by design outside enforce; every component idles in mode off, and while vLLM
+    # loads the model (starting). Settings GrowPage cannot honour are a fault in any mode (it runs
+    # off then, whatever was asked): the rules' GrowPageAgentInactive, condition for condition.
     inactive = {component: reason for component, reason in inactive.items()
-                if mode not in ("off", None) and (component != "enforcer" or mode in catalog.MODES_ENFORCING)}
+                if reason == catalog.AGENT_INVALID_CONFIG_REASON
+                or (reason != catalog.AGENT_STARTING_REASON and mode not in ("off", None)
+                    and (component != "enforcer" or mode in catalog.MODES_ENFORCING))}
     _scrape_problems(scope, alerts, problems, steps)
     if inactive:
         alerts.append("GrowPageAgentInactive")
