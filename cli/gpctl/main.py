@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from gpctl.commands import alerts, bench, calibrate, dashboards, demo, diagnose, fleet, kv_size, model, serve
+from gpctl.commands import alerts, bench, calibrate, dashboards, demo, diagnose, fleet, gameday, kv_size, model, serve
 from gpctl.errors import GrowPageGroup
 from growpage import __version__
 
@@ -54,6 +54,7 @@ app.command(name="diagnose")(diagnose.diagnose)
 app.add_typer(dashboards.app, name="dashboards")
 app.add_typer(alerts.app, name="alerts")
 app.command(name="calibrate")(calibrate.calibrate)
+app.command(name="gameday")(gameday.gameday)
 
 
 def main() -> None:

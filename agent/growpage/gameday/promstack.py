@@ -1,7 +1,7 @@
-"""Real Prometheus and Alertmanager for tests: started on free loopback ports, stopped after.
+"""Real Prometheus and Alertmanager on free loopback ports, stopped after: the game day's and the tests'.
 
 The Debian packages (``scripts/install-system-deps.sh``) provide ``prometheus``,
-``prometheus-alertmanager``, ``promtool`` and ``amtool``. Nothing here is mocked: tests talk to the
+``prometheus-alertmanager``, ``promtool`` and ``amtool``. Nothing here is mocked: callers talk to the
 real servers over HTTP.
 """
 
@@ -49,7 +49,7 @@ def http_get_json(url: str, timeout_s: float = 5.0) -> Any:
 # Waits return as soon as their condition holds; their limits only bound how long a hung component
 # is waited for. Machines running the suite are shared and noisy (a 2-core machine under a load of
 # 14 took 5-10x longer than idle), so every limit is stretched by this factor: a slow machine
-# waits longer, a fast one is not slowed down, and no test depends on how fast anything ran.
+# waits longer, a fast one is not slowed down, and nothing depends on how fast anything ran.
 PATIENCE = float(os.environ.get("GROWPAGE_TEST_PATIENCE", "5"))
 
 
@@ -98,8 +98,8 @@ def promtool_test_rules(paths: list[Path]) -> str:
 
 
 class _Server:
-    def __init__(self, process: subprocess.Popen, port: int, log_path: Path):
-        self.process, self.port, self.log_path = process, port, log_path
+    def __init__(self, process: subprocess.Popen, port: int, log_path: Path, config_path: Path | None = None):
+        self.process, self.port, self.log_path, self.config_path = process, port, log_path, config_path
         self.url = f"http://127.0.0.1:{port}"
 
     def log(self) -> str:
@@ -142,6 +142,16 @@ class Prometheus(_Server):
     def alerts(self) -> list[dict]:
         return http_get_json(f"{self.url}/api/v1/alerts")["data"]["alerts"]
 
+    def rescrape(self, scrape_configs: list[dict]) -> None:
+        """Replace the scrape configs and reload (what service discovery does when a pod is replaced)."""
+        assert self.config_path is not None
+        config = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        config["scrape_configs"] = scrape_configs
+        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        request = urllib.request.Request(f"{self.url}/-/reload", method="POST")
+        with urllib.request.urlopen(request, timeout=10):  # noqa: S310 (loopback)
+            pass
+
 
 class Alertmanager(_Server):
     def alerts(self) -> list[dict]:
@@ -172,6 +182,7 @@ def run_prometheus(workdir: Path, scrape_configs: list[dict], rule_files: list[P
     with _serve(Prometheus, workdir / "prometheus.log", lambda port: [
             PROMETHEUS, f"--config.file={config_path}", f"--storage.tsdb.path={storage}",
             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", *extra_args]) as server:
+        server.config_path = config_path
         yield server
 
 

@@ -21,7 +21,7 @@ from growpage import catalog
 from growpage.diagnose.errors import DiagnoseError
 from growpage.diagnose.observations import BuildInfo, GaugeStats, HistogramCounts, Observations, Scope, Window
 from growpage.diagnose.sources import http
-from growpage.diagnose.sources.prometheus_burns import BurnQueries, for_namespace, read_burn_ratios
+from growpage.diagnose.sources.prometheus_burns import burn_queries, for_namespace, read_burn_ratios
 from growpage.diagnose.sources.result import SourceResult
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 
@@ -146,7 +146,8 @@ def observe(base_url: str, since_s: float, at_s: float | None = None, selection:
         prom = _Client(client, base_url, at_s, config.scoped)
         _require_growpage_series(prom, queries, selection)
         scopes = _collect(prom, queries, catalog.DCGM_EXPORTED_LABELS if dcgm_labels is None else dcgm_labels)
-        burns = read_burn_ratios(prom.vector, BurnQueries(matchers, config), config.thresholds, config.slo_labels)
+        burn_reads = burn_queries(prom.vector, matchers, config, per_pod=selection.pod is not None)
+        burns = read_burn_ratios(prom.vector, burn_reads, config.thresholds, config.slo_labels)
         clusters = _clusters(prom, queries, config.cluster_label) if selection.cluster is None else []
     window = Window(at_s - window_s, at_s, "range")
     overall = dataclasses.replace(scopes.pop(OVERALL, Scope(name=OVERALL)), burn_ratios=burns)
@@ -169,9 +170,12 @@ def observe(base_url: str, since_s: float, at_s: float | None = None, selection:
 
 
 def _require_growpage_series(prom: _Client, queries: _Queries, selection: Selection) -> None:
+    """Something to diagnose: GrowPage's series, or the scrape targets of GrowPage's route (a route
+    that fails everywhere leaves only ``up``: that is GrowPageAgentDown, a finding, not "nothing")."""
     chosen = [*queries.matchers, *([selection.config.growpage_selector] if selection.config.growpage_selector else [])]
     found = prom.vector(f'count(last_over_time({{__name__=~"growpage_.+"{_comma(chosen)}}}{queries.range}))')
-    if found:
+    targets = f'up{{job="{selection.config.growpage_job}"{_comma(queries.matchers)}}}'
+    if found or prom.vector(f"count(last_over_time({targets}{queries.range}))", scoped=False):
         return
     window = queries.range.strip("[]")
     if chosen:

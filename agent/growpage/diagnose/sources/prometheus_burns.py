@@ -1,14 +1,16 @@
 """The SLOs' error ratios over every burn-rate window, at the diagnosis' end, per service.
 
-What the burn-rate rules compare, read from the raw series: ``1 - good / all`` of the rates over
-each window, summed per service (the mixin's SLO labels: cluster, namespace, model). A latency SLO's
-good events are its threshold's bucket and all are ``_count``; the availability SLO's are vLLM's
-finished requests not aborted or failed over all of them. vLLM's SLOs count every vLLM pod, whatever
-GrowPage's mode (as the rules do: users feel a rollback to off too); GrowPage's grant latency counts
-its own series. Raw rates, not the recorded ratios: they need no rules loaded, and they take the
-selection (``--namespace``, ``--pod``, ``--cluster``) like every other query. A window counts as
-covered for a service when Prometheus holds a sample of its total events at
-the window's start (within the 5m lookback); an uncovered window's pairs are not checked.
+Where Prometheus has the shipped recording rules loaded and the selection is per service, the
+ratios are those recordings (:class:`RecordedBurnQueries`): exactly what the burn alerts compare, so
+diagnose and the pages agree however much history a window holds. Otherwise they are read from the
+raw series: ``1 - good / all`` of the rates over each window, summed per service (the mixin's SLO
+labels: cluster, namespace, model). A latency SLO's good events are its threshold's bucket and all
+are ``_count``; the availability SLO's are vLLM's finished requests not aborted or failed over all
+of them. vLLM's SLOs count every vLLM pod, whatever GrowPage's mode (as the rules do: users feel a
+rollback to off too); GrowPage's grant latency counts its own series. Raw rates need no rules
+loaded and take ``--pod``; a raw window counts as covered for a service when Prometheus holds a
+sample of its total events at the window's start (within the 5m lookback), and an uncovered
+window's pairs are not checked. Windows are scaled by the mixin config's ``time_scale`` (a game day).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from growpage import catalog
 from growpage.diagnose.observations import ServiceErrorRatios
+from growpage.monitoring import recording_rules as rec
 from growpage.monitoring.mixin import MixinConfig
-from growpage.monitoring.promql import duration_seconds, le_value
+from growpage.monitoring.promql import duration_seconds, le_value, scale_duration
 
 _LOOKBACK = "5m"  # Prometheus' default lookback: a sample this old still answers an instant query
 _THREADS = 8
@@ -64,20 +67,53 @@ class BurnQueries:
     def __init__(self, matchers: Sequence[str], config: MixinConfig):
         self.matchers = tuple(matchers)
         self.service = ", ".join(config.slo_labels)
+        self.time_scale = config.time_scale  # a game day's rules read every window scaled: so does diagnose
 
     def _select(self, name: str, *extra: str) -> str:
         matchers = (*extra, *self.matchers)
         return name + ("{" + ", ".join(matchers) + "}" if matchers else "")
 
     def error_ratio(self, slo: SLOEvents, window: str) -> str:
+        window = scale_duration(window, self.time_scale)
+
         def rate(series: str) -> str:
             return f"sum by ({self.service}) (rate({series}[{window}]))"
 
         return f"1 - ({rate(self._select(slo.good, slo.good_matcher))} / {rate(self._select(slo.total))})"
 
     def covered(self, slo: SLOEvents, window: str) -> str:
-        return (f"count by ({self.service}) (last_over_time({self._select(slo.total)}[{_LOOKBACK}] "
+        lookback, window = (scale_duration(w, self.time_scale) for w in (_LOOKBACK, window))
+        return (f"count by ({self.service}) (last_over_time({self._select(slo.total)}[{lookback}] "
                 f"offset {window}))")
+
+
+class RecordedBurnQueries(BurnQueries):
+    """The same ratios read from the shipped recording rules where Prometheus has them loaded: what
+    the burn alerts themselves compare, window for window (sums of recorded per-service 5m rates),
+    so diagnose and the pages agree whatever history the windows hold. A window counts as covered
+    where its recording has a value."""
+
+    def error_ratio(self, slo: SLOEvents, window: str) -> str:
+        return self._select(recorded_ratio_name(slo.name, window))
+
+    def covered(self, slo: SLOEvents, window: str) -> str:
+        return f"count by ({self.service}) ({self.error_ratio(slo, window)} >= 0)"
+
+
+def recorded_ratio_name(slo: str, window: str) -> str:
+    """The recording rule of ``slo``'s error ratio over ``window`` (growpage.monitoring.recording_rules)."""
+    if slo == catalog.SLO_ALLOCATION_LATENCY.name:
+        return rec.slo_error_ratio_name(window)
+    return rec.vllm_error_ratio_name(slo, window)
+
+
+def burn_queries(query: Query, matchers: Sequence[str], config: MixinConfig, per_pod: bool) -> BurnQueries:
+    """Recorded ratios when the rules are loaded and the selection is per service; raw rates otherwise
+    (no rules, or ``--pod``: the recordings are per service and carry no pod)."""
+    probe = recorded_ratio_name(catalog.SLO_VLLM_TTFT.name, burn_windows(config.thresholds)[0])
+    if not per_pod and query(f"count({probe})"):
+        return RecordedBurnQueries(matchers, config)
+    return BurnQueries(matchers, config)
 
 
 def read_burn_ratios(query: Query, queries: BurnQueries, thresholds: catalog.MixinThresholds,

@@ -1,0 +1,309 @@
+"""The game day: a real vLLM pod with GrowPage, a real Prometheus with the shipped rules, a real
+Alertmanager with the shipped routing, and a webhook receiver that records what pages.
+
+The rules are the shipped ones with every window and ``for`` scaled (:attr:`MixinConfig.time_scale`,
+1/60 by default: an hour reads a minute), so the scenarios of :data:`SCENARIOS` run in minutes:
+
+1. ``slow-start``: Prometheus scrapes the pod while it loads its model (nothing answers).
+2. ``exporter-failing``: the pod serves, but GrowPage's exporter port is held by a hung process; then
+   the port frees and the exporter binds it.
+3. ``idle-monitor``: healthy and idle in monitor mode.
+4. ``kv-storm``: more long requests than the KV cache holds.
+5. ``rollback-to-off``: mid-storm the pod is replaced by one in mode off, the storm goes on.
+6. ``idle-off``: the storm ends.
+
+After each, the deliveries made while it ran are judged (:func:`growpage.gameday.scenarios.judge`)
+and ``gpctl diagnose`` runs against Prometheus or the pod itself. Everything listens on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from growpage import catalog
+from growpage.diagnose import DiagnoseRequest
+from growpage.diagnose import diagnose as run_diagnosis
+from growpage.diagnose.errors import DiagnoseError
+from growpage.engine.model_prep import resolve_model_dir
+from growpage.errors import GrowPageError
+from growpage.gameday.pod import HungListener, PodSpec, VllmPod, scrape_configs
+from growpage.gameday.promstack import Prometheus, free_port, run_alertmanager, run_prometheus
+from growpage.gameday.receiver import Notification, WebhookReceiver, run_receiver
+from growpage.gameday.scenarios import (
+    SCENARIOS_BY_NAME,
+    TTFT_FAST,
+    TTFT_SLOW,
+    DiagnoseOutcome,
+    GamedaySummary,
+    Scenario,
+    Verdict,
+    judge,
+    summarize,
+)
+from growpage.gameday.storm import Storm
+from growpage.monitoring.alertmanager import PAGER_RECEIVER, TICKET_RECEIVER, RouteTiming, alertmanager_config
+from growpage.monitoring.mixin import MixinConfig
+from growpage.monitoring.rules_file import rules_yaml
+
+NAMESPACE = "gameday"
+# Alertmanager batches for seconds, not minutes: a game day waits on it at every step.
+TIMING = RouteTiming(group_wait="1s", group_interval="1s", page_repeat_interval="1h", ticket_repeat_interval="1h")
+
+
+@dataclasses.dataclass(frozen=True)
+class GamedaySettings:
+    """Everything a game day run depends on; recorded in its result.
+
+    Attributes:
+        time_scale: the rules' windows and ``for`` times this (1/60: an hour-long window reads a minute).
+        startup_timeout_s: how long a pod may take to load its model (a hung start fails the run).
+        alert_timeout_s: how long a required delivery is waited for, once its cause is in place.
+        idle_s: how long an idle scenario watches for deliveries that must not come.
+        storm_concurrency, storm_max_tokens: the storm's clients and each request's length.
+        kv_blocks: the pods' KV cache in 32-token blocks (12: two of the storm's requests overflow it).
+    """
+
+    time_scale: float = 1 / 60
+    startup_timeout_s: float = 600.0
+    alert_timeout_s: float = 240.0
+    idle_s: float = 15.0
+    storm_concurrency: int = 6
+    storm_max_tokens: int = 48
+    kv_blocks: int = 12
+
+    @property
+    def mixin(self) -> MixinConfig:
+        return MixinConfig(time_scale=self.time_scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class GamedayResult:
+    verdicts: tuple[Verdict, ...]
+    summary: GamedaySummary
+    settings: GamedaySettings
+    timeline: tuple[tuple[float, str], ...]
+    host: dict[str, str]
+
+    @property
+    def passed(self) -> bool:
+        return all(verdict.passed for verdict in self.verdicts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "summary": {**dataclasses.asdict(self.summary),
+                                                   "diagnose_agreement": self.summary.diagnose_agreement},
+                "verdicts": [{**dataclasses.asdict(v), "passed": v.passed} for v in self.verdicts],
+                "settings": dataclasses.asdict(self.settings), "host": self.host,
+                "timeline": [{"t_s": round(t, 1), "event": event} for t, event in self.timeline]}
+
+
+class _Day:
+    """The running systems and what has happened so far."""
+
+    def __init__(self, settings: GamedaySettings, workdir: Path, prometheus: Prometheus,
+                 receiver: WebhookReceiver, model_dir: Path, log: Callable[[str], None]):
+        self.settings, self.workdir, self.prometheus, self.receiver = settings, workdir, prometheus, receiver
+        self.model_dir, self._log = model_dir, log
+        self.started = time.time()
+        self.timeline: list[tuple[float, str]] = []
+        self.verdicts: list[Verdict] = []
+
+    def note(self, event: str) -> None:
+        self.timeline.append((time.time() - self.started, event))
+        self._log(f"[{time.time() - self.started:6.1f}s] {event}")
+
+    def start_pod(self, spec: PodSpec) -> VllmPod:
+        self.prometheus.rescrape(scrape_configs(spec, NAMESPACE))
+        self.note(f"pod {spec.name} starting (mode {spec.mode})")
+        return VllmPod(spec, self.model_dir, self.workdir / f"{spec.name}.log")
+
+    def delivered(self, alertname: str, status: str, since_s: float) -> Notification | None:
+        return next((n for n in self.receiver.notifications(since_s)
+                     if n.alertname == alertname and n.status == status), None)
+
+    def wait_delivery(self, alertname: str, status: str, since_s: float) -> bool:
+        """Wait for ``alertname`` to be delivered ``status`` (resolved: every rule of it resolved)."""
+        deadline = time.monotonic() + self.settings.alert_timeout_s
+        while time.monotonic() < deadline:
+            done = self.delivered(alertname, status, since_s)
+            if done and (status == "firing" or alertname not in self.receiver.firing()):
+                self.note(f"{alertname} delivered {status}")
+                return True
+            time.sleep(0.5)
+        self.note(f"{alertname} NOT delivered {status} within {self.settings.alert_timeout_s:g} s")
+        return False
+
+    def firing_in_prometheus(self, alertname: str) -> bool:
+        return bool(self.prometheus.query(f'ALERTS{{alertname="{alertname}", alertstate="firing"}}'))
+
+    def diagnose(self, scenario: Scenario, pod: VllmPod) -> DiagnoseOutcome | None:
+        if not scenario.diagnose_source:
+            return None
+        if scenario.diagnose_source == "endpoint":
+            request = DiagnoseRequest(endpoint=f"{pod.spec.url}{catalog.METRICS_PATH}", duration_s=5.0)
+        else:  # the window an on-call would pass, at the game day's scale
+            request = DiagnoseRequest(prometheus=self.prometheus.url, namespace=NAMESPACE,
+                                      since_s=max(60.0, 1800 * self.settings.time_scale),
+                                      config=self.settings.mixin)
+        try:
+            report, _ = run_diagnosis(request)
+        except DiagnoseError as error:
+            self.note(f"diagnose could not run: {error}")
+            return DiagnoseOutcome("unknown", 3, ())
+        named = {alert for finding in report.findings for alert in finding.alerts}
+        named |= {alert for finding in report.findings for scope in finding.breakdown.values()
+                  for alert in scope.alerts}
+        outcome = DiagnoseOutcome(report.status.value, report.exit_code, tuple(sorted(named)))
+        self.note(f"diagnose --{scenario.diagnose_source}: {outcome.status} (exit {outcome.exit_code}), "
+                  f"names {', '.join(outcome.alerts) or 'no alert'}")
+        return outcome
+
+    def judge(self, scenario: Scenario, since_s: float, pod: VllmPod,
+              checks: dict[str, bool] | None = None, diagnose: DiagnoseOutcome | None = None) -> Verdict:
+        if diagnose is None:
+            diagnose = self.diagnose(scenario, pod)
+        verdict = judge(scenario, self.receiver.notifications(since_s), diagnose, checks,
+                        frozenset(self.receiver.firing()))
+        self.verdicts.append(verdict)
+        self.note(f"scenario {scenario.name}: {'passed' if verdict.passed else 'FAILED'} "
+                  f"(false {list(verdict.false_pages)}, missed {list(verdict.missed)}, "
+                  f"unresolved {list(verdict.unresolved)})")
+        return verdict
+
+
+def _watch_idle(day: _Day, seconds: float) -> None:
+    day.note(f"watching {seconds:g} s for deliveries that must not come")
+    time.sleep(seconds)
+
+
+def _exporter_failing_and_start(day: _Day, spec: PodSpec) -> VllmPod:
+    """Scenarios 1 and 2: a slow start, then a hung exporter port that frees."""
+    squatter = HungListener(spec.exporter_port)
+    pod = day.start_pod(spec)
+    slow_start = time.time()
+    try:
+        ready_s = pod.wait_ready(day.settings.startup_timeout_s)
+        day.note(f"pod {spec.name} serves after {ready_s - pod.started_s:.0f} s")
+        day.judge(SCENARIOS_BY_NAME["slow-start"], slow_start, pod)
+        failing = time.time()
+        fired = day.wait_delivery("GrowPageAgentDown", "firing", failing)
+        outcome = day.diagnose(SCENARIOS_BY_NAME["exporter-failing"], pod) if fired else None
+    finally:
+        squatter.close()
+    day.note("the exporter port is free")
+    day.wait_delivery("GrowPageAgentDown", "resolved", failing)
+    day.judge(SCENARIOS_BY_NAME["exporter-failing"], failing, pod, diagnose=outcome)
+    return pod
+
+
+def _storm_and_rollback(day: _Day, pod: VllmPod) -> VllmPod:
+    """Scenarios 4 and 5: the storm on the monitor pod, then its replacement in mode off mid-storm."""
+    settings = day.settings
+    with Storm(pod.spec.url, "gameday", concurrency=settings.storm_concurrency,
+               max_tokens=settings.storm_max_tokens) as storm:
+        stormed = time.time()
+        day.note("storm starts")
+        paged = day.wait_delivery(TTFT_FAST, "firing", stormed)
+        outcome = day.diagnose(SCENARIOS_BY_NAME["kv-storm"], pod) if paged else None
+        # The slow burn must be burning before the pod goes: it is what the replacement must not erase.
+        slow_before = _wait_until(lambda: day.firing_in_prometheus(TTFT_SLOW), settings.alert_timeout_s)
+        day.note(f"{TTFT_SLOW} firing in Prometheus before the replacement: {slow_before}")
+        day.judge(SCENARIOS_BY_NAME["kv-storm"], stormed, pod, diagnose=outcome)
+
+        replaced = time.time()
+        pod.stop()
+        day.note(f"pod {pod.spec.name} stopped (rollback: replaced by a pod in mode off)")
+        replacement = PodSpec(f"{NAMESPACE}-b", "off", free_port(), free_port(), kv_blocks=settings.kv_blocks)
+        new_pod = day.start_pod(replacement)
+        slow_held = True
+        while not _serving(new_pod):
+            slow_held &= day.firing_in_prometheus(TTFT_SLOW)
+            time.sleep(1.0)
+        new_pod.wait_ready(settings.startup_timeout_s)
+        day.note(f"pod {replacement.name} serves; the slow burn held through the replacement: {slow_held}")
+        storm.retarget(new_pod.spec.url)
+        back = time.time()
+        paged_again = day.wait_delivery(TTFT_FAST, "firing", back)
+        outcome = day.diagnose(SCENARIOS_BY_NAME["rollback-to-off"], new_pod) if paged_again else None
+        checks = {"slow burn firing before the replacement": slow_before,
+                  "slow burn kept firing while the replaced pod's series went away": slow_before and slow_held}
+        day.judge(SCENARIOS_BY_NAME["rollback-to-off"], replaced, new_pod, checks, outcome)
+    day.note(f"storm over: {storm.counts}")
+    return new_pod
+
+
+def _serving(pod: VllmPod) -> bool:
+    from growpage.vllm_plugin.fleet import http_ok
+
+    if pod.process.poll() is not None:
+        raise GrowPageError(f"pod {pod.spec.name} exited ({pod.process.returncode}); see {pod.log_path}")
+    if time.time() - pod.started_s > 600:
+        raise GrowPageError(f"pod {pod.spec.name} did not serve within 600 s; see {pod.log_path}")
+    return http_ok(f"{pod.spec.url}/health")
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@contextlib.contextmanager
+def _stack(settings: GamedaySettings, workdir: Path) -> Iterator[tuple[Prometheus, WebhookReceiver]]:
+    rules = workdir / "growpage-rules.yaml"
+    rules.write_text(rules_yaml(config=settings.mixin), encoding="utf-8")
+    with run_receiver() as receiver:
+        routing = alertmanager_config({PAGER_RECEIVER: f"{receiver.url}/pager",
+                                       TICKET_RECEIVER: f"{receiver.url}/ticket"}, TIMING, settings.mixin)
+        with run_alertmanager(workdir / "alertmanager", routing) as alertmanager, \
+                run_prometheus(workdir / "prometheus", [], rule_files=[rules],
+                               alertmanager_url=alertmanager.url) as prometheus:
+            yield prometheus, receiver
+
+
+def run_gameday(workdir: Path, settings: GamedaySettings = GamedaySettings(),
+                log: Callable[[str], None] = print) -> GamedayResult:
+    """Run every scenario in order; always stops what it started.
+
+    Raises:
+        GrowPageError: the packaged model is not prepared, a pod never serves, or a binary is missing.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = resolve_model_dir(None)
+    with _stack(settings, workdir) as (prometheus, receiver):
+        day = _Day(settings, workdir, prometheus, receiver, model_dir, log)
+        first = PodSpec(f"{NAMESPACE}-a", "monitor", free_port(), free_port(), kv_blocks=settings.kv_blocks)
+        pod = _exporter_failing_and_start(day, first)
+        try:
+            idle = time.time()
+            _watch_idle(day, settings.idle_s)
+            day.judge(SCENARIOS_BY_NAME["idle-monitor"], idle, pod)
+            pod = _storm_and_rollback(day, pod)
+            calm = time.time()
+            day.wait_delivery(TTFT_FAST, "resolved", calm)
+            day.judge(SCENARIOS_BY_NAME["idle-off"], calm, pod)
+        finally:
+            pod.stop()
+        return GamedayResult(tuple(day.verdicts), summarize(day.verdicts), settings, tuple(day.timeline), _host())
+
+
+def _host() -> dict[str, str]:
+    flags = ""
+    with contextlib.suppress(OSError):
+        text = Path("/proc/cpuinfo").read_text()
+        line = next((row for row in text.splitlines() if row.startswith("flags")), "")
+        flags = "amx" if "amx_tile" in line else "avx512" if "avx512f" in line else "avx2" if "avx2" in line else ""
+    commit = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).resolve().parent).stdout.strip()
+    return {"machine": platform.machine(), "cpu": flags, "python": platform.python_version(), "commit": commit}
