@@ -47,7 +47,7 @@ def test_the_default_floor_is_reported_at_vllms_block_size_and_the_agent_says_wh
         assert len(scheduler) == 1 and f'reason="{reason}"' in next(iter(scheduler)), scheduler
     errors = samples(run["metrics"], "growpage_agent_errors_total")
     assert sum(errors.values()) == 0, errors
-    assert "invalid_config" not in run["metrics"]
+    assert 'reason="invalid_config"' not in run["metrics"]
 
 
 def test_the_engine_core_says_it_is_starting_while_vllm_loads_the_model(vllm_default_block_runs):

@@ -6,8 +6,9 @@ The contract's ``quantize`` (and ``defer``) cannot be applied per request in vLL
 is deployment-wide and the scheduler has no "wait for budget" state. The scheduler-side enforcer
 applies ``evict`` or ``allocate`` instead (see :mod:`~growpage.vllm_plugin.enforcer`);
 ``growpage_decisions_total`` counts what was *enforced*, this counter counts each degradation as
-``{decided, enforced}``. It lives in the plugin, not the catalog, because only the vLLM home
-degrades; scraping it never raises.
+``{decided, enforced}``. Only the vLLM home serves these; their names and help texts are the
+catalog's (``catalog.VLLM_HOME_METRICS``), so rules, dashboards and docs read them like every other
+series. Scraping them never raises.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-DEGRADED_METRIC = "growpage_vllm_decisions_degraded"
-STEPS_METRIC = "growpage_vllm_steps"
-OBSERVED_STEPS_METRIC = "growpage_vllm_observed_steps"
-REQUESTS_METRIC = "growpage_vllm_tracked_requests"
-OBSERVED_REQUESTS_METRIC = "growpage_vllm_observed_requests"
+from growpage import catalog
+
+
+def _family(spec: catalog.MetricSpec) -> str:
+    """The counter family's name as prometheus_client takes it (it appends ``_total``)."""
+    return spec.name.removesuffix("_total")
+
+
+# The names and help texts are the catalog's (catalog.VLLM_HOME_METRICS), like every other series.
+DEGRADED_METRIC = _family(catalog.VLLM_DEGRADED_DECISIONS)
+STEPS_METRIC = _family(catalog.VLLM_STEPS)
+OBSERVED_STEPS_METRIC = _family(catalog.VLLM_OBSERVED_STEPS)
+REQUESTS_METRIC = _family(catalog.VLLM_TRACKED_REQUESTS)
+OBSERVED_REQUESTS_METRIC = _family(catalog.VLLM_OBSERVED_REQUESTS)
 
 
 class DegradedDecisionsCollector:
@@ -32,10 +42,8 @@ class DegradedDecisionsCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        family = CounterMetricFamily(
-            DEGRADED_METRIC, "Page-boundary decisions vLLM applied differently than decided (quantize and "
-            "defer cannot be per-request in vLLM), by decided and enforced kind.",
-            labels=("model_name", "decided", "enforced"))
+        family = CounterMetricFamily(DEGRADED_METRIC, catalog.VLLM_DEGRADED_DECISIONS.help,
+                                     labels=(catalog.MODEL_LABEL, *catalog.VLLM_DEGRADED_DECISIONS.labels))
         try:
             for (decided, enforced), count in sorted(dict(self._agent.degraded_total).items()):
                 family.add_metric((self._model, decided, enforced), float(count))
@@ -60,15 +68,10 @@ class ObservationCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        steps = CounterMetricFamily(STEPS_METRIC, "Engine steps that ran with at least one request GrowPage "
-                                    "tracks.", labels=("model_name",))
-        observed = CounterMetricFamily(OBSERVED_STEPS_METRIC, "Engine steps whose attention GrowPage observed "
-                                       "(not replayed from a full CUDA graph, not skipped by observe_every_steps).",
-                                       labels=("model_name",))
-        requests = CounterMetricFamily(REQUESTS_METRIC, "Finished requests GrowPage tracked.",
-                                       labels=("model_name",))
-        observed_requests = CounterMetricFamily(OBSERVED_REQUESTS_METRIC, "Finished requests whose attention "
-                                                "GrowPage observed at least once.", labels=("model_name",))
+        steps, observed, requests, observed_requests = (
+            CounterMetricFamily(_family(spec), spec.help, labels=(catalog.MODEL_LABEL,))
+            for spec in (catalog.VLLM_STEPS, catalog.VLLM_OBSERVED_STEPS, catalog.VLLM_TRACKED_REQUESTS,
+                         catalog.VLLM_OBSERVED_REQUESTS))
         try:
             steps.add_metric((self._model,), float(self._agent.steps_total))
             observed.add_metric((self._model,), float(self._agent.steps_observed_total))
