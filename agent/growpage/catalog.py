@@ -403,6 +403,7 @@ class AlertDurations:
     agent_errors: str = "15m"
     growth_throttled: str = "30m"
     agent_inactive: str = "10m"
+    observation_stale: str = "15m"
     vllm_preemptions: str = "15m"
     fleet_routes_to_preempting: str = "10m"
 
@@ -582,6 +583,8 @@ SEVERITY_TABLE: tuple[Condition, ...] = (
     Condition("GrowPageMetricsAbsent", "agent-health", SEVERITY_TICKET),
     Condition("GrowPageAgentErrors", "agent-health", SEVERITY_TICKET),
     Condition("GrowPageAgentInactive", "agent-health", SEVERITY_TICKET),
+    # The observer says active but has observed no step while steps ran: decisions rank by recency.
+    Condition("GrowPageObservationStale", "agent-health", SEVERITY_TICKET),
 )
 SEVERITY_BY_ALERT = {condition.alert: condition.severity for condition in SEVERITY_TABLE}
 CHECK_BY_ALERT = {condition.alert: condition.check for condition in SEVERITY_TABLE}

@@ -233,6 +233,9 @@ class Scope:
     vllm_ttft: HistogramCounts | None = None
     vllm_itl: HistogramCounts | None = None
     vllm_preemptions: float | None = None  # increase
+    # The vLLM home's engine steps with a tracked request, and of them those observed (increases).
+    tracked_steps: float | None = None
+    observed_steps: float | None = None
     vllm_kv_cache_usage_max: float | None = None
     vllm_queue_growth: float | None = None  # waiting requests at the end minus at the start
     # Each replica's lowest growpage_router_load in the window, by pod ("" where the series has no pod

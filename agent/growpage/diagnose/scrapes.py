@@ -105,6 +105,8 @@ def build_scope(name: str, agent: Sequence[Exposition], dcgm: Sequence[Expositio
         vllm_ttft=histogram_increase(agent, catalog.VLLM_TTFT, keep),
         vllm_itl=histogram_increase(agent, catalog.VLLM_ITL, keep),
         vllm_preemptions=counter_increase(agent, catalog.VLLM_PREEMPTIONS, keep),
+        tracked_steps=counter_increase(agent, catalog.VLLM_STEPS.name, keep),
+        observed_steps=counter_increase(agent, catalog.VLLM_OBSERVED_STEPS.name, keep),
         vllm_kv_cache_usage_max=_gauge_max(agent, catalog.VLLM_KV_CACHE_USAGE, keep),
         vllm_queue_growth=_growth(agent, catalog.VLLM_REQUESTS_WAITING, keep),
         router_load_min_by_pod=_min_by_pod(agent, catalog.ROUTER_LOAD.name, keep),

@@ -108,6 +108,7 @@ PANEL_VLLM_LATENCY = "vLLM time to first token / inter-token latency p99"
 PANEL_VLLM_PREEMPTIONS = "vLLM preemptions per second"
 PANEL_VLLM_BURN_RATE = "vLLM latency SLO burn rate"
 PANEL_FLEET_LOAD = "Router load per replica (GET /get_load)"  # on GrowPage / Fleet
+PANEL_OBSERVED_SHARE = "Share of steps and requests observed (vLLM home)"
 
 
 def in_modes(expr: str, modes: tuple[str, ...], on: str, homes: tuple[str, ...] = ()) -> str:
@@ -428,6 +429,7 @@ def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
             f"the last 5m, and errors kept coming for {catalog.ALERT_FOR.agent_errors}. GrowPage falls back "
             f"to vLLM's default paging for the affected requests; serving continues. {_DIAGNOSE}",
             PANEL_ERRORS),
+        _observation_stale_alert(lv),
         AlertRule(
             "GrowPageAgentInactive", inactive, catalog.ALERT_FOR.agent_inactive,
             "A GrowPage component does nothing although its mode asks for it",
@@ -438,6 +440,30 @@ def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
             f"paging and its GrowPage metrics describe nothing. {_DIAGNOSE}",
             PANEL_ACTIVE),
     ], config)
+
+
+def _observation_stale_alert(lv: rec.Levels) -> AlertRule:
+    """The observer reports active, steps run with tracked requests, and not one was observed: what
+    GrowPage decides then ranks tokens by recency alone, while every panel says it observes. Under
+    full CUDA graphs or with observe_every_steps > 1 the share drops but stays above 0 (the eager
+    steps, every Nth step); 0 means observation stopped."""
+    window = catalog.RATE_WINDOW
+    steps, observed = catalog.VLLM_STEPS.name, catalog.VLLM_OBSERVED_STEPS.name
+    active = selector(catalog.AGENT_ACTIVE.name, component="observer", reason=catalog.AGENT_ACTIVE_REASON)
+    expr = (f"sum by ({lv.pod}) (rate({steps}[{window}])) > 0\n"
+            f"and on ({lv.join})\n"
+            f"sum by ({lv.pod}) (rate({observed}[{window}])) == 0\n"
+            f"and on ({lv.join})\n"
+            f"max by ({lv.join}) ({active} == 1)")
+    return AlertRule(
+        "GrowPageObservationStale", expr, catalog.ALERT_FOR.observation_stale,
+        "GrowPage's observer reports active but observes no step",
+        f"{_WHERE}: {{{{ $value | humanize }}}} engine steps per second ran with requests GrowPage tracks "
+        f"and none was observed (rate of {observed} over {window}) for {catalog.ALERT_FOR.observation_stale}, "
+        f"while growpage_agent_active{{component=\"observer\"}} reads 1: GrowPage's decisions rank tokens by "
+        f"recency alone and its attention panels show nothing new. Under full CUDA graphs only the eager "
+        f"observation steps are observed; 0 means none runs. {_DIAGNOSE}",
+        PANEL_OBSERVED_SHARE)
 
 
 def _throttle_alert(lv: rec.Levels) -> AlertRule:

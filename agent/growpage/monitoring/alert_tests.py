@@ -367,6 +367,9 @@ def scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str
                 **_series(catalog.AGENT_ACTIVE.name, _constant(0), component="enforcer", reason="full_cudagraph")}
     result = {
         **_vllm_burn_scenarios(t),
+        # rate() over 5m divides by the whole window: from 0 at 0m it is above 0 from 1m on.
+        "GrowPageObservationStale": [Scenario(_observation(steps_per_min=60, observed_per_min=0), "1m",
+                                              dict(POD), 1, "60 steps a minute, none observed, observer active")],
         "GrowPageKVUtilizationLow": [Scenario({**ENFORCE, **_slots(500, 1000), **ok_running}, "0m",
                                               dict(SERVICE), 0.5)],
         "GrowPageKVOverGranting": [Scenario({**_build_info("enforce", "reference"), **_slots(300, 1000),
@@ -512,6 +515,15 @@ def _growth_quiet(t: catalog.MixinThresholds) -> dict[str, list[QuietScenario]]:
     }
 
 
+def _observation(steps_per_min: float, observed_per_min: float, observer: str = "active",
+                 mode: dict[str, str] = MONITOR) -> dict[str, str]:
+    """The vLLM home's step counters and the observer's state."""
+    return {**mode, **_series(catalog.VLLM_STEPS.name, _counter(steps_per_min)),
+            **_series(catalog.VLLM_OBSERVED_STEPS.name, _counter(observed_per_min)),
+            **_series(catalog.AGENT_ACTIVE.name, _constant(1 if observer == "active" else 0), component="observer",
+                      reason=observer)}
+
+
 def _agent_quiet() -> dict[str, list[QuietScenario]]:
     """The agent itself: scraped, exporting, without new faults, its components active or idle by design."""
     enforcing = {**ENFORCE,
@@ -536,6 +548,13 @@ def _agent_quiet() -> dict[str, list[QuietScenario]]:
                                   QuietScenario(_starting_pod(), "the only pod still loading its model")],
         "GrowPageAgentErrors": [QuietScenario(_series(catalog.AGENT_ERRORS.name, _constant(3), component="actuator"),
                                               "old faults, none new")],
+        "GrowPageObservationStale": [
+            QuietScenario(_observation(60, 15), "one step in four observed (observe_every_steps 4, or the eager "
+                          "steps under full CUDA graphs)"),
+            QuietScenario(_observation(0, 0), "healthy idle pod: no step ran"),
+            QuietScenario(_observation(60, 0, "full_cudagraph"), "the observer says it is inactive "
+                          "(GrowPageAgentInactive's case)"),
+            QuietScenario(_observation(60, 0, "mode_off", OFF), "mode off")],
         "GrowPageAgentInactive": [QuietScenario(enforcing, "every component active"),
                                   QuietScenario({**MONITOR, **_series(catalog.AGENT_ACTIVE.name, _constant(0),
                                                                       component="observer",

@@ -22,22 +22,8 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     problems: list[str] = []
     steps: list[str] = []
     alerts: list[str] = []
-    mode = scope.build_value("mode")
-    # The enforcer idles by design outside enforce; every component idles in mode off, and while vLLM
-    # loads the model (starting). Settings GrowPage cannot honour are a fault in any mode (it runs
-    # off then, whatever was asked): the rules' GrowPageAgentInactive, condition for condition.
-    inactive = {component: reason for component, reason in inactive.items()
-                if reason == catalog.AGENT_INVALID_CONFIG_REASON
-                or (reason != catalog.AGENT_STARTING_REASON and mode not in ("off", None)
-                    and (component != "enforcer" or mode in catalog.MODES_ENFORCING))}
     _scrape_problems(scope, alerts, problems, steps)
-    if inactive:
-        alerts.append("GrowPageAgentInactive")
-        listing = ", ".join(f"{component} ({reason})" for component, reason in sorted(inactive.items()))
-        problems.append(f"inactive while the mode is {mode or 'unknown'}: {listing}")
-        steps.append("The pod serves with vLLM's default paging and its GrowPage metrics describe nothing: "
-                     "see runbook GrowPageAgentInactive.md for each reason (e.g. full_cudagraph, "
-                     "unsupported_backend, async_scheduling).")
+    _component_problems(scope, alerts, problems, steps)
     if total > 0:
         alerts.append("GrowPageAgentErrors")
         since = " since start" if window.kind == "lifetime" else ""
@@ -65,6 +51,40 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     elif scope.sample_age_s is not None:
         reading = f"; newest sample {scope.sample_age_s:,.0f}s old"
     return ScopeFinding(Status.OK, f"no caught faults; build info present{reading}", proof)
+
+
+def _component_problems(scope: Scope, alerts: list[str], problems: list[str], steps: list[str]) -> None:
+    """Components that do nothing although their mode asks for it, and an observer that observes nothing,
+    as GrowPageAgentInactive and GrowPageObservationStale judge them."""
+    mode = scope.build_value("mode")
+    # The enforcer idles by design outside enforce; every component idles in mode off, and while vLLM
+    # loads the model (starting). Settings GrowPage cannot honour are a fault in any mode (it runs
+    # off then, whatever was asked): the rules' GrowPageAgentInactive, condition for condition.
+    inactive = {component: reason for component, reason in (scope.inactive_components or {}).items()
+                if reason == catalog.AGENT_INVALID_CONFIG_REASON
+                or (reason != catalog.AGENT_STARTING_REASON and mode not in ("off", None)
+                    and (component != "enforcer" or mode in catalog.MODES_ENFORCING))}
+    if inactive:
+        alerts.append("GrowPageAgentInactive")
+        listing = ", ".join(f"{component} ({reason})" for component, reason in sorted(inactive.items()))
+        problems.append(f"inactive while the mode is {mode or 'unknown'}: {listing}")
+        steps.append("The pod serves with vLLM's default paging and its GrowPage metrics describe nothing: "
+                     "see runbook GrowPageAgentInactive.md for each reason (e.g. full_cudagraph, "
+                     "unsupported_backend, async_scheduling).")
+    if _observation_stale(scope):
+        alerts.append("GrowPageObservationStale")
+        problems.append(f"{scope.tracked_steps:,.0f} engine steps ran with tracked requests and none was observed "
+                        "while the observer reports active")
+        steps.append("GrowPage's decisions rank tokens by recency alone: see runbook GrowPageObservationStale.md "
+                     "(an observer fault in the log, or full CUDA graphs with no eager observation step).")
+
+
+def _observation_stale(scope: Scope) -> bool:
+    """GrowPageObservationStale's condition: steps ran, none was observed, and the observer reports
+    active (an inactive one is GrowPageAgentInactive's; no step at all is an idle pod)."""
+    reported = scope.inactive_components
+    return (bool(scope.tracked_steps) and scope.observed_steps == 0 and reported is not None
+            and "observer" not in reported)
 
 
 def _scrape_problems(scope: Scope, alerts: list[str], problems: list[str], steps: list[str]) -> None:

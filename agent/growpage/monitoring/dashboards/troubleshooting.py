@@ -28,7 +28,7 @@ from growpage.monitoring.promql import selector
 
 UID = "growpage-troubleshooting"
 PANEL_VLLM_QUEUE_E2E = "vLLM queue time / end-to-end latency p99"
-PANEL_OBSERVED_SHARE = "Share of steps and requests observed (vLLM home)"
+PANEL_OBSERVED_SHARE = alerts.PANEL_OBSERVED_SHARE
 TITLE = "GrowPage / Troubleshooting"
 _POD_LEGEND = "{{namespace}}/{{pod}}"
 _BLOCK_SIZES = ", ".join(f"{gpu} -> {size}" for gpu, size in catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU.items())
@@ -254,7 +254,7 @@ def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
                         "request, and finished requests observed at least once over those tracked. Below 1 "
                         "by design with observe_every_steps > 1 and under full CUDA graphs (decode steps "
                         "replay without Python); at 0 while the observer reports active, its decisions rank "
-                        "by recency alone. " + runbook_links("GrowPageAgentInactive"),
+                        "by recency alone. " + _runbooks_for(PANEL_OBSERVED_SHARE, "GrowPageAgentInactive"),
                         targets((f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_STEPS.name)}[{RATE}]))"
                                  f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
                                  f"steps {_POD_LEGEND}"),
