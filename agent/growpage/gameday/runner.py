@@ -51,6 +51,7 @@ from growpage.gameday.storm import Storm
 from growpage.monitoring.alertmanager import PAGER_RECEIVER, TICKET_RECEIVER, RouteTiming, alertmanager_config
 from growpage.monitoring.mixin import MixinConfig
 from growpage.monitoring.rules_file import rules_yaml
+from growpage.vllm_plugin.fleet import http_ok
 
 NAMESPACE = "gameday"
 # Alertmanager batches for seconds, not minutes: a game day waits on it at every step.
@@ -222,7 +223,7 @@ def _storm_and_rollback(day: _Day, pod: VllmPod) -> VllmPod:
         replacement = PodSpec(f"{NAMESPACE}-b", "off", free_port(), free_port(), kv_blocks=settings.kv_blocks)
         new_pod = day.start_pod(replacement)
         slow_held = True
-        while not _serving(new_pod):
+        while not _serving(new_pod, settings.startup_timeout_s):
             slow_held &= day.firing_in_prometheus(TTFT_SLOW)
             time.sleep(1.0)
         new_pod.wait_ready(settings.startup_timeout_s)
@@ -238,13 +239,12 @@ def _storm_and_rollback(day: _Day, pod: VllmPod) -> VllmPod:
     return new_pod
 
 
-def _serving(pod: VllmPod) -> bool:
-    from growpage.vllm_plugin.fleet import http_ok
-
+def _serving(pod: VllmPod, timeout_s: float) -> bool:
+    """Whether the pod answers yet; raises GrowPageError once it exited or ``timeout_s`` passed."""
     if pod.process.poll() is not None:
         raise GrowPageError(f"pod {pod.spec.name} exited ({pod.process.returncode}); see {pod.log_path}")
-    if time.time() - pod.started_s > 600:
-        raise GrowPageError(f"pod {pod.spec.name} did not serve within 600 s; see {pod.log_path}")
+    if time.time() - pod.started_s > timeout_s:
+        raise GrowPageError(f"pod {pod.spec.name} did not serve within {timeout_s:g} s; see {pod.log_path}")
     return http_ok(f"{pod.spec.url}/health")
 
 
