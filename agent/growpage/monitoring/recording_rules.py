@@ -10,7 +10,6 @@ denominators, never averages of per-pod ratios.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from growpage import catalog
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
@@ -114,30 +113,60 @@ def _sum(series: str, level: str) -> str:
     return f"sum by ({level}) ({series})"
 
 
-def _slo_events(slo: str, good: str, total: str, lv: Levels,
-                scope: Callable[[str], str] = lambda expr: expr) -> list[RecordingRule]:
-    """The base window's good and total event rates of an SLO, per service.
+@dataclasses.dataclass(frozen=True)
+class SLOEvents:
+    """The counters of one SLO with burn alerts: good events are ``good`` with ``good_matcher``, all
+    events are ``total``. The one definition the recording rules and ``gpctl diagnose`` read."""
 
-    ``good`` and ``total`` are counter selectors; ``scope`` filters the per-pod rates before they are
-    summed (GrowPage's own SLO counts only pods where it observes); vLLM's SLOs pass every pod.
+    name: str
+    good: str
+    good_matcher: str
+    total: str
+
+
+def slo_events(thresholds: catalog.MixinThresholds) -> tuple[SLOEvents, ...]:
+    """Every SLO with burn-rate alerts, with the deployment's thresholds: vLLM's latency SLOs (the
+    threshold's bucket over ``_count``), its availability (finished requests neither aborted nor
+    failed over all), GrowPage's grant latency."""
+    def latency(name: str, histogram: str, threshold_s: float) -> SLOEvents:
+        return SLOEvents(name, f"{histogram}_bucket", f'le="{le_value(threshold_s)}"', f"{histogram}_count")
+
+    availability = thresholds.vllm_availability_slo
+    return (*(latency(slo.name, slo.histogram, slo.threshold_s) for slo in thresholds.vllm_latency_slos),
+            SLOEvents(availability.name, availability.counter, availability.good_matcher, availability.counter),
+            latency(catalog.SLO_ALLOCATION_LATENCY.name, catalog.ALLOCATION_LATENCY.name,
+                    thresholds.allocation_latency_s))
+
+
+def error_ratio_name(slo: str, window: str) -> str:
+    """The recording of ``slo``'s error ratio over ``window`` (what its burn alerts compare)."""
+    if slo == catalog.SLO_ALLOCATION_LATENCY.name:
+        return slo_error_ratio_name(window)
+    return vllm_error_ratio_name(slo, window)
+
+
+def _slo_rules(events: SLOEvents, lv: Levels) -> list[RecordingRule]:
+    """The base window's good and total event rates of an SLO, per service, then 1 - good/total over
+    every burn window from them (zero events give NaN, which never alerts: nothing to burn).
+
+    vLLM's SLOs count every pod the selector matches, GrowPage in mode off or its exporter gone
+    included: what users feel does not depend on GrowPage reporting it. GrowPage's grant latency
+    counts only pods where it observes; the join is instant but sits under the base-window
+    recording, so the history it leaves behind keeps a replaced pod's grants.
     """
-    return [RecordingRule(slo_events_name(slo, kind),
-                          f"sum by ({lv.slo}) (\n  {scope(f'rate({series}[{SLO_BASE_WINDOW}])')}\n)")
-            for kind, series in (("good", good), ("total", total))]
+    def observed(expr: str) -> str:
+        return f"{expr}\n  and on ({lv.join}) {_observed_pods(lv)}" if own else expr
 
-
-def _latency_events(slo: str, histogram: str, threshold_s: float, lv: Levels,
-                    scope: Callable[[str], str] = lambda expr: expr) -> list[RecordingRule]:
-    """A latency SLO's events: observations in the threshold's bucket are good, the count is the total."""
-    return _slo_events(slo, selector(f"{histogram}_bucket", le=le_value(threshold_s)), f"{histogram}_count",
-                       lv, scope)
+    own = events.name == catalog.SLO_ALLOCATION_LATENCY.name
+    rates = [RecordingRule(slo_events_name(events.name, kind),
+                           f"sum by ({lv.slo}) (\n  {observed(f'rate({series}[{SLO_BASE_WINDOW}])')}\n)")
+             for kind, series in (("good", selector(events.good, events.good_matcher)), ("total", events.total))]
+    return [*rates, *(_error_ratio(error_ratio_name(events.name, window), events.name, window)
+                      for window in slo_windows())]
 
 
 def _error_ratio(record: str, slo: str, window: str) -> RecordingRule:
-    """1 - good/total over ``window``, from the recorded base-window rates.
-
-    Zero events in the window give NaN, which never alerts (nothing to burn).
-    """
+    """1 - good/total over ``window``, from the recorded base-window rates."""
     good, total = slo_events_name(slo, "good"), slo_events_name(slo, "total")
     if window == SLO_BASE_WINDOW:
         return RecordingRule(record, f"1 - (\n  {good}\n/\n  {total}\n)")
@@ -145,34 +174,10 @@ def _error_ratio(record: str, slo: str, window: str) -> RecordingRule:
                                  f"  sum_over_time({total}[{window}])\n)")
 
 
-def _allocation_slo_rules(lv: Levels) -> list[RecordingRule]:
-    name = catalog.ALLOCATION_LATENCY.name
-    # GrowPage's own objective: only pods where it observes. The join is instant but sits under the
-    # base-window recording, so the history it leaves behind keeps a replaced pod's grants.
-    def observed(expr: str) -> str:
-        return f"{expr}\n  and on ({lv.join}) {_observed_pods(lv)}"
-
-    return [*_latency_events(name, name, lv.thresholds.allocation_latency_s, lv, observed),
-            *(_error_ratio(slo_error_ratio_name(window), name, window) for window in slo_windows())]
-
-
 def _observed_pods(lv: Levels) -> str:
     """Pods whose GrowPage runs in monitor or enforce (growpage_build_info is served in every mode)."""
     modes = "mode=~\"" + "|".join(catalog.MODES_OBSERVING) + "\""
     return f"max by ({lv.join}) ({selector(catalog.BUILD_INFO.name, modes)})"
-
-
-def _vllm_slo_rules(slo: catalog.LatencySLO, lv: Levels) -> list[RecordingRule]:
-    # Every vLLM pod counts, GrowPage in mode off or its exporter gone included: what users feel
-    # does not depend on GrowPage reporting it.
-    return [*_latency_events(slo.name, slo.histogram, slo.threshold_s, lv),
-            *(_error_ratio(vllm_error_ratio_name(slo.name, window), slo.name, window) for window in slo_windows())]
-
-
-def _vllm_availability_rules(slo: catalog.AvailabilitySLO, lv: Levels) -> list[RecordingRule]:
-    # Every vLLM pod counts, as for latency: a finished request is good unless aborted or failed.
-    return [*_slo_events(slo.name, selector(slo.counter, slo.good_matcher), slo.counter, lv),
-            *(_error_ratio(vllm_error_ratio_name(slo.name, window), slo.name, window) for window in slo_windows())]
 
 
 def _decisions_rate(record: str, matcher: str, lv: Levels) -> RecordingRule:
@@ -253,9 +258,7 @@ def slo_recording_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[RecordingR
     window, the compress ratio, utilization."""
     lv = Levels.of(config)
     return _scoped([
-        *(rule for slo in lv.thresholds.vllm_latency_slos for rule in _vllm_slo_rules(slo, lv)),
-        *_vllm_availability_rules(lv.thresholds.vllm_availability_slo, lv),
-        *_allocation_slo_rules(lv), _compress_ratio(lv),
+        *(rule for events in slo_events(lv.thresholds) for rule in _slo_rules(events, lv)), _compress_ratio(lv),
         _slot_ratio(UTILIZATION_SLO, catalog.LIVE_TOKENS.name, catalog.GRANTED_TOKEN_SLOTS.name, lv.slo)], config)
 
 

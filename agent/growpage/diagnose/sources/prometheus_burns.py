@@ -16,14 +16,14 @@ window's pairs are not checked. Windows are scaled by the mixin config's ``time_
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from growpage import catalog
 from growpage.diagnose.observations import ServiceErrorRatios
 from growpage.monitoring import recording_rules as rec
 from growpage.monitoring.mixin import MixinConfig
-from growpage.monitoring.promql import duration_seconds, le_value, scale_duration
+from growpage.monitoring.promql import duration_seconds, scale_duration
+from growpage.monitoring.recording_rules import SLOEvents, slo_events
 
 _LOOKBACK = "5m"  # Prometheus' default lookback: a sample this old still answers an instant query
 _THREADS = 8
@@ -36,29 +36,6 @@ def burn_windows(thresholds: catalog.MixinThresholds) -> tuple[str, ...]:
     found = {w for alert in thresholds.burn_rate_alerts for pair in alert.windows
              for w in (pair.long_window, pair.short_window)}
     return tuple(sorted(found, key=duration_seconds))
-
-
-@dataclasses.dataclass(frozen=True)
-class SLOEvents:
-    """The counters of one SLO with burn alerts: good events are ``good`` with ``good_matcher``,
-    all events are ``total``."""
-
-    name: str
-    good: str
-    good_matcher: str
-    total: str
-
-
-def slo_events(thresholds: catalog.MixinThresholds) -> tuple[SLOEvents, ...]:
-    """Every SLO with burn-rate alerts, with the deployment's thresholds."""
-    def latency(name: str, histogram: str, threshold_s: float) -> SLOEvents:
-        return SLOEvents(name, f"{histogram}_bucket", f'le="{le_value(threshold_s)}"', f"{histogram}_count")
-
-    availability = thresholds.vllm_availability_slo
-    return (*(latency(slo.name, slo.histogram, slo.threshold_s) for slo in thresholds.vllm_latency_slos),
-            SLOEvents(availability.name, availability.counter, availability.good_matcher, availability.counter),
-            latency(catalog.SLO_ALLOCATION_LATENCY.name, catalog.ALLOCATION_LATENCY.name,
-                    thresholds.allocation_latency_s))
 
 
 class BurnQueries:
@@ -94,23 +71,16 @@ class RecordedBurnQueries(BurnQueries):
     where its recording has a value."""
 
     def error_ratio(self, slo: SLOEvents, window: str) -> str:
-        return self._select(recorded_ratio_name(slo.name, window))
+        return self._select(rec.error_ratio_name(slo.name, window))
 
     def covered(self, slo: SLOEvents, window: str) -> str:
         return f"count by ({self.service}) ({self.error_ratio(slo, window)} >= 0)"
 
 
-def recorded_ratio_name(slo: str, window: str) -> str:
-    """The recording rule of ``slo``'s error ratio over ``window`` (growpage.monitoring.recording_rules)."""
-    if slo == catalog.SLO_ALLOCATION_LATENCY.name:
-        return rec.slo_error_ratio_name(window)
-    return rec.vllm_error_ratio_name(slo, window)
-
-
 def burn_queries(query: Query, matchers: Sequence[str], config: MixinConfig, per_pod: bool) -> BurnQueries:
     """Recorded ratios when the rules are loaded and the selection is per service; raw rates otherwise
     (no rules, or ``--pod``: the recordings are per service and carry no pod)."""
-    probe = recorded_ratio_name(catalog.SLO_VLLM_TTFT.name, burn_windows(config.thresholds)[0])
+    probe = rec.error_ratio_name(catalog.SLO_VLLM_TTFT.name, burn_windows(config.thresholds)[0])
     if not per_pod and query(f"count({probe})"):
         return RecordedBurnQueries(matchers, config)
     return BurnQueries(matchers, config)

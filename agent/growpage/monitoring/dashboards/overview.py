@@ -79,7 +79,7 @@ def _slo_row(t: catalog.MixinThresholds) -> list[Cell]:
     p99_limit_s = t.checklist.allocation_latency_p99_critical_s
     # Sum of live tokens over sum of granted slots: an idle pod weighs nothing, a busy one its size.
     busy = f"sum({metric(catalog.LIVE_TOKENS.name)})\n/\nsum({metric(catalog.GRANTED_TOKEN_SLOTS.name)})"
-    budget_left = _budget_left(catalog.ALLOCATION_LATENCY.name, budget)
+    budget_left = _budget_left(catalog.SLO_ALLOCATION_LATENCY.name, budget)
     return [
         Cell(stat(f"KV page utilization (SLO >= {utilization:.0%})",
                   t.slo_utilization.description + " Live tokens / granted slots, summed over the pods.",
