@@ -140,6 +140,19 @@ class _Day:
         self.note(f"{alertname} NOT delivered {status} within {self.settings.alert_timeout_s:g} s")
         return False
 
+    def wait_resolved(self, alertname: str, since_s: float) -> bool:
+        """Wait until every rule of ``alertname`` is over: none firing or pending in Prometheus (a
+        window pair may still reach its ``for`` after another resolved), and the resolution delivered."""
+        def over() -> bool:
+            return (not self.prometheus.query(f'ALERTS{{alertname="{alertname}"}}')
+                    and alertname not in self.receiver.firing()
+                    and self.delivered(alertname, "resolved", since_s) is not None)
+
+        done = _wait_until(over, self.settings.alert_timeout_s)
+        self.note(f"{alertname} {'resolved, every rule of it' if done else 'NOT resolved'} "
+                  f"within {self.settings.alert_timeout_s:g} s")
+        return done
+
     def firing_in_prometheus(self, alertname: str) -> bool:
         return bool(self.prometheus.query(f'ALERTS{{alertname="{alertname}", alertstate="firing"}}'))
 
@@ -289,7 +302,7 @@ def run_gameday(workdir: Path, settings: GamedaySettings = GamedaySettings(),
             day.judge(SCENARIOS_BY_NAME["idle-monitor"], idle, pod)
             pod = _storm_and_rollback(day, pod)
             calm = time.time()
-            day.wait_delivery(TTFT_FAST, "resolved", calm)
+            day.wait_resolved(TTFT_FAST, calm)
             day.judge(SCENARIOS_BY_NAME["idle-off"], calm, pod)
         finally:
             pod.stop()
