@@ -13,7 +13,6 @@ from test_vllm_scheduler_agent import _scheduler
 from growpage import catalog
 from growpage.vllm_plugin import startup
 from growpage.vllm_plugin.scheduler_hooks import build_agent
-from growpage.vllm_plugin.settings import engine_exporter_port
 
 
 def _scrape(port: int) -> str:
@@ -104,9 +103,12 @@ def test_each_data_parallel_rank_gets_its_own_port():
         def __init__(self, size: int, local_rank: int | None):
             self.data_parallel_size, self.data_parallel_rank_local = size, local_rank
 
-    assert [engine_exporter_port(9464, Parallel(4, rank)) for rank in range(4)] == [9464, 9465, 9466, 9467]
-    assert engine_exporter_port(9464, Parallel(1, None)) == 9464 and engine_exporter_port(9464, None) == 9464
-    assert engine_exporter_port(0, Parallel(2, 1)) == 0 and engine_exporter_port(-1, Parallel(2, 1)) == -1
+    assert [startup.rank_exporter_port(9464, Parallel(4, rank)) for rank in range(4)] == [9464, 9465, 9466, 9467]
+    # vLLM runs a dense model's ranks as independent engines, each engine core told size 1 but its own rank
+    assert startup.rank_exporter_port(9464, Parallel(1, 1)) == 9465
+    assert startup.rank_exporter_port(9464, Parallel(1, None)) == 9464
+    assert startup.rank_exporter_port(9464, None) == 9464
+    assert startup.rank_exporter_port(0, Parallel(2, 1)) == 0 and startup.rank_exporter_port(-1, Parallel(2, 1)) == -1
 
 
 def test_a_port_already_bound_is_counted_and_vllm_carries_on(no_early_exporter):

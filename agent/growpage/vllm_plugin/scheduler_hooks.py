@@ -68,8 +68,7 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
     """
     from growpage.config import Mode
     from growpage.vllm_plugin.resolve import settings_from_vllm_config
-    from growpage.vllm_plugin.settings import engine_exporter_port
-    from growpage.vllm_plugin.startup import deployment_device, served_model
+    from growpage.vllm_plugin.startup import deployment_device, rank_exporter_port, served_model
     from growpage.vllm_plugin.support import (
         INVALID_CONFIG,
         REMEDIES,
@@ -82,7 +81,7 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
     vllm_config = scheduler.vllm_config
     resolved = settings_from_vllm_config(vllm_config)
     config = resolved.config
-    settings = dataclasses.replace(resolved.settings, exporter_port=engine_exporter_port(
+    settings = dataclasses.replace(resolved.settings, exporter_port=rank_exporter_port(
         resolved.settings.exporter_port, getattr(vllm_config, "parallel_config", None)))  # one port per DP rank
     if resolved.problem is not None:
         logger.error("growpage: the settings cannot be honoured, so GrowPage is off (reason %s) and vLLM pages on "

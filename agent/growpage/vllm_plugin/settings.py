@@ -165,18 +165,6 @@ PLUGIN_FIELDS = tuple(f.name for f in dataclasses.fields(PluginSettings))
 _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PluginSettings)}
 
 
-def engine_exporter_port(port: int, parallel_config: Any) -> int:
-    """The exporter port of this engine core: ``port`` plus its local data-parallel rank.
-
-    With data parallelism every rank runs its own engine core, each with its own scheduler agent
-    and exporter; on one host they would all bind ``port``. Rank ``r`` (local to its host) binds
-    ``port + r`` instead. 0 (a free port) and -1 (disabled) stay as they are.
-    """
-    if port <= 0 or int(getattr(parallel_config, "data_parallel_size", 1) or 1) <= 1:
-        return port
-    return port + int(getattr(parallel_config, "data_parallel_rank_local", 0) or 0)
-
-
 def honours(choice: str, deployment_mode: Mode) -> bool:
     """Whether a client choice setting (``honour``/``ignore``/``auto``) honours clients."""
     return choice == "honour" or (choice == "auto" and deployment_mode is not Mode.ENFORCE)

@@ -23,7 +23,6 @@ from typing import Any, cast
 
 from growpage.config import Mode
 from growpage.vllm_plugin.resolve import ResolvedSettings, settings_from_vllm_config
-from growpage.vllm_plugin.settings import engine_exporter_port
 from growpage.vllm_plugin.support import ACTIVE, start_up_states
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
@@ -39,7 +38,7 @@ class EarlyExporter:
         registry: what the exporter serves (the start-up collector, then the agent's collectors).
         collector: the start-up collector, unregistered when the agent takes over.
         exporter: the running exporter (``growpage.telemetry.exporter.MetricsExporter``).
-        port: the port it was asked for (``engine_exporter_port``).
+        port: the port it was asked for (:func:`rank_exporter_port`).
         host: the address it was asked for.
     """
 
@@ -94,7 +93,7 @@ def _start(vllm_config: Any) -> EarlyExporter | None:
     settings = resolved.settings
     if not settings.exporter_enabled:
         return None
-    port = engine_exporter_port(settings.exporter_port, getattr(vllm_config, "parallel_config", None))
+    port = rank_exporter_port(settings.exporter_port, getattr(vllm_config, "parallel_config", None))
     deployment = _Deployment(resolved.config, deployment_device(vllm_config))
     # NOTE: build_info_labels reads only .config and .device_name of its source
     labels = build_info_labels(cast(Any, deployment), "vllm", check_vllm_version())
@@ -105,6 +104,23 @@ def _start(vllm_config: Any) -> EarlyExporter | None:
     exporter = start_exporter(registry, port, settings.exporter_host)
     logger.info("growpage: /metrics/growpage served from start-up at %s (pid %d)", exporter.url, os.getpid())
     return EarlyExporter(registry, collector, exporter, port, settings.exporter_host)
+
+
+def rank_exporter_port(port: int, parallel_config: Any) -> int:
+    """The exporter port of this engine core: ``port`` plus its local data-parallel rank.
+
+    With data parallelism every rank runs its own engine core, each with its own scheduler agent
+    and exporter; on one host they would all bind ``port``. Rank ``r`` (local to its host) binds
+    ``port + r`` instead. 0 (a free port) and -1 (disabled) stay as they are.
+
+    NOTE: the rank is ``data_parallel_rank_local`` alone, whatever ``data_parallel_size`` says:
+    vLLM runs a dense model's ranks as independent engines and sets each engine core's
+    ``data_parallel_size`` to 1 (``ParallelConfig.reconfigure_for_independent_dp_rank``), keeping
+    the local rank; without data parallelism the local rank is 0 or None.
+    """
+    if port <= 0:
+        return port
+    return port + int(getattr(parallel_config, "data_parallel_rank_local", 0) or 0)
 
 
 @dataclasses.dataclass(frozen=True)
