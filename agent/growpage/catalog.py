@@ -218,8 +218,8 @@ ROUTER_LOAD = MetricSpec(
 ROUTER_METRICS: tuple[MetricSpec, ...] = (HEADROOM_PAGES, RECLAIMABLE_PAGES, ROUTER_LOAD)
 
 # Series only the vLLM home serves, beside the contract: what it could not enforce as decided, and how
-# much of the work its observer saw (the shares of steps and of requests observed: below 1 under full
-# CUDA graphs, where decode steps replay without Python, or with observe_every_steps > 1).
+# much of the work its observer saw (the shares of steps and of requests observed: below 1 with
+# observe_every_steps > 1, monitor's default, and when a batch holds more than observe_max_requests).
 VLLM_DEGRADED_DECISIONS = MetricSpec(
     "growpage_vllm_decisions_degraded_total", MetricType.COUNTER,
     "Page-boundary decisions vLLM applied differently than decided (quantize and defer cannot be per-request "
@@ -229,8 +229,8 @@ VLLM_STEPS = MetricSpec(
     "Engine steps that ran with at least one request GrowPage tracks.", "steps")
 VLLM_OBSERVED_STEPS = MetricSpec(
     "growpage_vllm_observed_steps_total", MetricType.COUNTER,
-    "Engine steps whose attention GrowPage observed (not replayed from a full CUDA graph, not skipped by "
-    "observe_every_steps).", "steps")
+    "Engine steps whose attention GrowPage observed (one in observe_every_steps; under full CUDA graphs "
+    "that step runs without its full graph).", "steps")
 VLLM_TRACKED_REQUESTS = MetricSpec(
     "growpage_vllm_tracked_requests_total", MetricType.COUNTER, "Finished requests GrowPage tracked.", "requests")
 VLLM_OBSERVED_REQUESTS = MetricSpec(

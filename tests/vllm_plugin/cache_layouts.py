@@ -126,3 +126,15 @@ def cuda_flash_write(key, value, cache, slot_mapping) -> None:
     scale = torch.ones((), dtype=torch.float32, device=cache.device)
     torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "auto",
                                                    scale, scale)
+
+
+def transposed_cache(keys: torch.Tensor, block_size: int, num_blocks: int) -> torch.Tensor:
+    """A CPU ``vec`` cache holding ``keys`` ([tokens, kv_heads, hd]) in blocks 0.. (K transposed)."""
+    tokens, heads, head_dim = keys.shape
+    cache = torch.zeros(num_blocks, heads, block_size, 2 * head_dim)
+    flat = cache.view(num_blocks, heads, block_size * 2 * head_dim)
+    for t in range(tokens):
+        block, offset = divmod(t, block_size)
+        for h in range(heads):
+            flat[block, h, :block_size * head_dim].view(head_dim, block_size)[:, offset] = keys[t, h]
+    return cache

@@ -8,7 +8,7 @@ import types
 
 import pytest
 import torch
-from cache_layouts import lossy_write, transposed_write
+from cache_layouts import lossy_write, transposed_cache, transposed_write
 
 from growpage.config import Mode, load_config
 from growpage.errors import ConfigError
@@ -84,21 +84,11 @@ def test_layer_names_parse_and_the_observer_watches_the_controllers_layers():
     assert observer.observed_layers == GrowthController(observer.config, num_layers=1).observed_layers
 
 
-def _transposed_cache(keys: torch.Tensor, block_size: int, num_blocks: int) -> torch.Tensor:
-    """A CPU ``vec`` cache holding ``keys`` ([tokens, kv_heads, hd]) in blocks 0.. (K transposed)."""
-    tokens, heads, head_dim = keys.shape
-    cache = torch.zeros(num_blocks, heads, block_size, 2 * head_dim)
-    flat = cache.view(num_blocks, heads, block_size * 2 * head_dim)
-    for t in range(tokens):
-        block, offset = divmod(t, block_size)
-        for h in range(heads):
-            flat[block, h, :block_size * head_dim].view(head_dim, block_size)[:, offset] = keys[t, h]
-    return cache
-
-
 def _observer(**settings) -> VllmObserver:
+    # every step observed unless a test says otherwise (monitor's default samples one in four)
     config, plugin = split_settings({"mode": "monitor", "base_pages": 2, "recent_window_tokens": 8,
-                                     "observed_layers": 1, **settings}, env={}, block_size=32)
+                                     "observed_layers": 1, "observe_every_steps": 1, **settings}, env={},
+                                    block_size=32)
     return VllmObserver(config, plugin, num_layers=1, max_requests=4)
 
 
@@ -108,7 +98,7 @@ def _observe_one_step(observer: VllmObserver, seq_len: int = 40, heads: int = 2,
     returns the step's ``[heads, seq_len]`` attention, computed directly from the keys."""
     torch.manual_seed(0)
     keys = torch.randn(seq_len, 1, head_dim)
-    cache = _transposed_cache(keys, 32, 4)
+    cache = transposed_cache(keys, 32, 4)
     new = types.SimpleNamespace(req_id="r1", prompt_token_ids=list(range(seq_len - 1)), num_computed_tokens=0,
                                 sampling_params=types.SimpleNamespace(extra_args={"growpage_namespace": "a"}))
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r1"]))
@@ -269,7 +259,7 @@ def test_gpctl_serve_engine_vllm_says_in_one_line_where_vllm_is_missing():
 
 def test_a_cache_layout_that_does_not_round_trip_turns_observation_off_and_says_why():
     keys = torch.randn(4, 1, 8)
-    cache = _transposed_cache(keys, 32, 2)
+    cache = transposed_cache(keys, 32, 2)
     observer = _observer()
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=[]))
     observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[]))
@@ -452,7 +442,7 @@ def test_observer_scores_a_prompts_end_by_its_observation_window():
     torch.manual_seed(0)
     prompt, heads, head_dim, window = 10, 2, 8, 4
     keys = torch.randn(prompt, 1, head_dim)
-    cache = _transposed_cache(keys, 32, 2)
+    cache = transposed_cache(keys, 32, 2)
     observer = _observer(observation_window_tokens=window)
     new = types.SimpleNamespace(req_id="r1", prompt_token_ids=list(range(prompt)), num_computed_tokens=0,
                                 sampling_params=types.SimpleNamespace(extra_args={}))

@@ -11,8 +11,9 @@ LTS (long term): mean attention entropy (nats) of the newest query, summed over
 ``ema / (1 - decay ** updates)``): a constant-entropy stream reads as that entropy from the first
 update. Before the first update the reading is the running mean of the partial interval.
 
-``observe`` is a handful of batched tensor ops with no host synchronisation; ``read`` synchronises
-and is called only at page boundaries.
+``observe`` and ``reset`` are a handful of batched tensor ops with no host synchronisation;
+``read`` synchronises (the reference engine reads at page boundaries), ``read_later`` does not (the
+vLLM observer collects its readings a step later).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import dataclasses
 import torch
 
 from growpage.config import GrowPageConfig
+from growpage.core.devices import HostCopy, to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +63,7 @@ class SummaryBank:
 
     def reset(self, rows: torch.Tensor | list[int]) -> None:
         """Clear rows for new requests."""
-        rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        rows = rows.to(self.device) if isinstance(rows, torch.Tensor) else to_device(list(rows), self.device)
         for tensor in (self.sts_ring, self.steps, self.lts_ema, self.lts_updates, self.interval_sum,
                        self.interval_steps):
             tensor[rows] = 0
@@ -95,7 +97,16 @@ class SummaryBank:
         """Host-side readings for ``rows`` (one device sync for all of them)."""
         if not rows:
             return []
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        return readings_from(self.packed_readings(rows).cpu().tolist())
+
+    def read_later(self, rows: list[int]) -> HostCopy:
+        """:meth:`read` without waiting: the readings' copy to the host, started now; turn it into
+        readings with :func:`readings_from` once it is ready (the observer's path)."""
+        return HostCopy(self.packed_readings(rows))
+
+    def packed_readings(self, rows: list[int]) -> torch.Tensor:
+        """``[N, 3]`` (STS density, LTS entropy, steps observed) of ``rows``, on the device."""
+        index = to_device(rows, self.device)
         window = self.config.sts_window_steps
         steps = self.steps[index]
         filled = steps.clamp(max=window)
@@ -109,8 +120,12 @@ class SummaryBank:
         corrected = self.lts_ema[index] / (1.0 - self.config.lts_ema_decay ** updates).clamp_min(1e-12)
         partial = self.interval_sum[index] / self.interval_steps[index].clamp_min(1).float()
         lts = torch.where(updates > 0, corrected, partial)
-        packed = torch.stack((density, lts, steps.float()), dim=1).cpu().tolist()
-        return [SummaryReading(sts_density=d, lts_entropy=e, steps_observed=int(s)) for d, e, s in packed]
+        return torch.stack((density, lts, steps.float()), dim=1)
+
+
+def readings_from(packed: list[list[float]]) -> list[SummaryReading]:
+    """Readings from :meth:`SummaryBank.packed_readings` once on the host."""
+    return [SummaryReading(sts_density=d, lts_entropy=e, steps_observed=int(s)) for d, e, s in packed]
 
 
 def summarize_attention(probs: torch.Tensor, key_positions: torch.Tensor, logical_lengths: torch.Tensor,

@@ -146,6 +146,25 @@ def _keep_in_one_head(positions: torch.Tensor, scores: torch.Tensor | None, num_
     return keep.nonzero().flatten()
 
 
+def recency_keep(physical_tokens: int, num_keep: int, leading_tokens: int) -> torch.Tensor:
+    """``[num_keep]`` long: the leading ``leading_tokens`` slots, then the newest, ascending.
+
+    The compactor's fallback after a failed compaction (:mod:`~growpage.vllm_plugin.compactor`):
+    it needs no scores, no ranking and no :func:`choose_keep`, any of which may be what failed.
+    Slots are in logical order in every head and the protected leading tokens (sinks, a shared
+    prefix) sit in the same leading slots of every head, so with ``leading_tokens`` =
+    ``max(sink_tokens, shared_prefix_tokens)`` this is :func:`choose_keep` without scores
+    (StreamingLLM: sinks plus the most recent), whenever the protected tokens fit. Capped at
+    ``num_keep``: a shared prefix longer than the survivors stays in place (those blocks are
+    never rewritten).
+    """
+    if not 0 <= num_keep <= physical_tokens or leading_tokens < 0:
+        raise ValueError(f"cannot keep {num_keep} of {physical_tokens} tokens, {leading_tokens} leading")
+    leading = min(leading_tokens, num_keep)
+    return torch.cat([torch.arange(leading, dtype=torch.long),
+                      torch.arange(physical_tokens - (num_keep - leading), physical_tokens, dtype=torch.long)])
+
+
 def take_slots(values: torch.Tensor, keep_index: torch.Tensor) -> torch.Tensor:
     """``values[..., keep_index]`` along the slot axis: ``[k]`` keeps the same slots of every row,
     ``[kv_heads, k]`` each head's own (``values`` ``[P]`` or ``[kv_heads, P]``)."""

@@ -16,10 +16,37 @@ worker:
 
 After ``_prepare_inputs`` it subtracts ``dropped`` from ``seq_lens`` and recomputes ``slot_mapping``
 from ``positions - dropped`` for compacted requests; ``positions`` stay logical, so RoPE is exact.
+
+Moves run in chunks whose transient device memory (the gathered K and V of every layer and their
+indices) stays under ``max_chunk_bytes`` (the plugin's ``compaction_chunk_mib``), outside vLLM's
+profiled KV budget (:mod:`~growpage.vllm_plugin.compaction_plan`).
+
+What a failed compaction leaves (the scheduler has already cut the blocks and freed the tail, so
+the worker always cuts its own the same way):
+
+- a failure before any token moved (scores, the keep set, the redundancy term, a check): the
+  request keeps its sinks (or its shared prefix) and its most recent tokens
+  (:func:`~growpage.vllm_plugin.compaction.recency_keep`), moved one slot at a time, never the
+  first ``keep_tokens``; only when even that cannot move (the layout is unknown, the blocks are
+  missing) do the first ``keep_tokens`` stay (``first_tokens``, counted apart);
+- a failure during the move: :func:`~growpage.vllm_plugin.keys.move_tokens_chunked` finishes it
+  one slot at a time, so exactly the chosen tokens survive (``fallback_moves``); only a fault the
+  single-slot copies hit too (a lost device) leaves the destinations undefined (``undefined``,
+  logged as an error);
+- a failure after the move: the chosen tokens are in place and recorded (``chosen``).
+
+Every failed compaction is counted (``failed_compactions``, by what it kept in ``recoveries``:
+``sinks_and_recent``, ``first_tokens``, ``chosen``, ``undefined``) and logged
+(the first per path as a warning, every one in the enforce log), ``kept_positions`` records what
+the cache holds, the request's scores are forgotten (recency ranks it until it is observed again),
+and :meth:`WorkerCompactor.begin_step` raises :class:`CompactionError` once the step's other plans
+are applied, which the observer counts in ``growpage_agent_errors_total{component="plugin"}``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -31,17 +58,41 @@ from growpage.vllm_plugin.compaction import (
     choose_keep,
     physical_slot_mapping,
     physical_slots,
+    recency_keep,
     slot_positions,
     take_slots,
 )
-from growpage.vllm_plugin.keys import BlockLayout, move_tokens_in_layers, read_keys
+from growpage.vllm_plugin.compaction_plan import MoveOutcome
+from growpage.vllm_plugin.keys import BlockLayout, move_tokens_chunked, move_tokens_one_by_one, read_keys
 from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
 from growpage.vllm_plugin.token_scores import TokenScores
 from growpage.vllm_plugin.wire import ENFORCE_LOG_ENV, PAYLOAD_ATTRIBUTE, append_enforce_log
 
+logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
+
+# what a failed compaction left (see the module docstring), the keys of WorkerCompactor.recoveries;
+# UNDEFINED: the move failed past its fallbacks (a lost device), kept_positions records the intent
+RECENCY, CHOSEN, TRUNCATED, UNDEFINED = "sinks_and_recent", "chosen", "first_tokens", "undefined"
+
 
 class CompactionError(RuntimeError):
     """A plan the worker cannot apply (state out of step with the scheduler)."""
+
+
+class _MoveFault(CompactionError):
+    """The move itself raised past its own fallbacks: the destinations are undefined."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """One compaction, chosen but not applied yet (nothing has moved)."""
+
+    positions: torch.Tensor  # [P] or [kv_heads, P]: the logical position of each physical slot
+    keep_index: torch.Tensor  # [keep] or [kv_heads, keep]: the survivors' slots, ascending
+    src: torch.Tensor  # the moving survivors' cache slots ([N] or [kv_heads, N])
+    dst: torch.Tensor  # where they land
+    scored: int  # slots the scores covered (0: recency)
+    redundancy: bool
 
 
 class WorkerCompactor:
@@ -62,10 +113,13 @@ class WorkerCompactor:
             :attr:`key_caches`, which the observer fills with its observed layers' caches.
         shared_keep_fraction: with per-head scores, the share of each head's survivors kept in
             common by the request's ranking (:func:`~growpage.vllm_plugin.compaction.choose_keep`).
+        max_chunk_bytes: transient device memory one chunk of a move may hold
+            (``compaction_chunk_mib``); None: each move is one chunk.
     """
 
     def __init__(self, config: GrowPageConfig, rank: int = 0, scores: TokenScores | None = None,
-                 redundancy_weight: float = 0.0, shared_keep_fraction: float = 0.0):
+                 redundancy_weight: float = 0.0, shared_keep_fraction: float = 0.0,
+                 max_chunk_bytes: int | None = None):
         self.config = config
         self.rank = rank
         self.scores = scores if scores is not None else TokenScores(TokenScore.ACCUMULATED)
@@ -76,9 +130,15 @@ class WorkerCompactor:
         self.block_size = config.block_size
         self.dropped: dict[str, int] = {}
         self.kept_positions: dict[str, torch.Tensor] = {}
+        self.max_chunk_bytes = max_chunk_bytes
         self.compactions = 0
         self.tokens_moved = 0
         self.bytes_moved = 0
+        self.move_chunks = 0  # gather-then-scatter chunks run
+        self.fallback_moves = 0  # moves that finished one slot at a time (a chunk failed)
+        self.tokens_copied_one_by_one = 0
+        self.failed_compactions = 0
+        self.recoveries: dict[str, int] = {}  # failed compactions by what they left (RECENCY, CHOSEN, TRUNCATED)
 
     # ---- scores (from the observer) ----------------------------------------------------------------
     def add_scores(self, request_id: str, attention: torch.Tensor) -> None:
@@ -108,38 +168,44 @@ class WorkerCompactor:
         dropped = payload.get("dropped", {})
         for request_id in [r for r in self.dropped if r not in dropped]:
             self.forget(request_id)  # the scheduler reset it (preempted, recomputed)
-        failed: list[str] = []
+        failed: dict[str, str] = {}
         for request_id, plan in payload.get("plans", {}).items():
-            try:
-                self._compact(runner, request_id, plan, layout)
-            except Exception:
-                # Keep the worker's blocks in step with the scheduler's even so: the request loses
-                # the tokens past the cut instead of the chosen ones (counted as a fault).
-                failed.append(request_id)
-                self._truncate(runner, request_id, int(plan["keep_tokens"]))
-                positions = slot_positions(self.kept_positions.get(request_id), int(plan["physical_tokens"]),
-                                           self.dropped.get(request_id, 0))
-                self.kept_positions[request_id] = positions[..., :int(plan["keep_tokens"])]
-                self.scores.forget(request_id)
+            failed_path = self._compact_or_recover(runner, request_id, plan, layout)
+            if failed_path is not None:
+                failed[request_id] = failed_path
         self.dropped = {k: int(v) for k, v in dropped.items()}
         if failed:
-            raise CompactionError(f"compaction failed for {failed}; their blocks were truncated in place")
+            raise CompactionError(f"compaction failed for {failed} (request: what it kept); their blocks were "
+                                  f"cut like the scheduler's")
 
-    def _compact(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None) -> None:
+    def _compact_or_recover(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None) -> str | None:
+        """Apply one plan; on a failure, leave the request what the module docstring says.
+
+        Returns:
+            None when the compaction succeeded, else what the request kept (a ``recoveries`` key).
+        """
+        try:
+            choice = self._choose(runner, request_id, plan, layout)
+        except Exception as error:  # nothing moved yet
+            return self._recover_unmoved(runner, request_id, plan, layout, error)
+        try:
+            self._apply(runner, request_id, plan, choice, layout)
+        except Exception as error:  # the chosen tokens are in place, unless the move itself was lost
+            self.kept_positions[request_id] = take_slots(choice.positions, choice.keep_index)
+            return self._recovered(runner, request_id, plan, UNDEFINED if isinstance(error, _MoveFault) else CHOSEN,
+                                   error)
+        return None
+
+    def _choose(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None) -> _Choice:
+        """The survivors and the slot moves of one plan (reads only: a failure here moved nothing)."""
         if layout is None:
             raise CompactionError("the KV cache layout is unknown; cannot move tokens")
-        state = runner.requests[request_id]
-        block_size = self.block_size
         physical, keep = int(plan["physical_tokens"]), int(plan["keep_tokens"])
         previous = self.dropped.get(request_id, 0)
         if previous + physical - keep != plan["dropped"]:
             raise CompactionError(f"request {request_id}: worker dropped {previous} + {physical - keep} != "
                                   f"scheduler's {plan['dropped']}")
-        block_ids = state.block_ids[0]
-        held_blocks = -(-physical // block_size)
-        if len(block_ids) < held_blocks:
-            raise CompactionError(f"request {request_id}: {len(block_ids)} blocks for {physical} tokens")
-        block_row = torch.tensor(block_ids[:held_blocks], dtype=torch.long)
+        block_row = self._block_row(runner, request_id, physical)
         positions = slot_positions(self.kept_positions.get(request_id), physical, previous)
         scores = self.scores.ranking(request_id, positions)  # on the host: compactions are rare
         redundancy = False
@@ -150,26 +216,107 @@ class WorkerCompactor:
                                  self.config.recent_window_tokens, self.shared_keep_fraction)
         if keep_index is None:
             raise CompactionError(f"request {request_id}: protected tokens exceed {keep}")
-        src = physical_slots(block_row, keep_index, block_size)
-        dst = physical_slots(block_row, torch.arange(keep), block_size).expand_as(src)
+        src, dst = self._moves(block_row, keep_index, keep)
+        return _Choice(positions, keep_index, src, dst, 0 if scores is None else int(scores.shape[-1]), redundancy)
+
+    def _block_row(self, runner: Any, request_id: str, physical: int) -> torch.Tensor:
+        """The block ids holding the request's ``physical`` tokens, in order."""
+        block_ids = runner.requests[request_id].block_ids[0]
+        held_blocks = -(-physical // self.block_size)
+        if len(block_ids) < held_blocks:
+            raise CompactionError(f"request {request_id}: {len(block_ids)} blocks for {physical} tokens")
+        return torch.tensor(block_ids[:held_blocks], dtype=torch.long)
+
+    def _moves(self, block_row: torch.Tensor, keep_index: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(src, dst)`` cache slots of the survivors that move: survivor ``j`` into physical slot
+        ``j``, in order, as :func:`~growpage.vllm_plugin.keys.move_tokens_chunked` needs."""
+        src = physical_slots(block_row, keep_index, self.block_size)
+        dst = physical_slots(block_row, torch.arange(keep), self.block_size).expand_as(src)
         moving = src != dst
-        if src.dim() == 2:  # per KV head: a slot moves where some head's survivor is elsewhere
+        if src.dim() == 2:  # per KV head: a slot moves where some head's survivor is elsewhere (a suffix)
             moving = moving.any(0)
-            src, dst = src[:, moving], dst[:, moving]
-        else:
-            src, dst = src[moving], dst[moving]
-        self.bytes_moved += move_tokens_in_layers(_unique_caches(runner), src, dst, layout)
-        self.tokens_moved += int(src.shape[-1])
+            return src[:, moving], dst[:, moving]
+        return src[moving], dst[moving]
+
+    def _apply(self, runner: Any, request_id: str, plan: dict, choice: _Choice, layout: BlockLayout | None) -> None:
+        """Move the survivors (in chunks), record them, then cut the request's blocks."""
+        assert layout is not None  # _choose checked
+        try:
+            outcome = move_tokens_chunked(_unique_caches(runner), choice.src, choice.dst, layout,
+                                          self.max_chunk_bytes)
+        except Exception as error:
+            raise _MoveFault(f"request {request_id}: the move failed past its fallbacks") from error
+        self.kept_positions[request_id] = take_slots(choice.positions, choice.keep_index)
+        self._count_move(outcome, int(choice.src.shape[-1]))
         self.compactions += 1
-        self.kept_positions[request_id] = take_slots(positions, keep_index)
+        keep, physical = int(plan["keep_tokens"]), int(plan["physical_tokens"])
         if self.log_path:  # the kept positions are a list of up to thousands: only when someone reads them
             append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
-                                               "moved": int(src.shape[-1]), "physical": physical,
-                                               "scored": 0 if scores is None else int(scores.shape[-1]),
-                                               "logical": int(plan["logical_length"]), "redundancy": redundancy,
+                                               "moved": int(choice.src.shape[-1]), "physical": physical,
+                                               "scored": choice.scored, "chunks": outcome.chunks,
+                                               "one_by_one": outcome.tokens_copied_one_by_one,
+                                               "logical": int(plan["logical_length"]),
+                                               "redundancy": choice.redundancy,
                                                "kept_positions": self.kept_positions[request_id].tolist()})
-        self.scores.keep(request_id, keep_index, physical)
+        self.scores.keep(request_id, choice.keep_index, physical)
         self._truncate(runner, request_id, keep)
+
+    def _count_move(self, outcome: MoveOutcome, tokens: int) -> None:
+        self.bytes_moved += outcome.bytes_moved
+        self.tokens_moved += tokens
+        self.move_chunks += outcome.chunks
+        self.tokens_copied_one_by_one += outcome.tokens_copied_one_by_one
+        self.fallback_moves += outcome.tokens_copied_one_by_one > 0
+
+    # ---- failed compactions (see the module docstring) -----------------------------------------------
+    def _recover_unmoved(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None,
+                         error: Exception) -> str:
+        """After a failure before any move: keep sinks and recent tokens, or, when those cannot
+        move, record the first ``keep_tokens`` (what the cut leaves)."""
+        physical, keep = int(plan["physical_tokens"]), int(plan["keep_tokens"])
+        try:
+            positions = slot_positions(self.kept_positions.get(request_id), physical, self.dropped.get(request_id, 0))
+        except Exception:  # the worker's own record is broken: the best left is the logical order
+            positions = torch.arange(physical, dtype=torch.long)
+        try:
+            keep_index = self._move_recent(runner, request_id, plan, layout)
+            path = RECENCY
+        except Exception as second:
+            logger.debug("growpage: the fallback of %s's compaction failed too: %r", request_id, second)
+            keep_index, path = torch.arange(keep, dtype=torch.long), TRUNCATED
+        self.kept_positions[request_id] = take_slots(positions, keep_index)
+        return self._recovered(runner, request_id, plan, path, error)
+
+    def _move_recent(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None) -> torch.Tensor:
+        """Move the leading (sinks, shared prefix) and newest slots into place one slot at a time
+        (nothing large allocated, no scores used); returns their slot indices."""
+        if layout is None:
+            raise CompactionError("the KV cache layout is unknown; cannot move tokens")
+        physical, keep = int(plan["physical_tokens"]), int(plan["keep_tokens"])
+        leading = max(self.config.sink_tokens, int(plan.get("shared_prefix_tokens", 0)))
+        keep_index = recency_keep(physical, keep, leading)
+        src, dst = self._moves(self._block_row(runner, request_id, physical), keep_index, keep)
+        outcome = move_tokens_one_by_one(_unique_caches(runner), src, dst, layout)
+        self._count_move(outcome, int(src.shape[-1]))
+        return keep_index
+
+    def _recovered(self, runner: Any, request_id: str, plan: dict, path: str, error: Exception) -> str:
+        """Count and log a failed compaction, forget its scores, and cut its blocks like the scheduler's."""
+        self.failed_compactions += 1
+        self.recoveries[path] = self.recoveries.get(path, 0) + 1
+        if isinstance(error, _MoveFault):
+            logger.error("growpage: moving %s's survivors failed past every fallback (%r): its cached K and V "
+                         "are undefined", request_id, error.__cause__)
+        elif self.recoveries[path] == 1:
+            logger.warning("growpage: a compaction of %s failed (%r); it kept %s (further ones are counted)",
+                           request_id, error, path)
+        self.scores.forget(request_id)
+        self._truncate(runner, request_id, int(plan["keep_tokens"]))
+        if self.log_path:
+            append_enforce_log(self.log_path, {"worker_compaction_failed": request_id, "rank": self.rank,
+                                               "kept": path, "error": repr(error),
+                                               "kept_positions": self.kept_positions[request_id].tolist()})
+        return path
 
     def _discount_redundant(self, scores: torch.Tensor, positions: torch.Tensor, block_row: torch.Tensor,
                             plan: dict, layout: BlockLayout) -> torch.Tensor:

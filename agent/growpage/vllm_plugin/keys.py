@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from growpage.vllm_plugin.compaction_plan import MoveOutcome, move_bytes_per_token, plan_move_chunks
+
 DIGIT_BASE = 64  # digits 1..64 are exact in every float KV dtype vLLM uses (bf16 holds integers to 256)
 
 # write(key [tokens, kv_heads, head_dim], value (same), cache, slot_mapping [tokens] long)
@@ -310,66 +312,248 @@ def move_tokens(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torc
 
 def move_tokens_in_layers(kv_caches: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor,
                           layout: BlockLayout) -> int:
-    """:func:`move_tokens` in every layer: a few indexed copies per shared allocation.
-
-    ``src_slots`` and ``dst_slots`` are ``[N]`` (every KV head moves the same slots) or
-    ``[kv_heads, N]`` (head ``h`` moves ``src_slots[h]`` into ``dst_slots[h]``: per-head keep sets).
-
-    vLLM carves every layer's cache out of one allocation, each layer a constant stride from the
-    last. Where the layout is affine (:attr:`BlockLayout.key_strides`) and the layers' offsets are
-    evenly spaced, K (then V) of every layer is one strided ``[layers, blocks, heads, slots, dim]``
-    view, moved by one gather and one scatter indexed by the ``N`` slots alone: the transient is
-    the moved tokens themselves. Otherwise every element is addressed through long offsets (8 bytes
-    per moved element twice over, on top of the tokens).
+    """:func:`move_tokens` in every layer, in one chunk (:func:`move_tokens_chunked` without a cap).
 
     Returns:
         Bytes moved (K and V, every layer).
     """
+    return move_tokens_chunked(kv_caches, src_slots, dst_slots, layout).bytes_moved
+
+
+def move_tokens_chunked(kv_caches: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor,
+                        layout: BlockLayout, max_chunk_bytes: int | None = None) -> MoveOutcome:
+    """Move K and V of ``src_slots`` into ``dst_slots`` in every layer, in chunks of at most
+    ``max_chunk_bytes`` transient memory (:func:`~growpage.vllm_plugin.compaction_plan.plan_move_chunks`).
+
+    ``src_slots`` and ``dst_slots`` are ``[N]`` (every KV head moves the same slots) or
+    ``[kv_heads, N]`` (head ``h`` moves ``src_slots[h]`` into ``dst_slots[h]``: per-head keep sets).
+    With a cap they must be a compaction's: in each row, column ``j`` moves the request's physical
+    token ``keep[j]`` (ascending) into its physical token ``j' <= keep[j]`` (ascending too), so that
+    chunks in order are exact in place (:mod:`~growpage.vllm_plugin.compaction_plan`). The slot ids
+    themselves need not be ascending (a request's blocks lie anywhere in the pool); what matters is
+    that physical indices map to distinct slots. Without a cap the whole move is one gather then
+    one scatter, and any slots may overlap.
+
+    vLLM carves every layer's cache out of one allocation, each layer a constant stride from the
+    last. Where the layout is affine (:attr:`BlockLayout.key_strides`) and the layers' offsets are
+    evenly spaced, K (then V) of every layer is one strided ``[layers, blocks, heads, slots, dim]``
+    view, moved by one gather and one scatter per chunk indexed by the chunk's slots alone: the
+    transient is the moved tokens themselves. Otherwise every element is addressed through long
+    offsets (8 bytes per moved element twice over, on top of the tokens).
+
+    NOTE: a chunk's gather (the only large allocation) is done before its scatter writes anything.
+    When it fails (out of memory), the chunks before it are complete and every later source intact,
+    so the rest moves one token at a time by copies between views of the cache, which allocate
+    nothing on affine layouts (:attr:`MoveOutcome.tokens_copied_one_by_one` says how many). When a
+    scatter fails, its chunk is rewritten column by column from the gathered copy, then the rest
+    moves one at a time. Only a fault those copies hit too (a device fault: the CUDA context is
+    lost, and vLLM's next kernel fails as well) propagates, with the destinations undefined.
+    """
+    outcome = MoveOutcome()
     if src_slots.numel() == 0 or not kv_caches:
-        return 0
+        return outcome
+    for group in _cache_groups(kv_caches, layout):
+        outcome = outcome.plus(_move_group(group, src_slots, dst_slots, max_chunk_bytes))
+    return outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class _CacheGroup:
+    """The layers of one allocation with one stride order and dtype (moved together)."""
+
+    first: torch.Tensor  # the layer at the lowest storage offset
+    offsets: tuple[int, ...]  # every layer's storage offset, ascending
+    layout: BlockLayout  # on the group's device
+
+    @property
+    def layer_stride(self) -> int | None:
+        """The constant distance between consecutive layers, or None when they are unevenly spaced."""
+        steps = {b - a for a, b in zip(self.offsets, self.offsets[1:], strict=False)}
+        return max(steps, default=0) if len(steps) <= 1 else None
+
+    @property
+    def strided(self) -> bool:
+        """K and V of every layer are strided views (affine layout, evenly spaced layers)."""
+        return (self.layout.key_strides is not None and self.layout.value_strides is not None
+                and self.layer_stride is not None)
+
+
+def _cache_groups(kv_caches: Sequence[torch.Tensor], layout: BlockLayout) -> list[_CacheGroup]:
     groups: dict[tuple[int, tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
     for cache in kv_caches:
         key = (cache.untyped_storage().data_ptr(), tuple(cache.stride()), cache.dtype)
         groups.setdefault(key, []).append(cache)
-    moved = 0
+    out = []
     for caches in groups.values():
         device = caches[0].device
         device_layout = layout if layout.key_index.device == device else layout.to(device)
-        src, dst = src_slots.long().to(device), dst_slots.long().to(device)
-        offsets = sorted(c.storage_offset() for c in caches)
-        steps = {b - a for a, b in zip(offsets, offsets[1:], strict=False)}
-        affine = (layout.key_strides, layout.value_strides)
-        if affine[0] is not None and affine[1] is not None and len(steps) <= 1:
-            moved += _move_strided(caches[0], int(offsets[0]), len(offsets), int(max(steps, default=0)), src, dst,
-                                   device_layout, (affine[0], affine[1]))
-            continue
-        src_offsets = _token_offsets(src, device_layout).reshape(-1)
-        dst_offsets = _token_offsets(dst, device_layout).reshape(-1)  # (either shape: the same order for both)
-        bases = torch.tensor(offsets, dtype=torch.long, device=device)
-        storage = storage_of(caches[0])
-        tokens = storage[bases[:, None] + src_offsets[None, :]]
-        storage[bases[:, None] + dst_offsets[None, :]] = tokens
-        moved += tokens.numel() * tokens.element_size()
+        ordered = sorted(caches, key=lambda c: c.storage_offset())
+        out.append(_CacheGroup(ordered[0], tuple(int(c.storage_offset()) for c in ordered), device_layout))
+    return out
+
+
+def _move_group(group: _CacheGroup, src_slots: torch.Tensor, dst_slots: torch.Tensor,
+                max_chunk_bytes: int | None) -> MoveOutcome:
+    """:func:`move_tokens_chunked` in one cache group: chunk by chunk, each gathered then scattered.
+
+    A chunk whose gather fails has written nothing: it and the rest move one slot at a time. A
+    chunk whose scatter fails (it may have written part of its destinations, some of which are
+    this chunk's own sources) is rewritten column by column from its gathered copy, which holds
+    the true sources; the rest then moves one slot at a time. Either way exactly the chosen
+    tokens end up in the destinations.
+    """
+    device = group.first.device
+    src, dst = src_slots.long().to(device), dst_slots.long().to(device)
+    num_kv_heads, _, head_dim = group.layout.key_index.shape
+    per_token = move_bytes_per_token(len(group.offsets), num_kv_heads, head_dim, group.first.element_size(),
+                                     per_head=src.dim() == 2, affine=group.strided)
+    columns = int(src.shape[-1])
+    chunks = plan_move_chunks(columns, per_token, max_chunk_bytes or columns * per_token or 1)
+    moved = 0
+    for index, (start, stop) in enumerate(chunks.bounds):
+        chunk_src, chunk_dst = src[..., start:stop], dst[..., start:stop]
+        try:
+            gathered = _gather(group, chunk_src)
+        except Exception:  # nothing of this chunk was written: finish without allocating
+            moved += _copy_one_by_one(group, src[..., start:], dst[..., start:])
+            return MoveOutcome(moved, index, chunks.peak_bytes, columns - start)
+        try:
+            _scatter(group, chunk_dst, gathered)
+        except Exception:  # rewrite this chunk from its copy, then finish without allocating
+            moved += _scatter_one_by_one(group, chunk_dst, gathered)
+            moved += _copy_one_by_one(group, src[..., stop:], dst[..., stop:])
+            return MoveOutcome(moved, index, chunks.peak_bytes, columns - start)
+        moved += sum(tokens.numel() * tokens.element_size() for tokens in gathered)
+    return MoveOutcome(moved, len(chunks.bounds), chunks.peak_bytes)
+
+
+def move_tokens_one_by_one(kv_caches: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor,
+                           layout: BlockLayout) -> MoveOutcome:
+    """:func:`move_tokens_chunked`'s allocation-free path alone: slot by slot, in order, through
+    views of the cache (a few index longs per slot on packed layouts). For a compaction's slots
+    (see :func:`move_tokens_chunked`), where a gathered copy must not be risked: the compactor's
+    fallback after a failed compaction.
+    """
+    outcome = MoveOutcome()
+    if src_slots.numel() == 0 or not kv_caches:
+        return outcome
+    for group in _cache_groups(kv_caches, layout):
+        src, dst = (slots.long().to(group.first.device) for slots in (src_slots, dst_slots))
+        outcome = outcome.plus(MoveOutcome(_copy_one_by_one(group, src, dst),
+                                           tokens_copied_one_by_one=int(src.shape[-1])))
+    return outcome
+
+
+def _strided_views(group: _CacheGroup) -> list[torch.Tensor]:
+    """K and V of every layer of the group as ``[layers, blocks, kv_heads, block_size, head_dim]`` views."""
+    layout, cache = group.layout, group.first
+    storage = storage_of(cache)
+    num_kv_heads, block_size, head_dim = layout.key_index.shape
+    assert layout.key_strides is not None and layout.value_strides is not None
+    layer_stride = group.layer_stride or 0
+    return [torch.as_strided(storage, (len(group.offsets), cache.shape[0], num_kv_heads, block_size, head_dim),
+                             (layer_stride, layout.block_stride, head, slot, dim), group.offsets[0] + origin)
+            for origin, head, slot, dim in (layout.key_strides, layout.value_strides)]
+
+
+def _slot_index(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, slice | torch.Tensor, torch.Tensor]:
+    """``(block, heads, offset)`` indices of ``slots`` into a strided view: every head the same
+    slots (``[N]``), or head ``h`` its own row of them (``[H, N]``)."""
+    heads: slice | torch.Tensor = (slice(None) if slots.dim() == 1
+                                   else torch.arange(slots.shape[0], device=slots.device)[:, None])
+    return slots // block_size, heads, slots % block_size
+
+
+def _gather(group: _CacheGroup, src: torch.Tensor) -> list[torch.Tensor]:
+    """Copies of K and V of ``src`` in every layer (``[N, L, H, hd]`` for ``[N]`` slots or
+    ``[L, H, N, hd]`` for ``[H, N]``, each on the strided path; ``[L, elements]`` on the offsets
+    path, elements in :func:`_token_offsets`' order). Reads only."""
+    layout = group.layout
+    if group.strided:
+        block, heads, offset = _slot_index(src, layout.block_size)
+        return [view[:, block, heads, offset] for view in _strided_views(group)]
+    bases = torch.tensor(group.offsets, dtype=torch.long, device=src.device)
+    return [storage_of(group.first)[bases[:, None] + _token_offsets(src, layout).reshape(-1)[None, :]]]
+
+
+def _scatter(group: _CacheGroup, dst: torch.Tensor, gathered: list[torch.Tensor]) -> None:
+    """Write what :func:`_gather` read into ``dst`` (its indices are the only new tensors)."""
+    layout = group.layout
+    if group.strided:
+        block, heads, offset = _slot_index(dst, layout.block_size)
+        for view, tokens in zip(_strided_views(group), gathered, strict=True):
+            view[:, block, heads, offset] = tokens
+        return
+    bases = torch.tensor(group.offsets, dtype=torch.long, device=dst.device)
+    storage_of(group.first)[bases[:, None] + _token_offsets(dst, layout).reshape(-1)[None, :]] = gathered[0]
+
+
+def _copy_one_by_one(group: _CacheGroup, src: torch.Tensor, dst: torch.Tensor) -> int:
+    """Move slot by slot, in order, through views of the cache (no gathered copy): on the strided
+    path each copy is ``view[:, block, head, offset]``, a basic view, so nothing is allocated.
+
+    Returns:
+        Bytes moved.
+    """
+    if src.shape[-1] == 0:
+        return 0
+    rows_src, rows_dst = src.reshape(-1, src.shape[-1]).tolist(), dst.reshape(-1, dst.shape[-1]).tolist()
+    block_size, moved = group.layout.block_size, 0
+    views = _strided_views(group) if group.strided else []
+    for column in range(src.shape[-1]):
+        for row, (row_src, row_dst) in enumerate(zip(rows_src, rows_dst, strict=True)):
+            source, target = row_src[column], row_dst[column]
+            if source == target:
+                continue
+            if not views:
+                moved += _copy_slot_by_offsets(group, source, target, None if src.dim() == 1 else row)
+                continue
+            head: slice | int = slice(None) if src.dim() == 1 else row
+            for view in views:
+                into = view[:, target // block_size, head, target % block_size]
+                into.copy_(view[:, source // block_size, head, source % block_size])
+                moved += into.numel() * into.element_size()
     return moved
 
 
-def _move_strided(cache: torch.Tensor, first_offset: int, num_layers: int, layer_stride: int, src: torch.Tensor,
-                  dst: torch.Tensor, layout: BlockLayout,
-                  strides: tuple[tuple[int, int, int, int], tuple[int, int, int, int]]) -> int:
-    """K and V of ``src`` slots into ``dst`` slots in ``num_layers`` evenly spaced layers: for each
-    of K and V, one gather (``[N, L, H, hd]``, or ``[L, H, N, hd]`` for per-head ``[H, N]`` slots)
-    then one scatter (sources read before any write)."""
-    storage = storage_of(cache)
-    num_kv_heads, block_size, head_dim = layout.key_index.shape
-    views = [torch.as_strided(storage, (num_layers, cache.shape[0], num_kv_heads, block_size, head_dim),
-                              (layer_stride, layout.block_stride, head, slot, dim), first_offset + origin)
-             for origin, head, slot, dim in strides]
-    src_block, src_offset = src // block_size, src % block_size
-    dst_block, dst_offset = dst // block_size, dst % block_size
-    # every head the same slots, or head h its own row of them
-    heads: slice | torch.Tensor = (slice(None) if src.dim() == 1
-                                   else torch.arange(src.shape[0], device=src.device)[:, None])
-    gathered = [view[:, src_block, heads, src_offset] for view in views]
-    for view, tokens in zip(views, gathered, strict=True):
-        view[:, dst_block, heads, dst_offset] = tokens
-    return sum(tokens.numel() * tokens.element_size() for tokens in gathered)
+def _copy_slot_by_offsets(group: _CacheGroup, source: int, target: int, head: int | None) -> int:
+    """One slot (one head's, or every head's) on the offsets path: its few offsets are allocated."""
+    layout, device = group.layout, group.first.device
+    bases = torch.tensor(group.offsets, dtype=torch.long, device=device)
+    offsets = [_token_offsets(torch.tensor([slot], device=device), layout)[0] for slot in (source, target)]
+    if head is not None:
+        offsets = [o[:, head] for o in offsets]
+    storage = storage_of(group.first)
+    tokens = storage[bases[:, None] + offsets[0].reshape(-1)[None, :]]
+    storage[bases[:, None] + offsets[1].reshape(-1)[None, :]] = tokens
+    return tokens.numel() * tokens.element_size()
+
+
+def _scatter_one_by_one(group: _CacheGroup, dst: torch.Tensor, gathered: list[torch.Tensor]) -> int:
+    """Write a chunk's gathered copy (:func:`_gather`) into ``dst`` one column at a time (each
+    column's indices are a few longs), after its whole scatter failed.
+
+    Returns:
+        Bytes moved.
+    """
+    moved = 0
+    for column in range(int(dst.shape[-1])):
+        tokens = _gathered_column(group, gathered, column, per_head=dst.dim() == 2)
+        _scatter(group, dst[..., column:column + 1], tokens)
+        moved += sum(t.numel() * t.element_size() for t in tokens)
+    return moved
+
+
+def _gathered_column(group: _CacheGroup, gathered: list[torch.Tensor], column: int, *,
+                     per_head: bool) -> list[torch.Tensor]:
+    """Column ``column`` of :func:`_gather`'s copy, shaped as :func:`_gather` gives one column."""
+    if group.strided:  # [N, L, H, hd] per request, [L, H, N, hd] per KV head
+        return [t[:, :, column:column + 1] if per_head else t[column:column + 1] for t in gathered]
+    num_kv_heads, _, head_dim = group.layout.key_index.shape
+    tokens = gathered[0]
+    if per_head:  # elements in (H, N, 2, hd) order
+        by_head = tokens.reshape(tokens.shape[0], num_kv_heads, -1, 2 * head_dim)
+        return [by_head[:, :, column].reshape(tokens.shape[0], -1)]
+    width = 2 * num_kv_heads * head_dim  # elements in (N, 2, H, hd) order
+    return [tokens[:, column * width:(column + 1) * width]]
+

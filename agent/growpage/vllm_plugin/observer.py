@@ -34,10 +34,10 @@ import torch
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import observed_layer_indices
-from growpage.core.devices import device_name
+from growpage.core.devices import HostCopy, device_name, to_device
 from growpage.core.faults import FaultGuard
 from growpage.core.methods import build_method
-from growpage.core.summaries import SummaryBank, summarize_attention
+from growpage.core.summaries import SummaryBank, readings_from, summarize_attention
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring, token_scores
 from growpage.vllm_plugin.compactor import WorkerCompactor
@@ -129,6 +129,15 @@ def sampled_heads(num_heads: int, num_kv_heads: int, count: int, every_kv_head: 
     return sorted(heads)
 
 
+def rotating_sample(count: int, limit: int, turn: int) -> list[int]:
+    """``limit`` of ``count`` positions (ascending), starting at ``turn * limit`` and wrapping, so
+    successive turns cover every position in turn (``observe_max_requests``)."""
+    if count <= limit:
+        return list(range(count))
+    start = (turn * limit) % count
+    return sorted((start + n) % count for n in range(limit))
+
+
 def layer_index(layer_name: str) -> int | None:
     """``model.layers.7.self_attn.attn`` -> 7."""
     match = _LAYER_INDEX.search(layer_name)
@@ -182,11 +191,13 @@ class VllmObserver:
         self._wanted_layers: dict[str, bool] = {}
         self._steps_begun = 0
         self._observe_this_step = True
+        self.stride = settings.observation_stride(config.mode)  # steps per observed step
+        self._reading_copies: list[tuple[list[str], HostCopy]] = []  # readings on their way to the host
         # enforce: the worker's physical state (None unless the deployment runs enforce)
         method = build_method(settings.method)
         scores = token_scores.for_method(method)
         self.compactor = (WorkerCompactor(config, rank, scores, settings.redundancy_weight,
-                                          settings.shared_keep_fraction)
+                                          settings.shared_keep_fraction, settings.compaction_chunk_mib * 2 ** 20)
                           if config.mode is Mode.ENFORCE else None)
         # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
         self._per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"
@@ -227,7 +238,8 @@ class VllmObserver:
         self._step_plan = None
         self._step_planned = False
         self._steps_begun += 1
-        self._observe_this_step = self._steps_begun % self.settings.observe_every_steps == 0
+        self._observe_this_step = self._steps_begun % self.stride == 0
+        self._collect_readings()
         for request_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self._release(request_id)
             self._preempted.pop(request_id, None)
@@ -255,12 +267,19 @@ class VllmObserver:
             self.compactor.adjust_inputs(runner)
 
     @property
+    def wants_eager_step(self) -> bool:
+        """Whether the step now starting is due to be observed, so it must not replay a full CUDA
+        graph (which runs no Python: :mod:`~growpage.vllm_plugin.graph_steps`)."""
+        return self._in_step and self._observe_this_step and bool(self.requests) and not self._layout_failed
+
+    @property
     def ready_to_compact(self) -> bool:
         """Whether this worker can move tokens (the cache layout is known and supported)."""
         return self._layout is not None and not self._layout_failed
 
     def take_report(self) -> WorkerReport:
         """What the scheduler learns from this worker since its last report."""
+        self._collect_readings()
         readings, self.pending_readings = self.pending_readings, {}
         needs, self.pending_attention_tokens = self.pending_attention_tokens, {}
         steps, observed = self._steps_tracked, self.steps_observed
@@ -418,15 +437,19 @@ class VllmObserver:
             observed.append(tracked)
         if not rows:
             return None
+        if len(rows) > self.settings.observe_max_requests:
+            keep = rotating_sample(len(rows), self.settings.observe_max_requests, self.steps_observed)
+            batch_rows, rows, lengths = ([values[n] for n in keep] for values in (batch_rows, rows, lengths))
+            observed = [observed[n] for n in keep]
         max_len = max(lengths)
         # host-built indices, copied without waiting for the device (no sync on the step's hot path)
-        index = scoring.to_device(batch_rows, block_table.device)
+        index = to_device(batch_rows, block_table.device)
         block_rows = block_table.index_select(0, index)[:, :-(-max_len // self._layout.block_size)]
         tokens, offsets = query_window([(starts[i], starts[i + 1]) for i in batch_rows],
                                        self.settings.observation_window_tokens)
         self._step_plan = _StepRows(
             rows=rows, lengths=lengths, observed=observed, max_len=max_len,
-            query_tokens=scoring.to_device(tokens, query_device), query_offsets=offsets, block_rows=block_rows,
+            query_tokens=to_device(tokens, query_device), query_offsets=offsets, block_rows=block_rows,
             enforced=self.compactor is not None and any(t.mode is Mode.ENFORCE for t in observed))
         return self._step_plan
 
@@ -472,7 +495,7 @@ class VllmObserver:
             same = [o for o in self._step if o.rows == rows]
             bin_mass = torch.stack([o.bin_mass for o in same]).mean(0)
             entropy = torch.stack([o.entropy for o in same]).mean(0)
-            self.summaries.observe(torch.tensor(rows, dtype=torch.long, device=self.summaries.device),
+            self.summaries.observe(to_device(rows, self.summaries.device),
                                    bin_mass.to(self.summaries.device), entropy.to(self.summaries.device))
             self.steps_observed += 1
             if isinstance(plan, _StepRows):
@@ -494,15 +517,27 @@ class VllmObserver:
 
         A reading is a dozen small tensor operations and one device-to-host copy (about 3 ms on a
         loaded 2-core CPU, several per cent of a decode step), while the summaries it reads move
-        slowly (the STS window is 32 steps, LTS updates every 64), so readings a few steps old
-        decide as well as fresh ones.
+        slowly (the STS window is 32 observed steps, LTS updates every 64), so readings a few steps
+        old decide as well as fresh ones. The copy never waits for the device: it lands in pinned
+        memory and is collected at the next step or report that finds it done
+        (:meth:`_collect_readings`).
         """
         due = self.steps_observed % READINGS_EVERY_STEPS == 0
         wanted = [t for t in observed if due or t.request_id not in self._read_once]
         if not wanted:
             return
-        for tracked, reading in zip(wanted, self.summaries.read([t.row for t in wanted]), strict=True):
-            self.pending_readings[tracked.request_id] = (reading.sts_density, reading.lts_entropy)
+        self._reading_copies.append(([t.request_id for t in wanted],
+                                     self.summaries.read_later([t.row for t in wanted])))
+        for tracked in wanted:
             self._read_once.add(tracked.request_id)
             if self._attention_coverage > 0 and self.compactor is not None and tracked.mode is Mode.ENFORCE:
                 self._queue_attention_need(tracked.request_id)
+
+    def _collect_readings(self) -> None:
+        """Readings whose copy has landed, oldest first (a newer one overwrites an older one),
+        for requests still tracked; a copy still in flight waits for the next call."""
+        while self._reading_copies and self._reading_copies[0][1].ready():
+            request_ids, copy = self._reading_copies.pop(0)
+            for request_id, reading in zip(request_ids, readings_from(copy.tolist()), strict=True):
+                if request_id in self.requests:
+                    self.pending_readings[request_id] = (reading.sts_density, reading.lts_entropy)

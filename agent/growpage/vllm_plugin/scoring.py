@@ -21,8 +21,8 @@ budget vLLM profiled. Here:
 - nothing waits on the device: the per-step indices travel in one non-blocking copy and the loops
   run on host integers (no ``.item()``, ``.tolist()`` or ``.cpu()`` per chunk or per layer).
 
-Pure torch (this module and :mod:`~growpage.vllm_plugin.keys` import nothing else from GrowPage or
-vLLM), so the torch-only GPU checks run it as the observer does.
+Pure torch (this module, :mod:`~growpage.vllm_plugin.keys` and :mod:`growpage.core.devices` import
+nothing else from GrowPage or vLLM), so the torch-only GPU checks run it as the observer does.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from growpage.core.devices import to_device
 from growpage.vllm_plugin import keys as kv_keys
 
 DEFAULT_CAP_BYTES = 256 * 2 ** 20
@@ -154,14 +155,6 @@ def plan_chunks(lengths: Sequence[int], *, num_layers: int, num_heads: int, head
         chunks.append(Chunk(rows, length, blocks))
         start = end
     return chunks
-
-
-def to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """One host-to-device copy that does not wait for the device (pinned source on CUDA)."""
-    host = torch.tensor(values, dtype=torch.long)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, lengths: Sequence[int],

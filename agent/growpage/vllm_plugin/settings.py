@@ -40,6 +40,9 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
     return str(value) if value not in (None, "") else None
 
 
+# Monitor observes one step in this many unless observe_every_steps says otherwise: measured on an
+# AVX2 host, observing every step cost 4-5 % of vLLM alone's tokens/s; see docs/BENCHMARKS.md.
+MONITOR_OBSERVE_EVERY_STEPS = 4
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
 VLLM_METHODS = ("growpage", "growpage_when_it_pays", "streaming_llm", "h2o", "snapkv")
@@ -56,12 +59,23 @@ class PluginSettings:
             ``/metrics/growpage`` route reads this exporter.
         exporter_host: listen address of that exporter.
         observed_heads: query heads sampled per observed layer (evenly spaced).
-        observe_every_steps: observe attention on one step in this many (1: every step). The
-            summaries' windows then span this many times more decode steps; boundaries are still
-            counted every step.
+        observe_every_steps: observe attention on one step in this many (1: every step); None:
+            :data:`MONITOR_OBSERVE_EVERY_STEPS` when the deployment runs ``monitor`` (its cost
+            stays within 2 %; ``gpctl bench vllm --part overhead`` measures the cost and what it
+            does to the decisions), every step under ``enforce`` (keep sets accumulate every step's
+            attention). The summaries' windows count observed steps, so they span this many times
+            more decode steps; boundaries are still counted every step. Under vLLM's
+            ``FULL_AND_PIECEWISE`` (or ``FULL_DECODE_ONLY``) CUDA graphs the due step runs without
+            its full graph (:mod:`~growpage.vllm_plugin.graph_steps`), so decode steps are observed too.
+        observe_max_requests: requests one observed step scores at most; with more in the batch,
+            a rotating subset (every request in turn), so a step's cost stops growing with the batch.
         observe_chunk_mib: transient device memory (MiB) one chunk of a step's observation may hold
             (the sampled heads' keys being scored and the chunk's probabilities); requests and
             blocks are scored in as many chunks as that takes. Outside vLLM's profiled KV budget.
+        compaction_chunk_mib: transient device memory (MiB) one chunk of a compaction's token
+            moves may hold (the gathered K and V of every layer and their indices); a compaction
+            moves its survivors in as many chunks as that takes. Outside vLLM's profiled KV budget,
+            so keep it, with ``observe_chunk_mib``, inside the memory vLLM leaves free.
         observation_window_tokens: at the step that ends a prompt, score the request by its last
             this many queries (an observation window, SnapKV's: the end of a prompt, where the
             question usually is, says which of its tokens matter), causally; decode steps score the
@@ -100,8 +114,10 @@ class PluginSettings:
     exporter_port: int = DEFAULT_EXPORTER_PORT
     exporter_host: str = "0.0.0.0"
     observed_heads: int = 4
-    observe_every_steps: int = 1
+    observe_every_steps: int | None = None
+    observe_max_requests: int = 64
     observe_chunk_mib: int = 256
+    compaction_chunk_mib: int = 64
     observation_window_tokens: int = 1
     fault_injection: str = ""
     client_mode: str = "auto"
@@ -118,11 +134,18 @@ class PluginSettings:
                               "try 9464, 0 for a free port or -1 to disable the exporter")
         if not isinstance(self.observed_heads, int) or self.observed_heads < 1:
             raise ConfigError(f"observed_heads must be an int >= 1, got {self.observed_heads!r}; try 4")
-        if not isinstance(self.observe_every_steps, int) or self.observe_every_steps < 1:
+        if self.observe_every_steps is not None and (not isinstance(self.observe_every_steps, int)
+                                                     or self.observe_every_steps < 1):
             raise ConfigError(f"observe_every_steps must be an int >= 1, got {self.observe_every_steps!r}; "
-                              "try 1 (every step) or 2")
+                              f"try 1 (every step) or {MONITOR_OBSERVE_EVERY_STEPS} (monitor's default)")
+        if not isinstance(self.observe_max_requests, int) or self.observe_max_requests < 1:
+            raise ConfigError(f"observe_max_requests must be an int >= 1, got {self.observe_max_requests!r}; "
+                              "try 64")
         if not isinstance(self.observe_chunk_mib, int) or self.observe_chunk_mib < 1:
             raise ConfigError(f"observe_chunk_mib must be an int >= 1, got {self.observe_chunk_mib!r}; try 256")
+        if not isinstance(self.compaction_chunk_mib, int) or self.compaction_chunk_mib < 1:
+            raise ConfigError(f"compaction_chunk_mib must be an int >= 1, got {self.compaction_chunk_mib!r}; "
+                              "try 64")
         if (not isinstance(self.observation_window_tokens, int)
                 or not 1 <= self.observation_window_tokens <= MAX_OBSERVATION_WINDOW):
             raise ConfigError(f"observation_window_tokens must be an int in [1, {MAX_OBSERVATION_WINDOW}], got "
@@ -132,6 +155,12 @@ class PluginSettings:
             if getattr(self, name) not in CLIENT_CHOICES:
                 raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
                                   "auto ignores clients when the deployment enforces")
+
+    def observation_stride(self, mode: Mode) -> int:
+        """Steps per observed step in a deployment running ``mode`` (see ``observe_every_steps``)."""
+        if self.observe_every_steps is not None:
+            return self.observe_every_steps
+        return MONITOR_OBSERVE_EVERY_STEPS if mode is Mode.MONITOR else 1
 
     def _check_selection(self) -> None:
         """What enforce keeps: the method, keep sets and R-KV's term."""
@@ -245,9 +274,12 @@ def config_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("GROWPAGE_VLLM_")}
 
 
+_OPTIONAL_INT_FIELDS = ("observe_every_steps",)  # default None (the mode decides), else an int
+
+
 def coerce_plugin_env(name: str, text: str) -> Any:
     """An environment value as its field's type (the field's default says which: int, float, str)."""
-    kind = type(_FIELD_DEFAULTS[name])
+    kind = int if name in _OPTIONAL_INT_FIELDS else type(_FIELD_DEFAULTS[name])
     if kind is int:
         try:
             return int(text)

@@ -46,9 +46,11 @@ def observer_blocker(compilation_config: Any) -> str | None:
     """``full_cudagraph`` when *no* step runs attention eagerly (``FULL``: mixed batches replay too).
 
     vLLM's default on CUDA, ``FULL_AND_PIECEWISE`` (and ``FULL_DECODE_ONLY``), replays decode-only
-    batches from full graphs but runs mixed and prefill batches eagerly: the observer summarises
-    what those steps show, and ``growpage_vllm_observed_steps_total`` / ``growpage_vllm_steps_total``
-    says how much of the work that was.
+    batches from full graphs but runs mixed and prefill batches eagerly; the step the observer is
+    due to observe runs without its full graph (:mod:`~growpage.vllm_plugin.graph_steps`: piecewise,
+    or eager under ``FULL_DECODE_ONLY``), so decode steps are observed too, one in
+    ``observe_every_steps``. ``growpage_vllm_observed_steps_total`` / ``growpage_vllm_steps_total``
+    says how much of the work was observed.
     """
     return CUDAGRAPH_FULL if _graph_mode_name(compilation_config) == "FULL" else None
 

@@ -12,7 +12,9 @@ Runner-specific, one seam each (:mod:`~growpage.vllm_plugin.runner_views` reads 
 
 - V1 ``GPUModelRunner._prepare_inputs`` (the CPU runner inherits it): in ``enforce``, physical
   ``seq_lens`` and ``slot_mapping`` right after the runner built them;
-- V2 ``GPUModelRunner.prepare_inputs``: keeps the step's ``InputBatch`` for the observer.
+- V2 ``GPUModelRunner.prepare_inputs``: keeps the step's ``InputBatch`` for the observer;
+- each runner's CUDA-graph dispatcher: the step the observer is due to watch does not replay a
+  full graph (:mod:`~growpage.vllm_plugin.graph_steps`).
 
 Each process builds its observer lazily from the ``VllmConfig`` current while the model is
 constructed, keyed by pid so a forked child never shares its parent's. The wrappers never change
@@ -26,6 +28,7 @@ import logging
 import os
 from typing import Any
 
+from growpage.vllm_plugin import graph_steps
 from growpage.vllm_plugin.patching import WrapTarget, is_wrapped, wrap_methods
 from growpage.vllm_plugin.wire import REPORT_ATTRIBUTE
 
@@ -155,6 +158,7 @@ def install_worker_hooks() -> bool:
     except Exception:  # a build where V2 cannot even be imported cannot run it either
         logger.debug("growpage: Model Runner V2 is not importable here; only V1 is hooked", exc_info=True)
     wrap_methods(targets)
+    graph_steps.install(current_observer)  # the observed step never replays a full CUDA graph
     return True
 
 

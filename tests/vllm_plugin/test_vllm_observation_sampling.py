@@ -1,0 +1,186 @@
+"""What the observer samples (steps, requests), and the observed step under vLLM's CUDA graphs."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+import torch
+from cache_layouts import transposed_cache, transposed_write
+
+from growpage.config import Mode
+from growpage.errors import ConfigError
+from growpage.vllm_plugin import graph_steps
+from growpage.vllm_plugin.observer import VllmObserver, rotating_sample
+from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings, split_settings
+
+LAYER = "model.layers.0.self_attn.attn"
+
+
+def _observer(mode: str = "monitor", **plugin) -> VllmObserver:
+    config, settings = split_settings({"mode": mode, "base_pages": 2, "recent_window_tokens": 8,
+                                       "observed_layers": 1, **plugin}, env={}, block_size=32)
+    return VllmObserver(config, settings, num_layers=1, max_requests=8)
+
+
+def test_monitor_observes_one_step_in_four_and_enforce_every_step_unless_told():
+    assert _observer("monitor").stride == MONITOR_OBSERVE_EVERY_STEPS == 4
+    assert _observer("enforce").stride == 1  # keep sets accumulate every step's attention
+    assert _observer("monitor", observe_every_steps=1).stride == 1  # the user's choice wins
+    _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_EVERY_STEPS": "2"})
+    assert settings.observation_stride(Mode.MONITOR) == 2
+    with pytest.raises(ConfigError, match="must be an integer"):
+        split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_EVERY_STEPS": "often"})
+    with pytest.raises(ConfigError, match="observe_max_requests must be an int >= 1"):
+        PluginSettings(observe_max_requests=0)
+
+
+def test_rotating_sample_covers_every_request_in_turn():
+    assert rotating_sample(3, 8, 0) == [0, 1, 2]  # fewer than the limit: all of them
+    turns = [rotating_sample(10, 4, turn) for turn in range(5)]
+    assert all(len(turn) == 4 and turn == sorted(set(turn)) for turn in turns)
+    assert set().union(*turns[:3]) == set(range(10))  # ceil(10 / 4) turns see everyone
+    assert turns[0] == [0, 1, 2, 3] and turns[2] == [0, 1, 8, 9]  # wraps around
+
+
+def _requests(count: int, prompt: int) -> list[types.SimpleNamespace]:
+    return [types.SimpleNamespace(req_id=f"r{n}", prompt_token_ids=list(range(prompt)), num_computed_tokens=0,
+                                  sampling_params=types.SimpleNamespace(extra_args={})) for n in range(count)]
+
+
+def _observed_rows(observer: VllmObserver, steps: int, num_requests: int = 3) -> list[list[int]]:
+    """Run ``steps`` decode steps of ``num_requests`` requests (one query each, 40 keys, sharing
+    blocks: only which rows are observed matters here); the summary rows observed at each step."""
+    torch.manual_seed(0)
+    head_dim, seq_len = 8, 40
+    keys = torch.randn(seq_len, 1, head_dim)
+    cache = transposed_cache(keys, 32, 4)
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=[f"r{n}" for n in range(num_requests)]))
+    metadata = types.SimpleNamespace(query_start_loc=torch.arange(num_requests + 1),
+                                     seq_lens=torch.full((num_requests,), seq_len),
+                                     block_table=torch.tensor([[0, 1, 2, 3]] * num_requests))
+    impl = types.SimpleNamespace(num_heads=2, num_kv_heads=1, scale=head_dim ** -0.5)
+    new = _requests(num_requests, seq_len - 1)
+    seen = []
+    for _ in range(steps):
+        observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new))
+        new = []
+        observer.note_kv_write(cache, keys[-1:], torch.tensor([seq_len - 1]), transposed_write, num_kv_heads=1,
+                               block_size=32, head_dim=head_dim)
+        if observer.wants_layer(LAYER):
+            observer.observe_layer(impl, torch.randn(num_requests, 2, head_dim), cache, metadata)
+        plan = observer._step_plan
+        seen.append(sorted(t.row for t in plan.observed) if plan is not None else [])
+        observer.end_step()
+    return seen
+
+
+def test_a_step_observes_at_most_observe_max_requests_and_every_request_in_turn():
+    observer = _observer(observe_every_steps=1, observe_max_requests=2)
+    seen = _observed_rows(observer, steps=3)
+    assert all(len(rows) == 2 for rows in seen)
+    assert set().union(*map(set, seen[:2])) == {0, 1, 2}  # two observed steps see all three
+    report = observer.take_report()
+    assert report.steps == report.steps_observed == 3 and set(report.readings) == {"r0", "r1", "r2"}
+    steps = [observer.summaries.read([row])[0].steps_observed for row in range(3)]
+    assert sorted(steps) == [2, 2, 2]  # 3 steps x 2 requests, spread evenly
+
+
+def test_monitor_default_observes_one_step_in_four_and_reports_every_step():
+    observer = _observer()
+    seen = _observed_rows(observer, steps=8, num_requests=1)
+    assert [bool(rows) for rows in seen] == [False, False, False, True] * 2
+    report = observer.take_report()
+    assert (report.steps, report.steps_observed) == (8, 2) and "r0" in report.readings
+
+
+def _dispatcher(mode_name: str = "FULL_AND_PIECEWISE"):
+    """vLLM's own V1 dispatcher with the keys it builds for ``mode_name`` at capture sizes 1-8."""
+    from vllm.config import CompilationConfig, CUDAGraphMode
+    from vllm.config.compilation import CompilationMode
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    mode = CUDAGraphMode[mode_name]
+    compilation = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=mode,
+                                    cudagraph_capture_sizes=[1, 2, 4, 8], max_cudagraph_capture_size=8)
+    compilation.set_splitting_ops_for_v1(all2all_backend="naive")
+    vllm_config = types.SimpleNamespace(compilation_config=compilation, num_speculative_tokens=0, lora_config=None,
+                                        scheduler_config=types.SimpleNamespace(max_num_seqs=8))
+    dispatcher = CudagraphDispatcher(vllm_config)
+    dispatcher.initialize_cudagraph_keys(mode, 1)
+    return dispatcher
+
+
+def _next_step(observer: VllmObserver) -> None:
+    """End the step in progress (if any) and begin the next one; one request ``r0`` is tracked."""
+    if observer._in_step:
+        observer.end_step()
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r0"]))
+    new = [] if observer.requests else _requests(1, 8)
+    observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new))
+
+
+def test_the_due_step_dispatches_a_piecewise_graph_where_vllm_would_replay_a_full_one():
+    pytest.importorskip("vllm")
+    from vllm.config import CUDAGraphMode
+
+    dispatcher = _dispatcher()
+    original = type(dispatcher).dispatch
+    observer = _observer()  # monitor: one step in four is due
+    dispatch = graph_steps._wrap_v1_dispatch(original, lambda: observer)
+    modes = []
+    for _ in range(8):
+        _next_step(observer)
+        modes.append(dispatch(dispatcher, 4, uniform_decode=True)[0])
+    full, piecewise = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
+    assert modes == [full, full, full, piecewise] * 2  # only the observed step leaves its full graph
+    observer.end_step()
+    assert dispatch(dispatcher, 4, uniform_decode=True)[0] == full  # outside a step (capture, warm-up): vLLM's
+    # a mode agreed across data-parallel ranks stands
+    assert graph_steps.without_full(None, {full}, full) is None
+    assert graph_steps.without_full({piecewise}, None, full) == {piecewise, full}
+
+
+def test_under_full_decode_only_the_due_step_runs_eagerly():
+    pytest.importorskip("vllm")
+    from vllm.config import CUDAGraphMode
+
+    dispatcher = _dispatcher("FULL_DECODE_ONLY")  # no piecewise graphs to fall back on
+    observer = _observer(observe_every_steps=1)
+    dispatch = graph_steps._wrap_v1_dispatch(type(dispatcher).dispatch, lambda: observer)
+    assert dispatch(dispatcher, 4, uniform_decode=True)[0] == CUDAGraphMode.FULL  # no step yet
+    _next_step(observer)
+    assert dispatch(dispatcher, 4, uniform_decode=True)[0] == CUDAGraphMode.NONE
+
+
+def test_model_runner_v2_swaps_a_full_descriptor_for_eager_on_the_due_step():
+    pytest.importorskip("vllm")
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    full = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=8, num_reqs=8, uniform_token_count=1)
+
+    def vllm_dispatch(manager, num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None):
+        return full
+
+    observer = _observer(observe_every_steps=2)
+    dispatch = graph_steps._wrap_v2_dispatch(vllm_dispatch, lambda: observer)
+    _next_step(observer)
+    assert dispatch(None, 5, 5, 1, 0) is full  # step 1 of 2: not due
+    _next_step(observer)
+    eager = dispatch(None, 5, 5, 1, 0)
+    assert eager.cg_mode == CUDAGraphMode.NONE and (eager.num_tokens, eager.num_reqs) == (5, 5)
+    assert dataclasses.replace(eager, cg_mode=CUDAGraphMode.FULL) != full  # the batch's own size, unpadded
+
+
+def test_a_fault_while_asking_the_observer_leaves_vllms_choice():
+    pytest.importorskip("vllm")
+    from vllm.config import CUDAGraphMode
+
+    def broken():
+        raise RuntimeError("observer gone")
+
+    dispatcher = _dispatcher()
+    dispatch = graph_steps._wrap_v1_dispatch(type(dispatcher).dispatch, broken)
+    assert dispatch(dispatcher, 4, uniform_decode=True)[0] == CUDAGraphMode.FULL
