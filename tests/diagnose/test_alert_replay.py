@@ -158,6 +158,8 @@ def _cases(documents: dict[str, dict] | None = None) -> list[tuple[str, str, dic
 
 
 CASES = _cases()
+# diagnose has no router check yet (catalog.UNDIAGNOSED_ALERTS): those fixtures are promtool's alone
+REPLAYED = [case for case in CASES if case[0] not in catalog.UNDIAGNOSED_ALERTS]
 
 
 def test_every_alert_has_fixtures_and_a_row_in_the_severity_table():
@@ -167,7 +169,7 @@ def test_every_alert_has_fixtures_and_a_row_in_the_severity_table():
     assert {alert for alert, _, _, _, fires in CASES if not fires} == alerts
 
 
-@pytest.mark.parametrize(("alert", "name", "test", "at_s", "fires"), CASES, ids=[case[1] for case in CASES])
+@pytest.mark.parametrize(("alert", "name", "test", "at_s", "fires"), REPLAYED, ids=[case[1] for case in REPLAYED])
 def test_diagnose_agrees_with_the_alert(alert: str, name: str, test: dict, at_s: float, fires: bool):
     _assert_agrees(alert, test, at_s, fires)
 
@@ -211,7 +213,7 @@ def test_promtool_values_notation():
 CUSTOM = mixin_config_from({"thresholds": {
     "vllm_ttft_s": 5.0, "vllm_itl_s": 0.25, "vllm_itl_objective": 0.995, "allocation_latency_s": 0.02,
     "allocation_latency_objective": 0.98, "burn_rate_factors": [10, 5, 2, 1]}}, "test")
-CUSTOM_CASES = _cases(alert_test_files(CUSTOM))
+CUSTOM_CASES = [case for case in _cases(alert_test_files(CUSTOM)) if case[0] not in catalog.UNDIAGNOSED_ALERTS]
 
 
 @pytest.mark.parametrize(("alert", "name", "test", "at_s", "fires"), CUSTOM_CASES,

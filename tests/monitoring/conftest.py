@@ -14,6 +14,7 @@ import pytest
 from monitoring_paths import RULES_FILE
 from synthetic_growpage import openmetrics_history
 
+from growpage.monitoring import router_rules
 from growpage.monitoring.recording_rules import recording_rule_names
 from support.promstack import Prometheus, run_prometheus, run_tool, wait_until
 
@@ -36,7 +37,9 @@ def backfilled_prometheus(tmp_path_factory: pytest.TempPathFactory):
     storage = workdir / "tsdb"
     run_tool("promtool", "tsdb", "create-blocks-from", "openmetrics", str(history), str(storage))
     with run_prometheus(workdir, scrape_configs=[], rule_files=[RULES_FILE], storage_path=storage) as server:
+        names = recording_rule_names() | {rule.record for rule in router_rules.recording_rules()}
+
         def every_rule_recorded() -> bool:
-            return all(server.query(name) for name in recording_rule_names())
+            return all(server.query(name) for name in names)
         wait_until(every_rule_recorded, timeout_s=30, what="every recording rule to have a sample")
         yield BackfilledPrometheus(server, at=time.time())

@@ -1,9 +1,9 @@
 """Synthetic GrowPage series generated from the catalog, for Prometheus-backed tests.
 
 ``openmetrics_history`` writes 30 minutes of every catalog metric (counters increasing, histograms
-consistent: cumulative buckets, +Inf == count) for two pods, plus ``up`` and DCGM's framebuffer
-series, for ``promtool tsdb create-blocks-from openmetrics``. ``exposition`` renders one scrape in
-the Prometheus text format, with chosen gauge values, for a loopback scrape target.
+consistent: cumulative buckets, +Inf == count) for two pods, plus ``up``, DCGM's framebuffer series,
+vLLM's own and vLLM's router's, for ``promtool tsdb create-blocks-from openmetrics``. ``exposition``
+renders one scrape in the Prometheus text format, with chosen gauge values, for a loopback scrape target.
 """
 
 from __future__ import annotations
@@ -125,7 +125,9 @@ def _external_history(times: list[float]) -> list[str]:
     lines = ["# TYPE up gauge"]
     for namespace, pod, _ in PODS:
         lines += [f"up{_labels_text(pod_labels(namespace, pod))} 1 {t:.3f}" for t in times]
+        lines += [f"up{_labels_text(router_target(namespace))} 1 {t:.3f}" for t in times]
     lines += _vllm_history(times)
+    lines += _router_history(times)
     for metric, mib in ((catalog.DCGM_FB_USED, 40_000), (catalog.DCGM_FB_FREE, 41_000), (catalog.DCGM_GPU_UTIL, 87)):
         lines.append(f"# TYPE {metric} gauge")
         for gpu, (namespace, pod, _) in enumerate(PODS):
@@ -190,3 +192,53 @@ def exposition(gauges: Mapping[str, float] | None = None, mode: str = "enforce",
         for name, labels, value in _series(spec, {catalog.MODEL_LABEL: MODEL}, seconds, mode, values, home):
             lines.append(f"{name}{_labels_text(labels)} {value}")
     return "\n".join(lines) + "\n"
+
+
+ROUTER_WORKERS = ("http://vllm-reasoning-0.vllm-reasoning-peers:8000", "http://vllm-reasoning-1.vllm-reasoning-peers:8000")
+
+
+def _router_samples(seconds: float) -> Iterator[tuple[str, dict[str, str], float]]:
+    """vLLM's router as vllm-router 0.1.17 exports it (catalog.ROUTER_SERIES_LABELS): two workers, one
+    request in two hundred failing, a few client errors."""
+    route = {"route": "/v1/completions"}
+    yield catalog.ROUTER_ACTIVE_WORKERS, {}, float(len(ROUTER_WORKERS))
+    yield catalog.ROUTER_REQUESTS, route, round(10.0 * seconds, 3)
+    yield catalog.ROUTER_REQUESTS_FAILED, route, round(0.05 * seconds, 3)
+    yield catalog.ROUTER_REQUEST_ERRORS, {**route, "error_type": "non_retryable_error"}, round(0.1 * seconds, 3)
+    for worker in ROUTER_WORKERS:
+        yield catalog.ROUTER_WORKER_HEALTH, {"worker": worker}, 1.0
+        yield catalog.ROUTER_POLICY_DECISIONS, {"policy": "power_of_two", "worker": worker}, round(5.0 * seconds, 3)
+        yield catalog.ROUTER_PROCESSED_REQUESTS, {"worker": worker}, round(5.1 * seconds, 3)
+        yield catalog.ROUTER_RUNNING_REQUESTS, {"worker": worker}, 2.0
+        yield catalog.ROUTER_CIRCUIT_STATE, {"worker": worker}, 0.0
+
+
+def router_target(namespace: str) -> dict[str, str]:
+    """The scrape labels of the router pod in ``namespace`` (job vllm-router)."""
+    return {"job": catalog.ROUTER_SCRAPE_JOB, "instance": f"10.42.1.{len(namespace)}:{catalog.ROUTER_METRICS_PORT}",
+            "namespace": namespace, "pod": f"vllm-router-6b8f9c7d5-{namespace[:4]}"}
+
+
+def _router_history(times: list[float]) -> list[str]:
+    """The router's series, for a router pod in each pod's namespace."""
+    lines: list[str] = []
+    for namespace, _, _ in PODS:
+        target = router_target(namespace)
+        for t in times:
+            for name, labels, value in _router_samples(t - times[0] + 15):
+                lines.append(f"{name}{_labels_text({**target, **labels})} {value} {t:.3f}")
+    return _grouped_by_family(lines)
+
+
+def _grouped_by_family(lines: list[str]) -> list[str]:
+    """OpenMetrics wants one family's samples together, after its TYPE line."""
+    families: dict[str, list[str]] = {}
+    for line in lines:
+        name = line.split("{", 1)[0]
+        families.setdefault(name, []).append(line)
+    out: list[str] = []
+    for name, samples in families.items():
+        kind = "counter" if name.endswith("_total") else "gauge"
+        family = name.removesuffix("_total") if kind == "counter" else name
+        out += [f"# TYPE {family} {kind}", *samples]
+    return out

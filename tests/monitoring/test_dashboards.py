@@ -9,7 +9,7 @@ import pytest
 from monitoring_paths import REPO_ROOT
 
 from growpage import catalog
-from growpage.monitoring import alert_rules
+from growpage.monitoring import alert_rules, router_rules
 from growpage.monitoring.dashboards import dashboards
 from growpage.monitoring.dashboards.common import DATASOURCE, GRID_COLUMNS
 from growpage.monitoring.panel_queries import panel_queries, run_panel_queries, substitute_variables
@@ -19,7 +19,8 @@ from growpage.monitoring.recording_rules import recording_rule_names
 COMMITTED = {path.name: json.loads(path.read_text()) for path in (REPO_ROOT / "dashboards").glob("*.json")}
 ALLOWED_METRICS = ({name for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS, *catalog.VLLM_HOME_METRICS)
                     for name in spec.series_names}
-                   | recording_rule_names()
+                   | recording_rule_names() | {rule.record for rule in router_rules.recording_rules()}
+                   | set(catalog.ROUTER_METRICS_SERIES)
                    | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE, catalog.DCGM_GPU_UTIL, *catalog.VLLM_METRICS})
 VARIABLES = ("datasource", "cluster", "job", "namespace", "pod", catalog.MODEL_LABEL)
 
@@ -92,9 +93,9 @@ def test_troubleshooting_follows_the_checklist_and_every_panel_links_an_existing
         assert links, f"{panel['title']} links no runbook"
         for alert in links:
             assert (REPO_ROOT / "runbooks" / f"{alert}.md").is_file(), alert
-    titles = {p["title"] for p in _panels(board)}
+    titles = {board["title"]: {p["title"] for p in _panels(board)} for board in COMMITTED.values()}
     for rule in alert_rules.alert_rules():
-        assert rule.dashboard_panel in titles, f"{rule.name} points at a missing panel"
+        assert rule.dashboard_panel in titles[rule.dashboard], f"{rule.name} points at a missing panel"
 
 
 def test_overview_has_the_slo_stats_and_the_rollout_view():

@@ -22,7 +22,8 @@ from growpage import catalog
 KUBERNETES_VERSION = "1.30.0"
 FLEET = DEPLOY_DIR / "overlays" / "fleet"
 ROUTER_COMPONENT = DEPLOY_DIR / "components" / "router"
-ROUTER_KINDS = {"ServiceAccount", "Deployment", "Service"}  # no Role: a router given addresses reads no pods
+# No Role: a router given addresses reads no pods.
+ROUTER_KINDS = {"ServiceAccount", "Deployment", "Service", "ServiceMonitor"}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,8 @@ def test_the_fleet_is_phase3_with_addressable_replicas_plus_the_router(fleet, ph
     assert sorted(map(_key, fleet)) == sorted([k for k in map(_key, phase3) if k not in swapped]
                                               + added + list(map(_key, router)))
     for document in [*router, *(_named(fleet, *key) for key in added)]:
-        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+        if document["kind"] != "ServiceMonitor":  # a CRD: no schema in kubernetes-validate
+            kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
 
 
 def test_the_replicas_run_phase3s_pod(fleet, phase3):
@@ -144,3 +146,32 @@ def test_the_router_component_alone_discovers_replicas_and_may_read_pods_only(ph
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     binding = _named(documents, "RoleBinding", "vllm-router")
     assert binding["subjects"][0]["name"] == "vllm-router"
+
+
+def _flag(args: list[str], name: str) -> str:
+    [value] = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--{name}=")]
+    return value
+
+
+@pytest.mark.parametrize("where", ["component", "fleet"])
+def test_the_routers_scrape_target_resolves_to_its_prometheus_port(fleet, where):
+    """ServiceMonitor port -> Service port -> container port -> the port the router serves metrics on."""
+    documents = _component_documents() if where == "component" else fleet
+    monitor = _named(documents, "ServiceMonitor", "vllm-router")
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == catalog.ROUTER_METRICS_PATH
+    assert {"targetLabel": "job", "replacement": catalog.ROUTER_SCRAPE_JOB} in endpoint["relabelings"]
+    service = _named(documents, "Service", "vllm-router")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    [port] = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    deployment = _named(documents, "Deployment", "vllm-router")
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    [container] = pod["spec"]["containers"]
+    [container_port] = [p for p in container["ports"] if p["name"] == port["targetPort"]]
+    args = _args(documents)
+    assert container_port["containerPort"] == int(_flag(args, "prometheus-port")) == catalog.ROUTER_METRICS_PORT
+    assert _flag(args, "prometheus-host") == "0.0.0.0"  # reachable from Prometheus, not loopback only
+    # only the router's Service: the replicas' ServiceMonitors never select it, nor this one theirs
+    for other in (d for d in documents if d["kind"] == "ServiceMonitor" and d is not monitor):
+        assert not other["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()

@@ -80,6 +80,14 @@ NO_DATA_ON_THIS_MACHINE = {
     (_FLEET, "vLLM KV cache usage per replica", "A"),
     (_FLEET, "Requests waiting per replica", "A"),
     (_FLEET, "Time to first token p99 per replica", "A"),
+    # vLLM's router (vllm-router) is not part of this stack: its panels run on the backfilled router
+    # series (test_dashboards) and the fleet test scrapes a real router's exposition.
+    (_FLEET, "Router: requests sent to each worker", "A"),
+    (_FLEET, "Router: requests sent to each worker", "B"),
+    (_FLEET, "Worker health as the router sees it", "A"),
+    (_FLEET, "Router: requests in flight per worker (its own count)", "A"),
+    (_FLEET, "Router: share of requests failed", "A"),
+    (_FLEET, "Router pods answering their scrape (up)", "A"),
 }
 
 

@@ -8,6 +8,7 @@ import yaml
 from monitoring_paths import ALERT_TESTS_DIR, RULES_FILE
 
 from growpage import catalog
+from growpage.monitoring import router_rules
 from growpage.monitoring.alert_rules import alert_rules
 from growpage.monitoring.alert_tests import alert_test_files, quiet_scenarios, scenarios, timeline_scenarios
 from growpage.monitoring.mixin import MixinConfig
@@ -68,7 +69,8 @@ def test_every_alert_has_a_case_where_its_condition_is_false():
 
 def test_every_alert_that_reads_growpage_has_a_mode_off_near_miss():
     # A pod in mode off exports build info and nothing GrowPage says about it may page or ticket.
-    mode_free = {"GrowPageAgentDown", "GrowPageMetricsAbsent", "GrowPageAgentErrors"}  # any mode
+    mode_free = {"GrowPageAgentDown", "GrowPageMetricsAbsent", "GrowPageAgentErrors",  # any mode
+                 *(rule.name for rule in router_rules.alerts())}  # the router's own series: no GrowPage mode
     for name, quiet in quiet_scenarios().items():
         if name in mode_free:
             continue
@@ -120,7 +122,8 @@ def test_severities_come_from_the_one_table():
         assert rule.severity == catalog.SEVERITY_BY_ALERT[rule.name]
     pages = {rule.name for rule in alert_rules() if rule.severity == catalog.SEVERITY_PAGE}
     assert pages == {"GrowPageVLLMTimeToFirstTokenFastBurn", "GrowPageVLLMInterTokenLatencyFastBurn",
-                     "GrowPageVLLMAvailabilityFastBurn", "GrowPageKVPagesStranded"}
+                     "GrowPageVLLMAvailabilityFastBurn", "GrowPageKVPagesStranded",
+                     "GrowPageRouterNoHealthyWorker", "GrowPageRouterAvailabilityFastBurn"}
 
 
 def test_the_page_for_stranded_pages_ignores_the_framebuffer_vllm_keeps_full():

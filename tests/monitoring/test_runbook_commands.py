@@ -36,8 +36,10 @@ from growpage.config import ENV_PREFIX, FIELD_NAMES, load_config
 OVERLAYS = {"base": DEPLOY_DIR / "base",
             **{name: DEPLOY_DIR / "overlays" / name
                for name in ("phase1-monitor", "phase2-namespaces", "phase3-everywhere", "fleet")}}
-# The alert reads the router's load; only an overlay that runs vLLM's router can raise it.
-ROUTER_RUNBOOKS = {"GrowPageFleetRoutesToPreemptingReplica.md"}
+# These alerts read the router or its replicas' load: only an overlay that runs vLLM's router raises them.
+ROUTER_RUNBOOKS = {"GrowPageFleetRoutesToPreemptingReplica.md", "GrowPageRouterNoHealthyWorker.md",
+                   "GrowPageRouterAvailabilityFastBurn.md", "GrowPageRouterAvailabilitySlowBurn.md",
+                   "GrowPageRouterDown.md"}
 # Objects the cluster makes from the manifests (a Deployment's ReplicaSets, every workload's pods):
 # their names come from the pod, never from a runbook.
 RUNTIME_KINDS = {"Pod", "ReplicaSet", "Event", "Node", "Endpoints", "EndpointSlice"}

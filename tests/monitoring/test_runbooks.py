@@ -8,6 +8,7 @@ import pytest
 from monitoring_paths import RUNBOOKS_DIR
 
 from growpage import catalog
+from growpage.monitoring import router_rules
 from growpage.monitoring.alert_rules import alert_rules
 from growpage.monitoring.panel_queries import run_panel_queries
 from growpage.monitoring.promql import metric_names
@@ -19,7 +20,8 @@ PARAMETERS = ("$NAMESPACE", "$PROMETHEUS", "$ALERTMANAGER")
 PROMQL_BLOCK = re.compile(r"```promql\n(.*?)\n```", re.DOTALL)
 KNOWN_METRICS = ({n for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS, *catalog.VLLM_HOME_METRICS)
                   for n in spec.series_names}
-                 | recording_rule_names()
+                 | recording_rule_names() | {rule.record for rule in router_rules.recording_rules()}
+                 | set(catalog.ROUTER_METRICS_SERIES)
                  | {"up", catalog.DCGM_FB_USED, catalog.DCGM_FB_FREE, catalog.DCGM_GPU_UTIL, *catalog.VLLM_METRICS})
 
 

@@ -47,7 +47,8 @@ def fleet(prepared_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     base = free_port()
     spec = fleet_spec(replicas=2, port=free_port(), router_port=free_port(), metrics_port=base, mode="enforce",
                       kv_blocks=[20, 96], base_pages=6, max_model_len=512, max_num_seqs=8,
-                      model=str(prepared_model_dir), served_model_name=MODEL, load_poll_s=1, cpu_binds=("0", "1"))
+                      model=str(prepared_model_dir), served_model_name=MODEL, load_poll_s=1, cpu_binds=("0", "1"),
+                      router_metrics_port=free_port())
     with Fleet(spec, tmp_path_factory.mktemp("fleet")) as running:
         running.start(startup_timeout_s=600)
         yield running
@@ -113,3 +114,31 @@ def _route_while_a_is_busy(fleet: Fleet, small: str, large: str) -> None:
         _complete(fleet.spec.router_url, f"Say hello number {index}.", 4)
     assert _load(small) > 0, "A went idle while the routed requests were sent; add background clients"
     assert _successes(large) - before == ROUTED_REQUESTS
+
+
+def _router_samples(fleet: Fleet) -> dict[str, list[tuple[str, float]]]:
+    """The router's own exposition: series name -> (labels, value) of each sample."""
+    samples: dict[str, list[tuple[str, float]]] = {}
+    for line in httpx.get(fleet.spec.router_metrics_url, timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            samples.setdefault(name, []).append((labels, float(value)))
+    return samples
+
+
+def test_the_router_exports_what_its_panels_and_alerts_read(fleet):
+    """Runs after the routed requests: the counters the router alerts read exist once incremented."""
+    samples = _router_samples(fleet)
+    health = samples.get(catalog.ROUTER_WORKER_HEALTH, [])
+    assert sorted(v for _, v in health) == [1.0, 1.0], health  # both replicas healthy, one series each
+    assert all(f'{catalog.ROUTER_WORKER_LABEL}="' in labels for labels, _ in health)
+    assert samples[catalog.ROUTER_ACTIVE_WORKERS][0][1] == 2
+    assert sum(v for _, v in samples[catalog.ROUTER_REQUESTS]) >= ROUTED_REQUESTS
+    assert set(samples) <= set(catalog.ROUTER_METRICS_SERIES) | {n for n in samples if not n.startswith("vllm_router_")
+                                                                 } | _UNUSED_ROUTER_SERIES, sorted(samples)
+
+
+# What vllm-router exports beyond what the panels and alerts read (so a new series in an upgrade shows here).
+_UNUSED_ROUTER_SERIES: set[str] = set()
+

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 
 from growpage import catalog
 from growpage.monitoring import recording_rules as rec
+from growpage.monitoring import router_rules
+from growpage.monitoring.alert_rule import DIAGNOSE_SERVICE as _DIAGNOSE_SERVICE
+from growpage.monitoring.alert_rule import PERCENT as _PERCENT
+from growpage.monitoring.alert_rule import SERVICE as _SERVICE
+from growpage.monitoring.alert_rule import AlertRule, burn_rules
+from growpage.monitoring.alert_rule import pct as _pct
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.promql import selector
 
@@ -27,70 +32,9 @@ OOM_WINDOW = catalog.STRANDED_WINDOW  # an OOM or preemption counts for this lon
 
 _MODEL = catalog.MODEL_LABEL
 _WHERE = f"{{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}} ({{{{ $labels.{_MODEL} }}}})"
-_SERVICE = f"{{{{ $labels.namespace }}}} ({{{{ $labels.{_MODEL} }}}}, all pods)"
 _DIAGNOSE = ("Run: gpctl diagnose --prometheus {{ $externalURL }} --since 30m "
              "--namespace {{ $labels.namespace }} --pod {{ $labels.pod }}")
-_DIAGNOSE_SERVICE = "Run: gpctl diagnose --prometheus {{ $externalURL }} --since 1h --namespace {{ $labels.namespace }}"
-_PERCENT = "{{ $value | humanizePercentage }}"
 _BLOCK_SIZES = ", ".join(f"{gpu} {size}" for gpu, size in catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU.items())
-
-
-def _pct(ratio: float) -> str:
-    return f"{ratio * 100:g} %"
-
-
-@dataclasses.dataclass(frozen=True)
-class AlertRule:
-    """One Prometheus alerting rule plus what the runbook and the tests need to know about it.
-
-    Burn-rate alerts are one rule per window pair under one alertname: each pair has its own
-    ``for`` and carries ``long_window``/``short_window`` labels, so a page says which pair burned.
-
-    Attributes:
-        name: the alertname; also the runbook's file name. Its severity comes from
-            ``catalog.SEVERITY_TABLE``, the table diagnose and the runbooks read too.
-        expr: PromQL; the alert fires for every series it returns for ``for_duration``.
-        for_duration: Prometheus ``for:``.
-        summary, description: annotations (Prometheus templates).
-        dashboard_panel: title of the Troubleshooting dashboard panel to look at.
-        labels: labels besides ``severity`` (the window pair of a burn-rate rule).
-        growpage_view: an annotation naming GrowPage's own series for the alert's pod or service,
-            on alerts that page on what vLLM users feel.
-        config: the mixin config the rule was built with (its runbook URL pattern).
-    """
-
-    name: str
-    expr: str
-    for_duration: str
-    summary: str
-    description: str
-    dashboard_panel: str
-    labels: dict[str, str] = dataclasses.field(default_factory=dict)
-    growpage_view: str = ""
-    config: MixinConfig = dataclasses.field(default=DEFAULT_CONFIG, compare=False, repr=False)
-
-    @property
-    def severity(self) -> str:
-        return catalog.SEVERITY_BY_ALERT[self.name]
-
-    @property
-    def runbook_url(self) -> str:
-        return self.config.runbook_url(self.name)
-
-    def annotations(self) -> dict[str, str]:
-        notes = {"summary": self.summary, "description": self.description, "runbook_url": self.runbook_url}
-        if self.growpage_view:
-            notes["growpage_view"] = self.growpage_view
-        return notes
-
-    def to_dict(self, for_override: str | None = None) -> dict:
-        return {
-            "alert": self.name,
-            "expr": self.expr,
-            "for": for_override or self.for_duration,
-            "labels": {"severity": self.severity, **self.labels},
-            "annotations": self.annotations(),
-        }
 
 
 # Titles of Troubleshooting dashboard panels, shared with growpage.monitoring.dashboards.
@@ -204,48 +148,16 @@ def _compress_alerts(lv: rec.Levels) -> list[AlertRule]:
         PANEL_COMPRESS, {"home": home}) for home, fix in _COMPRESS_RATIO_FIXES.items()]
 
 
-def burn_rate_alert_name(speed: str, slo: str = "AllocationLatency") -> str:
-    return f"GrowPage{slo}{speed.title()}Burn"
-
-
 # vLLM SLO -> the alertname stem of its burn-rate alerts.
 VLLM_SLO_ALERT_STEMS = {catalog.SLO_VLLM_TTFT.name: "VLLMTimeToFirstToken",
                         catalog.SLO_VLLM_ITL.name: "VLLMInterTokenLatency",
                         catalog.SLO_VLLM_AVAILABILITY.name: "VLLMAvailability"}
 
 
-def _burn_rules(stem: str, error_ratio: Callable[[str], str], objective: float, summary: str, description: str,
-                panel: str, view: str = "", scope: Callable[[str], str] = lambda expr: expr,
-                burn_alerts: tuple[catalog.BurnRateAlert, ...] = catalog.ALLOCATION_LATENCY_BURN_RATE_ALERTS,
-                ) -> list[AlertRule]:
-    """One rule per burn-rate window pair, each with its ``for`` and its window labels.
-
-    Args:
-        error_ratio: window -> the recording rule of the error ratio over it.
-        scope: wraps the pair's condition (a mode join), where the ratios do not filter already.
-        burn_alerts: the window pairs and their factors (the mixin config's thresholds).
-    """
-    budget = round(1 - objective, 10)
-    rules = []
-    for alert in burn_alerts:
-        for burn in alert.windows:
-            limit = f"({burn.factor:g} * {budget:g})"
-            expr = scope(f"{error_ratio(burn.long_window)} > {limit}\n"
-                         f"and\n{error_ratio(burn.short_window)} > {limit}")
-            windows = f"{burn.long_window} and {burn.short_window} at {burn.factor:g}x"
-            rules.append(AlertRule(
-                burn_rate_alert_name(alert.speed, stem), expr, burn.for_duration,
-                f"{summary} ({alert.speed} burn)",
-                f"{_SERVICE}: {_PERCENT} of {description}; the error budget ({_pct(budget)}) burns over "
-                f"{windows} the sustainable rate. {_DIAGNOSE_SERVICE}",
-                panel, {"long_window": burn.long_window, "short_window": burn.short_window}, view))
-    return rules
-
-
 def _allocation_burn_alerts(lv: rec.Levels) -> list[AlertRule]:
     t = lv.thresholds
     threshold_ms = f"{t.allocation_latency_s * 1000:g} ms"
-    return _burn_rules(
+    return burn_rules(
         "AllocationLatency", rec.slo_error_ratio_name, t.allocation_latency_objective,
         "Page allocation latency burns its error budget too fast",
         f"page grants over the long window took longer than {threshold_ms} "
@@ -264,14 +176,14 @@ def vllm_latency_alerts(thresholds: catalog.MixinThresholds = catalog.MIXIN_THRE
     rules = []
     for slo in thresholds.vllm_latency_slos:
         what = "time to first token" if slo.name == catalog.SLO_VLLM_TTFT.name else "inter-token latency"
-        rules += _burn_rules(
+        rules += burn_rules(
             VLLM_SLO_ALERT_STEMS[slo.name], functools.partial(rec.vllm_error_ratio_name, slo.name),
             slo.objective, f"vLLM {what} burns its error budget too fast",
             f"requests over the long window had a {what} above {slo.threshold_s:g} s (vLLM's "
             f"{slo.histogram}; SLO: {_pct(slo.objective)} within {slo.threshold_s:g} s)",
             PANEL_VLLM_BURN_RATE, _view("service"), burn_alerts=thresholds.burn_rate_alerts)
     availability = thresholds.vllm_availability_slo
-    rules += _burn_rules(
+    rules += burn_rules(
         VLLM_SLO_ALERT_STEMS[availability.name], functools.partial(rec.vllm_error_ratio_name, availability.name),
         availability.objective, "vLLM requests fail or are aborted too often",
         f"requests finished over the long window were aborted or failed ({catalog.VLLM_REQUESTS_FINISHED}"
@@ -444,9 +356,9 @@ def agent_alerts(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
 
 def _observation_stale_alert(lv: rec.Levels) -> AlertRule:
     """The observer reports active, steps run with tracked requests, and not one was observed: what
-    GrowPage decides then ranks tokens by recency alone, while every panel says it observes. Under
-    full CUDA graphs or with observe_every_steps > 1 the share drops but stays above 0 (the eager
-    steps, every Nth step); 0 means observation stopped."""
+    GrowPage decides then ranks tokens by recency alone, while every panel says it observes. With
+    observe_every_steps N (monitor's default 4) the share is 1/N, under full CUDA graphs too (the
+    due step runs without its full graph); 0 means observation stopped."""
     window = catalog.RATE_WINDOW
     steps, observed = catalog.VLLM_STEPS.name, catalog.VLLM_OBSERVED_STEPS.name
     active = selector(catalog.AGENT_ACTIVE.name, component="observer", reason=catalog.AGENT_ACTIVE_REASON)
@@ -461,8 +373,8 @@ def _observation_stale_alert(lv: rec.Levels) -> AlertRule:
         f"{_WHERE}: {{{{ $value | humanize }}}} engine steps per second ran with requests GrowPage tracks "
         f"and none was observed (rate of {observed} over {window}) for {catalog.ALERT_FOR.observation_stale}, "
         f"while growpage_agent_active{{component=\"observer\"}} reads 1: GrowPage's decisions rank tokens by "
-        f"recency alone and its attention panels show nothing new. Under full CUDA graphs only the eager "
-        f"observation steps are observed; 0 means none runs. {_DIAGNOSE}",
+        f"recency alone and its attention panels show nothing new. One step in observe_every_steps is "
+        f"observed by design; 0 means none is. {_DIAGNOSE}",
         PANEL_OBSERVED_SHARE)
 
 
@@ -499,7 +411,7 @@ def _with_config(rules: list[AlertRule], config: MixinConfig) -> list[AlertRule]
 
 
 def alert_rules(config: MixinConfig = DEFAULT_CONFIG) -> list[AlertRule]:
-    return [*slo_alerts(config), *checklist_alerts(config), *agent_alerts(config)]
+    return [*slo_alerts(config), *checklist_alerts(config), *agent_alerts(config), *router_rules.alerts(config)]
 
 
 def alert_names() -> list[str]:

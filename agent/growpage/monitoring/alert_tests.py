@@ -14,12 +14,21 @@ import functools
 from collections.abc import Callable, Iterator
 
 from growpage import catalog
-from growpage.monitoring.alert_rules import (
-    VLLM_SLO_ALERT_STEMS,
-    AlertRule,
-    burn_rate_alert_name,
-    rules_by_name,
+from growpage.monitoring import router_alert_tests
+from growpage.monitoring.alert_rule import AlertRule, burn_rate_alert_name
+from growpage.monitoring.alert_rules import VLLM_SLO_ALERT_STEMS, rules_by_name
+from growpage.monitoring.alert_scenario import (
+    REPLACED_AT_MIN,
+    REPLACED_BAD_SHARE,
+    REPLACED_TOTAL,
+    SAMPLES,
+    QuietScenario,
+    Scenario,
+    TimelineScenario,
+    replacement_timeline,
 )
+from growpage.monitoring.alert_scenario import constant as _constant
+from growpage.monitoring.alert_scenario import counter as _counter
 from growpage.monitoring.alert_templates import render
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.promql import duration_seconds, format_duration, le_value, selector
@@ -32,53 +41,8 @@ POD = {"namespace": "math-reasoning", "pod": "vllm-reasoning-5d8c7b9f4-x2k9q", c
 SERVICE = {label: POD[label] for label in catalog.SLO_LABELS}
 TARGET = {"job": catalog.SCRAPE_JOB, "instance": "10.42.0.17:8000", **POD}
 VLLM_TARGET = {**TARGET, "job": catalog.VLLM_SCRAPE_JOB, "engine": "0"}  # vLLM's own /metrics
-SAMPLES = 200  # per series: covers the longest `for` (3h) plus a margin, at 1m
-
-
-@dataclasses.dataclass(frozen=True)
-class Scenario:
-    """Input series that breach one rule.
-
-    Attributes:
-        series: promtool series selector -> values notation (``'0+60x200'``).
-        starts: first evaluation at which the rule's expression returns the alert.
-        labels: the alert's labels besides ``severity``.
-        value: ``$value`` at the firing evaluation.
-        title: what the scenario shows, when a rule has several.
-        rule_labels: which rule of a multi-rule alertname it breaches (its window-pair labels).
-    """
-
-    series: dict[str, str]
-    starts: str
-    labels: dict[str, str]
-    value: float
-    title: str = "breached"
-    rule_labels: dict[str, str] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class QuietScenario:
-    """Input series close to a rule's condition where it must NOT fire.
-
-    Attributes:
-        series: promtool series selector -> values notation.
-        title: why the alert must stay silent.
-    """
-
-    series: dict[str, str]
-    title: str
-
-
 def _series(metric: str, values: str, **extra: str) -> dict[str, str]:
     return {selector(metric, **TARGET, **extra): values}
-
-
-def _constant(value: float) -> str:
-    return f"{value:g}x{SAMPLES}"
-
-
-def _counter(per_minute: float) -> str:
-    return f"0+{per_minute:g}x{SAMPLES}"
 
 
 def _bursts(per_burst: float, every_min: int = 10) -> str:
@@ -259,31 +223,6 @@ def _vllm_burn_scenarios(t: catalog.MixinThresholds) -> dict[str, list[Scenario]
     return result
 
 
-@dataclasses.dataclass(frozen=True)
-class TimelineScenario:
-    """An incident told over time: input series, and whether the alert is firing at each evaluation.
-
-    Checked through the ``ALERTS`` series (promtool's ``promql_expr_test``), so one scenario can say
-    that a page is still up long after its cause changed, and that it resolves.
-
-    Attributes:
-        series: promtool series selector -> values notation.
-        title: what the incident shows.
-        labels: the alert's labels besides ``severity`` and the rule's own.
-        rule_labels: which rule of a multi-rule alertname it watches (its window-pair labels).
-        firing: (evaluation time, firing then) in time order.
-    """
-
-    series: dict[str, str]
-    title: str
-    labels: dict[str, str]
-    rule_labels: dict[str, str]
-    firing: tuple[tuple[str, bool], ...]
-
-
-REPLACED_AT_MIN = 30  # when the burning pod goes away and a healthy one takes its traffic
-
-
 def _replaced_pod(series: Callable[..., dict[str, str]], burn: catalog.BurnRateWindow, mode: dict[str, str]
                   ) -> TimelineScenario:
     """A pod serves 30 % errors for 30 minutes and is then replaced by a healthy pod.
@@ -293,22 +232,11 @@ def _replaced_pod(series: Callable[..., dict[str, str]], burn: catalog.BurnRateW
     the burn has left the short window. An instant join on the pod's current series would forget the
     old pod at once.
     """
-    minutes, total, bad = REPLACED_AT_MIN, 1000, 300
     old_pod = {"pod": "vllm-reasoning-5d8c7b9f4-old01", "instance": "10.42.0.19:8000"}
-    inputs: dict[str, str] = {}
-    for name, values in series(1 - bad / total, total, **old_pod).items():
-        inputs[name] = f"0+{values.split('+')[1].split('x')[0]}x{minutes} stale"
-    for name, values in series(1.0, total).items():
-        inputs[name] = f"_x{minutes} 0+{values.split('+')[1].split('x')[0]}x{SAMPLES - minutes - 1}"
     old_build_info = selector(catalog.BUILD_INFO.name, **{**TARGET, **old_pod}, mode="enforce", home="vllm")
-    inputs[old_build_info] = f"1x{minutes} stale"
-    fires_min = 1 + duration_seconds(burn.for_duration) // 60
-    clears_min = minutes + duration_seconds(burn.short_window) // 60 + 10
-    return TimelineScenario(
-        {**mode, **inputs}, f"a pod burning for {minutes}m, then replaced by a healthy one", dict(SERVICE),
-        {"long_window": burn.long_window, "short_window": burn.short_window},
-        ((format_duration((fires_min - 1) * 60), False), (format_duration(fires_min * 60), True),
-         (format_duration((minutes + 60) * 60), True), (format_duration(clears_min * 60), False)))
+    return replacement_timeline(series(1 - REPLACED_BAD_SHARE, REPLACED_TOTAL, **old_pod),
+                                series(1.0, REPLACED_TOTAL), burn, "a pod", dict(SERVICE),
+                                {**mode, old_build_info: f"1x{REPLACED_AT_MIN} stale"})
 
 
 def timeline_scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str, list[TimelineScenario]]:
@@ -320,7 +248,7 @@ def timeline_scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) ->
     latency = functools.partial(_latency, threshold_s=t.allocation_latency_s)
     slow = t.burn_rate_alerts[1]
     result[burn_rate_alert_name(slow.speed)] = [_replaced_pod(latency, slow.windows[0], ENFORCE)]
-    return result
+    return {**result, **router_alert_tests.timeline_scenarios(t)}
 
 
 def _slow_burn(t: catalog.MixinThresholds) -> float:
@@ -406,13 +334,13 @@ def scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str
     for alert in t.burn_rate_alerts:
         result[burn_rate_alert_name(alert.speed)] = [_burn_scenario(burn, latency, budget, ENFORCE)
                                                      for burn in alert.windows]
-    return result
+    return {**result, **router_alert_tests.scenarios(t)}
 
 
 def quiet_scenarios(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict[str, list[QuietScenario]]:
     """Near misses per alertname: the condition is false, the alert must stay silent."""
     return {**_vllm_burn_quiet(t), **_pool_use_quiet(), **_pressure_quiet(), **_growth_quiet(t), **_agent_quiet(),
-            **_fleet_quiet()}
+            **_fleet_quiet(), **router_alert_tests.quiet_scenarios(t)}
 
 
 def _pool_use_quiet() -> dict[str, list[QuietScenario]]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 from growpage import catalog
-from growpage.monitoring.alert_rules import alert_names, burn_rate_alert_name
+from growpage.monitoring.alert_rule import burn_rate_alert_name
+from growpage.monitoring.alert_rules import alert_names
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
+from growpage.monitoring.router_rules import AVAILABILITY_STEM, NO_HEALTHY_WORKER
 from growpage.monitoring.rules_file import dump_yaml, generated_header
 
 PAGER_RECEIVER = "growpage-pager"
@@ -29,6 +31,7 @@ GROUP_BY = ["alertname", "namespace", catalog.MODEL_LABEL, "pod"]
 GROWPAGE_ALERTS_MATCHER = 'alertname=~"GrowPage.*"'
 _SERVICE = tuple(catalog.SLO_LABELS)
 _POD = ("namespace", "pod")
+_NAMESPACE = ("namespace",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,10 @@ INHIBIT_PAIRS = (
     InhibitPair("GrowPageKVPagesStranded", "GrowPageVLLMPreemptions"),
     # GrowPageMetricsAbsent has only a job label: a down target explains absent metrics.
     InhibitPair("GrowPageAgentDown", "GrowPageMetricsAbsent", ("job",)),
+    # The router's alerts are per namespace. No healthy worker is why its requests fail: one page.
+    InhibitPair(NO_HEALTHY_WORKER, burn_rate_alert_name("fast", AVAILABILITY_STEM), _NAMESPACE),
+    InhibitPair(burn_rate_alert_name("fast", AVAILABILITY_STEM), burn_rate_alert_name("slow", AVAILABILITY_STEM),
+                _NAMESPACE),
 )
 
 

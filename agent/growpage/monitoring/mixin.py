@@ -23,6 +23,7 @@ from growpage.monitoring.promql import add_matchers, is_matchers
 GROWPAGE_SERIES = frozenset(name for spec in (*catalog.METRICS, *catalog.ROUTER_METRICS, *catalog.VLLM_HOME_METRICS)
                             for name in spec.series_names)
 VLLM_SERIES = frozenset(catalog.VLLM_METRICS)
+ROUTER_SERIES = frozenset(catalog.ROUTER_METRICS_SERIES)  # vLLM's router (vllm-router)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +38,14 @@ class MixinConfig:
         vllm_job: the scrape job of vLLM's own ``/metrics``: the agent-down alert pages only where
             that target answers (vLLM serves, GrowPage's route does not), so a pod still loading
             its model, where neither answers, pages nobody.
+        router_job: the scrape job of vLLM's router (``vllm-router``, its ``--prometheus-port``): the
+            router-down alert reads its ``up``.
         runbook_url_pattern: ``{alert}`` is replaced by the alertname.
         thresholds: every number the alerts, panels, runbooks and diagnose compare against.
         vllm_selector: label matchers (``namespace=~"llm-.*"``) added to every selector of vLLM's
             ``vllm:*`` series; empty adds none.
         growpage_selector: the same for GrowPage's ``growpage_*`` series.
+        router_selector: the same for the router's ``vllm_router_*`` series.
         time_scale: every range, offset and ``for`` of the generated rules times this, in (0, 1]:
             a game day (``gpctl gameday``) runs the real rules in minutes at 1/60 (an hour-long
             window reads a minute). Rule names and alert texts keep the real durations. Leave it at
@@ -51,10 +55,12 @@ class MixinConfig:
     cluster_label: str = "cluster"
     growpage_job: str = catalog.SCRAPE_JOB
     vllm_job: str = catalog.VLLM_SCRAPE_JOB
+    router_job: str = catalog.ROUTER_SCRAPE_JOB
     runbook_url_pattern: str = catalog.RUNBOOK_BASE_URL + "/{alert}.md"
     thresholds: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS
     vllm_selector: str = ""
     growpage_selector: str = ""
+    router_selector: str = ""
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -66,7 +72,7 @@ class MixinConfig:
                              f"got {self.cluster_label!r}")
         if "{alert}" not in self.runbook_url_pattern:
             raise ValueError("runbook_url_pattern must contain {alert}, e.g. https://wiki.example.org/growpage/{alert}")
-        for name in ("vllm_selector", "growpage_selector"):
+        for name in ("vllm_selector", "growpage_selector", "router_selector"):
             value = getattr(self, name)
             if value and not is_matchers(value):
                 raise ValueError(f'{name} must be PromQL label matchers without braces, e.g. namespace=~"llm-.*", '
@@ -76,11 +82,12 @@ class MixinConfig:
     def _matchers_by_series(self) -> dict[str, str]:
         scoped = {name: self.growpage_selector for name in GROWPAGE_SERIES if self.growpage_selector}
         scoped.update({name: self.vllm_selector for name in VLLM_SERIES if self.vllm_selector})
+        scoped.update({name: self.router_selector for name in ROUTER_SERIES if self.router_selector})
         return scoped
 
     def scoped(self, expr: str) -> str:
-        """``expr`` with :attr:`growpage_selector` and :attr:`vllm_selector` in every selector of
-        those series (unchanged when both are empty)."""
+        """``expr`` with :attr:`growpage_selector`, :attr:`vllm_selector` and :attr:`router_selector` in
+        every selector of those series (unchanged when all are empty)."""
         return add_matchers(expr, self._matchers_by_series) if self._matchers_by_series else expr
 
     def runbook_url(self, alert: str) -> str:

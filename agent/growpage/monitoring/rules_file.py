@@ -8,6 +8,7 @@ import yaml
 
 from growpage.monitoring import alert_rules as alerts
 from growpage.monitoring import recording_rules as rec
+from growpage.monitoring import router_rules
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 from growpage.monitoring.promql import scale_duration, scale_durations
 
@@ -54,6 +55,7 @@ def rule_groups(for_override: str | None = None, config: MixinConfig = DEFAULT_C
         ("growpage.slo", rec.slo_recording_rules(config), alerts.slo_alerts(config)),
         ("growpage.checklist", rec.checklist_recording_rules(config), alerts.checklist_alerts(config)),
         ("growpage.agent", [], alerts.agent_alerts(config)),
+        ("growpage.router", router_rules.recording_rules(config), router_rules.alerts(config)),
         ("growpage.dashboards", rec.dashboard_recording_rules(config), []),
     ]
     return [{"name": name, "rules": [_scaled(rule.to_dict(), config) for rule in recording]

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from growpage import catalog
 from growpage.errors import GrowPageError
-from growpage.monitoring.alert_rules import AlertRule, rules_by_name
+from growpage.monitoring.alert_rule import AlertRule
+from growpage.monitoring.alert_rules import rules_by_name
 from growpage.monitoring.alertmanager import INHIBIT_PAIRS, RECEIVER_BY_SEVERITY
 from growpage.monitoring.mixin import DEFAULT_CONFIG, MixinConfig
 
@@ -39,7 +40,7 @@ def _rule_section(rules: list[AlertRule]) -> str:
         ("Severity", f"`{rule.severity}` (routed to `{RECEIVER_BY_SEVERITY[rule.severity]}`)"),
         ("Fires after", f"the expression holds for {fires_after}"),
         ("Summary", rule.summary),
-        ("Dashboard", f"GrowPage / Troubleshooting, panel \"{rule.dashboard_panel}\""),
+        ("Dashboard", f"{rule.dashboard}, panel \"{rule.dashboard_panel}\""),
     ]
     if inhibits:
         rows.append(("Silences", ", ".join(f"[{name}]({name}.md)" for name in inhibits)))

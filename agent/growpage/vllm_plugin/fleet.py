@@ -5,7 +5,8 @@ workers under it), and so does the router, so stopping the fleet stops every pro
 SIGTERM to each group (vLLM drains), SIGKILL to what is left after the grace period. Replicas get
 consecutive API ports and GrowPage exporter ports (the API server's ``/metrics/growpage`` and
 ``/get_load`` read that exporter). The router (``vllm-router``) starts once every replica answers
-``/health``, and polls ``/get_load`` every ``load_poll_s`` seconds under ``power_of_two``.
+``/health``, and polls ``/get_load`` every ``load_poll_s`` seconds under ``power_of_two``; it serves
+its own Prometheus metrics (``vllm_router_*``) on ``router_metrics_port``.
 
 A replica in mode ``vllm`` is vLLM alone (no GrowPage plugin): ``/get_load`` is then a 404 and the
 router counts its own requests in flight, which is what "power_of_two on vLLM's own load" means in
@@ -58,6 +59,8 @@ class FleetSpec:
     replicas: tuple[ReplicaSpec, ...]
     router_port: int
     policy: str = "power_of_two"
+    # vllm-router's --prometheus-port (its default, which it binds even when not asked): set it apart per fleet.
+    router_metrics_port: int = catalog.ROUTER_METRICS_PORT
     host: str = "127.0.0.1"
     model: str | None = None
     base_pages: int | None = None
@@ -71,6 +74,10 @@ class FleetSpec:
     @property
     def router_url(self) -> str:
         return f"http://127.0.0.1:{self.router_port}"
+
+    @property
+    def router_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.router_metrics_port}{catalog.ROUTER_METRICS_PATH}"
 
 
 def fleet_spec(*, replicas: int, port: int, router_port: int, metrics_port: int, mode: str = "enforce",
@@ -100,7 +107,10 @@ def fleet_spec(*, replicas: int, port: int, router_port: int, metrics_port: int,
         if name not in MODES:
             raise ConfigError(f"mode {name} is not one of {', '.join(MODES)}")
     specs = tuple(ReplicaSpec(port + i, metrics_port + i, blocks[i], modes[i]) for i in range(replicas))
-    ports = [router_port, *(s.port for s in specs), *(s.metrics_port for s in specs)]
+    router_metrics_port = options.get("router_metrics_port", catalog.ROUTER_METRICS_PORT)
+    if not isinstance(router_metrics_port, int):
+        raise ConfigError(f"router_metrics_port must be a port number, got {router_metrics_port!r}")
+    ports = [router_port, router_metrics_port, *(s.port for s in specs), *(s.metrics_port for s in specs)]
     if len(set(ports)) != len(ports) or not all(0 < p < 65536 for p in ports):
         raise ConfigError(f"ports overlap or are out of range ({sorted(ports)}); space --port, --router-port and "
                           f"--metrics-port at least {replicas} apart")
@@ -134,10 +144,12 @@ def replica_command(spec: FleetSpec, replica: ReplicaSpec) -> tuple[list[str], d
 
 
 def router_command(spec: FleetSpec) -> list[str]:
-    """vLLM's router in front of the replicas, polling their load every ``load_poll_s`` seconds."""
+    """vLLM's router in front of the replicas, polling their load every ``load_poll_s`` seconds, its metrics on
+    loopback at ``router_metrics_port``."""
     return [router_executable(), "--host", spec.host, "--port", str(spec.router_port), "--policy", spec.policy,
             "--worker-urls", *(r.url for r in spec.replicas),
             "--worker-startup-check-interval", str(spec.load_poll_s), "--worker-startup-timeout-secs", "900",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(spec.router_metrics_port),
             "--log-level", "warning"]
 
 
@@ -159,7 +171,8 @@ def _executable(name: str, fix: str) -> str:
 
 def check_ports_free(spec: FleetSpec) -> None:
     """Raise a one-line :class:`ConfigError` naming the first port another process holds."""
-    for port in (spec.router_port, *(r.port for r in spec.replicas), *(r.metrics_port for r in spec.replicas)):
+    for port in (spec.router_port, spec.router_metrics_port, *(r.port for r in spec.replicas),
+                 *(r.metrics_port for r in spec.replicas)):
         with socket.socket() as sock:
             # as the servers bind: a port whose last connections linger in TIME_WAIT is free, a listener is not
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -250,7 +263,8 @@ class Fleet:
 
     def urls(self) -> dict[str, str]:
         """What each process serves, for people: the router, each replica and its load."""
-        rows = {"router": f"{self.spec.router_url}/v1 (policy {self.spec.policy})"}
+        rows = {"router": f"{self.spec.router_url}/v1 (policy {self.spec.policy}), "
+                          f"metrics {self.spec.router_metrics_url}"}
         for index, replica in enumerate(self.spec.replicas):
             blocks = replica.kv_blocks if replica.kv_blocks is not None else "vLLM's sizing"
             rows[f"replica-{index}"] = (f"{replica.url}/v1, {replica.url}{catalog.LOAD_PATH} (mode {replica.mode}, "

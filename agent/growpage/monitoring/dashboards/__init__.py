@@ -45,6 +45,8 @@ def configured(document: Any, config: MixinConfig) -> Any:
     text = _RUNBOOK_LINK.sub(lambda match: config.runbook_url(match.group(1)), document)
     if config.growpage_job != catalog.SCRAPE_JOB:  # the scrape-health panel selects GrowPage's job
         text = text.replace(f'job="{catalog.SCRAPE_JOB}"', f'job="{config.growpage_job}"')
+    if config.router_job != catalog.ROUTER_SCRAPE_JOB:  # the router's panels select its job
+        text = text.replace(f'job="{catalog.ROUTER_SCRAPE_JOB}"', f'job="{config.router_job}"')
     label = config.cluster_label
     if label != "cluster":
         text = (text.replace('cluster=~"$cluster"', f'{label}=~"$cluster"')

@@ -1,8 +1,9 @@
 """``GrowPage / Fleet``: the replicas behind vLLM's router side by side, and where the router sends work.
 
-One line per replica (pod) in every panel: the KV headroom each one reports (free plus reclaimable
-pages), what it answers the router's ``/get_load``, and whether new requests keep arriving at a
-replica while it preempts (``GrowPageFleetRoutesToPreemptingReplica``).
+One line per replica (pod) in the replicas' panels: the KV headroom each one reports (free plus
+reclaimable pages), what it answers the router's ``/get_load``, and whether new requests keep arriving
+at a replica while it preempts (``GrowPageFleetRoutesToPreemptingReplica``). Then the router's own
+series, one line per worker (:mod:`growpage.monitoring.dashboards.router`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from growpage import catalog
+from growpage.monitoring.alert_rule import FLEET_DASHBOARD
 from growpage.monitoring.alert_rules import PANEL_FLEET_LOAD
 from growpage.monitoring.dashboards.common import (
     RATE,
@@ -22,10 +24,11 @@ from growpage.monitoring.dashboards.common import (
     targets,
     timeseries,
 )
+from growpage.monitoring.dashboards.router import router_rows
 from growpage.monitoring.promql import selector
 
 UID = "growpage-fleet"
-TITLE = "GrowPage / Fleet"
+TITLE = FLEET_DASHBOARD
 FLEET_ALERT = "GrowPageFleetRoutesToPreemptingReplica"
 _POD_LEGEND = "{{namespace}}/{{pod}}"
 PANEL_LOAD = PANEL_FLEET_LOAD
@@ -108,4 +111,5 @@ def fleet_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> di
                          ("Where the router can send work: headroom and load per replica", _headroom_row(t)),
                          ("Each replica's own state: KV in use, queue, first-token latency", _replica_state_row(t)),
                          ("Is the router sending work to a replica that preempts?", _routing_row(t)),
+                         *router_rows(t),
                      ])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from growpage import catalog
 from growpage.monitoring import alert_rules as alerts
 from growpage.monitoring import recording_rules as rec
+from growpage.monitoring.alert_rule import TROUBLESHOOTING_DASHBOARD
 from growpage.monitoring.dashboards.common import (
     POD_FILTER,
     RATE,
@@ -29,7 +30,7 @@ from growpage.monitoring.promql import selector
 UID = "growpage-troubleshooting"
 PANEL_VLLM_QUEUE_E2E = "vLLM queue time / end-to-end latency p99"
 PANEL_OBSERVED_SHARE = alerts.PANEL_OBSERVED_SHARE
-TITLE = "GrowPage / Troubleshooting"
+TITLE = TROUBLESHOOTING_DASHBOARD
 _POD_LEGEND = "{{namespace}}/{{pod}}"
 _BLOCK_SIZES = ", ".join(f"{gpu} -> {size}" for gpu, size in catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU.items())
 
@@ -252,8 +253,8 @@ def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
         Cell(timeseries(PANEL_OBSERVED_SHARE,
                         "Inside vLLM: engine steps whose attention GrowPage observed over steps with a tracked "
                         "request, and finished requests observed at least once over those tracked. Below 1 "
-                        "by design with observe_every_steps > 1 and under full CUDA graphs (decode steps "
-                        "replay without Python); at 0 while the observer reports active, its decisions rank "
+                        "by design: 1 / observe_every_steps (monitor observes one step in 4 by default), "
+                        "whatever the CUDA graphs; at 0 while the observer reports active, its decisions rank "
                         "by recency alone. " + _runbooks_for(PANEL_OBSERVED_SHARE, "GrowPageAgentInactive"),
                         targets((f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_STEPS.name)}[{RATE}]))"
                                  f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
