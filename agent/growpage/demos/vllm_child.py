@@ -21,7 +21,7 @@ import time
 import unittest.mock
 from typing import Any
 
-from growpage.vllm_plugin.scheduler_hooks import existing_agent
+from growpage.vllm_plugin.scheduler_hooks import agent_of, existing_agent
 
 PROGRESS_PREFIX = "GROWPAGE_DEMO_PROGRESS "
 RESULT_PREFIX = "GROWPAGE_DEMO_RESULT "
@@ -96,7 +96,7 @@ def _token_logprobs(completion: Any) -> list[float]:
 
 
 # what a run may change in its engine's spec: everything else is the engine's (see run_engine)
-RUN_KEYS = ("variant", "prompts", "max_tokens", "forced", "logprobs", "ignore_eos")
+RUN_KEYS = ("variant", "prompts", "max_tokens", "forced", "logprobs", "ignore_eos", "decision_trace")
 
 
 def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float], run_index: int = 0) -> dict:
@@ -117,6 +117,7 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
     scheduler: Any = core.engine_core.scheduler  # vLLM's Scheduler (its interface type has no queues)
     pool = scheduler.kv_cache_manager.block_pool
     before = _counters(scheduler)
+    trace = DecisionTrace.start(scheduler, f"{run_index}.{variant}-") if spec.get("decision_trace") else None
     for index, prompt in enumerate(prompts):
         engine.add_request(f"{run_index}.{variant}-{index}", prompt, _sampling(spec, index))
     outputs: dict[str, list[int]] = {}
@@ -154,18 +155,53 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
         "blocks_free_at_end": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
         "outputs": {rid.rsplit("-", 1)[1]: tokens for rid, tokens in outputs.items()},
         "logprobs": {rid.rsplit("-", 1)[1]: values for rid, values in logprobs.items() if values},
+        **({"decision_trace": trace.stop()} if trace is not None else {}),
     }
 
 
 def _counters(scheduler: Any) -> dict:
-    """GrowPage's cumulative counters in this engine (zeros for vLLM alone): decisions by kind and
-    compressed bytes."""
+    """GrowPage's cumulative counters in this engine (zeros for vLLM alone): decisions by kind (what
+    monitor would decide, what enforce decided) and compressed bytes."""
     agent = existing_agent(scheduler)
-    if agent is None or agent.enforcer is None:
+    if agent is None:
         return {"decisions": {}, "bytes_in": 0, "bytes_out": 0}
     stats = agent.stats
     return {"decisions": dict(stats.decisions_total), "bytes_in": stats.compress_input_bytes_total,
             "bytes_out": stats.compress_output_bytes_total}
+
+
+class DecisionTrace:
+    """This run's boundary decisions in order, ``[request index, pages before, kind]`` each (the
+    requests whose id starts with ``prefix``), recorded as the agent's stats report them (a
+    listener: the exporter's drains do not lose any). Two monitor runs of one trace meet the same
+    boundaries (monitor changes nothing vLLM does), so their traces compare decision by decision."""
+
+    def __init__(self, stats: Any, prefix: str):
+        self.stats, self.prefix = stats, prefix
+        self.decisions: list[list[Any]] = []
+
+    @classmethod
+    def start(cls, scheduler: Any, prefix: str) -> DecisionTrace | None:
+        agent = agent_of(scheduler)  # built now rather than at the first step, so no decision is missed
+        if agent is None:
+            return None
+        trace = cls(agent.stats, prefix)
+        agent.stats.add_listener(trace)
+        return trace
+
+    def on_decision(self, event: Any) -> None:
+        if event.request_id.startswith(self.prefix):
+            self.decisions.append([int(event.request_id.rsplit("-", 1)[1]), event.pages_before, event.kind])
+
+    def on_admit(self, event: Any) -> None:
+        pass
+
+    def on_finish(self, event: Any) -> None:
+        pass
+
+    def stop(self) -> list[list[Any]]:
+        self.stats.listeners.remove(self)
+        return self.decisions
 
 
 def _progress(variant: str, scheduler: Any, elapsed_s: float, finished: int, requests: int,

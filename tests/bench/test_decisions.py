@@ -1,0 +1,20 @@
+"""Sampled observation against full observation, boundary by boundary."""
+
+from growpage.bench.decisions import decision_agreement
+
+
+def test_decisions_are_compared_at_the_same_boundary_even_when_a_request_meets_it_twice():
+    full = [[0, 4, "allocate"], [1, 4, "evict"], [0, 5, "evict"], [1, 4, "allocate"]]  # request 1 preempted
+    sampled = [[1, 4, "evict"], [0, 4, "allocate"], [0, 5, "allocate"], [1, 4, "allocate"]]
+    result = decision_agreement(full, sampled)
+    assert (result["boundaries"], result["matched"]) == (4, 4)
+    assert result["agreement"] == 0.75  # only request 0's second boundary differs
+    assert result["disagreements"] == {"evict->allocate": 1}
+    assert result["by_kind_full"] == {"allocate": 2, "evict": 2}
+    assert result["by_kind_sampled"] == {"allocate": 3, "evict": 1}
+
+
+def test_boundaries_only_one_run_met_are_left_out_and_no_match_is_no_agreement():
+    result = decision_agreement([[0, 4, "evict"], [2, 9, "evict"]], [[0, 4, "allocate"]])
+    assert (result["boundaries"], result["matched"], result["agreement"]) == (2, 1, 0.0)
+    assert decision_agreement([], [])["agreement"] is None
