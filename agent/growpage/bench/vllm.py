@@ -43,6 +43,7 @@ from typing import Any
 
 from growpage import __version__
 from growpage.bench.sweep import SWEEP_METHODS, SweepVariant
+from growpage.provenance import host_facts
 from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings
 
 VARIANTS = ("vllm", "growpage", "limit")
@@ -151,7 +152,7 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     import vllm
 
     return {"benchmark": "vllm", "growpage_version": __version__, "vllm_version": vllm.__version__,
-            "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
+            "host": host_facts(), "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
             "settings": dataclasses.asdict(settings), "traces": traces, "overhead": overhead,
             "retrieval": retrieval, "accuracy": accuracy, "sweeps": sweeps,
             "summary": _summary(traces, overhead) | goodput.summary(traces, retrieval, accuracy)

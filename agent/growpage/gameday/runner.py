@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import platform
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +49,7 @@ from growpage.gameday.storm import Storm
 from growpage.monitoring.alertmanager import PAGER_RECEIVER, TICKET_RECEIVER, RouteTiming, alertmanager_config
 from growpage.monitoring.mixin import MixinConfig
 from growpage.monitoring.rules_file import rules_yaml
+from growpage.provenance import host_facts
 from growpage.vllm_plugin.fleet import http_ok
 
 NAMESPACE = "gameday"
@@ -306,17 +305,5 @@ def run_gameday(workdir: Path, settings: GamedaySettings = GamedaySettings(),
             day.judge(SCENARIOS_BY_NAME["idle-off"], calm, pod)
         finally:
             pod.stop()
-        return GamedayResult(tuple(day.verdicts), summarize(day.verdicts), settings, tuple(day.timeline), _host())
-
-
-def _host() -> dict[str, str]:
-    flags = ""
-    with contextlib.suppress(OSError):
-        text = Path("/proc/cpuinfo").read_text()
-        line = next((row for row in text.splitlines() if row.startswith("flags")), "")
-        flags = "amx" if "amx_tile" in line else "avx512" if "avx512f" in line else "avx2" if "avx2" in line else ""
-    commit = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).resolve().parent).stdout.strip()
-    return {"machine": platform.machine(), "cpu": flags, "python": platform.python_version(), "commit": commit}
+        return GamedayResult(tuple(day.verdicts), summarize(day.verdicts), settings, tuple(day.timeline),
+                             host_facts())
