@@ -18,3 +18,21 @@ def test_boundaries_only_one_run_met_are_left_out_and_no_match_is_no_agreement()
     result = decision_agreement([[0, 4, "evict"], [2, 9, "evict"]], [[0, 4, "allocate"]])
     assert (result["boundaries"], result["matched"], result["agreement"]) == (2, 1, 0.0)
     assert decision_agreement([], [])["agreement"] is None
+
+
+def test_a_decision_trace_reads_the_request_index_from_vllms_internal_request_id():
+    # vLLM 0.32 appends "-" and 8 random characters to every request id; decisions of other runs
+    # in the same engine are not this run's.
+    import types
+
+    from growpage.core.stats import StatsRecorder
+    from growpage.demos.vllm_child import DecisionTrace
+
+    stats = StatsRecorder()
+    trace = DecisionTrace(stats, "1.monitor-")
+    stats.add_listener(trace)
+    for request_id, pages, kind in (("1.monitor-12-1a2b3c4d", 5, "evict"), ("1.monitor-3-00000042", 4, "allocate"),
+                                    ("1.monitor_full-3-9f8e7d6c", 4, "evict"), ("11.monitor-3-abcdef01", 4, "evict")):
+        trace.on_decision(types.SimpleNamespace(request_id=request_id, pages_before=pages, kind=kind))
+    assert trace.stop() == [[12, 5, "evict"], [3, 4, "allocate"]]
+    assert trace not in stats.listeners

@@ -25,9 +25,10 @@ registers plugins once per process, so variants cannot share one), on the packag
 * **overhead**: on a batch that fits, after a discarded warm-up run, ``repeats`` interleaved rounds
   (the order alternates each round) of vLLM alone, ``monitor`` and ``enforce`` with nothing to do
   (the pool is never short, so nothing is compacted): decode tokens/s medians with their range, the
-  price of observing and of the enforcer's bookkeeping. Then, per trace, what monitor's sampling
-  costs in decisions: monitor observing everything against monitor as shipped, boundary by
-  boundary (:mod:`growpage.bench.decisions`).
+  price of observing and of the enforcer's bookkeeping.
+* **sampling**: per trace, what monitor's sampling (the price cut above) costs in decisions:
+  monitor observing everything against monitor as shipped, boundary by boundary
+  (:mod:`growpage.bench.decisions`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from growpage.provenance import host_facts
 from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings
 
 VARIANTS = ("vllm", "growpage", "limit")
-PARTS = ("pressure", "overhead", "retrieval", "accuracy", "sweep")
+PARTS = ("pressure", "overhead", "sampling", "retrieval", "accuracy", "sweep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,8 @@ class VllmBenchSettings:
         overhead_batch, overhead_tokens, repeats: the monitor-overhead workload.
         growpage: more ``additional_config["growpage"]`` keys for the GrowPage runs.
         threads: ``OMP_NUM_THREADS`` for the engines (None: the environment's).
-        parts: ``pressure`` (the traces), ``overhead``, ``retrieval`` (retrieval under KV pressure)
+        parts: ``pressure`` (the traces), ``overhead``, ``sampling`` (monitor sampled against full
+            observation), ``retrieval`` (retrieval under KV pressure)
             and/or ``accuracy`` (full KV's accuracy on every retrieval family).
         repeats: also the interleaved rounds of every pressure and retrieval variant.
         retrieval_families, retrieval_context_tokens, retrieval_depths: the retrieval workload
@@ -90,7 +92,7 @@ class VllmBenchSettings:
     repeats: int = 3
     growpage: dict = dataclasses.field(default_factory=dict)
     threads: int | None = None
-    parts: tuple[str, ...] = ("pressure", "overhead")
+    parts: tuple[str, ...] = ("pressure", "overhead", "sampling")
     retrieval_families: tuple[str, ...] = ("code", "multikey")
     retrieval_context_tokens: tuple[int, ...] = (512, 1024)
     retrieval_depths: tuple[float, ...] = (0.1, 0.35, 0.65, 0.9)
@@ -141,6 +143,8 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
               if "pressure" in settings.parts else [])
     overhead = _overhead(model_dir, settings, log, timeout_s) if "overhead" in settings.parts else {}
+    sampling = ({seed: _sampling_fidelity(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds}
+                if "sampling" in settings.parts else {})
     from growpage.bench import goodput, sweep
 
     sweeps = ([sweep.pressure_sweep(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
@@ -154,6 +158,7 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     return {"benchmark": "vllm", "growpage_version": __version__, "vllm_version": vllm.__version__,
             "host": host_facts(), "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
             "settings": dataclasses.asdict(settings), "traces": traces, "overhead": overhead,
+            "sampling_fidelity": sampling,
             "retrieval": retrieval, "accuracy": accuracy, "sweeps": sweeps,
             "summary": _summary(traces, overhead) | goodput.summary(traces, retrieval, accuracy)
             | {"sweep_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in sweeps}},
@@ -304,9 +309,7 @@ def _overhead(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], 
             "enforce_idle_vs_vllm": round(medians["enforce_idle"] / medians["vllm"], 4),
             "target": MONITOR_OVERHEAD_TARGET,
             "monitor_observation": {"observe_every_steps": MONITOR_OBSERVE_EVERY_STEPS,
-                                    "observe_max_requests": PluginSettings().observe_max_requests},
-            "sampling_fidelity": {seed: _sampling_fidelity(model_dir, settings, seed, log, timeout_s)
-                                  for seed in settings.seeds}}
+                                    "observe_max_requests": PluginSettings().observe_max_requests}}
 
 
 def _sampling_fidelity(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable[[str], None] | None,

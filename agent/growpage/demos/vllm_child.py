@@ -191,7 +191,9 @@ class DecisionTrace:
 
     def on_decision(self, event: Any) -> None:
         if event.request_id.startswith(self.prefix):
-            self.decisions.append([int(event.request_id.rsplit("-", 1)[1]), event.pages_before, event.kind])
+            # vLLM's internal id: the one the run gave (prefix + index), "-" and 8 random characters
+            index = event.request_id[len(self.prefix):].split("-", 1)[0]
+            self.decisions.append([int(index), event.pages_before, event.kind])
 
     def on_admit(self, event: Any) -> None:
         pass

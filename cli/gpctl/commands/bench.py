@@ -352,12 +352,13 @@ def vllm(
                                                                "(default 4; 2 for the second table in docs).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="OMP threads of the vLLM engines.")] = None,
     part: Annotated[list[str] | None, typer.Option(help="pressure (the traces under KV pressure), overhead "
-                                                        "(monitor and idle enforce vs vLLM alone), retrieval "
+                                                        "(monitor and idle enforce vs vLLM alone), sampling (what "
+                                                        "monitor's sampling costs in decisions), retrieval "
                                                         "(retrieval under KV pressure: accuracy, correct "
                                                         "answers/s), accuracy (full KV on every retrieval "
                                                         "family), sweep (GrowPage's floor and each fixed cap's "
                                                         "budget: tokens/s against NLL increase); default "
-                                                        "pressure and overhead.")] = None,
+                                                        "pressure, overhead and sampling.")] = None,
     seed: Annotated[list[int] | None, typer.Option(help="Trace seeds (repeatable; default 0 and 1).")] = None,
     repeats: Annotated[int | None, typer.Option(min=1, help="Interleaved rounds of every variant (default 3).")
                        ] = None,
