@@ -139,6 +139,9 @@ def test_the_router_exports_what_its_panels_and_alerts_read(fleet):
                                                                  } | _UNUSED_ROUTER_SERIES, sorted(samples)
 
 
-# What vllm-router exports beyond what the panels and alerts read (so a new series in an upgrade shows here).
-_UNUSED_ROUTER_SERIES: set[str] = set()
+# What vllm-router 0.1.17 exports beyond what the panels and alerts read (so a new series in an upgrade
+# shows here): its end-to-end latency histogram per route (the replicas' own TTFT and ITL SLOs page on
+# latency) and its circuit breakers' outcomes (their state, vllm_router_cb_state, is in the availability runbooks).
+_UNUSED_ROUTER_SERIES = {"vllm_router_generate_duration_seconds_bucket", "vllm_router_generate_duration_seconds_sum",
+                         "vllm_router_generate_duration_seconds_count", "vllm_router_cb_outcomes_total"}
 
