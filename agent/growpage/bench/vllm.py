@@ -332,7 +332,9 @@ def _sampling_fidelity(model_dir: str, settings: VllmBenchSettings, seed: int, l
         traces[variant] = run_child({**spec, "decision_trace": True}, lambda report: None, timeout_s)
     return {"kv_blocks": settings.kv_blocks, "full_observation": FULL_OBSERVATION,
             "preemptions": {variant: result["preemptions"] for variant, result in traces.items()},
-            **decision_agreement(traces["monitor_full"]["decision_trace"], traces["monitor"]["decision_trace"])}
+            **decision_agreement(traces["monitor_full"]["decision_trace"], traces["monitor"]["decision_trace"]),
+            # kept whole, so a later reading can line them up against another run (enforce, another sampling)
+            "decision_traces": {variant: result["decision_trace"] for variant, result in traces.items()}}
 
 
 def _summary(traces: list[dict], overhead: dict) -> dict:
