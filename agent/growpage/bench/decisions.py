@@ -16,6 +16,9 @@ from typing import Any
 # Monitor with nothing sampled: every step, every request of the batch, every query head (the
 # observed layers stay the shipped ones).
 FULL_OBSERVATION = {"observe_every_steps": 1, "observe_max_requests": 1024, "observed_heads": 1024}
+# Monitor observing what enforce observes: every step and request, the shipped sampled heads. Against
+# it, the shipped monitor's agreement is the cost of the step and request sampling alone.
+ENFORCE_OBSERVATION = {"observe_every_steps": 1, "observe_max_requests": 1024}
 
 Decision = Sequence[Any]  # [request index, pages before, kind]
 

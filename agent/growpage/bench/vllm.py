@@ -27,8 +27,8 @@ registers plugins once per process, so variants cannot share one), on the packag
   (the pool is never short, so nothing is compacted): decode tokens/s medians with their range, the
   price of observing and of the enforcer's bookkeeping.
 * **sampling**: per trace, what monitor's sampling (the price cut above) costs in decisions:
-  monitor observing everything against monitor as shipped, boundary by boundary
-  (:mod:`growpage.bench.decisions`).
+  monitor as shipped against monitor observing everything, and against monitor observing what
+  enforce observes, boundary by boundary (:mod:`growpage.bench.decisions`).
 """
 
 from __future__ import annotations
@@ -314,27 +314,35 @@ def _overhead(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], 
 
 def _sampling_fidelity(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable[[str], None] | None,
                        timeout_s: float) -> dict:
-    """On the pressure trace of ``seed``: monitor observing everything, then monitor as shipped
-    (sampling steps, requests and heads); how often the shipped one would decide alike
+    """On the pressure trace of ``seed``: monitor observing everything, monitor observing what enforce
+    observes (every step and request, the shipped heads), and monitor as shipped (sampling steps,
+    requests and heads); how often the shipped one decides as each other one
     (:func:`growpage.bench.decisions.decision_agreement`). One run each: monitor leaves vLLM's
-    scheduling as it is, so both meet the same boundaries."""
-    from growpage.bench.decisions import FULL_OBSERVATION, decision_agreement
+    scheduling as it is, so all meet the same boundaries.
+
+    The top-level agreement is full observation against shipped; ``against_enforce_observation``
+    is the step and request sampling's share of it."""
+    from growpage.bench.decisions import ENFORCE_OBSERVATION, FULL_OBSERVATION, decision_agreement
     from growpage.bench.workloads import reasoning_tasks
     from growpage.demos.vllm_engine import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]
     traces = {}
-    for variant, extra in (("monitor_full", FULL_OBSERVATION), ("monitor", {})):
+    for variant, extra in (("monitor_full", FULL_OBSERVATION), ("monitor_every_step", ENFORCE_OBSERVATION),
+                           ("monitor", {})):
         if log:
             log(f"vllm bench: sampling fidelity, seed {seed}, {variant}")
         spec = _spec(model_dir, settings, prompts, settings.max_tokens, settings.kv_blocks, variant,
                      {**settings.growpage_config("monitor"), **extra})
         traces[variant] = run_child({**spec, "decision_trace": True}, lambda report: None, timeout_s)
+    decisions = {variant: result["decision_trace"] for variant, result in traces.items()}
     return {"kv_blocks": settings.kv_blocks, "full_observation": FULL_OBSERVATION,
+            "enforce_observation": ENFORCE_OBSERVATION,
             "preemptions": {variant: result["preemptions"] for variant, result in traces.items()},
-            **decision_agreement(traces["monitor_full"]["decision_trace"], traces["monitor"]["decision_trace"]),
+            **decision_agreement(decisions["monitor_full"], decisions["monitor"]),
+            "against_enforce_observation": decision_agreement(decisions["monitor_every_step"], decisions["monitor"]),
             # kept whole, so a later reading can line them up against another run (enforce, another sampling)
-            "decision_traces": {variant: result["decision_trace"] for variant, result in traces.items()}}
+            "decision_traces": decisions}
 
 
 def _summary(traces: list[dict], overhead: dict) -> dict:
