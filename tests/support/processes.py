@@ -1,10 +1,16 @@
-"""Stopping a server the tests started in its own process group (``start_new_session=True``)."""
+"""Servers the tests start in their own process group (``start_new_session=True``): waiting until one
+serves, and stopping it."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+from pathlib import Path
+
+import httpx
+
+from growpage.gameday.promstack import wait_until
 
 
 def stop_group(process: subprocess.Popen) -> None:
@@ -28,3 +34,17 @@ def stop_group(process: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         break
+
+
+def wait_serving(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    """Wait until ``url/health`` answers 200; fail with the end of the server's log when the process
+    exits first (or, from ``wait_until``, when time runs out)."""
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"vLLM exited ({process.returncode}):\n{log_path.read_text(errors='replace')[-4000:]}")
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(healthy, timeout_s, interval_s=1.0, what=f"{url}/health")

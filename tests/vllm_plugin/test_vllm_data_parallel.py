@@ -26,8 +26,8 @@ from growpage import catalog
 from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import GrowPageError
 from growpage.vllm_plugin.serve import serve_command
-from support.processes import stop_group
-from support.promstack import free_port, wait_until
+from support.processes import stop_group, wait_serving
+from support.promstack import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -77,15 +77,7 @@ def test_each_data_parallel_rank_serves_its_own_exporter(tmp_path: Path):
         process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     try:
-        def healthy() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM exited ({process.returncode}):\n{log_path.read_text()[-4000:]}")
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, STARTUP_TIMEOUT_S, interval_s=1.0, what="the two-rank vLLM server")
+        wait_serving(f"http://127.0.0.1:{port}", process, log_path, STARTUP_TIMEOUT_S)
         for index in range(4):  # vLLM's balancer spreads them over the ranks; every rank keeps serving
             response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
                 "model": str(model_dir), "prompt": f"Count to {index + 3}:", "max_tokens": 8, "temperature": 0})

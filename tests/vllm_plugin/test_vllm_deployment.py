@@ -32,8 +32,8 @@ from growpage.engine.model_prep import resolve_model_dir  # noqa: E402
 from growpage.errors import GrowPageError  # noqa: E402
 from growpage.vllm_plugin.serve import SERVER_MODULE  # noqa: E402
 from growpage.vllm_plugin.settings import default_base_pages  # noqa: E402
-from support.processes import stop_group  # noqa: E402
-from support.promstack import free_port, wait_until  # noqa: E402
+from support.processes import stop_group, wait_serving  # noqa: E402
+from support.promstack import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -98,15 +98,7 @@ def test_the_rendered_deployment_starts_vllm_with_the_plugin_exporting_before_an
                                    start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        def healthy() -> bool:
-            if process.poll() is not None:
-                raise AssertionError(f"vLLM exited ({process.returncode}):\n{log_path.read_text()[-4000:]}")
-            try:
-                return httpx.get(f"{url}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, STARTUP_TIMEOUT_S, interval_s=1.0, what=f"{url}/health")
+        wait_serving(url, process, log_path, STARTUP_TIMEOUT_S)
         response = httpx.get(f"{url}{catalog.METRICS_PATH}", timeout=10)  # no request served yet
         assert response.status_code == 200, response.text
         text = response.text
