@@ -16,7 +16,7 @@ from growpage.demos.vllm_engine import VllmDemoSettings, prompts_for, run_engine
 
 # Smaller than --quick: two engine starts, each serving its variant's reasoning, (forced,) retrieval runs.
 # 24 blocks hold one retrieval question (~600 tokens) but not every reasoning request at full length.
-SETTINGS = VllmDemoSettings(requests=8, max_tokens=64, kv_blocks=24, base_pages=2, report_interval_s=0.5,
+SETTINGS = VllmDemoSettings(requests=8, max_tokens=64, kv_blocks=24, report_interval_s=0.5,
                             retrieval_families=("code",), retrieval_depths=(0.35, 0.9))
 
 

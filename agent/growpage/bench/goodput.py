@@ -158,7 +158,7 @@ def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: L
     lengths = [prompt_tokens(tokenizer, task.prompt) for task in tasks]
     needed = blocks_needed(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
     tight = max(max(needed) + 1, round(sum(needed) * settings.retrieval_kv_share) + 1)
-    caps = {f"{cap}@{settings.base_pages}": {**settings.growpage_config(), "method": cap} for cap in RETRIEVAL_CAPS}
+    caps = {f"{cap}@{settings.floor_pages}": {**settings.growpage_config(), "method": cap} for cap in RETRIEVAL_CAPS}
     configs = {"vllm": None, "growpage": settings.growpage_config(), **caps, "limit": None}
     blocks = {variant: tight for variant in configs} | {"limit": sum(needed) + 1}
     max_model_len = max(needed) * settings.block_size

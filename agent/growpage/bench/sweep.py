@@ -85,6 +85,9 @@ class SweepVariant:
         return not self.methods or method in self.methods
 
 
+SWEEP_PROTECTION = {"sink_tokens": 4, "recent_window_tokens": 16, "evict_min_pages": 1}
+
+
 def variant_name(method: str, pages: int, coverage: float | None = None, label: str = "") -> str:
     return (f"{method}@{pages}" + ("" if coverage is None else f"{COVERAGE_MARK}{coverage:g}")
             + (f"{VARIANT_MARK}{label}" if label else ""))
@@ -98,10 +101,13 @@ def sweep_configs(settings: VllmBenchSettings) -> dict[str, dict | None]:
     (:class:`SweepVariant`) follows its methods' points with its own."""
     variants = [SweepVariant("", {}), *settings.sweep_variants]
     configs: dict[str, dict | None] = {"vllm": None}
+    # the sweep's floors go below the shipped one (2 blocks of 32), where the shipped 64-token recent
+    # window cannot fit; every point protects what the sweep always did, so its curves stay comparable
+    protection = {**SWEEP_PROTECTION, **{k: v for k, v in settings.growpage.items() if k in SWEEP_PROTECTION}}
     floor_coverage = {"attention_coverage": settings.growpage.get("attention_coverage", 0.0)}
     for method in settings.sweep_methods:
         for pages in settings.sweep_pages:
-            base = {**settings.growpage_config(), "base_pages": pages, "method": method}
+            base = {**settings.growpage_config(), **protection, "base_pages": pages, "method": method}
             base |= floor_coverage if method == "growpage" else {}
             for variant in variants:
                 if variant.applies_to(method):
@@ -109,7 +115,7 @@ def sweep_configs(settings: VllmBenchSettings) -> dict[str, dict | None]:
     if "growpage" in settings.sweep_methods:
         pages = min(settings.sweep_pages)
         for coverage in settings.sweep_coverage:
-            base = {**settings.growpage_config(), "base_pages": pages, "method": "growpage",
+            base = {**settings.growpage_config(), **protection, "base_pages": pages, "method": "growpage",
                     "attention_coverage": coverage}
             for variant in variants:
                 if variant.applies_to("growpage"):

