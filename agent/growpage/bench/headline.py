@@ -6,7 +6,8 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
 * ``vllm``: vLLM alone as it runs untuned (``max_num_seqs`` holds every request);
 * ``vllm@seqsN``: vLLM alone with ``max_num_seqs`` N
   (:attr:`~growpage.bench.vllm.VllmBenchSettings.tuned_max_num_seqs`): a smaller batch can avoid
-  the preemption thrash a full one causes, the baseline a vLLM maintainer would ask for. *Tuned vLLM alone* is whichever of these has the best median tokens/s;
+  the preemption thrash a full one causes, the baseline a vLLM maintainer would ask for. *Tuned
+  vLLM alone* is whichever of these has the best median tokens/s;
 * ``growpage``: enforce at the shipped defaults
   (:meth:`~growpage.bench.vllm.VllmBenchSettings.growpage_config`);
 * ``CAP@eq``: each fixed cap (``streaming_llm``, ``h2o``, ``snapkv``) at *equal memory*: a budget
