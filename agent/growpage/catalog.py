@@ -217,6 +217,31 @@ ROUTER_LOAD = MetricSpec(
     "runs or queues (0 idle, 100 full, above 100 it queues).", "percent")
 ROUTER_METRICS: tuple[MetricSpec, ...] = (HEADROOM_PAGES, RECLAIMABLE_PAGES, ROUTER_LOAD)
 
+# Monitor's forecast of enforce (growpage.vllm_plugin.forecast), served by the vLLM home only: what
+# enforce would do on this deployment's own traffic, read before a rollout to enforce (dashboards,
+# gpctl calibrate's rollout recommendation). Zero under enforce, where the real series count it.
+FORECAST_PAGES_FREED = MetricSpec(
+    "growpage_forecast_pages_freed_total", MetricType.COUNTER,
+    "Monitor's forecast: KV pages enforce would have freed (its compactions, against growing), on this "
+    "replica's own traffic.", "pages")
+FORECAST_COMPACTIONS = MetricSpec(
+    "growpage_forecast_compactions_total", MetricType.COUNTER,
+    "Monitor's forecast: compactions enforce would have made (boundary evictions and prompts compressed "
+    "for admission).", "compactions")
+FORECAST_PREEMPTIONS = MetricSpec(
+    "growpage_forecast_preemptions_total", MetricType.COUNTER,
+    "vLLM preemptions of monitored requests (the denominator of the avoidable ones).", "preemptions")
+FORECAST_PREEMPTIONS_AVOIDABLE = MetricSpec(
+    "growpage_forecast_preemptions_avoidable_total", MetricType.COUNTER,
+    "Monitor's forecast: vLLM preemptions enforce would have avoided (it would have had a page free, or "
+    "could have freed one by compressing a request above its floor).", "preemptions")
+FORECAST_SPARE_PAGES = MetricSpec(
+    "growpage_forecast_spare_pages", MetricType.GAUGE,
+    "Monitor's forecast: KV pages enforce would have free now beyond what vLLM has (monitored requests' "
+    "pages less what enforce would hold for them).", "pages")
+FORECAST_METRICS: tuple[MetricSpec, ...] = (FORECAST_PAGES_FREED, FORECAST_COMPACTIONS, FORECAST_PREEMPTIONS,
+                                            FORECAST_PREEMPTIONS_AVOIDABLE, FORECAST_SPARE_PAGES)
+
 # Series only the vLLM home serves, beside the contract: what it could not enforce as decided, and how
 # much of the work its observer saw (the shares of steps and of requests observed: below 1 with
 # observe_every_steps > 1, monitor's default, and when a batch holds more than observe_max_requests).
@@ -237,7 +262,7 @@ VLLM_OBSERVED_REQUESTS = MetricSpec(
     "growpage_vllm_observed_requests_total", MetricType.COUNTER,
     "Finished requests whose attention GrowPage observed at least once.", "requests")
 VLLM_HOME_METRICS: tuple[MetricSpec, ...] = (VLLM_DEGRADED_DECISIONS, VLLM_STEPS, VLLM_OBSERVED_STEPS,
-                                             VLLM_TRACKED_REQUESTS, VLLM_OBSERVED_REQUESTS)
+                                             VLLM_TRACKED_REQUESTS, VLLM_OBSERVED_REQUESTS, *FORECAST_METRICS)
 # The load at and above which a replica holds all it can without preempting (the fleet alert's "full").
 FLEET_LOAD_FULL = 100.0
 

@@ -27,6 +27,8 @@ GAUGE_VALUES = {
     catalog.REQUESTS_RUNNING.name: 3.0, catalog.BUILD_INFO.name: 1.0,
     # the vLLM home's router signals (catalog.ROUTER_METRICS)
     catalog.HEADROOM_PAGES.name: 1200.0, catalog.RECLAIMABLE_PAGES.name: 200.0, catalog.ROUTER_LOAD.name: 60.0,
+    # monitor's forecast of enforce (catalog.FORECAST_METRICS)
+    catalog.FORECAST_SPARE_PAGES.name: 150.0,
 }
 POOL_PAGES = {"free": 1000.0, "reserved": 500.0, "used": 2500.0}
 AGENT_ACTIVE = {"observer": "active", "enforcer": "active"}
@@ -37,6 +39,8 @@ COUNTER_RATES_PER_S = {  # per label value where the metric has one label
     # the vLLM home's own series (catalog.VLLM_HOME_METRICS): one step in four observed
     catalog.VLLM_DEGRADED_DECISIONS.name: 0.1, catalog.VLLM_STEPS.name: 20.0, catalog.VLLM_OBSERVED_STEPS.name: 5.0,
     catalog.VLLM_TRACKED_REQUESTS.name: 1.0, catalog.VLLM_OBSERVED_REQUESTS.name: 0.9,
+    catalog.FORECAST_PAGES_FREED.name: 3.0, catalog.FORECAST_COMPACTIONS.name: 1.5,
+    catalog.FORECAST_PREEMPTIONS.name: 0.02, catalog.FORECAST_PREEMPTIONS_AVOIDABLE.name: 0.015,
 }
 HISTOGRAM_OBSERVATIONS = {  # (observations per second, typical value): a log-normal-ish spread
     catalog.ALLOCATION_LATENCY.name: (50.0, 0.004), catalog.LTS_ENTROPY.name: (2.0, 2.6),

@@ -126,7 +126,8 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
     report = observer.take_report()  # what the scheduler learns: this request's readings, one observed step
     assert set(report.readings) == {"r1"} and report.steps == report.steps_observed == 1
     assert report.observer_state == "active" and report.ready_to_compact and report.errors == 0
-    assert report.attention_tokens == {}  # a monitored request's need raises no floor: none is sent
+    # a monitored request's need is no floor here: it goes to monitor's forecast of enforce
+    assert set(report.attention_tokens) == {"r1"} and observer.compactor is None
     assert observer.take_report().readings == {}  # each reading travels once
 
 

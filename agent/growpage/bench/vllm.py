@@ -26,6 +26,9 @@ registers plugins once per process, so variants cannot share one), on the packag
   (the order alternates each round) of vLLM alone, ``monitor`` and ``enforce`` with nothing to do
   (the pool is never short, so nothing is compacted): decode tokens/s medians with their range, the
   price of observing and of the enforcer's bookkeeping.
+* **headline**: GrowPage at its shipped defaults against tuned vLLM alone, every fixed cap at equal
+  memory and the limit (:mod:`growpage.bench.headline`).
+* **forecast**: monitor's forecast of enforce against what enforce then does (:mod:`growpage.bench.forecast`).
 * **sampling**: per trace, what monitor's sampling (the price cut above) costs in decisions:
   monitor as shipped against monitor observing everything, and against monitor observing what
   enforce observes, boundary by boundary (:mod:`growpage.bench.decisions`).
@@ -48,7 +51,7 @@ from growpage.provenance import host_facts
 from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings, resolved_settings
 
 VARIANTS = ("vllm", "growpage", "limit")
-PARTS = ("pressure", "overhead", "sampling", "retrieval", "accuracy", "sweep", "headline")
+PARTS = ("pressure", "overhead", "sampling", "retrieval", "accuracy", "sweep", "headline", "forecast")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +166,13 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     sweeps = ([sweep.pressure_sweep(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
               if "sweep" in settings.parts else [])
 
+    from growpage.bench.forecast import forecast_trace
     from growpage.bench.headline import headline_trace
 
     headlines = ([headline_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
                  if "headline" in settings.parts else [])
+    forecasts = ([forecast_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
+                 if "forecast" in settings.parts else [])
     retrieval = goodput.retrieval_under_pressure(model_dir, settings, log, timeout_s) \
         if "retrieval" in settings.parts else {}
     accuracy = goodput.full_kv_accuracy(model_dir, settings, log, timeout_s) if "accuracy" in settings.parts else {}
@@ -176,12 +182,13 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
             "host": host_facts(), "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
             "settings": dataclasses.asdict(settings),
             "resolved_growpage": resolved_settings(settings.growpage_config(), settings.block_size),
-            "traces": traces, "headlines": headlines, "overhead": overhead,
+            "traces": traces, "headlines": headlines, "forecasts": forecasts, "overhead": overhead,
             "sampling_fidelity": sampling,
             "retrieval": retrieval, "accuracy": accuracy, "sweeps": sweeps,
             "summary": _summary(traces, overhead) | goodput.summary(traces, retrieval, accuracy)
             | {"sweep_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in sweeps},
-               "headline_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in headlines}},
+               "headline_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in headlines},
+               "forecast_within_tolerance_by_seed": {entry["seed"]: entry["within_tolerance"] for entry in forecasts}},
             "wall_s": round(time.monotonic() - started, 1)}
 
 

@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from growpage import catalog
+from growpage.calibrate.rollout import ForecastEvidence
 from growpage.diagnose.exposition import Exposition
 from growpage.diagnose.observations import HistogramCounts, Window
-from growpage.diagnose.scrapes import histogram_increase
+from growpage.diagnose.scrapes import counter_increase, histogram_increase
 from growpage.errors import GrowPageError
 
 # The distributions calibration needs, in the order settings read them.
@@ -31,6 +32,7 @@ class ModelEvidence:
         lts_by_namespace: LTS entropy per ``namespace`` label, where the scrape added one.
         block_sizes: distinct ``block_size`` labels of its ``growpage_build_info``.
         mode: the build info's ``mode`` when every series agrees, for messages.
+        forecast: monitor's forecast of enforce over the window (None: no forecast series).
     """
 
     model: str
@@ -40,6 +42,7 @@ class ModelEvidence:
     lts_by_namespace: Mapping[str, HistogramCounts] = dataclasses.field(default_factory=dict)
     block_sizes: tuple[int, ...] = ()
     mode: str | None = None
+    forecast: ForecastEvidence | None = None
 
     def histograms(self) -> tuple[tuple[catalog.MetricSpec, HistogramCounts | None], ...]:
         """``(spec, histogram)`` in :data:`DISTRIBUTIONS` order."""
@@ -126,8 +129,22 @@ def evidence_from_expositions(expositions: Sequence[Exposition], source: Mapping
             lts_entropy=histogram_increase(agent, catalog.LTS_ENTROPY.name, of_model),
             sts_density=histogram_increase(agent, catalog.STS_DENSITY.name, of_model),
             request_tokens=histogram_increase(agent, catalog.REQUEST_TOKENS.name, of_model),
-            lts_by_namespace=by_namespace, block_sizes=block_sizes(infos), mode=agreed(infos, "mode"))
+            lts_by_namespace=by_namespace, block_sizes=block_sizes(infos), mode=agreed(infos, "mode"),
+            forecast=forecast_evidence({spec.name: counter_increase(agent, spec.name, of_model)
+                                        for spec in FORECAST_COUNTERS}))
     return Evidence(source=dict(source), window=window, models=found)
+
+
+# The forecast's counters calibrate reads (growpage.calibrate.rollout), in ForecastEvidence's field order.
+FORECAST_COUNTERS = (catalog.FORECAST_PAGES_FREED, catalog.FORECAST_COMPACTIONS, catalog.FORECAST_PREEMPTIONS,
+                     catalog.FORECAST_PREEMPTIONS_AVOIDABLE)
+
+
+def forecast_evidence(increases: Mapping[str, float | None]) -> ForecastEvidence | None:
+    """The forecast's counter increases by series name (None: absent) as evidence; None when none is present."""
+    if all(increases.get(spec.name) is None for spec in FORECAST_COUNTERS):
+        return None
+    return ForecastEvidence(*(float(increases.get(spec.name) or 0.0) for spec in FORECAST_COUNTERS))
 
 
 def _newest_build_infos(agent: Sequence[Exposition], model: str) -> list[Mapping[str, str]]:

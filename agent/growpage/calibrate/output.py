@@ -70,6 +70,9 @@ def render_yaml(calibration: Calibration, evidence: Evidence, command: str,
         lines.append("# Rollout candidates (LTS entropy p50 above rollout_entropy_threshold): "
                      + ", ".join(f"namespace {name} (p50 {p50:.4g})"
                                  for name, p50 in calibration.rollout_candidates.items()))
+    if calibration.rollout is not None:
+        lines.append(f"# Rollout (monitor's forecast of enforce): {calibration.rollout.verdict}: "
+                     f"{calibration.rollout.reason}")
     lines.append("# Everything else keeps GrowPageConfig's defaults; review before enforcing.")
     body = yaml.safe_dump({TOP_LEVEL_KEY: calibration.config_values()}, sort_keys=False, default_flow_style=False)
     return "\n".join(lines) + "\n" + body
@@ -117,6 +120,7 @@ def to_json(calibration: Calibration, evidence: Evidence, command: str, written:
                                     "notes": list(setting.notes)}
                      for setting in calibration.settings},
         "rollout_candidates": {name: round(p50, 6) for name, p50 in calibration.rollout_candidates.items()},
+        "rollout": calibration.rollout.to_dict() if calibration.rollout is not None else None,
         "config": {TOP_LEVEL_KEY: calibration.config_values()},
         "command": command,
         "output": str(written) if written is not None else None,

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 from growpage import catalog
 from growpage.calibrate.evidence import (
     DISTRIBUTIONS,
+    FORECAST_COUNTERS,
     NAMESPACE_LABEL,
     Evidence,
     ModelEvidence,
     agreed,
     block_sizes,
     evidence_from_expositions,
+    forecast_evidence,
 )
 from growpage.diagnose.exposition import Exposition, parse_exposition, snapshot_time
 from growpage.diagnose.observations import HistogramCounts, Window
@@ -128,6 +130,8 @@ def from_prometheus(base_url: str, since_s: float, at_s: float | None = None, na
 
         buckets = {spec.name: query(f"sum by ({by}, le) (increase({spec.name}_bucket{selector}[{window_s}s]))")
                    for spec in DISTRIBUTIONS}
+        forecasts = {spec.name: query(f"sum by ({catalog.MODEL_LABEL}) (increase({spec.name}{selector}[{window_s}s]))")
+                     for spec in FORECAST_COUNTERS}
         infos = query(f"max by ({catalog.MODEL_LABEL}, block_size, mode) "
                       f"(last_over_time({catalog.BUILD_INFO.name}{selector}[{window_s}s]))")
     models = sorted({labels.get(catalog.MODEL_LABEL, "") for rows in buckets.values() for labels, _ in rows}
@@ -147,7 +151,10 @@ def from_prometheus(base_url: str, since_s: float, at_s: float | None = None, na
             lts_by_namespace={namespace: histogram for namespace in namespaces
                               if (histogram := _histogram([row for row in lts_rows
                                                            if row[0].get(NAMESPACE_LABEL) == namespace]))},
-            block_sizes=block_sizes(model_infos), mode=agreed(model_infos, "mode"))
+            block_sizes=block_sizes(model_infos), mode=agreed(model_infos, "mode"),
+            forecast=forecast_evidence({name: next((value for labels, value in rows
+                                                    if labels.get(catalog.MODEL_LABEL, "") == model), None)
+                                        for name, rows in forecasts.items()}))
     window = Window(at_s - window_s, at_s, "range")
     scope = f"{selector}, " if matchers else ""
     source = {"kind": "prometheus", "target": base_url, "selector": selector, "since_s": window_s, "at": at_s,

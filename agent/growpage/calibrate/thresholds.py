@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from growpage import catalog
 from growpage.calibrate.evidence import ModelEvidence
+from growpage.calibrate.rollout import Rollout, recommend
 from growpage.config import GrowPageConfig
 from growpage.config import min_base_pages as config_min_base_pages
 from growpage.diagnose.observations import HistogramCounts
@@ -87,6 +88,8 @@ class Calibration:
     settings: tuple[Setting, ...]
     # Namespaces whose LTS p50 exceeds the calibrated rollout_entropy_threshold: namespace -> p50.
     rollout_candidates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Enforce or not, from monitor's forecast of enforce (growpage.calibrate.rollout); None: not asked.
+    rollout: Rollout | None = None
 
     def config_values(self) -> dict[str, float | int]:
         """The config file's fields: ``block_size`` (``base_pages`` counts its pages) and the settings."""
@@ -149,7 +152,7 @@ def calibrate(evidence: ModelEvidence, quantiles: Quantiles, block_size: int | N
     candidates = {namespace: p50 for namespace, histogram in sorted(evidence.lts_by_namespace.items())
                   if (p50 := histogram.quantile(0.5)) is not None and p50 > rollout.value}
     return Calibration(model=evidence.model, block_size=size, block_size_from=size_from, settings=settings,
-                       rollout_candidates=candidates)
+                       rollout_candidates=candidates, rollout=recommend(evidence.forecast, evidence.mode))
 
 
 def _block_size(evidence: ModelEvidence, override: int | None, where: str) -> tuple[int, str]:

@@ -239,20 +239,23 @@ class GrowthController:
 
     # ---- the boundary routine ---------------------------------------------------------------------
     def decide(self, request_id: str, *, pages_held: int, pool: PoolView, can_quantize: bool,
-               can_evict: bool, reading: Reading | None = None, compression_pays: bool = True) -> BoundaryCall:
-        """Refill the request's growth budget and run the contract on one boundary."""
+               can_evict: bool, reading: Reading | None = None, compression_pays: bool = True,
+               commit: bool = True) -> BoundaryCall:
+        """Refill the request's growth budget and run the contract on one boundary (``commit``
+        False: a preview that leaves the request's budget as it was, for a forecast)."""
         started = time.perf_counter()
         request = self.requests[request_id]
         if reading is not None:
             self.update_reading(request_id, reading)
         now = self.clock()
-        request.growth_budget_pages = refill_growth_budget(
+        budget = refill_growth_budget(
             request.growth_budget_pages, pages_held, now - request.last_refill_s, self.config.max_growth_rate)
-        request.last_refill_s = now
+        if commit:
+            request.growth_budget_pages, request.last_refill_s = budget, now
         state = BoundaryState(
             pages_held=pages_held, base_pages=request.base_pages, sts_density=request.sts_density,
             lts_entropy=request.lts_entropy, pool_free_pages=pool.free_pages,
-            growth_budget_pages=request.growth_budget_pages, can_quantize=can_quantize, can_evict=can_evict,
+            growth_budget_pages=budget, can_quantize=can_quantize, can_evict=can_evict,
             admission_reserve_pages=min(pool.admission_reserve_pages, pool.free_pages),
             compression_pays=compression_pays)
         boundary = capacity_boundary_pages(request.base_pages, request.lts_entropy, self.config.growth_coefficient)
@@ -346,8 +349,10 @@ class GrowthController:
         return boundaries, free
 
     def plan_boundary(self, view: RequestView, *, free_pages: int, reserve_pages: int = 0,
-                      enforceable: frozenset[Action] = ALL_ACTIONS, compression_pays: bool = True) -> BoundaryPlan:
-        """Run the contract on one boundary and say what the home carries out (see :class:`BoundaryPlan`)."""
+                      enforceable: frozenset[Action] = ALL_ACTIONS, compression_pays: bool = True,
+                      commit: bool = True) -> BoundaryPlan:
+        """Run the contract on one boundary and say what the home carries out (see :class:`BoundaryPlan`;
+        ``commit`` False: a preview that changes no request state)."""
         request = self.requests[view.request_id]
         to_free = self.method.pages_to_free(view.pages_held, request.base_pages, self.config.evict_min_pages)
         floor = floor_pages(request.base_pages, view.protected_tokens, self.config.block_size,
@@ -355,7 +360,7 @@ class GrowthController:
         evicted_pages = evict_pages_after(view, floor=floor, pages_to_free=to_free)
         call = self.decide(view.request_id, pages_held=view.pages_held, pool=PoolView(free_pages, reserve_pages),
                            can_quantize=view.can_quantize, can_evict=evicted_pages is not None,
-                           compression_pays=compression_pays)
+                           compression_pays=compression_pays, commit=commit)
         enforced = request.mode is Mode.ENFORCE
         action = call.decision.action
         if enforced:

@@ -13,6 +13,7 @@ report (``PROGRESS_PREFIX``) and one per finished variant (``RESULT_PREFIX``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -112,7 +113,6 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
 
     Counters the engine keeps across runs (GrowPage's decisions and compressed bytes) are reported
     as this run's increase; ``latencies`` holds this run's grant latencies only."""
-    from vllm import RequestOutput
     from vllm.v1.engine.core_client import InprocClient
 
     from growpage.core.quantiles import percentile
@@ -126,49 +126,105 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
     pool = scheduler.kv_cache_manager.block_pool
     before = _counters(scheduler)
     trace = DecisionTrace.start(scheduler, f"{run_index}.{variant}-") if spec.get("decision_trace") else None
+    freed = FreedPages.start(scheduler)
     for index, prompt in enumerate(prompts):
         engine.add_request(f"{run_index}.{variant}-{index}", prompt, _sampling(spec, index))
-    outputs: dict[str, list[int]] = {}
-    logprobs: dict[str, list[float]] = {}
-    preemptions: dict[str, int] = {}
-    peak_running = steps = running_steps = held_blocks = 0
-    started = last_report = time.perf_counter()
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished and isinstance(output, RequestOutput):  # generation, never pooling
-                outputs[output.request_id] = list(output.outputs[0].token_ids)
-                logprobs[output.request_id] = _token_logprobs(output.outputs[0])
-        steps += 1
-        for request in list(scheduler.running) + list(scheduler.waiting):
-            preemptions[request.request_id] = max(preemptions.get(request.request_id, 0), request.num_preemptions)
-        peak_running = max(peak_running, len(scheduler.running))
-        running_steps += len(scheduler.running)
-        held_blocks += pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
-        now = time.perf_counter()
-        if now - last_report >= spec["report_interval_s"] or not engine.has_unfinished_requests():
-            last_report = now
-            _emit(PROGRESS_PREFIX, _progress(variant, scheduler, round(now - started, 1), len(outputs),
-                                             len(prompts), sum(preemptions.values()), before))
+    run = _Run(variant, len(prompts), before)
+    started = time.perf_counter()
+    run.step_to_the_end(engine, scheduler, spec["report_interval_s"])
     elapsed = time.perf_counter() - started
     after = _counters(scheduler)
-    generated = sum(len(tokens) for tokens in outputs.values())
+    generated = sum(len(tokens) for tokens in run.outputs.values())
     return {
         "variant": variant, "tokens_per_s": generated / elapsed, "generated_tokens": generated,
-        "elapsed_s": elapsed, "steps": steps, "peak_running": peak_running,
-        "mean_running": running_steps / max(steps, 1),
+        "elapsed_s": elapsed, "steps": run.steps, "peak_running": run.peak_running,
+        "mean_running": run.running_steps / max(run.steps, 1),
         # the KV a running request held on average (blocks in use per running request, step-weighted):
         # what "equal memory" matches a fixed cap's budget to
-        "mean_blocks_per_running": held_blocks / max(running_steps, 1),
-        "preemptions": sum(preemptions.values()), "decisions": _decisions(scheduler, before),
+        "mean_blocks_per_running": run.held_blocks / max(run.running_steps, 1),
+        "preemptions": sum(run.preemptions.values()), "decisions": _decisions(scheduler, before),
         "compressed_bytes_in": after["bytes_in"] - before["bytes_in"],
         "compressed_bytes_out": after["bytes_out"] - before["bytes_out"],
         "grant_latency_p50_s": percentile(latencies, 0.5),
         "grant_latency_p99_s": percentile(latencies, 0.99),
         "blocks_free_at_end": pool.get_num_free_blocks(), "blocks_total": pool.num_gpu_blocks - 1,
-        "outputs": {rid.rsplit("-", 1)[1]: tokens for rid, tokens in outputs.items()},
-        "logprobs": {rid.rsplit("-", 1)[1]: values for rid, values in logprobs.items() if values},
+        # what enforce freed (its compactions, against growing) and what monitor forecast it would
+        "pages_freed": freed.stop() if freed is not None else 0,
+        "forecast": {key: after["forecast"][key] - before["forecast"].get(key, 0) for key in after["forecast"]},
+        "outputs": {rid.rsplit("-", 1)[1]: tokens for rid, tokens in run.outputs.items()},
+        "logprobs": {rid.rsplit("-", 1)[1]: values for rid, values in run.logprobs.items() if values},
         **({"decision_trace": trace.stop()} if trace is not None else {}),
     }
+
+
+class _Run:
+    """One run's step loop and what it counts per step."""
+
+    def __init__(self, variant: str, requests: int, before: dict):
+        self.variant, self.requests, self.before = variant, requests, before
+        self.outputs: dict[str, list[int]] = {}
+        self.logprobs: dict[str, list[float]] = {}
+        self.preemptions: dict[str, int] = {}
+        self.peak_running = self.steps = self.running_steps = self.held_blocks = 0
+
+    def step_to_the_end(self, engine: Any, scheduler: Any, report_interval_s: float) -> None:
+        from vllm import RequestOutput
+
+        pool = scheduler.kv_cache_manager.block_pool
+        started = last_report = time.perf_counter()
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished and isinstance(output, RequestOutput):  # generation, never pooling
+                    self.outputs[output.request_id] = list(output.outputs[0].token_ids)
+                    self.logprobs[output.request_id] = _token_logprobs(output.outputs[0])
+            self.steps += 1
+            for request in list(scheduler.running) + list(scheduler.waiting):
+                self.preemptions[request.request_id] = max(self.preemptions.get(request.request_id, 0),
+                                                           request.num_preemptions)
+            self.peak_running = max(self.peak_running, len(scheduler.running))
+            self.running_steps += len(scheduler.running)
+            self.held_blocks += pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+            now = time.perf_counter()
+            if now - last_report >= report_interval_s or not engine.has_unfinished_requests():
+                last_report = now
+                _emit(PROGRESS_PREFIX, _progress(self.variant, scheduler, round(now - started, 1), len(self.outputs),
+                                                 self.requests, sum(self.preemptions.values()), self.before))
+
+
+class FreedPages:
+    """Pages enforce's compactions freed in a run, against growing: a boundary eviction frees the
+    page the request would have grown by plus what it cut (``pages_before + 1 - pages_after``), a
+    compression outside a boundary (pressure relief, a prompt compressed for admission or to a
+    cap) what it cut (``pages_before - pages_after``). What monitor's forecast is measured against."""
+
+    OUTSIDE_A_BOUNDARY = ("pool_pressure", "prompt_budget")
+
+    def __init__(self, stats: Any):
+        self.stats, self.pages = stats, 0
+
+    @classmethod
+    def start(cls, scheduler: Any) -> FreedPages | None:
+        agent = agent_of(scheduler)
+        if agent is None:
+            return None
+        tally = cls(agent.stats)
+        agent.stats.add_listener(tally)
+        return tally
+
+    def on_decision(self, event: Any) -> None:
+        if event.enforced and event.kind == "evict":
+            boundary = event.reason not in self.OUTSIDE_A_BOUNDARY
+            self.pages += event.pages_before + int(boundary) - event.pages_after
+
+    def on_admit(self, event: Any) -> None:
+        pass
+
+    def on_finish(self, event: Any) -> None:
+        pass
+
+    def stop(self) -> int:
+        self.stats.listeners.remove(self)
+        return self.pages
 
 
 def _counters(scheduler: Any) -> dict:
@@ -176,10 +232,11 @@ def _counters(scheduler: Any) -> dict:
     monitor would decide, what enforce decided) and compressed bytes."""
     agent = existing_agent(scheduler)
     if agent is None:
-        return {"decisions": {}, "bytes_in": 0, "bytes_out": 0}
+        return {"decisions": {}, "bytes_in": 0, "bytes_out": 0, "forecast": {}}
     stats = agent.stats
+    forecast = dataclasses.asdict(agent.forecast.totals()) if agent.forecast is not None else {}
     return {"decisions": dict(stats.decisions_total), "bytes_in": stats.compress_input_bytes_total,
-            "bytes_out": stats.compress_output_bytes_total}
+            "bytes_out": stats.compress_output_bytes_total, "forecast": forecast}
 
 
 class DecisionTrace:

@@ -80,7 +80,7 @@ class _StepRows:
     query_tokens: torch.Tensor  # [R * W] each request's window of query tokens in the batch, newest last
     query_offsets: list[list[int]]  # [R][W] positions before the request's newest (0: newest, or a repeat)
     block_rows: torch.Tensor  # [R, M] block-table rows, cut to the longest request
-    enforced: bool  # some observed request is enforced: accumulate compaction scores
+    wants_token_mass: bool  # compaction scores (enforced requests) or the forecast's needs (monitored ones)
     token_mass: torch.Tensor | None = None  # [R, max_len] attention summed over observed layers
     pending: list[_PendingLayer] = dataclasses.field(default_factory=list)  # layers observed, not yet scored
 
@@ -204,6 +204,11 @@ class VllmObserver:
         self.pending_readings: dict[str, tuple[float, float]] = {}
         self.pending_attention_tokens: dict[str, int] = {}
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
+        # monitor's forecast of enforce (vllm_plugin.forecast) needs what enforce's floors follow: each
+        # monitored request's attention need, from the same scores enforce keeps (no compaction here)
+        self.forecast_scores = (token_scores.for_method(method)
+                                if config.mode is not Mode.OFF and self._attention_coverage > 0 and scores.scored
+                                else None)
         self._read_once: set[str] = set()  # requests whose summaries reached the scheduler at least once
 
     # ---- fault isolation --------------------------------------------------------------------------
@@ -253,8 +258,27 @@ class VllmObserver:
         cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
         for request_id in getattr(cached, "resumed_req_ids", None) or ():
             self._resume(request_id)
+        if not self._observe_this_step and self.forecast_scores is not None:
+            # a monitored prompt's end is always observed: prompt-anchored scores (and so the
+            # forecast's attention need) start from it, as they do under enforce
+            self._observe_this_step = self._ends_a_monitored_prompt(scheduler_output)
         if self.requests and int(getattr(scheduler_output, "total_num_scheduled_tokens", 1) or 0) > 0:
             self._steps_tracked += 1
+
+    def _ends_a_monitored_prompt(self, scheduler_output: Any) -> bool:
+        """Whether this step computes the last prompt token of a monitored request."""
+        scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        computed = {new.req_id: int(getattr(new, "num_computed_tokens", 0) or 0)
+                    for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ()}
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        computed.update(zip(getattr(cached, "req_ids", None) or (),
+                            (int(n) for n in getattr(cached, "num_computed_tokens", None) or ()), strict=False))
+        for request_id, tokens in scheduled.items():
+            tracked = self.requests.get(request_id)
+            if (tracked is not None and tracked.mode is Mode.MONITOR and request_id in computed
+                    and computed[request_id] < tracked.prompt_tokens <= computed[request_id] + int(tokens)):
+                return True
+        return False
 
     def begin_compaction(self, runner: Any, scheduler_output: Any) -> None:
         """Enforce, before the runner updates its states: apply the scheduler's plans."""
@@ -317,6 +341,8 @@ class VllmObserver:
     def _release(self, request_id: str) -> TrackedRequest | None:
         if self.compactor is not None:
             self.compactor.forget(request_id)
+        if self.forecast_scores is not None:
+            self.forecast_scores.forget(request_id)
         self.pending_readings.pop(request_id, None)
         self.pending_attention_tokens.pop(request_id, None)
         self._read_once.discard(request_id)
@@ -403,7 +429,7 @@ class VllmObserver:
         pending, plan.pending = plan.pending, []
         scores = scoring.score_step(
             pending, plan.block_rows, plan.lengths, self._layout,
-            cap_bytes=self.settings.observe_chunk_mib * 2 ** 20, token_mass=plan.enforced,
+            cap_bytes=self.settings.observe_chunk_mib * 2 ** 20, token_mass=plan.wants_token_mass,
             mass_by_kv_head=self._per_kv_head,
             summarize=functools.partial(summarize_attention, num_bins=self.config.sts_num_bins),
             query_offsets=plan.query_offsets)
@@ -450,7 +476,7 @@ class VllmObserver:
         self._step_plan = _StepRows(
             rows=rows, lengths=lengths, observed=observed, max_len=max_len,
             query_tokens=to_device(tokens, query_device), query_offsets=offsets, block_rows=block_rows,
-            enforced=self.compactor is not None and any(t.mode is Mode.ENFORCE for t in observed))
+            wants_token_mass=any(self._keeps_scores(t) for t in observed))
         return self._step_plan
 
     def _batch_view(self, metadata: Any) -> tuple[list[str], list[int], list[int], torch.Tensor]:
@@ -485,10 +511,13 @@ class VllmObserver:
         self._in_step = False
         self.guarded("attention observation", self.flush_observations)
         plan = self._step_plan
-        if isinstance(plan, _StepRows) and plan.token_mass is not None and self.compactor is not None:
+        if isinstance(plan, _StepRows) and plan.token_mass is not None:
             for n, tracked in enumerate(plan.observed):
-                if tracked.mode is Mode.ENFORCE:
-                    self.compactor.add_scores(tracked.request_id, plan.token_mass[n, ..., :plan.lengths[n]])
+                mass = plan.token_mass[n, ..., :plan.lengths[n]]
+                if tracked.mode is Mode.ENFORCE and self.compactor is not None:
+                    self.compactor.add_scores(tracked.request_id, mass)
+                elif tracked.mode is Mode.MONITOR and self.forecast_scores is not None:
+                    self.forecast_scores.add(tracked.request_id, mass)
         self._step_plan = None
         if self._step:
             rows = self._step[0].rows
@@ -502,8 +531,22 @@ class VllmObserver:
                 self._queue_readings(plan.observed)
         self._step = []
 
-    def _queue_attention_need(self, request_id: str) -> None:
-        """The tokens the request's attention needs (``attention_coverage``), for its floor."""
+    def _keeps_scores(self, tracked: TrackedRequest) -> bool:
+        """Whether ``tracked``'s per-token attention is kept: an enforced request's for its compactions,
+        a monitored one's for the forecast's attention need."""
+        if tracked.mode is Mode.ENFORCE:
+            return self.compactor is not None
+        return tracked.mode is Mode.MONITOR and self.forecast_scores is not None
+
+    def _queue_attention_need(self, tracked: TrackedRequest) -> None:
+        """The tokens the request's attention needs (``attention_coverage``), for its floor (enforced)
+        or the forecast's (monitored)."""
+        request_id = tracked.request_id
+        if tracked.mode is Mode.MONITOR:
+            assert self.forecast_scores is not None
+            self.pending_attention_tokens[request_id] = self.forecast_scores.tokens_for_coverage(
+                request_id, self._attention_coverage, self.config.sink_tokens, self.config.recent_window_tokens)
+            return
         assert self.compactor is not None
         tokens = self.compactor.scores.tokens_for_coverage(request_id, self._attention_coverage,
                                                            self.config.sink_tokens, self.config.recent_window_tokens)
@@ -530,8 +573,8 @@ class VllmObserver:
                                      self.summaries.read_later([t.row for t in wanted])))
         for tracked in wanted:
             self._read_once.add(tracked.request_id)
-            if self._attention_coverage > 0 and self.compactor is not None and tracked.mode is Mode.ENFORCE:
-                self._queue_attention_need(tracked.request_id)
+            if self._attention_coverage > 0 and self._keeps_scores(tracked):
+                self._queue_attention_need(tracked)
 
     def _collect_readings(self) -> None:
         """Readings whose copy has landed, oldest first (a newer one overwrites an older one),

@@ -43,6 +43,7 @@ from growpage.core.step_control import RequestView
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
+from growpage.vllm_plugin.forecast import EnforceForecast, step_requests
 from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
@@ -115,6 +116,9 @@ class SchedulerAgent:
                 self.stats.set_component_state("enforcer", "waiting_for_worker")
             else:
                 self.stats.set_component_state("enforcer", enforcer_blocker)
+        # monitor's forecast of enforce, over the requests GrowPage monitors (none when it runs off)
+        self.forecast: EnforceForecast | None = (EnforceForecast(self.controller) if config.mode is not Mode.OFF
+                                                 else None)
         self.scheduler: Any = None
         self.seen: dict[str, _Seen] = {}
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
@@ -184,6 +188,8 @@ class SchedulerAgent:
             self.stats.record_grant(new_blocks, latency_s)
         for request, seen, held in boundaries:
             self._decide_monitored(scheduler, request, seen, held)
+        if self.forecast is not None:
+            self.guarded("forecasting enforce", self._forecast_step, scheduler, output, req_to_blocks)
         if self.enforcer is not None:
             self.enforcer.after_schedule(scheduler, output)
         self.guarded("reading the headroom", self.refresh_headroom, scheduler)
@@ -206,6 +212,13 @@ class SchedulerAgent:
                               cached_tokens=int(getattr(request, "num_cached_tokens", 0) or 0),
                               pages_granted=new_blocks, latency_s=latency_s)
 
+    def _forecast_step(self, scheduler: Any, output: Any, req_to_blocks: dict[str, list]) -> None:
+        assert self.forecast is not None
+        waiting = next(iter(scheduler.waiting), None)
+        self.forecast.on_step(step_requests(scheduler, output, req_to_blocks),
+                              free_pages=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+                              waiting_prompt_tokens=int(waiting.num_prompt_tokens) if waiting is not None else None)
+
     def _decide_monitored(self, scheduler: Any, request: Any, seen: _Seen, held: int) -> None:
         """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what
         GrowPage would have done (vLLM's plain paging is what happened). Whether it could evict is
@@ -224,6 +237,8 @@ class SchedulerAgent:
     def on_preempt(self, request: Any) -> None:
         """vLLM preempted ``request`` (its blocks are freed; it is recomputed when it runs again)."""
         self.stats.record_oom()
+        if self.forecast is not None:
+            self.guarded("forecasting enforce", self.forecast.on_preempt, request.request_id)
         if self.enforcer is not None:
             self.enforcer.on_preempt(request)
         else:
@@ -238,6 +253,8 @@ class SchedulerAgent:
 
     def _release(self, request: Any, reason: str) -> None:
         self.seen.pop(request.request_id, None)
+        if self.forecast is not None:
+            self.forecast.forget(request.request_id)
         self._allocations.pop(request.request_id, None)
         released = self.controller.release(request.request_id, reason, num_tokens=int(request.num_tokens))
         if released is not None and reason == "finished":  # a preempted request is counted when it ends
@@ -327,6 +344,7 @@ class SchedulerAgent:
         counted (``growpage_agent_errors_total{component="plugin"}``) and logged; vLLM carries on."""
         from growpage.telemetry import TelemetryAgent
         from growpage.telemetry.tracing import tracing_enabled
+        from growpage.vllm_plugin.forecast import ForecastCollector
         from growpage.vllm_plugin.headroom import HeadroomCollector
         from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
         from growpage.vllm_plugin.startup import take_over
@@ -345,6 +363,7 @@ class SchedulerAgent:
             self.telemetry = TelemetryAgent.from_env(self, **shared)
         self.telemetry.registry.register(DegradedDecisionsCollector(self, self.view.model))
         self.telemetry.registry.register(ObservationCollector(self, self.view.model))
+        self.telemetry.registry.register(ForecastCollector(self, self.view.model))
         self.telemetry.registry.register(HeadroomCollector(self, self.view.model))
         if early is not None:
             self.exporter = self._adopted_exporter = early.exporter

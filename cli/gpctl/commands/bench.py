@@ -344,6 +344,10 @@ def calibration_trace(
     typer.echo(f"next: gpctl calibrate --snapshot {output} --output growpage-calibrated.yaml", err=True)
 
 
+_MAX_NUM_SEQS_HELP = ("max_num_seqs values vLLM alone also runs with in --part headline; the fastest is tuned "
+                      "vLLM alone (repeatable; default 4 and 6).")
+
+
 @app.command()
 def vllm(
     quick: Annotated[bool, typer.Option("--quick", help="Small workload: a smoke run (about 4 minutes).")] = False,
@@ -360,7 +364,8 @@ def vllm(
                                                         "family), sweep (GrowPage's floor and each fixed cap's "
                                                         "budget: tokens/s against NLL increase), headline "
                                                         "(GrowPage at its shipped defaults against tuned vLLM "
-                                                        "alone, every cap at equal memory and the limit); "
+                                                        "alone, every cap at equal memory and the limit), "
+                                                        "forecast (monitor's forecast against enforce); "
                                                         "default pressure, overhead and sampling.")] = None,
     seed: Annotated[list[int] | None, typer.Option(help="Trace seeds (repeatable; default 0 and 1).")] = None,
     repeats: Annotated[int | None, typer.Option(min=1, help="Interleaved rounds of every variant (default 3).")
@@ -378,9 +383,7 @@ def vllm(
         help="LABEL[@METHOD,...]:KEY=VALUE[,KEY=VALUE]: run those methods' --part sweep points again with "
              "these settings, named <point>/LABEL (repeatable), e.g. heads:keep_sets=kv_head or "
              "rkv@growpage:redundancy_weight=0.9.")] = None,
-    max_num_seqs: Annotated[list[int] | None, typer.Option(
-        min=1, help="max_num_seqs values vLLM alone also runs with in --part headline; the fastest is "
-                    "tuned vLLM alone (repeatable; default 4 and 6).")] = None,
+    max_num_seqs: Annotated[list[int] | None, typer.Option(min=1, help=_MAX_NUM_SEQS_HELP)] = None,
     setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
                                                             "plugin's additional_config keys; repeatable), e.g. "
                                                             "observe_every_steps=2.")] = None,
@@ -391,11 +394,10 @@ def vllm(
     from growpage.bench.vllm import run_vllm_bench
     from growpage.errors import GrowPageError
 
+    listed = {"seeds": seed, "sweep_pages": sweep_pages, "sweep_coverage": sweep_coverage,
+              "tuned_max_num_seqs": max_num_seqs}
     settings = _vllm_settings(quick, threads, part, method, setting, {
-        "base_pages": base_pages, "seeds": tuple(seed) if seed else None, "repeats": repeats,
-        "sweep_pages": tuple(sweep_pages) if sweep_pages else None,
-        "sweep_coverage": tuple(sweep_coverage) if sweep_coverage else None,
-        "tuned_max_num_seqs": tuple(max_num_seqs) if max_num_seqs else None},
+        "base_pages": base_pages, "repeats": repeats, **{k: tuple(v) if v else None for k, v in listed.items()}},
         sweep_method or [], sweep_variant or [])
     console = Console(stderr=True)
     try:

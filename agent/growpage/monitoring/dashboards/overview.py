@@ -181,6 +181,26 @@ def _rollout_row(t: catalog.MixinThresholds) -> list[Cell]:
     ]
 
 
+def _forecast_row(t: catalog.MixinThresholds) -> list[Cell]:
+    """Monitor's forecast of enforce (vLLM home): read before a namespace moves to enforce."""
+    freed, avoidable, preempted, spare = (metric(spec.name) for spec in (
+        catalog.FORECAST_PAGES_FREED, catalog.FORECAST_PREEMPTIONS_AVOIDABLE, catalog.FORECAST_PREEMPTIONS,
+        catalog.FORECAST_SPARE_PAGES))
+    return [
+        Cell(timeseries("Pages enforce would free (forecast)", catalog.FORECAST_PAGES_FREED.help + " Per "
+                        "namespace, per second: zero means enforce would find nothing to compress.",
+                        targets((f"sum by (namespace) (rate({freed}[{RATE}]))", "{{namespace}}")), "short"), 8),
+        Cell(timeseries("Preemptions enforce would avoid (forecast)", catalog.FORECAST_PREEMPTIONS_AVOIDABLE.help
+                        + " Beside every preemption of a monitored request: the gap is what enforce could not "
+                        "avoid either.",
+                        targets((f"sum by (namespace) (rate({avoidable}[{RATE}]))", "{{namespace}} avoidable"),
+                                (f"sum by (namespace) (rate({preempted}[{RATE}]))", "{{namespace}} all")),
+                        "short"), 8),
+        Cell(timeseries("Spare pages under enforce (forecast)", catalog.FORECAST_SPARE_PAGES.help,
+                        targets((f"sum by (namespace) ({spare})", "{{namespace}}")), "short"), 8),
+    ]
+
+
 def overview_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict:
     """The dashboard with the thresholds ``t`` (its panels' threshold lines and titles)."""
     return dashboard(TITLE, UID, "GrowPage SLOs and KV cache behaviour per namespace, pod and model.", [
@@ -190,4 +210,5 @@ def overview_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) ->
         ("Page allocation latency", _latency_row(t)),
         ("Decisions and compression", _decisions_row(t)),
         ("Rollout", _rollout_row(t)),
+        ("Before enforce: monitor's forecast", _forecast_row(t)),
     ])

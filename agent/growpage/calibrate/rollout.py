@@ -1,0 +1,68 @@
+"""``gpctl calibrate``'s rollout recommendation, from monitor's forecast of enforce (pure).
+
+Monitor exports what enforce would do on the deployment's own traffic
+(:mod:`growpage.vllm_plugin.forecast`): pages it would free, compactions, and the preemptions it
+would avoid among vLLM's own. Over calibrate's window that answers the operator's question before a
+rollout: does enforce buy anything here?
+
+* **enforce** when it would avoid preemptions (each one a request recomputed from scratch): the
+  avoidable share says how much of vLLM's thrash it removes;
+* **stay in monitor** when it would compress but avoid nothing: the freed pages buy throughput only
+  if vLLM admits more requests into them (a larger ``max_num_seqs`` or more traffic), and every
+  compaction costs fidelity, so enforcing buys nothing measured yet;
+* **stay in monitor** when it would do nothing at all: memory is not the constraint here;
+* **no forecast** when the window has none (GrowPage older than the forecast, or not in monitor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+ENFORCE = "enforce"
+STAY_IN_MONITOR = "stay_in_monitor"
+NO_FORECAST = "no_forecast"
+
+
+@dataclasses.dataclass(frozen=True)
+class ForecastEvidence:
+    """Monitor's forecast over the window (counter increases, summed over pods)."""
+
+    pages_freed: float
+    compactions: float
+    preemptions: float
+    preemptions_avoidable: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """The recommendation and its reason, in one line each."""
+
+    verdict: str
+    reason: str
+    forecast: ForecastEvidence | None = None
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "reason": self.reason,
+                "forecast": dataclasses.asdict(self.forecast) if self.forecast is not None else None}
+
+
+def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
+    """The rollout recommendation for one model from its forecast (``mode``: its build info's, for messages)."""
+    if forecast is None:
+        where = f"the deployment runs {mode}" if mode else "no growpage_forecast_* series in the window"
+        return Rollout(NO_FORECAST, f"no forecast of enforce ({where}): run monitor (mode: monitor) under real "
+                                    "traffic for a window, then calibrate again")
+    if forecast.preemptions_avoidable >= 1:
+        share = forecast.preemptions_avoidable / max(forecast.preemptions, 1.0)
+        return Rollout(ENFORCE, f"enforce would have avoided {forecast.preemptions_avoidable:g} of vLLM's "
+                                f"{forecast.preemptions:g} preemptions ({share:.0%}) and freed "
+                                f"{forecast.pages_freed:g} KV pages; enforce the namespaces that preempt first "
+                                "(enforce_namespaces) and compare the answers' quality before widening", forecast)
+    if forecast.pages_freed > 0:
+        return Rollout(STAY_IN_MONITOR, f"enforce would have freed {forecast.pages_freed:g} KV pages "
+                                        f"({forecast.compactions:g} compactions) but avoided no preemption "
+                                        f"(vLLM preempted {forecast.preemptions:g} times): the room buys "
+                                        "throughput only if vLLM admits more requests into it (raise "
+                                        "max_num_seqs), and every compaction costs fidelity", forecast)
+    return Rollout(STAY_IN_MONITOR, "enforce would have compressed nothing and avoided no preemption in the "
+                                    "window: KV memory is not what limits this deployment", forecast)

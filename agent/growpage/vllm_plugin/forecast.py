@@ -1,0 +1,272 @@
+"""Monitor's forecast: what enforce would do on this deployment's own traffic, before it enforces.
+
+In ``monitor`` vLLM pages on its own; GrowPage observes. The forecast keeps, for every monitored
+running request, a *shadow* of the KV enforce would hold: its pages and the tokens its compactions
+would have dropped. Each step, with the tokens vLLM scheduled:
+
+- a shadow that needs a page past its grant is a boundary: the contract runs on the shadow (its
+  pages, the request's readings and attention need, the pool as enforce would see it: vLLM's free
+  pages plus what the shadows hold less) as a preview that changes no request state
+  (:meth:`~growpage.core.controller.GrowthController.plan_boundary` with ``commit`` False); an
+  eviction shrinks the shadow to the plan's pages and counts the pages it frees against growing;
+- a prompt that has just been cached while a request waits that the (shadow) pool cannot admit is
+  compressed to its floor, as enforce compresses a fresh prompt for admission (GrowPage's methods,
+  ``attention_coverage`` > 0);
+- a preemption vLLM makes is *avoidable* when the shadows hold fewer pages than vLLM's requests do
+  (enforce would have had the room), or pressure relief could free one (a shadow above its floor);
+  each avoidable preemption spends one such page of the step.
+
+Exported beside the contract (:class:`ForecastCollector`): pages enforce would have freed,
+compactions it would have made, preemptions it would have avoided (and every preemption, the
+denominator), and the pages it would have free now beyond vLLM's. Prometheus adds ``namespace``
+and ``pod`` at the scrape, so a rollout reads them per namespace.
+
+What the shadow does not model: enforce's compactions change what vLLM schedules next (fewer
+preemptions recompute less, a wider batch decodes more per step), and its floors follow attention
+needs measured on compacted caches. ``gpctl bench vllm --part forecast`` measures the forecast
+against what enforce then does on the same trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from growpage import catalog
+from growpage.config import Mode
+from growpage.core.controller import GrowthController, ceil_div
+from growpage.core.policy import Action
+from growpage.core.pressure import floor_pages, protected_tokens
+from growpage.core.step_control import RequestView
+
+
+@dataclasses.dataclass
+class ShadowKV:
+    """The KV enforce would hold for one running request.
+
+    Attributes:
+        pages: pages it would hold after this step.
+        dropped: tokens its compactions would have dropped.
+        prompt_settled: its first decode step has been seen (a prompt is compressed for admission once).
+    """
+
+    pages: int
+    dropped: int = 0
+    prompt_settled: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRequest:
+    """One running request as the forecast reads a step (plain values: tests need no vLLM).
+
+    Attributes:
+        request_id: the request.
+        pages_held: blocks vLLM gave it, this step's included.
+        tokens: tokens its KV holds once this step runs (computed + scheduled).
+        new_tokens: tokens this step computes for it.
+        prompt_tokens: its prompt's length.
+    """
+
+    request_id: str
+    pages_held: int
+    tokens: int
+    new_tokens: int
+    prompt_tokens: int
+
+    @property
+    def decoding(self) -> bool:
+        return self.tokens > self.prompt_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class ForecastTotals:
+    """The forecast's counters and gauge, as the exporter serves them."""
+
+    pages_freed: int = 0
+    compactions: int = 0
+    preemptions: int = 0
+    preemptions_avoidable: int = 0
+    spare_pages: int = 0
+
+
+class EnforceForecast:
+    """The shadow of enforce over monitor's steps (see the module docstring).
+
+    Args:
+        controller: the scheduler's growth controller (readings, attention needs, the contract).
+    """
+
+    def __init__(self, controller: GrowthController):
+        self.controller = controller
+        self.block_size = controller.config.block_size
+        self.shadows: dict[str, ShadowKV] = {}
+        self.pages_freed_total = 0
+        self.compactions_total = 0
+        self.preemptions_total = 0
+        self.preemptions_avoidable_total = 0
+        self.spare_pages = 0  # pages enforce would have free now beyond vLLM's
+        self._step_room = 0  # of them (and relief), what this step's preemptions may still spend
+
+    def on_step(self, requests: Sequence[StepRequest], *, free_pages: int,
+                waiting_prompt_tokens: int | None) -> None:
+        """Advance every monitored request's shadow by one step (requests GrowPage does not monitor
+        are left out: enforce would leave them to vLLM too)."""
+        monitored = [r for r in requests if self._monitored(r.request_id)]
+        live = {r.request_id for r in requests}
+        for request_id in [rid for rid in self.shadows if rid not in live]:
+            del self.shadows[request_id]  # finished or preempted without a callback seen
+        free = free_pages + self._spare(monitored)
+        for request in monitored:
+            shadow = self.shadows.get(request.request_id)
+            if shadow is None or not request.decoding:
+                # admitted or still in its prompt: enforce holds what vLLM holds
+                self.shadows[request.request_id] = ShadowKV(pages=request.pages_held)
+                continue
+            if not shadow.prompt_settled:
+                shadow.prompt_settled = True
+                free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
+            free += self._advance(request, shadow, free)
+        self.spare_pages = self._spare(monitored)
+        self._step_room = self.spare_pages + self._relief(monitored)
+
+    def on_preempt(self, request_id: str) -> None:
+        """vLLM preempted a monitored request: avoidable when enforce would have had a page."""
+        if not self._monitored(request_id):
+            return
+        self.preemptions_total += 1
+        if self._step_room >= 1:
+            self.preemptions_avoidable_total += 1
+            self._step_room -= 1
+        self.shadows.pop(request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        self.shadows.pop(request_id, None)
+
+    def totals(self) -> ForecastTotals:
+        return ForecastTotals(self.pages_freed_total, self.compactions_total, self.preemptions_total,
+                              self.preemptions_avoidable_total, self.spare_pages)
+
+    # ---- one request ---------------------------------------------------------------------------------
+    def _advance(self, request: StepRequest, shadow: ShadowKV, free: int) -> int:
+        """One decode step of ``shadow``; the change in the shadow pool's free pages."""
+        physical = request.tokens - shadow.dropped
+        needed = ceil_div(physical, self.block_size)
+        if needed <= shadow.pages:
+            return 0
+        grant = self.controller.grant_pages(request.prompt_tokens)
+        if shadow.pages < grant:
+            grown, shadow.pages = needed - shadow.pages, needed
+            return -grown
+        before = physical - request.new_tokens  # the tokens cached before this step
+        view = self._view(request, shadow, before)
+        plan = self.controller.plan_boundary(view, free_pages=free, compression_pays=free < 1, commit=False)
+        if plan.call.decision.action is Action.EVICT and plan.pages_after <= shadow.pages:
+            keep = (plan.pages_after - 1) * self.block_size
+            shadow.dropped += before - keep
+            freed = shadow.pages + 1 - plan.pages_after  # against growing by the page it needed
+            self.pages_freed_total += freed
+            self.compactions_total += 1
+            change = shadow.pages - plan.pages_after
+            shadow.pages = plan.pages_after
+            return change
+        grown, shadow.pages = needed - shadow.pages, needed  # grows (or vLLM preempts someone)
+        return -grown
+
+    def _compress_for_admission(self, request: StepRequest, shadow: ShadowKV, free: int,
+                                waiting_prompt_tokens: int | None) -> int:
+        """Enforce compresses a just-cached prompt to its floor when a waiting request cannot be
+        admitted and the floor follows attention; the pages that frees."""
+        controller = self.controller
+        if (waiting_prompt_tokens is None or controller.config.attention_coverage <= 0
+                or not controller.method.compress_prompt_for_admission
+                or free >= controller.grant_pages(waiting_prompt_tokens)):
+            return 0
+        before = request.tokens - shadow.dropped - request.new_tokens
+        floor = controller.floor_of(self._view(request, shadow, before))
+        gained = shadow.pages - floor
+        if gained <= 0:
+            return 0
+        shadow.dropped += before - (floor - 1) * self.block_size
+        shadow.pages = floor
+        self.pages_freed_total += gained
+        self.compactions_total += 1
+        return gained
+
+    def _view(self, request: StepRequest, shadow: ShadowKV, cached_tokens: int) -> RequestView:
+        config = self.controller.config
+        return RequestView(
+            request.request_id, pages_held=shadow.pages, allowance_pages=shadow.pages, needs_page=True,
+            protected_tokens=protected_tokens(cached_tokens, 0, config.sink_tokens, config.recent_window_tokens),
+            compressible=True, can_evict=True)
+
+    # ---- the pool as enforce would see it -----------------------------------------------------------
+    def _spare(self, monitored: Sequence[StepRequest]) -> int:
+        return sum(max(0, r.pages_held - self.shadows[r.request_id].pages)
+                   for r in monitored if r.request_id in self.shadows)
+
+    def _relief(self, monitored: Sequence[StepRequest]) -> int:
+        """Pages pressure relief could free from the shadows (each down to its floor)."""
+        config = self.controller.config
+        total = 0
+        for request in monitored:
+            shadow = self.shadows.get(request.request_id)
+            control = self.controller.requests.get(request.request_id)
+            if shadow is None or control is None or not shadow.prompt_settled:
+                continue
+            cached = request.tokens - shadow.dropped
+            floor = floor_pages(control.base_pages, protected_tokens(cached, 0, config.sink_tokens,
+                                                                      config.recent_window_tokens),
+                                self.block_size, control.attention_tokens)
+            total += max(0, shadow.pages - floor)
+        return total
+
+    def _monitored(self, request_id: str) -> bool:
+        control = self.controller.requests.get(request_id)
+        return control is not None and control.mode is Mode.MONITOR
+
+
+def step_requests(scheduler: Any, output: Any, req_to_blocks: dict[str, list]) -> list[StepRequest]:
+    """The running requests of vLLM's ``scheduler`` as :class:`StepRequest` records, after it
+    scheduled ``output`` (a ``SchedulerOutput``: ``num_scheduled_tokens`` per request)."""
+    scheduled = getattr(output, "num_scheduled_tokens", None) or {}
+    requests = []
+    for request in scheduler.running:
+        new_tokens = int(scheduled.get(request.request_id, 0))
+        requests.append(StepRequest(request.request_id, len(req_to_blocks.get(request.request_id, ())),
+                                    int(request.num_computed_tokens) + new_tokens, new_tokens,
+                                    int(request.num_prompt_tokens)))
+    return requests
+
+
+class ForecastCollector:
+    """Serves the forecast (:data:`~growpage.catalog.FORECAST_METRICS`) from the agent's last totals."""
+
+    def __init__(self, source: Any, model: str):
+        self.source, self.model = source, model
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        forecast = getattr(self.source, "forecast", None)
+        if forecast is None:
+            return
+        label = [catalog.MODEL_LABEL]
+        try:
+            totals = forecast.totals()
+            families: list[Any] = []
+            for spec, value in ((catalog.FORECAST_PAGES_FREED, totals.pages_freed),
+                                (catalog.FORECAST_COMPACTIONS, totals.compactions),
+                                (catalog.FORECAST_PREEMPTIONS, totals.preemptions),
+                                (catalog.FORECAST_PREEMPTIONS_AVOIDABLE, totals.preemptions_avoidable)):
+                counter = CounterMetricFamily(spec.name.removesuffix("_total"), spec.help, labels=label)
+                counter.add_metric([self.model], float(value))
+                families.append(counter)
+            gauge = GaugeMetricFamily(catalog.FORECAST_SPARE_PAGES.name, catalog.FORECAST_SPARE_PAGES.help,
+                                      labels=label)
+            gauge.add_metric([self.model], float(totals.spare_pages))
+            families.append(gauge)
+        except Exception:  # a scrape never raises
+            self.source.stats.record_error("plugin")
+            return
+        yield from families

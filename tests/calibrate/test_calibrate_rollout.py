@@ -1,0 +1,67 @@
+"""``gpctl calibrate``'s rollout recommendation from monitor's forecast of enforce: the verdicts, where
+the forecast comes from (expositions, snapshots, Prometheus queries) and where it is written."""
+
+from __future__ import annotations
+
+import json
+
+from test_calibrate_units import model  # the evidence helper of the calibrate tests
+
+from growpage import catalog
+from growpage.calibrate import Evidence, Quantiles, calibrate, render_yaml
+from growpage.calibrate.evidence import evidence_from_expositions
+from growpage.calibrate.output import to_json
+from growpage.calibrate.rollout import ENFORCE, NO_FORECAST, STAY_IN_MONITOR, ForecastEvidence, recommend
+from growpage.diagnose.exposition import parse_exposition
+from growpage.diagnose.observations import Window
+
+
+def test_enforce_is_recommended_only_where_it_would_avoid_preemptions():
+    avoids = recommend(ForecastEvidence(pages_freed=120, compactions=80, preemptions=10, preemptions_avoidable=8),
+                       "monitor")
+    assert avoids.verdict == ENFORCE and "8 of vLLM's 10 preemptions (80%)" in avoids.reason
+    trims = recommend(ForecastEvidence(pages_freed=50, compactions=40, preemptions=0, preemptions_avoidable=0),
+                      "monitor")
+    assert trims.verdict == STAY_IN_MONITOR and "max_num_seqs" in trims.reason
+    idle = recommend(ForecastEvidence(0, 0, 0, 0), "monitor")
+    assert idle.verdict == STAY_IN_MONITOR and "not what limits" in idle.reason
+    none = recommend(None, "enforce")
+    assert none.verdict == NO_FORECAST and "runs enforce" in none.reason and none.forecast is None
+
+
+def _exposition(time_s: float, freed: float, avoidable: float, preemptions: float):
+    lines = []
+    for spec, value in ((catalog.FORECAST_PAGES_FREED, freed), (catalog.FORECAST_COMPACTIONS, freed),
+                        (catalog.FORECAST_PREEMPTIONS, preemptions),
+                        (catalog.FORECAST_PREEMPTIONS_AVOIDABLE, avoidable)):
+        lines += [f"# TYPE {spec.name.removesuffix('_total')} counter", f'{spec.name}{{model_name="m"}} {value}']
+    lines += ["# TYPE growpage_build_info gauge",
+              'growpage_build_info{model_name="m",mode="monitor",block_size="16"} 1']
+    return parse_exposition("\n".join(lines) + "\n", "agent", time_s)
+
+
+def test_the_forecast_is_the_counters_increase_over_the_window():
+    evidence = evidence_from_expositions([_exposition(100.0, 10, 1, 4), _exposition(160.0, 70, 6, 9)],
+                                         {"kind": "snapshot", "target": "a, b"}, "snapshots")
+    assert evidence.models["m"].forecast == ForecastEvidence(60.0, 60.0, 5.0, 5.0)
+    lifetime = evidence_from_expositions([_exposition(160.0, 70, 6, 9)], {"kind": "snapshot"}, "snapshots")
+    assert lifetime.models["m"].forecast == ForecastEvidence(70.0, 70.0, 9.0, 6.0)
+
+
+def test_an_agent_without_forecast_series_has_no_forecast():
+    text = '# TYPE growpage_build_info gauge\ngrowpage_build_info{model_name="m",mode="enforce",block_size="16"} 1\n'
+    evidence = evidence_from_expositions([parse_exposition(text, "agent", 1.0)], {"kind": "snapshot"}, "snapshots")
+    assert evidence.models["m"].forecast is None
+
+
+def test_the_recommendation_is_in_the_file_header_and_the_json():
+    forecast = ForecastEvidence(pages_freed=30, compactions=20, preemptions=4, preemptions_avoidable=3)
+    calibration = calibrate(model(forecast=forecast), Quantiles())
+    assert calibration.rollout is not None and calibration.rollout.verdict == ENFORCE
+    evidence = Evidence(source={"kind": "snapshot", "target": "x"}, window=Window(0.0, 60.0, "snapshots"),
+                        models={"m": model(forecast=forecast)})
+    text = render_yaml(calibration, evidence, "gpctl calibrate --snapshot x")
+    assert "# Rollout (monitor's forecast of enforce): enforce: enforce would have avoided 3 of vLLM's 4" in text
+    document = json.loads(to_json(calibration, evidence, "gpctl calibrate --snapshot x", None))
+    assert document["rollout"]["verdict"] == ENFORCE and document["rollout"]["forecast"]["pages_freed"] == 30
+    assert calibrate(model(), Quantiles()).rollout.verdict == NO_FORECAST

@@ -1,0 +1,136 @@
+"""Monitor's forecast of enforce (``growpage.vllm_plugin.forecast``) on a real growth controller:
+what it counts as freed, compacted and avoidable, and that it never changes what monitor decides."""
+
+from __future__ import annotations
+
+from growpage import catalog
+from growpage.config import GrowPageConfig, Mode
+from growpage.core.controller import GrowthController, Reading
+from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, StepRequest
+
+BLOCK = 16
+
+
+def _controller(**config) -> GrowthController:
+    values = {"mode": Mode.MONITOR, "block_size": BLOCK, "base_pages": 4, "sink_tokens": 4,
+              "recent_window_tokens": 16, "attention_coverage": 0.95, **config}
+    return GrowthController(GrowPageConfig(**values), num_layers=None, clock=lambda: 0.0)
+
+
+def _decode(forecast: EnforceForecast, request_id: str, prompt: int, steps: int, *, free: int,
+            waiting: int | None = None) -> None:
+    """``steps`` decode steps of one request whose vLLM blocks grow with it (monitor changes nothing)."""
+    for step in range(steps):
+        tokens = prompt + step + 1
+        forecast.on_step([StepRequest(request_id, -(-tokens // BLOCK), tokens, 1, prompt)], free_pages=free,
+                         waiting_prompt_tokens=waiting)
+
+
+def test_a_low_entropy_request_past_its_floor_is_forecast_to_evict_and_free_a_page_per_boundary():
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))  # sparse, focused: evict
+    budget = controller.requests["a"].growth_budget_pages
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)  # prefill
+    _decode(forecast, "a", 40, 100, free=10)
+    totals = forecast.totals()
+    assert controller.requests["a"].growth_budget_pages == budget  # a preview: monitor's own state unchanged
+    # vLLM grew the request to 9 blocks (140 tokens); enforce would have grown it to its capacity
+    # boundary (4 x (1 + 0.2 x 0.5) = 4.4: 5 pages), then evicted at every boundary after: one page
+    # freed at each of the 4 (80, 96, 112, 128 tokens), and the difference spare now
+    assert forecast.shadows["a"].pages == 5
+    assert totals.compactions == totals.pages_freed == 4
+    assert totals.spare_pages == 9 - 5
+    assert totals.preemptions == totals.preemptions_avoidable == 0
+
+
+def test_the_floor_follows_the_attention_need_so_a_needy_request_is_forecast_to_keep_its_tokens():
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
+    controller.update_attention_need("a", 200)  # its attention needs every token it will have
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)
+    _decode(forecast, "a", 40, 100, free=10)
+    assert forecast.totals().pages_freed == 0 and forecast.shadows["a"].pages == 9
+
+
+def test_a_high_entropy_request_is_forecast_to_grow_and_frees_nothing():
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=5.0))  # diffuse: grows while it may
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=50, waiting_prompt_tokens=None)
+    _decode(forecast, "a", 40, 30, free=50)
+    assert forecast.totals().pages_freed == 0 and forecast.totals().spare_pages == 0
+
+
+def test_a_fresh_prompt_is_forecast_compressed_only_when_a_waiting_request_cannot_be_admitted():
+    for free, waiting, freed in ((0, 200, 7), (40, 200, 0), (0, None, 0)):
+        controller = _controller()
+        controller.admit("a", prompt_tokens=160, mode=Mode.MONITOR)
+        controller.update_attention_need("a", 30)
+        forecast = EnforceForecast(controller)
+        forecast.on_step([StepRequest("a", 11, 160, 160, 160)], free_pages=free, waiting_prompt_tokens=waiting)
+        forecast.on_step([StepRequest("a", 11, 161, 1, 160)], free_pages=free, waiting_prompt_tokens=waiting)
+        # floor: max(4 pages, (30 needed tokens -> 2 pages) + 1) = 4; 11 pages (161 tokens) -> 4
+        assert forecast.totals().pages_freed == freed, (free, waiting)
+
+
+def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page():
+    controller = _controller()
+    for request_id in ("a", "b"):
+        controller.admit(request_id, prompt_tokens=40, mode=Mode.MONITOR)
+        controller.update_reading(request_id, Reading(sts_density=0.2, lts_entropy=5.0))  # grow: no spare
+    forecast = EnforceForecast(controller)
+    steps = [StepRequest(r, 3, 40, 40, 40) for r in ("a", "b")]
+    forecast.on_step(steps, free_pages=0, waiting_prompt_tokens=None)
+    forecast.on_preempt("b")
+    assert forecast.totals().preemptions == 1 and forecast.totals().preemptions_avoidable == 0
+    # "a" has decoded past its floor: relief could compress it, so the next preemption is avoidable, once
+    forecast.on_step([StepRequest("a", 8, 120, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
+    forecast.shadows["a"].prompt_settled = True
+    forecast.on_step([StepRequest("a", 8, 121, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
+    controller.admit("c", prompt_tokens=40, mode=Mode.MONITOR)
+    forecast.on_preempt("c")
+    assert forecast.totals().preemptions == 2 and forecast.totals().preemptions_avoidable == 1
+
+
+def test_enforced_and_unknown_requests_are_left_out():
+    controller = _controller(mode=Mode.ENFORCE)
+    controller.admit("e", prompt_tokens=40, mode=Mode.ENFORCE)
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("e", 3, 40, 40, 40), StepRequest("x", 3, 40, 40, 40)], free_pages=0,
+                     waiting_prompt_tokens=None)
+    forecast.on_preempt("e")
+    forecast.on_preempt("x")
+    assert forecast.shadows == {} and forecast.totals().preemptions == 0
+
+
+def test_the_collector_serves_every_forecast_series_and_a_broken_forecast_is_counted_not_raised():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from growpage.core.stats import StatsRecorder
+
+    class Source:
+        def __init__(self, forecast):
+            self.forecast, self.stats = forecast, StatsRecorder()
+
+    controller = _controller()
+    source = Source(EnforceForecast(controller))
+    registry = CollectorRegistry()
+    registry.register(ForecastCollector(source, "m"))
+    text = generate_latest(registry).decode()
+    for spec in catalog.FORECAST_METRICS:
+        assert f'{spec.name}{{model_name="m"}}' in text
+    source.forecast = None
+    assert "growpage_forecast" not in generate_latest(registry).decode()  # off: nothing to forecast
+
+    class Broken:
+        def totals(self):
+            raise RuntimeError("boom")
+
+    source.forecast = Broken()
+    assert "growpage_forecast" not in generate_latest(registry).decode()
+    assert source.stats.agent_errors_total["plugin"] == 1
