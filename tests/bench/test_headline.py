@@ -35,10 +35,14 @@ def test_variants_are_vllm_alone_untuned_and_tuned_growpage_each_cap_at_equal_me
     assert configs["vllm@seqs4"] == {"growpage": None, "max_num_seqs": 4}
     for cap in CAPS:
         assert configs[f"{cap}@eq"]["growpage"] == {"mode": "enforce", "method": cap, "base_pages": 6}
-        assert configs[f"{cap}@floor"]["growpage"]["base_pages"] == settings.floor_pages
     assert configs["limit"] == {"growpage": None, "limit": True}
+    assert configs["growpage@room"] == {"growpage": {"mode": "enforce"}, "limit": True}  # nothing to win there
+    assert not any(name.endswith("@floor") for name in configs)  # earlier sweeps ran the caps at the floor
+    with_floor = variant_configs(dataclasses.replace(settings, headline_caps_at_floor=True), budget=6)
+    assert with_floor["h2o@floor"]["growpage"]["base_pages"] == settings.floor_pages
     # a matched budget equal to the floor runs each cap once
-    assert not any(name.endswith("@floor") for name in variant_configs(settings, settings.floor_pages))
+    assert not any(name.endswith("@floor") for name in variant_configs(
+        dataclasses.replace(settings, headline_caps_at_floor=True), settings.floor_pages))
     assert "headline" in PARTS
 
 
@@ -51,13 +55,15 @@ def _point(speed: float, nll: float = 0.0) -> dict:
 def test_the_verdict_measures_against_the_fastest_vllm_alone_not_the_untuned_one():
     variants = {"vllm": _point(100.0), "vllm@seqs4": _point(120.0), "vllm@seqs6": _point(110.0),
                 "growpage": _point(140.0, nll=0.05), "h2o@eq": _point(150.0, nll=0.10),
-                "streaming_llm@eq": _point(150.0, nll=0.06), "limit": _point(160.0)}
+                "streaming_llm@eq": _point(150.0, nll=0.06), "limit": _point(160.0),
+                "growpage@room": _point(152.0, nll=0.01)}
     result = verdict(variants)
     assert result["tuned_vllm"] == "vllm@seqs4" and result["growpage_vs_tuned_vllm"] == pytest.approx(140 / 120, 1e-3)
     assert result["captured_gain_share"] == 0.5 and result["gain_target_met"]
     assert result["never_worse_met"]
     assert result["best_cap_at_equal_memory"] == "streaming_llm@eq"
     assert result["equal_memory_nll_met"] is False  # 0.05 is not 20 % below 0.06 (0.048)
+    assert result["room_vs_limit"] == 0.95 and result["room_nll_increase"] == 0.01
     slower = verdict({**variants, "growpage": _point(117.0, nll=0.01)})
     assert not slower["never_worse_met"] and not slower["gain_target_met"]  # 117 < 0.98 x 120
     assert slower["equal_memory_nll_met"]

@@ -14,8 +14,11 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
   of GrowPage's measured mean KV per running request (blocks in use per running request,
   step-weighted), rounded up to whole blocks, taken from a pilot GrowPage run that also warms the
   machine and is discarded;
-* ``CAP@floor``: each fixed cap at GrowPage's floor, when that differs from the matched budget;
-* ``limit``: vLLM alone with room for every request: the attainable throughput.
+* ``CAP@floor``: each fixed cap at GrowPage's floor, with ``headline_caps_at_floor`` (earlier
+  sweeps measured the caps at this floor) and when it differs from the matched budget;
+* ``limit``: vLLM alone with room for every request: the attainable throughput;
+* ``growpage@room``: GrowPage at its defaults in the limit's space, where nothing can be won:
+  what it costs there (speed against ``limit``, NLL increase against full KV).
 
 Every variant runs ``repeats`` interleaved rounds (the order reverses each round); each compressed
 variant is forced once through the limit's continuation for its NLL increase over full KV (forced
@@ -57,11 +60,13 @@ def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[
     for seqs in settings.tuned_max_num_seqs:
         configs[f"{TUNED_PREFIX}{seqs}"] = {"growpage": None, "max_num_seqs": seqs}
     configs["growpage"] = {"growpage": growpage}
-    budgets = {"eq": budget} | ({"floor": settings.floor_pages} if settings.floor_pages != budget else {})
+    at_floor = settings.headline_caps_at_floor and settings.floor_pages != budget
+    budgets = {"eq": budget} | ({"floor": settings.floor_pages} if at_floor else {})
     for label, pages in budgets.items():
         for cap in CAPS:
             configs[f"{cap}@{label}"] = {"growpage": {**growpage, "method": cap, "base_pages": pages}}
     configs["limit"] = {"growpage": None, "limit": True}
+    configs["growpage@room"] = {"growpage": growpage, "limit": True}
     return configs
 
 
@@ -134,6 +139,7 @@ def verdict(variants: dict[str, dict]) -> dict:
     equal = {name: point for name, point in variants.items() if name.endswith("@eq")}
     best_cap = min(equal, key=lambda name: equal[name]["nll_increase"]) if equal else None
     cap_nll = float(equal[best_cap]["nll_increase"]) if best_cap else None
+    room = variants.get("growpage@room")
     return {
         "tuned_vllm": tuned_name, "tuned_vllm_tokens_per_s": tuned,
         "growpage_vs_tuned_vllm": round(grow / tuned, 3) if tuned else None,
@@ -145,6 +151,9 @@ def verdict(variants: dict[str, dict]) -> dict:
         "best_cap_at_equal_memory": best_cap, "best_cap_nll_increase": cap_nll,
         "growpage_nll_increase": nll,
         "equal_memory_nll_met": (cap_nll is not None and nll <= (1 - EQUAL_MEMORY_NLL_MARGIN) * cap_nll),
+        # where nothing can be won (room for all): GrowPage's speed against vLLM alone's, and what it cost
+        "room_vs_limit": round(_speed(room) / limit, 3) if room is not None and limit else None,
+        "room_nll_increase": float(room["nll_increase"]) if room is not None else None,
         "targets": {"never_worse_share": NEVER_WORSE_SHARE, "gain_share": GAIN_SHARE_TARGET,
                     "gain_nll_limit": GAIN_NLL_LIMIT, "equal_memory_nll_margin": EQUAL_MEMORY_NLL_MARGIN}}
 

@@ -87,6 +87,7 @@ class VllmBenchSettings:
             (:class:`~growpage.bench.sweep.SweepVariant`: ablations in one interleaved run).
         tuned_max_num_seqs: the ``max_num_seqs`` values vLLM alone also runs with in the
             ``headline`` part (:mod:`growpage.bench.headline`); the best is *tuned vLLM alone*.
+        headline_caps_at_floor: the ``headline`` part also runs each fixed cap at GrowPage's floor.
     """
 
     requests: int = 16
@@ -110,6 +111,7 @@ class VllmBenchSettings:
     sweep_methods: tuple[str, ...] = SWEEP_METHODS
     sweep_variants: tuple[SweepVariant, ...] = ()
     tuned_max_num_seqs: tuple[int, ...] = (4, 6)
+    headline_caps_at_floor: bool = False
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:
