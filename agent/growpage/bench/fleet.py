@@ -6,7 +6,13 @@ interleaved with long step-by-step generations) goes through the router once per
 - ``round_robin``: vLLM alone on both replicas, the router alternating;
 - ``power_of_two_vllm``: vLLM alone, ``power_of_two`` on vLLM's own load (no ``/get_load``: the
   router counts its own requests in flight per replica);
+- ``growpage_monitor``: GrowPage in monitor on both replicas, ``power_of_two`` reading their
+  ``/get_load``: the load signal alone (vLLM pages on its own), so the table says whether the
+  routing or the enforcing won;
 - ``growpage``: GrowPage enforcing on both replicas, ``power_of_two`` reading their ``/get_load``.
+
+Both replicas run GrowPage's shipped defaults (``base_pages`` only where set). A second topology
+with equal replicas (``--kv-blocks 66 --kv-blocks 66``) checks that the win is not the skew's.
 
 Per variant: vLLM's preemptions on both replicas (``vllm:num_preemptions_total``), p99 time to first
 token and inter-token latency seen by the client (streamed chat completions), correct answers and
@@ -39,6 +45,7 @@ from growpage.core.quantiles import percentile
 VARIANTS: dict[str, tuple[str, str]] = {  # name -> (router policy, replica mode)
     "round_robin": ("round_robin", "vllm"),
     "power_of_two_vllm": ("power_of_two", "vllm"),
+    "growpage_monitor": ("power_of_two", "monitor"),
     "growpage": ("power_of_two", "enforce"),
 }
 MODEL_NAME = "growpage-bench"
@@ -49,7 +56,7 @@ class FleetBenchSettings:
     """The fleet and the trace (defaults: a run of a few minutes per variant on 2 CPU cores)."""
 
     kv_blocks: tuple[int, int] = (33, 99)  # A holds a third of B's KV (one block is vLLM's null block)
-    base_pages: int = 6
+    base_pages: int | None = None  # None: the shipped floor
     max_model_len: int = 1024
     max_num_seqs: int = 8
     retrieval: int = 8  # 512-token retrieval questions (passkey, code), 16 new tokens
@@ -181,7 +188,7 @@ def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir
 
 
 COMPARED = ("preemptions", "ttft_p99_s", "itl_p99_s", "correct", "correct_per_s")
-BASELINES = ("round_robin", "power_of_two_vllm")
+BASELINES = ("round_robin", "power_of_two_vllm", "growpage_monitor")  # growpage_monitor: the routing alone
 
 
 def run_fleet_bench(settings: FleetBenchSettings, model_dir: str, log_dir: Path,
