@@ -95,6 +95,11 @@ def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page():
     controller.admit("c", prompt_tokens=40, mode=Mode.MONITOR)
     forecast.on_preempt("c")
     assert forecast.totals().preemptions == 2 and forecast.totals().preemptions_avoidable == 1
+    # with a request waiting, enforce's freed room would go to admitting it: the pool runs as full
+    forecast.on_step([StepRequest("a", 8, 122, 1, 40)], free_pages=0, waiting_prompt_tokens=100)
+    controller.admit("d", prompt_tokens=40, mode=Mode.MONITOR)
+    forecast.on_preempt("d")
+    assert forecast.totals().preemptions == 3 and forecast.totals().preemptions_avoidable == 1
 
 
 def test_enforced_and_unknown_requests_are_left_out():
