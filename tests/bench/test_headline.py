@@ -31,7 +31,8 @@ def test_the_caps_budget_at_equal_memory_is_growpages_mean_rounded_up_never_belo
 def test_variants_are_vllm_alone_untuned_and_tuned_growpage_each_cap_at_equal_memory_and_the_limit():
     settings = VllmBenchSettings()
     configs = variant_configs(settings, budget=6)
-    assert list(configs)[:4] == ["vllm", "vllm@seqs4", "vllm@seqs6", "growpage"]
+    assert list(configs)[:5] == ["vllm", "vllm@seqs4", "vllm@seqs6", "monitor", "growpage"]
+    assert configs["monitor"]["growpage"] == {"mode": "monitor"}  # its cost and its forecast of growpage
     assert configs["vllm@seqs4"] == {"growpage": None, "max_num_seqs": 4}
     for cap in CAPS:
         assert configs[f"{cap}@eq"]["growpage"] == {"mode": "enforce", "method": cap, "base_pages": 6}

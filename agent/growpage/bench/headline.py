@@ -8,6 +8,9 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
   (:attr:`~growpage.bench.vllm.VllmBenchSettings.tuned_max_num_seqs`): a smaller batch can avoid
   the preemption thrash a full one causes, the baseline a vLLM maintainer would ask for. *Tuned
   vLLM alone* is whichever of these has the best median tokens/s;
+* ``monitor``: GrowPage in monitor at the shipped defaults (vLLM pages on its own): what monitor
+  costs on this trace, and its forecast of enforce, compared with what ``growpage`` then does
+  (:func:`growpage.bench.forecast.compare`, per round);
 * ``growpage``: enforce at the shipped defaults
   (:meth:`~growpage.bench.vllm.VllmBenchSettings.growpage_config`);
 * ``CAP@eq``: each fixed cap (``streaming_llm``, ``h2o``, ``snapkv``) at *equal memory*: a budget
@@ -59,6 +62,7 @@ def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[
     configs: dict[str, dict[str, Any]] = {"vllm": {"growpage": None}}
     for seqs in settings.tuned_max_num_seqs:
         configs[f"{TUNED_PREFIX}{seqs}"] = {"growpage": None, "max_num_seqs": seqs}
+    configs["monitor"] = {"growpage": settings.growpage_config("monitor")}
     configs["growpage"] = {"growpage": growpage}
     at_floor = settings.headline_caps_at_floor and settings.floor_pages != budget
     budgets = {"eq": budget} | ({"floor": settings.floor_pages} if at_floor else {})
@@ -75,6 +79,7 @@ def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
     from transformers import AutoTokenizer
 
     from growpage.bench import goodput
+    from growpage.bench.forecast import compare
     from growpage.bench.vllm import _true_results
     from growpage.bench.workloads import reasoning_tasks
     from growpage.demos.vllm_child import engine_arguments
@@ -104,8 +109,8 @@ def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
     variants = {}
     for name, results in runs.items():
         config = configs[name]
-        nll = (goodput.forced_nll(run_spec(name, config), reference, log, timeout_s)
-               if config["growpage"] is not None else None)
+        compressed = config["growpage"] is not None and config["growpage"]["mode"] == "enforce"
+        nll = goodput.forced_nll(run_spec(name, config), reference, log, timeout_s) if compressed else None
         spec = run_spec(name, config)
         variants[name] = {
             "growpage": (resolved_settings(config["growpage"], settings.block_size)
@@ -119,9 +124,10 @@ def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
             "decisions": results[0]["decisions"],
             "goodput": goodput.scored(tokenizer, truth, results),
             "runs": [goodput.without_outputs(r) for r in results]}
+    forecasts = [compare(monitor, enforce) for monitor, enforce in zip(runs["monitor"], runs["growpage"], strict=True)]
     return {"seed": seed, "kv_blocks": settings.kv_blocks, "limit_blocks": settings.limit_blocks(longest),
             "pilot": goodput.without_outputs(pilot), "matched_budget_pages": budget,
-            "variants": variants, "verdict": verdict(variants)}
+            "variants": variants, "forecast_by_round": forecasts, "verdict": verdict(variants)}
 
 
 def _speed(point: dict) -> float:
@@ -131,6 +137,7 @@ def _speed(point: dict) -> float:
 def verdict(variants: dict[str, dict]) -> dict:
     """The trace's medians against the targets (pure)."""
     alone = {name: point for name, point in variants.items() if name == "vllm" or name.startswith(TUNED_PREFIX)}
+    monitor = variants.get("monitor")
     tuned_name = max(alone, key=lambda name: _speed(alone[name]))
     tuned, grow, limit = _speed(alone[tuned_name]), _speed(variants["growpage"]), _speed(variants["limit"])
     gain = limit - tuned
@@ -154,6 +161,8 @@ def verdict(variants: dict[str, dict]) -> dict:
         # where nothing can be won (room for all): GrowPage's speed against vLLM alone's, and what it cost
         "room_vs_limit": round(_speed(room) / limit, 3) if room is not None and limit else None,
         "room_nll_increase": float(room["nll_increase"]) if room is not None else None,
+        "monitor_vs_untuned_vllm": (round(_speed(monitor) / _speed(variants["vllm"]), 3)
+                                    if monitor is not None else None),
         "targets": {"never_worse_share": NEVER_WORSE_SHARE, "gain_share": GAIN_SHARE_TARGET,
                     "gain_nll_limit": GAIN_NLL_LIMIT, "equal_memory_nll_margin": EQUAL_MEMORY_NLL_MARGIN}}
 

@@ -344,6 +344,21 @@ def calibration_trace(
     typer.echo(f"next: gpctl calibrate --snapshot {output} --output growpage-calibrated.yaml", err=True)
 
 
+_TRACE_HELP = ("REQUESTSxTOKENS: the pressure traces' requests and new tokens per request (default 16x192), "
+               "e.g. 12x160.")
+
+
+def _trace_size(text: str | None) -> dict[str, int]:
+    """``--trace 12x160`` as settings; a malformed value exits 2 with the expected form."""
+    if text is None:
+        return {}
+    requests, separator, tokens = text.lower().partition("x")
+    if not separator or not requests.isdigit() or not tokens.isdigit() or int(requests) < 1 or int(tokens) < 1:
+        typer.echo(f"error: --trace {text} is not REQUESTSxTOKENS; e.g. --trace 12x160", err=True)
+        raise typer.Exit(2)
+    return {"requests": int(requests), "max_tokens": int(tokens)}
+
+
 _MAX_NUM_SEQS_HELP = ("max_num_seqs values vLLM alone also runs with in --part headline; the fastest is tuned "
                       "vLLM alone (repeatable; default 4 and 6).")
 
@@ -384,6 +399,7 @@ def vllm(
              "these settings, named <point>/LABEL (repeatable), e.g. heads:keep_sets=kv_head or "
              "rkv@growpage:redundancy_weight=0.9.")] = None,
     max_num_seqs: Annotated[list[int] | None, typer.Option(min=1, help=_MAX_NUM_SEQS_HELP)] = None,
+    trace: Annotated[str | None, typer.Option(help=_TRACE_HELP)] = None,
     setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
                                                             "plugin's additional_config keys; repeatable), e.g. "
                                                             "observe_every_steps=2.")] = None,
@@ -397,8 +413,8 @@ def vllm(
     listed = {"seeds": seed, "sweep_pages": sweep_pages, "sweep_coverage": sweep_coverage,
               "tuned_max_num_seqs": max_num_seqs}
     settings = _vllm_settings(quick, threads, part, method, setting, {
-        "base_pages": base_pages, "repeats": repeats, **{k: tuple(v) if v else None for k, v in listed.items()}},
-        sweep_method or [], sweep_variant or [])
+        "base_pages": base_pages, "repeats": repeats, **{k: tuple(v) if v else None for k, v in listed.items()},
+        **_trace_size(trace)}, sweep_method or [], sweep_variant or [])
     console = Console(stderr=True)
     try:
         result = run_vllm_bench(str(model) if model else None, settings, log=lambda line: console.log(line))
@@ -407,6 +423,10 @@ def vllm(
         raise typer.Exit(2) from None
     _write(result, output)
     typer.echo(json.dumps(result, indent=2))
+    _print_vllm_tables(result, console, output)
+
+
+def _print_vllm_tables(result: dict, console: Console, output: Path | None) -> None:
     _print_goodput(result, console)
     _print_sweep(result, console, output)
     _print_headline(result, console)
