@@ -156,6 +156,7 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     if settings.threads:
         os.environ["OMP_NUM_THREADS"] = str(settings.threads)
     started = time.monotonic()
+    host = host_facts()  # at the start: the commit whose code the engines run, not HEAD when it ends
     if {"pressure", "retrieval", "sweep", "headline"} & set(settings.parts):
         _warm_up(model_dir, settings, log, timeout_s)
     traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
@@ -181,7 +182,7 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     import vllm
 
     return {"benchmark": "vllm", "growpage_version": __version__, "vllm_version": vllm.__version__,
-            "host": host_facts(), "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
+            "host": host, "model_dir": model_dir, "threads": os.environ.get("OMP_NUM_THREADS"),
             "settings": dataclasses.asdict(settings),
             "resolved_growpage": resolved_settings(settings.growpage_config(), settings.block_size),
             "traces": traces, "headlines": headlines, "forecasts": forecasts, "overhead": overhead,
