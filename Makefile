@@ -11,7 +11,7 @@ run: setup
 
 # Lint and types first (seconds), then every test, vLLM's included.
 test: setup lint
-	.venv/bin/python -m pytest -q --durations=25
+	.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 lint: setup
 	.venv/bin/ruff check agent cli tests

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -108,12 +109,20 @@ def test_abandoned_non_streaming_requests_stop_and_free_their_slots(enforced):
     long_body = {"model": MODEL, "prompt": "Write a very long story.", "max_tokens": 900, "temperature": 0,
                  "ignore_eos": True}
 
-    def abandon(_):
-        with contextlib.suppress(httpx.TimeoutException):
-            post(url, long_body, timeout=1.5)  # the client gives up and hangs up
-
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(abandon, range(4)))  # every admission slot, each for 900 tokens
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(long_body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    clients = [socket.create_connection((host, int(port))) for _ in range(4)]
+    try:
+        for client in clients:
+            client.sendall(head + body)  # every admission slot, each for 900 tokens
+        # Each client hangs up once its request runs (a fixed client timeout raced admission on a
+        # loaded machine: a request not yet admitted when its client left is never counted aborted).
+        wait_until(lambda: len(stack.engine.scheduler.running) >= 4, 60, what="the four requests running")
+    finally:
+        for client in clients:
+            client.close()
     short = post(url, {"model": MODEL, "prompt": "Say hi.", "max_tokens": 5, "temperature": 0}, timeout=120)
     assert short.status_code == 200  # 3,600 abandoned tokens would take minutes; the timeout is a hang guard
     wait_idle(stack, 10)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 from kustomize_render import build
@@ -51,25 +52,23 @@ def test_the_slow_burn_keeps_a_replaced_pods_errors(result):
     assert rollback.checks and all(rollback.checks.values()), rollback.checks
 
 
-def _first_mitigation(alertname: str):
+def _first_mitigation(alertname: str, scratch_dir: Path):
     path = RUNBOOKS_DIR / f"{alertname}.md"
     text = path.read_text()
     section = text[text.index("## Mitigation"):text.index("## Verify the fix")]
-    scratch = path.with_name(f".{alertname}.mitigation.md")
-    try:
-        scratch.write_text(section)
-        commands = [dataclasses.replace(c, runbook=path.name) for c in _commands(scratch)]
-    finally:
-        scratch.unlink()
-    return commands
+    # Not beside the runbook: under xdist, tests on the other worker read runbooks/*.md meanwhile
+    # (test_runbooks would find a runbook with no alert, or one deleted between glob and read).
+    scratch = scratch_dir / f"{alertname}.mitigation.md"
+    scratch.write_text(section)
+    return [dataclasses.replace(c, runbook=path.name) for c in _commands(scratch)]
 
 
-def test_the_first_mitigation_of_every_alert_that_fired_targets_what_the_manifests_define(result):
+def test_the_first_mitigation_of_every_alert_that_fired_targets_what_the_manifests_define(result, tmp_path):
     fired = {re.sub(r" \(.*\)$", "", received) for v in result.verdicts for received in v.received}
     assert fired
     rendered = {name: build(directory) for name, directory in OVERLAYS.items()}
     for alertname in sorted(fired):
-        commands = _first_mitigation(alertname)
+        commands = _first_mitigation(alertname, tmp_path)
         assert commands, f"{alertname}: its Mitigation names no kubectl command"
         first = commands[0]
         checked = [name for name, documents in rendered.items() if _applies(first, documents)]
