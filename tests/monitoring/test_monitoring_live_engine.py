@@ -64,6 +64,11 @@ NO_DATA_ON_THIS_MACHINE = {
     # The budget left of each vLLM SLO, from its recorded rates of vLLM's series.
     *((_OVERVIEW, f"{slo} budget left ({catalog.SLO_BUDGET_PANEL_WINDOW})", "A")
       for slo in (catalog.SLO_VLLM_TTFT.name, catalog.SLO_VLLM_ITL.name, catalog.SLO_VLLM_AVAILABILITY.name)),
+    # Monitor's forecast of enforce is the vLLM plugin's scheduler agent's (its tests scrape it).
+    (_OVERVIEW, "Pages enforce would free (forecast)", "A"),
+    (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "A"),
+    (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "B"),
+    (_OVERVIEW, "Spare pages under enforce (forecast)", "A"),
     # The observer's shares are the vLLM plugin's own series.
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "A"),
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "B"),
