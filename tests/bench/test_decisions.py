@@ -36,3 +36,23 @@ def test_a_decision_trace_reads_the_request_index_from_vllms_internal_request_id
         trace.on_decision(types.SimpleNamespace(request_id=request_id, pages_before=pages, kind=kind))
     assert trace.stop() == [[12, 5, "evict"], [3, 4, "allocate"]]
     assert trace not in stats.listeners
+
+
+def test_freed_pages_count_a_boundary_eviction_against_growing_and_a_relief_by_what_it_cut():
+    import types
+
+    from growpage.core.stats import StatsRecorder
+    from growpage.demos.vllm_child import FreedPages
+
+    stats = StatsRecorder()
+    freed = FreedPages(stats)
+    stats.add_listener(freed)
+    for enforced, kind, reason, before, after in (
+            (True, "evict", "budget_reached", 6, 6),  # at its boundary: the page it did not grow by
+            (True, "evict", "pool_pressure", 8, 5),  # relief: what it cut
+            (True, "evict", "prompt_budget", 10, 4),  # a prompt compressed for admission
+            (False, "evict", "budget_reached", 9, 9),  # monitor's decision frees nothing
+            (True, "allocate", "within_boundary", 4, 5)):
+        freed.on_decision(types.SimpleNamespace(enforced=enforced, kind=kind, reason=reason, pages_before=before,
+                                                pages_after=after))
+    assert freed.stop() == 1 + 3 + 6 and freed not in stats.listeners

@@ -139,3 +139,15 @@ def test_the_collector_serves_every_forecast_series_and_a_broken_forecast_is_cou
     source.forecast = Broken()
     assert "growpage_forecast" not in generate_latest(registry).decode()
     assert source.stats.agent_errors_total["plugin"] == 1
+
+
+def test_only_a_deployment_that_can_monitor_a_request_keeps_a_forecast():
+    from growpage.vllm_plugin.scheduler_agent import may_monitor
+    from growpage.vllm_plugin.settings import PluginSettings
+
+    ignore = PluginSettings(client_mode="ignore")
+    assert may_monitor(GrowPageConfig(mode=Mode.MONITOR), ignore)
+    assert not may_monitor(GrowPageConfig(mode=Mode.OFF), PluginSettings(client_mode="honour"))
+    assert not may_monitor(GrowPageConfig(mode=Mode.ENFORCE), ignore)  # every request enforced: no work per step
+    assert may_monitor(GrowPageConfig(mode=Mode.ENFORCE, enforce_namespaces=("a",)), ignore)  # the rest monitored
+    assert may_monitor(GrowPageConfig(mode=Mode.ENFORCE), PluginSettings(client_mode="honour"))  # clients may ask

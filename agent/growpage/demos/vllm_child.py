@@ -22,6 +22,7 @@ import time
 import unittest.mock
 from typing import Any
 
+from growpage.core.policy import Reason
 from growpage.vllm_plugin.scheduler_hooks import agent_of, existing_agent
 
 PROGRESS_PREFIX = "GROWPAGE_DEMO_PROGRESS "
@@ -125,8 +126,8 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
     scheduler: Any = core.engine_core.scheduler  # vLLM's Scheduler (its interface type has no queues)
     pool = scheduler.kv_cache_manager.block_pool
     before = _counters(scheduler)
-    trace = DecisionTrace.start(scheduler, f"{run_index}.{variant}-") if spec.get("decision_trace") else None
-    freed = FreedPages.start(scheduler)
+    trace = DecisionTrace.attach(scheduler, f"{run_index}.{variant}-") if spec.get("decision_trace") else None
+    freed = FreedPages.attach(scheduler)
     for index, prompt in enumerate(prompts):
         engine.add_request(f"{run_index}.{variant}-{index}", prompt, _sampling(spec, index))
     run = _Run(variant, len(prompts), before)
@@ -191,42 +192,6 @@ class _Run:
                                                  self.requests, sum(self.preemptions.values()), self.before))
 
 
-class FreedPages:
-    """Pages enforce's compactions freed in a run, against growing: a boundary eviction frees the
-    page the request would have grown by plus what it cut (``pages_before + 1 - pages_after``), a
-    compression outside a boundary (pressure relief, a prompt compressed for admission or to a
-    cap) what it cut (``pages_before - pages_after``). What monitor's forecast is measured against."""
-
-    OUTSIDE_A_BOUNDARY = ("pool_pressure", "prompt_budget")
-
-    def __init__(self, stats: Any):
-        self.stats, self.pages = stats, 0
-
-    @classmethod
-    def start(cls, scheduler: Any) -> FreedPages | None:
-        agent = agent_of(scheduler)
-        if agent is None:
-            return None
-        tally = cls(agent.stats)
-        agent.stats.add_listener(tally)
-        return tally
-
-    def on_decision(self, event: Any) -> None:
-        if event.enforced and event.kind == "evict":
-            boundary = event.reason not in self.OUTSIDE_A_BOUNDARY
-            self.pages += event.pages_before + int(boundary) - event.pages_after
-
-    def on_admit(self, event: Any) -> None:
-        pass
-
-    def on_finish(self, event: Any) -> None:
-        pass
-
-    def stop(self) -> int:
-        self.stats.listeners.remove(self)
-        return self.pages
-
-
 def _counters(scheduler: Any) -> dict:
     """GrowPage's cumulative counters in this engine (zeros for vLLM alone): decisions by kind (what
     monitor would decide, what enforce decided) and compressed bytes."""
@@ -239,30 +204,24 @@ def _counters(scheduler: Any) -> dict:
             "bytes_out": stats.compress_output_bytes_total, "forecast": forecast}
 
 
-class DecisionTrace:
-    """This run's boundary decisions in order, ``[request index, pages before, kind]`` each (the
-    requests whose id starts with ``prefix``), recorded as the agent's stats report them (a
-    listener: the exporter's drains do not lose any). Two monitor runs of one trace meet the same
-    boundaries (monitor changes nothing vLLM does), so their traces compare decision by decision."""
+class _DecisionListener:
+    """A listener on the agent's stats for one run (decisions only), attached where the agent is
+    built, so no decision of the run is missed, and detached when the run ends."""
 
-    def __init__(self, stats: Any, prefix: str):
-        self.stats, self.prefix = stats, prefix
-        self.decisions: list[list[Any]] = []
+    def __init__(self, stats: Any):
+        self.stats = stats
 
     @classmethod
-    def start(cls, scheduler: Any, prefix: str) -> DecisionTrace | None:
+    def attach(cls, scheduler: Any, *args: Any) -> Any:
         agent = agent_of(scheduler)  # built now rather than at the first step, so no decision is missed
         if agent is None:
             return None
-        trace = cls(agent.stats, prefix)
-        agent.stats.add_listener(trace)
-        return trace
+        listener = cls(agent.stats, *args)
+        agent.stats.add_listener(listener)
+        return listener
 
     def on_decision(self, event: Any) -> None:
-        if event.request_id.startswith(self.prefix):
-            # vLLM's internal id: the one the run gave (prefix + index), "-" and 8 random characters
-            index = event.request_id[len(self.prefix):].split("-", 1)[0]
-            self.decisions.append([int(index), event.pages_before, event.kind])
+        pass
 
     def on_admit(self, event: Any) -> None:
         pass
@@ -270,9 +229,53 @@ class DecisionTrace:
     def on_finish(self, event: Any) -> None:
         pass
 
-    def stop(self) -> list[list[Any]]:
+    def detach(self) -> None:
         self.stats.listeners.remove(self)
+
+
+class DecisionTrace(_DecisionListener):
+    """This run's boundary decisions in order, ``[request index, pages before, kind]`` each (the
+    requests whose id starts with ``prefix``), recorded as the agent's stats report them (a
+    listener: the exporter's drains do not lose any). Two monitor runs of one trace meet the same
+    boundaries (monitor changes nothing vLLM does), so their traces compare decision by decision."""
+
+    def __init__(self, stats: Any, prefix: str):
+        super().__init__(stats)
+        self.prefix = prefix
+        self.decisions: list[list[Any]] = []
+
+    def on_decision(self, event: Any) -> None:
+        if event.request_id.startswith(self.prefix):
+            # vLLM's internal id: the one the run gave (prefix + index), "-" and 8 random characters
+            index = event.request_id[len(self.prefix):].split("-", 1)[0]
+            self.decisions.append([int(index), event.pages_before, event.kind])
+
+    def stop(self) -> list[list[Any]]:
+        self.detach()
         return self.decisions
+
+
+class FreedPages(_DecisionListener):
+    """Pages enforce's compactions freed in a run, against growing: a boundary eviction frees the
+    page the request would have grown by plus what it cut (``pages_before + 1 - pages_after``), a
+    compression outside a boundary (pressure relief, a prompt compressed for admission or to a
+    cap) what it cut (``pages_before - pages_after``). What monitor's forecast is measured against."""
+
+    # the reasons controller.record_eviction gives a compression outside a boundary
+    OUTSIDE_A_BOUNDARY = (Reason.POOL_PRESSURE.value, Reason.PROMPT_BUDGET.value)
+
+    def __init__(self, stats: Any):
+        super().__init__(stats)
+        self.pages = 0
+
+    def on_decision(self, event: Any) -> None:
+        if event.enforced and event.kind == "evict":
+            boundary = event.reason not in self.OUTSIDE_A_BOUNDARY
+            self.pages += event.pages_before + int(boundary) - event.pages_after
+
+    def stop(self) -> int:
+        self.detach()
+        return self.pages
 
 
 def _progress(variant: str, scheduler: Any, elapsed_s: float, finished: int, requests: int,

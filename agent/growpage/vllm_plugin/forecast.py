@@ -110,7 +110,10 @@ class EnforceForecast:
         self.preemptions_total = 0
         self.preemptions_avoidable_total = 0
         self.spare_pages = 0  # pages enforce would have free now beyond vLLM's
-        self._step_room = 0  # of them (and relief), what this step's preemptions may still spend
+        # what this step's preemptions may still spend: computed at the first preemption after a step
+        # (most steps preempt nothing), from the step's monitored requests; 0 while requests wait
+        self._step_room: int | None = 0
+        self._step_monitored: Sequence[StepRequest] = ()
 
     def on_step(self, requests: Sequence[StepRequest], *, free_pages: int,
                 waiting_prompt_tokens: int | None) -> None:
@@ -133,13 +136,16 @@ class EnforceForecast:
             free += self._advance(request, shadow, free)
         self.spare_pages = self._spare(monitored)
         # freed room goes to admission first while requests wait (see the module docstring)
-        self._step_room = self.spare_pages + self._relief(monitored) if waiting_prompt_tokens is None else 0
+        self._step_room = None if waiting_prompt_tokens is None else 0
+        self._step_monitored = monitored
 
     def on_preempt(self, request_id: str) -> None:
         """vLLM preempted a monitored request: avoidable when enforce would have had a page."""
         if not self._monitored(request_id):
             return
         self.preemptions_total += 1
+        if self._step_room is None:
+            self._step_room = self.spare_pages + self._relief(self._step_monitored)
         if self._step_room >= 1:
             self.preemptions_avoidable_total += 1
             self._step_room -= 1

@@ -45,7 +45,7 @@ from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
 from growpage.vllm_plugin.forecast import EnforceForecast, step_requests
 from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
-from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
+from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, honours, request_namespace
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
@@ -116,9 +116,11 @@ class SchedulerAgent:
                 self.stats.set_component_state("enforcer", "waiting_for_worker")
             else:
                 self.stats.set_component_state("enforcer", enforcer_blocker)
-        # monitor's forecast of enforce, over the requests GrowPage monitors (none when it runs off)
-        self.forecast: EnforceForecast | None = (EnforceForecast(self.controller) if config.mode is not Mode.OFF
-                                                 else None)
+        # monitor's forecast of enforce, over the requests GrowPage monitors: none where no request can
+        # be monitored (off, or enforce for every namespace with clients unable to ask for less), so an
+        # enforcing deployment's steps carry no forecast work
+        self.forecast: EnforceForecast | None = (EnforceForecast(self.controller)
+                                                 if may_monitor(config, settings) else None)
         self.scheduler: Any = None
         self.seen: dict[str, _Seen] = {}
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
@@ -397,6 +399,15 @@ class SchedulerAgent:
             self._adopted_exporter.close()
             self._adopted_exporter = None
         self.exporter = None
+
+
+def may_monitor(config: GrowPageConfig, settings: PluginSettings) -> bool:
+    """Whether any request of this deployment can run in ``monitor``: it monitors, or it enforces only
+    some namespaces, or it lets clients lower their mode."""
+    if config.mode is Mode.OFF:
+        return False
+    return (config.mode is Mode.MONITOR or bool(config.enforce_namespaces)
+            or honours(settings.client_mode, config.mode))
 
 
 def live_and_logical_tokens(running: Any, req_to_blocks: dict[str, list], block_size: int) -> tuple[int, int]:
