@@ -219,7 +219,7 @@ ROUTER_METRICS: tuple[MetricSpec, ...] = (HEADROOM_PAGES, RECLAIMABLE_PAGES, ROU
 
 # Monitor's forecast of enforce (growpage.vllm_plugin.forecast), served by the vLLM home only: what
 # enforce would do on this deployment's own traffic, read before a rollout to enforce (dashboards,
-# gpctl calibrate's rollout recommendation). Zero under enforce, where the real series count it.
+# gpctl calibrate's rollout recommendation). Absent where every request is enforced: the real series count it.
 FORECAST_PAGES_FREED = MetricSpec(
     "growpage_forecast_pages_freed_total", MetricType.COUNTER,
     "Monitor's forecast: KV pages enforce would have freed (its compactions, against growing), on this "
