@@ -242,6 +242,18 @@ FORECAST_SPARE_PAGES = MetricSpec(
 FORECAST_METRICS: tuple[MetricSpec, ...] = (FORECAST_PAGES_FREED, FORECAST_COMPACTIONS, FORECAST_PREEMPTIONS,
                                             FORECAST_PREEMPTIONS_AVOIDABLE, FORECAST_SPARE_PAGES)
 
+# Growth-aware admission under enforce (growpage.vllm_plugin.admission), served by the vLLM home only:
+# when it holds waiting requests back, and the running batch's projected KV it holds them against.
+ADMISSION_HOLDS = MetricSpec(
+    "growpage_admission_holds_total", MetricType.COUNTER,
+    "Engine steps in which growth-aware admission held a waiting request back: the running requests' "
+    "projected KV at their ends, with it, would not fit the pool (vLLM would have preempted later).", "steps")
+ADMISSION_PROJECTED_PAGES = MetricSpec(
+    "growpage_admission_projected_pages", MetricType.GAUGE,
+    "KV pages the running requests are projected to hold when they end (learned output and kept shares), "
+    "which growth-aware admission keeps within the pool.", "pages")
+ADMISSION_METRICS: tuple[MetricSpec, ...] = (ADMISSION_HOLDS, ADMISSION_PROJECTED_PAGES)
+
 # Series only the vLLM home serves, beside the contract: what it could not enforce as decided, and how
 # much of the work its observer saw (the shares of steps and of requests observed: below 1 with
 # observe_every_steps > 1, monitor's default, and when a batch holds more than observe_max_requests).
@@ -262,7 +274,8 @@ VLLM_OBSERVED_REQUESTS = MetricSpec(
     "growpage_vllm_observed_requests_total", MetricType.COUNTER,
     "Finished requests whose attention GrowPage observed at least once.", "requests")
 VLLM_HOME_METRICS: tuple[MetricSpec, ...] = (VLLM_DEGRADED_DECISIONS, VLLM_STEPS, VLLM_OBSERVED_STEPS,
-                                             VLLM_TRACKED_REQUESTS, VLLM_OBSERVED_REQUESTS, *FORECAST_METRICS)
+                                             VLLM_TRACKED_REQUESTS, VLLM_OBSERVED_REQUESTS, *FORECAST_METRICS,
+                                             *ADMISSION_METRICS)
 # The load at and above which a replica holds all it can without preempting (the fleet alert's "full").
 FLEET_LOAD_FULL = 100.0
 

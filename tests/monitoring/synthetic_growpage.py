@@ -29,6 +29,8 @@ GAUGE_VALUES = {
     catalog.HEADROOM_PAGES.name: 1200.0, catalog.RECLAIMABLE_PAGES.name: 200.0, catalog.ROUTER_LOAD.name: 60.0,
     # monitor's forecast of enforce (catalog.FORECAST_METRICS)
     catalog.FORECAST_SPARE_PAGES.name: 150.0,
+    # growth-aware admission under enforce (catalog.ADMISSION_METRICS)
+    catalog.ADMISSION_PROJECTED_PAGES.name: 3800.0,
 }
 POOL_PAGES = {"free": 1000.0, "reserved": 500.0, "used": 2500.0}
 AGENT_ACTIVE = {"observer": "active", "enforcer": "active"}
@@ -41,6 +43,7 @@ COUNTER_RATES_PER_S = {  # per label value where the metric has one label
     catalog.VLLM_TRACKED_REQUESTS.name: 1.0, catalog.VLLM_OBSERVED_REQUESTS.name: 0.9,
     catalog.FORECAST_PAGES_FREED.name: 3.0, catalog.FORECAST_COMPACTIONS.name: 1.5,
     catalog.FORECAST_PREEMPTIONS.name: 0.02, catalog.FORECAST_PREEMPTIONS_AVOIDABLE.name: 0.015,
+    catalog.ADMISSION_HOLDS.name: 0.5,
 }
 HISTOGRAM_OBSERVATIONS = {  # (observations per second, typical value): a log-normal-ish spread
     catalog.ALLOCATION_LATENCY.name: (50.0, 0.004), catalog.LTS_ENTROPY.name: (2.0, 2.6),

@@ -69,6 +69,9 @@ NO_DATA_ON_THIS_MACHINE = {
     (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "A"),
     (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "B"),
     (_OVERVIEW, "Spare pages under enforce (forecast)", "A"),
+    # Growth-aware admission is the vLLM plugin's scheduler agent's (test_vllm_enforce scrapes it).
+    (_OVERVIEW, "Steps admission held a request", "A"),
+    (_OVERVIEW, "Projected pages against the pool", "A"),
     # The observer's shares are the vLLM plugin's own series.
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "A"),
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "B"),

@@ -74,8 +74,14 @@ def phases(which: str | None = None) -> list[dict]:
          "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()},
          # after the batch, requests with a client's traceparent while vLLM traces (--otlp-traces-endpoint)
          "traced": {"prompts": PROMPTS[:2], "max_tokens": MAX_TOKENS, "extra_args": {"growpage_namespace": CAPPED}}},
-        # per-KV-head keep sets and R-KV's redundancy term, under preemption
-        {"name": "enforce_preempt", "growpage": {**EVICTING, "exporter_port": -1, **PER_HEAD_REDUNDANT},
+        # per-KV-head keep sets and R-KV's redundancy term, under preemption (vLLM's own admission,
+        # which admits on prompts alone and so preempts)
+        {"name": "enforce_preempt",
+         "growpage": {**EVICTING, "exporter_port": -1, **PER_HEAD_REDUNDANT, "admission": "vllm"},
+         "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
+         "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
+        # the same pressure under growth-aware admission (the default): no preemption
+        {"name": "enforce_admission", "growpage": {**EVICTING, "exporter_port": _free_port()}, "scrape": True,
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
     ]

@@ -145,6 +145,24 @@ def test_forced_preemption_recomputes_and_frees_every_block(vllm_runs):
     assert any(r["kept_positions"][0] != r["kept_positions"][1] for r in applied)  # the heads kept different tokens
 
 
+def test_growth_aware_admission_runs_the_same_pressure_without_a_preemption(vllm_runs):
+    """The batch vLLM's admission preempts (enforce_preempt) runs to the end with none: admission
+    holds the requests whose growth would not fit, and the compression it learns admits more."""
+    run = vllm_runs["enforce_admission"]
+    records = [r for r in run["enforce_log"] if "request_id" in r]
+    assert sum(r["num_tokens"] - r["num_prompt_tokens"] == PREEMPT_TOKENS for r in records) == 2 * len(PROMPTS)
+    assert sum(r["num_preemptions"] for r in records) == 0, records
+    outputs = run["batches"]["main"]["token_ids"]
+    assert len(outputs) == 2 * len(PROMPTS) and all(len(ids) == PREEMPT_TOKENS for ids in outputs)
+    for ids in outputs:
+        _assert_coherent(ids)
+    _assert_no_leak(run)
+    metrics = run["metrics"]
+    assert sum(samples(metrics, "growpage_admission_holds_total").values()) >= 1, metrics
+    assert sum(samples(metrics, "growpage_oom_events_total").values()) == 0
+    assert sum(samples(metrics, "growpage_agent_errors_total").values()) == 0
+
+
 def test_tensor_parallel_ranks_compact_their_own_heads_to_the_same_plan(vllm_runs):
     """TP=3: every rank applies every plan; capped rows stay identical to the same prompts monitored
     in the same engine until the first compaction, hold the cap, stay coherent, and leak nothing."""

@@ -393,3 +393,37 @@ def test_an_exporter_port_held_by_another_process_is_bound_once_it_frees(monkeyp
     finally:
         holder.close()
         agent.close()
+
+
+def _crowded(scheduler, running: int = 2, waiting: int = 4):
+    """``running`` requests of 7 prompt tokens that may decode 33 more (10 pages of 4 at their ends),
+    ``waiting`` more behind them, under vLLM 0.32's admission limit."""
+    def request(request_id: str):
+        made = _request(request_id, prompt=7, computed=7)
+        made.num_output_tokens, made.max_tokens, made.status = 0, 33, None
+        return made
+
+    scheduler.running = [request(f"r{i}") for i in range(running)]
+    scheduler.waiting = [request(f"w{i}") for i in range(waiting)]
+    scheduler.max_num_active_reqs = 8
+    return scheduler
+
+
+@pytest.mark.parametrize(("growpage", "limit"), [
+    ({"mode": "enforce"}, 2), ({"mode": "enforce", "admission": "vllm"}, 8), ({"mode": "monitor"}, 8),
+    ({"mode": "off"}, 8)])
+def test_only_enforce_holds_admission_and_only_where_it_is_asked_to(growpage, limit):
+    scheduler = _crowded(_scheduler({**growpage, "base_pages": 3, "recent_window_tokens": 2, "sink_tokens": 1}))
+    agent = build_agent(scheduler, start_telemetry=False)
+    agent.before_schedule(scheduler)  # two requests at 10 pages each fill the pool of 20
+    assert scheduler.max_num_active_reqs == limit
+    assert (agent.admission is not None) == (limit == 2)
+
+
+def test_a_fault_in_admission_is_counted_and_leaves_vllms_admission_and_the_step():
+    scheduler = _crowded(_scheduler({"mode": "enforce", "base_pages": 3, "recent_window_tokens": 2,
+                                     "sink_tokens": 1}))
+    agent = build_agent(scheduler, start_telemetry=False)
+    del scheduler.waiting[0].max_tokens, scheduler.waiting[0].num_output_tokens
+    agent.before_schedule(scheduler)
+    assert scheduler.max_num_active_reqs == 8 and agent.stats.agent_errors_total["plugin"] == 1

@@ -12,7 +12,9 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
   costs on this trace, and its forecast of enforce, compared with what ``growpage`` then does
   (:func:`growpage.bench.forecast.compare`, per round);
 * ``growpage``: enforce at the shipped defaults
-  (:meth:`~growpage.bench.vllm.VllmBenchSettings.growpage_config`);
+  (:meth:`~growpage.bench.vllm.VllmBenchSettings.growpage_config`), growth-aware admission included;
+* ``growpage@vllm-admission``: the same with ``admission: vllm`` (a waiting request starts when its
+  prompt fits, as in vLLM alone): what growth-aware admission buys, apart from compression;
 * ``CAP@eq``: each fixed cap (``streaming_llm``, ``h2o``, ``snapkv``) at *equal memory*: a budget
   of GrowPage's measured mean KV per running request (blocks in use per running request,
   step-weighted), rounded up to whole blocks, taken from a pilot GrowPage run that also warms the
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 Log = Callable[[str], None] | None
 CAPS = ("streaming_llm", "h2o", "snapkv")
 TUNED_PREFIX = "vllm@seqs"
+VLLM_ADMISSION = "growpage@vllm-admission"
 # Targets (issue "enforce that never loses to vLLM alone"): GrowPage's speed at least this share of
 # tuned vLLM alone's; at least this share of the attainable gain (limit over tuned vLLM alone) at no
 # more than this NLL increase; at equal memory an NLL increase this much below the best cap's.
@@ -64,6 +67,8 @@ def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[
         configs[f"{TUNED_PREFIX}{seqs}"] = {"growpage": None, "max_num_seqs": seqs}
     configs["monitor"] = {"growpage": settings.growpage_config("monitor")}
     configs["growpage"] = {"growpage": growpage}
+    # the same, admitting as vLLM does (on prompts alone): what growth-aware admission buys
+    configs[VLLM_ADMISSION] = {"growpage": {**growpage, "admission": "vllm"}}
     at_floor = settings.headline_caps_at_floor and settings.floor_pages != budget
     budgets = {"eq": budget} | ({"floor": settings.floor_pages} if at_floor else {})
     for label, pages in budgets.items():
@@ -163,6 +168,9 @@ def verdict(variants: dict[str, dict]) -> dict:
         "room_nll_increase": float(room["nll_increase"]) if room is not None else None,
         "monitor_vs_untuned_vllm": (round(_speed(monitor) / _speed(variants["vllm"]), 3)
                                     if monitor is not None else None),
+        # growth-aware admission's share of GrowPage's speed: the same enforce admitting as vLLM does
+        "growpage_vs_vllm_admission": (round(grow / _speed(variants[VLLM_ADMISSION]), 3)
+                                       if VLLM_ADMISSION in variants else None),
         "targets": {"never_worse_share": NEVER_WORSE_SHARE, "gain_share": GAIN_SHARE_TARGET,
                     "gain_nll_limit": GAIN_NLL_LIMIT, "equal_memory_nll_margin": EQUAL_MEMORY_NLL_MARGIN}}
 

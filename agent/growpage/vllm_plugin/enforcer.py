@@ -47,6 +47,7 @@ from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
 from growpage.core.pressure import Reclaim, protected_tokens
 from growpage.core.step_control import BoundaryPlan, RequestView, StepPool
+from growpage.vllm_plugin.admission import AdmissionGate
 from growpage.vllm_plugin.blocks import blocks_by_request, leading_shared_blocks, owns_tail, physical_tokens
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 from growpage.vllm_plugin.wire import (
@@ -123,10 +124,13 @@ class SchedulerEnforcer:
         controller: the scheduler's growth controller, shared with
             :class:`~growpage.vllm_plugin.scheduler_agent.SchedulerAgent` (admission, readings,
             decisions and their stats are its).
+        admission: growth-aware admission (None: vLLM admits on its own); it learns from the
+            requests that finish here.
     """
 
-    def __init__(self, controller: GrowthController):
+    def __init__(self, controller: GrowthController, admission: AdmissionGate | None = None):
         self.controller = controller
+        self.admission = admission
         self.config: GrowPageConfig = controller.config
         self.block_size = self.config.block_size
         self.requests: dict[str, EnforcedRequest | None] = {}  # None: seen, not enforced
@@ -139,9 +143,25 @@ class SchedulerEnforcer:
         self.worker_ready = False  # no compaction before the worker says it can move tokens
 
     # ---- per step -------------------------------------------------------------------------------
-    def before_schedule(self, scheduler: Any) -> None:
+    def gate_admission(self, scheduler: Any) -> bool:
+        """Set this step's admission limit (growth-aware admission); True when the oldest waiting
+        request is held back this step."""
+        if self.admission is None:
+            return False
+        held = {request_id: len(blocks) for request_id, blocks in blocks_by_request(scheduler.kv_cache_manager).items()}
+        return self.admission.before_schedule(scheduler, held, self._enforces)
+
+    def _enforces(self, request: Any) -> bool:
+        """GrowPage compresses ``request`` (known once it ran; for a waiting one, from its mode)."""
+        if request.request_id in self.requests:
+            return self.requests[request.request_id] is not None
+        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
+        return self.controller.mode_for(request_namespace(extra), extra.get(MODE_ARG)) is Mode.ENFORCE
+
+    def before_schedule(self, scheduler: Any, *, admission_held: bool = False) -> None:
         """One controller call for the step (boundaries and pressure relief, with the pool's pressure
-        in view), carried out before vLLM's scheduling (and preemption) runs."""
+        in view), carried out before vLLM's scheduling (and preemption) runs. ``admission_held``: the
+        oldest waiting request is held this step, so no room is made for it."""
         pool = scheduler.kv_cache_manager.block_pool
         if self.start_free_blocks is None:
             self.start_free_blocks = pool.get_num_free_blocks()
@@ -153,7 +173,8 @@ class SchedulerEnforcer:
             if blocks is not None:
                 running[request.request_id] = _Running(request, tracked, blocks, self.block_size)
         control = self.controller.plan_step(
-            self._step_pool(scheduler), [self._view(r) for r in running.values()], enforceable=VLLM_ACTIONS,
+            self._step_pool(scheduler, admission_held), [self._view(r) for r in running.values()],
+            enforceable=VLLM_ACTIONS,
             decide_modes=frozenset((Mode.ENFORCE,)))
         for plan in control.boundaries:
             self._boundary(scheduler, running[plan.request_id], plan)
@@ -172,9 +193,9 @@ class SchedulerEnforcer:
                 held = len(running[plan.request_id].blocks)
                 self._record_boundary(plan, action, held, held + 1 if action is Action.ALLOCATE else held)
 
-    def _step_pool(self, scheduler: Any) -> StepPool:
+    def _step_pool(self, scheduler: Any, admission_held: bool = False) -> StepPool:
         pool = scheduler.kv_cache_manager.block_pool
-        waiting = next(iter(scheduler.waiting), None)
+        waiting = None if admission_held else next(iter(scheduler.waiting), None)
         max_seqs = getattr(getattr(scheduler, "scheduler_config", None), "max_num_seqs", None)
         return StepPool(free_pages=pool.get_num_free_blocks(),
                         total_pages=getattr(pool, "num_gpu_blocks", 1 << 30) - 1,  # block 0 is vLLM's null block
@@ -338,6 +359,8 @@ class SchedulerEnforcer:
         setattr(request, DROPPED_ATTRIBUTE, 0)
         tracked = self.requests.pop(request.request_id, None)
         self._plans.pop(request.request_id, None)
+        if self.admission is not None:
+            self.admission.on_finish(request, tracked.peak_blocks if tracked is not None else None)
         if tracked is not None and self.log_path:
             self._log({"request_id": request.request_id, "namespace": tracked.namespace,
                        "peak_blocks": tracked.peak_blocks, "allowed_blocks": tracked.allowed_blocks,

@@ -40,6 +40,7 @@ from growpage.core.methods import build_method
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView
+from growpage.vllm_plugin.admission import AdmissionGate
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
@@ -110,9 +111,12 @@ class SchedulerAgent:
         for component, state in view.component_states.items():
             self.stats.set_component_state(component, state)
         self.enforcer: SchedulerEnforcer | None = None
+        self.admission: AdmissionGate | None = None  # growth-aware admission, where GrowPage enforces
         if config.mode is Mode.ENFORCE:
             if enforcer_blocker is None:
-                self.enforcer = SchedulerEnforcer(self.controller)
+                if settings.admission == "projected":
+                    self.admission = AdmissionGate(config.block_size, view.num_pages)
+                self.enforcer = SchedulerEnforcer(self.controller, admission=self.admission)
                 self.stats.set_component_state("enforcer", "waiting_for_worker")
             else:
                 self.stats.set_component_state("enforcer", enforcer_blocker)
@@ -156,7 +160,9 @@ class SchedulerAgent:
     def before_schedule(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         if self.enforcer is not None:
-            self.enforcer.before_schedule(scheduler)
+            # guarded apart: a fault in admission leaves vLLM's own admission and the step's boundaries
+            held = self.guarded("growth-aware admission", self.enforcer.gate_admission, scheduler)
+            self.enforcer.before_schedule(scheduler, admission_held=bool(held))
 
     def on_allocated(self, request_id: str, new_blocks: int, latency_s: float) -> None:
         """``KVCacheManager.allocate_slots`` handed ``request_id`` ``new_blocks`` blocks in ``latency_s``."""
@@ -346,6 +352,7 @@ class SchedulerAgent:
         counted (``growpage_agent_errors_total{component="plugin"}``) and logged; vLLM carries on."""
         from growpage.telemetry import TelemetryAgent
         from growpage.telemetry.tracing import tracing_enabled
+        from growpage.vllm_plugin.admission import AdmissionCollector
         from growpage.vllm_plugin.forecast import ForecastCollector
         from growpage.vllm_plugin.headroom import HeadroomCollector
         from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
@@ -366,6 +373,7 @@ class SchedulerAgent:
         self.telemetry.registry.register(DegradedDecisionsCollector(self, self.view.model))
         self.telemetry.registry.register(ObservationCollector(self, self.view.model))
         self.telemetry.registry.register(ForecastCollector(self, self.view.model))
+        self.telemetry.registry.register(AdmissionCollector(self, self.view.model))
         self.telemetry.registry.register(HeadroomCollector(self, self.view.model))
         if early is not None:
             self.exporter = self._adopted_exporter = early.exporter

@@ -45,6 +45,7 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
 MONITOR_OBSERVE_EVERY_STEPS = 4
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
+ADMISSION_CHOICES = ("projected", "vllm")  # growth-aware admission under enforce, or vLLM's own
 VLLM_METHODS = ("growpage", "growpage_when_it_pays", "streaming_llm", "h2o", "snapkv")
 """Methods enforce can run inside vLLM (quantizing ones cannot: ``kv_cache_dtype`` is deployment-wide)."""
 
@@ -109,6 +110,12 @@ class PluginSettings:
             R-KV uses 0.9-0.93): a compaction ranks a request's generated tokens (past its prompt,
             before the recent window) by R-KV's mix of attention and key redundancy, so repeated
             phrases of a long decode give way first (:mod:`~growpage.vllm_plugin.redundancy`).
+        admission: under enforce, ``projected`` starts a waiting request only while the running
+            requests' projected KV at their ends, with it, fits the pool (output and kept shares
+            learned from finished requests; :mod:`~growpage.vllm_plugin.admission`), so a batch
+            admitted on its prompts does not outgrow the pool and thrash in preemptions; ``vllm``
+            leaves admission to vLLM (a waiting request starts when its prompt fits now). Monitor
+            and off never change admission.
     """
 
     exporter_port: int = DEFAULT_EXPORTER_PORT
@@ -127,6 +134,7 @@ class PluginSettings:
     keep_sets: str = "request"
     shared_keep_fraction: float = 0.0
     redundancy_weight: float = 0.0
+    admission: str = "projected"
 
     def __post_init__(self) -> None:
         if not isinstance(self.exporter_port, int) or not -1 <= self.exporter_port <= 65535:
@@ -151,6 +159,9 @@ class PluginSettings:
             raise ConfigError(f"observation_window_tokens must be an int in [1, {MAX_OBSERVATION_WINDOW}], got "
                               f"{self.observation_window_tokens!r}; try 32 (1 scores the newest query only)")
         self._check_selection()
+        if self.admission not in ADMISSION_CHOICES:
+            raise ConfigError(f"admission must be one of {', '.join(ADMISSION_CHOICES)}, got {self.admission!r}; "
+                              "projected holds requests whose growth would outgrow the pool, vllm is vLLM's own")
         for name in ("client_mode", "client_namespaces"):
             if getattr(self, name) not in CLIENT_CHOICES:
                 raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "

@@ -201,6 +201,24 @@ def _forecast_row(t: catalog.MixinThresholds) -> list[Cell]:
     ]
 
 
+def _admission_row(t: catalog.MixinThresholds) -> list[Cell]:
+    """Growth-aware admission under enforce (vLLM home): why requests queue while pages are free."""
+    holds, projected, pool = (metric(spec.name) for spec in (
+        catalog.ADMISSION_HOLDS, catalog.ADMISSION_PROJECTED_PAGES, catalog.POOL_PAGES))
+    return [
+        Cell(timeseries("Steps admission held a request", catalog.ADMISSION_HOLDS.help + " Requests then wait in "
+                        f"vLLM's queue ({catalog.VLLM_REQUESTS_WAITING}) with pages still free: they are the room "
+                        "the running requests will grow into.",
+                        targets((f"sum by (namespace, pod) (rate({holds}[{RATE}]))", "{{namespace}}/{{pod}}")),
+                        "short"), 12),
+        Cell(timeseries("Projected pages against the pool", catalog.ADMISSION_PROJECTED_PAGES.help
+                        + " Beside the pool's size: admission keeps the first under the second.",
+                        targets((f"sum by (namespace, pod) ({projected})", "{{namespace}}/{{pod}} projected"),
+                                (f"sum by (namespace, pod) ({pool})", "{{namespace}}/{{pod}} pool")),
+                        "short"), 12),
+    ]
+
+
 def overview_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) -> dict:
     """The dashboard with the thresholds ``t`` (its panels' threshold lines and titles)."""
     return dashboard(TITLE, UID, "GrowPage SLOs and KV cache behaviour per namespace, pod and model.", [
@@ -211,4 +229,5 @@ def overview_dashboard(t: catalog.MixinThresholds = catalog.MIXIN_THRESHOLDS) ->
         ("Decisions and compression", _decisions_row(t)),
         ("Rollout", _rollout_row(t)),
         ("Before enforce: monitor's forecast", _forecast_row(t)),
+        ("Admission under enforce", _admission_row(t)),
     ])

@@ -1,0 +1,151 @@
+"""Growth-aware admission in vLLM's scheduler (enforce): hold a waiting request that would make the
+running batch outgrow the pool (:mod:`growpage.core.admission` says why and how it projects).
+
+vLLM 0.32's scheduler admits waiting requests while ``len(running)`` is under
+``Scheduler.max_num_active_reqs`` (admission into RUNNING, apart from the runner's slots). Before each
+step the gate sets that limit to the running requests plus the waiting ones that fit, never above
+what the deployment configured; it first puts the configured limit back, so a fault while projecting
+leaves vLLM's own admission. A request already running is never touched: the gate only delays a
+start, and an empty batch always takes its first request.
+
+Exported (:class:`AdmissionCollector`): ``growpage_admission_holds_total`` (steps it held a waiting
+request vLLM would have considered) and ``growpage_admission_projected_pages`` (the running
+requests' projected pages at their ends, against the pool). This module imports no vLLM: it reads
+the scheduler duck-typed, and tests drive it with stand-ins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from growpage import catalog
+from growpage.core.admission import CompletionHistory, KVDemand, Shares, admissible, full_peak_tokens, projected_demand
+from growpage.vllm_plugin.blocks import physical_tokens
+
+LIMIT_ATTRIBUTE = "max_num_active_reqs"  # vLLM 0.32's admission limit (Scheduler.__init__)
+
+
+class AdmissionGate:
+    """Growth-aware admission for one vLLM ``Scheduler``.
+
+    Args:
+        block_size: vLLM's cache block size.
+        total_pages: usable blocks in the pool (the null block excluded).
+    """
+
+    def __init__(self, block_size: int, total_pages: int):
+        self.block_size = block_size
+        self.total_pages = total_pages
+        self.history = CompletionHistory()
+        self.configured_limit: int | None = None  # the deployment's own limit, read at the first step
+        self.holds_total = 0
+        self.projected_pages = 0
+
+    def before_schedule(self, scheduler: Any, held_pages: dict[str, int],
+                        enforced: Callable[[Any], bool]) -> bool:
+        """Set this step's admission limit on ``scheduler``. ``held_pages``: blocks each running
+        request holds; ``enforced(request)``: GrowPage compresses it. Returns whether the oldest
+        waiting request is held (pressure relief then makes no room for it this step)."""
+        if not hasattr(scheduler, LIMIT_ATTRIBUTE):
+            return False  # not vLLM 0.32's scheduler: its own admission runs
+        if self.configured_limit is None:
+            self.configured_limit = int(getattr(scheduler, LIMIT_ATTRIBUTE))
+        setattr(scheduler, LIMIT_ATTRIBUTE, self.configured_limit)  # vLLM's own, should anything below fail
+        shares = self.history.shares()
+        running = list(scheduler.running)
+        demands = [self._running_demand(scheduler, request, held_pages.get(request.request_id, 0), shares,
+                                        enforced(request)) for request in running]
+        self.projected_pages = sum(demand.peak_pages for demand in demands)
+        occupied = len(running) + int(getattr(scheduler, "num_waiting_for_streaming_input", 0) or 0)
+        candidates = self._waiting(scheduler, self.configured_limit - occupied)
+        if not candidates:
+            return False
+        waiting = [self._waiting_demand(scheduler, request, shares, enforced(request)) for request in candidates]
+        admitted = admissible(demands, waiting, self.total_pages)
+        if admitted >= len(candidates):
+            return False
+        self.holds_total += 1
+        setattr(scheduler, LIMIT_ATTRIBUTE, occupied + admitted)
+        return admitted == 0
+
+    def on_finish(self, request: Any, peak_pages: int | None) -> None:
+        """A request finished: learn its output share and, if enforced (``peak_pages``), its kept share."""
+        if _aborted(request):
+            return  # a client that went away says nothing about how long answers run
+        full_pages = math.ceil(int(request.num_tokens) / self.block_size)
+        self.history.record(output_tokens=int(request.num_output_tokens), max_tokens=_max_tokens(request, None),
+                            peak_pages=peak_pages, full_pages=full_pages)
+
+    @property
+    def shares(self) -> Shares:
+        return self.history.shares()
+
+    def _running_demand(self, scheduler: Any, request: Any, held: int, shares: Shares, enforced: bool) -> KVDemand:
+        # full KV's peak from the logical length; an enforced request holds kept_share of it
+        logical = int(request.num_computed_tokens) if enforced else physical_tokens(request)
+        peak = full_peak_tokens(logical, int(request.num_output_tokens), _max_tokens(request, scheduler),
+                                shares.output_share)
+        return projected_demand(request.request_id, pages_now=held, peak_tokens=peak, block_size=self.block_size,
+                                kept_share=shares.kept_share if enforced else 1.0)
+
+    def _waiting_demand(self, scheduler: Any, request: Any, shares: Shares, enforced: bool) -> KVDemand:
+        # a preempted request comes back with its output so far, recomputed
+        peak = full_peak_tokens(int(request.num_tokens), int(request.num_output_tokens),
+                                _max_tokens(request, scheduler), shares.output_share)
+        return projected_demand(request.request_id, pages_now=0, peak_tokens=peak, block_size=self.block_size,
+                                kept_share=shares.kept_share if enforced else 1.0)
+
+    @staticmethod
+    def _waiting(scheduler: Any, room: int) -> list[Any]:
+        """The waiting requests vLLM would consider this step, in its order (those holding KV first)."""
+        if room <= 0:
+            return []
+        found: list[Any] = []
+        for queue in (getattr(scheduler, "kv_holding_waiting", None) or (), scheduler.waiting):
+            for request in queue:
+                if len(found) >= room:
+                    return found
+                found.append(request)
+        return found
+
+
+def _max_tokens(request: Any, scheduler: Any) -> int:
+    """The request's ``max_tokens``; unset, what the model's length leaves after its prompt."""
+    value = getattr(request, "max_tokens", None)
+    if value is not None:
+        return int(value)
+    model_len = getattr(scheduler, "max_model_len", None) if scheduler is not None else None
+    return max(0, int(model_len or 0) - int(request.num_prompt_tokens))
+
+
+def _aborted(request: Any) -> bool:
+    status = getattr(request, "status", None)
+    return "ABORTED" in str(getattr(status, "name", status or ""))
+
+
+class AdmissionCollector:
+    """Serves the gate's series (``catalog.ADMISSION_METRICS``); a scrape never raises."""
+
+    def __init__(self, source: Any, model: str):
+        self.source, self.model = source, model
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        gate = getattr(self.source, "admission", None)
+        if gate is None:
+            return
+        label = [catalog.MODEL_LABEL]
+        try:
+            holds = CounterMetricFamily(catalog.ADMISSION_HOLDS.name.removesuffix("_total"),
+                                        catalog.ADMISSION_HOLDS.help, labels=label)
+            holds.add_metric([self.model], float(gate.holds_total))
+            projected = GaugeMetricFamily(catalog.ADMISSION_PROJECTED_PAGES.name,
+                                          catalog.ADMISSION_PROJECTED_PAGES.help, labels=label)
+            projected.add_metric([self.model], float(gate.projected_pages))
+        except Exception:  # a scrape never raises
+            self.source.stats.record_error("plugin")
+            return
+        yield from (holds, projected)
