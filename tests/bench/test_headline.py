@@ -9,6 +9,7 @@ import pytest
 from growpage.bench.headline import CAPS, headline_rows, matched_budget, variant_configs, verdict
 from growpage.bench.vllm import PARTS, VllmBenchSettings
 from growpage.config import GrowPageConfig
+from growpage.errors import ConfigError
 from growpage.vllm_plugin.settings import DEFAULT_FLOOR_TOKENS, resolved_settings
 
 
@@ -47,6 +48,12 @@ def test_variants_are_vllm_alone_untuned_and_tuned_growpage_each_cap_at_equal_me
     assert not any(name.endswith("@floor") for name in variant_configs(
         dataclasses.replace(settings, headline_caps_at_floor=True), settings.floor_pages))
     assert "headline" in PARTS
+    shorter = variant_configs(dataclasses.replace(settings, headline_skip=("monitor", "growpage@room")), budget=6)
+    assert "monitor" not in shorter and "growpage@room" not in shorter and "growpage" in shorter
+    with pytest.raises(ConfigError, match="headline_skip names no variant: montor; choose among vllm,"):
+        variant_configs(dataclasses.replace(settings, headline_skip=("montor",)), budget=6)
+    with pytest.raises(ConfigError, match="cannot leave out limit: the verdict reads vllm, growpage, limit"):
+        variant_configs(dataclasses.replace(settings, headline_skip=("limit",)), budget=6)
 
 
 def _point(speed: float, nll: float = 0.0) -> dict:

@@ -36,6 +36,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from growpage.errors import ConfigError
+
 if TYPE_CHECKING:
     from growpage.bench.vllm import VllmBenchSettings
 
@@ -43,6 +45,7 @@ Log = Callable[[str], None] | None
 CAPS = ("streaming_llm", "h2o", "snapkv")
 TUNED_PREFIX = "vllm@seqs"
 VLLM_ADMISSION = "growpage@vllm-admission"
+ALWAYS_RUN = ("vllm", "growpage", "limit")  # what the verdict reads
 # Targets (issue "enforce that never loses to vLLM alone"): GrowPage's speed at least this share of
 # tuned vLLM alone's; at least this share of the attainable gain (limit over tuned vLLM alone) at no
 # more than this NLL increase; at equal memory an NLL increase this much below the best cap's.
@@ -76,7 +79,15 @@ def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[
             configs[f"{cap}@{label}"] = {"growpage": {**growpage, "method": cap, "base_pages": pages}}
     configs["limit"] = {"growpage": None, "limit": True}
     configs["growpage@room"] = {"growpage": growpage, "limit": True}
-    return configs
+    unknown = sorted(set(settings.headline_skip) - set(configs))
+    if unknown:
+        raise ConfigError(f"headline_skip names no variant: {', '.join(unknown)}; "
+                                 f"choose among {', '.join(configs)}")
+    kept = [name for name in settings.headline_skip if name in ALWAYS_RUN]
+    if kept:
+        raise ConfigError(f"headline_skip cannot leave out {', '.join(kept)}: the verdict reads "
+                                 f"{', '.join(ALWAYS_RUN)}")
+    return {name: config for name, config in configs.items() if name not in settings.headline_skip}
 
 
 def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Log, timeout_s: float) -> dict:
@@ -102,6 +113,7 @@ def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
                             config["growpage"])
         return {**spec, "logprobs": bool(config.get("limit")), "max_num_seqs": config.get("max_num_seqs")}
 
+    variant_configs(settings, settings.floor_pages)  # a bad headline_skip fails now, not after the pilot
     if log:
         log(f"vllm bench: headline seed {seed}, pilot GrowPage run (discarded; sets the caps' equal-memory budget)")
     pilot = run_child(run_spec("growpage", {"growpage": settings.growpage_config()}), lambda report: None, timeout_s)
@@ -129,7 +141,8 @@ def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
             "decisions": results[0]["decisions"],
             "goodput": goodput.scored(tokenizer, truth, results),
             "runs": [goodput.without_outputs(r) for r in results]}
-    forecasts = [compare(monitor, enforce) for monitor, enforce in zip(runs["monitor"], runs["growpage"], strict=True)]
+    forecasts = [compare(monitor, enforce)
+                 for monitor, enforce in zip(runs.get("monitor", ()), runs["growpage"], strict=False)]
     return {"seed": seed, "kv_blocks": settings.kv_blocks, "limit_blocks": settings.limit_blocks(longest),
             "pilot": goodput.without_outputs(pilot), "matched_budget_pages": budget,
             "variants": variants, "forecast_by_round": forecasts, "verdict": verdict(variants)}

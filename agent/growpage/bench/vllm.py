@@ -88,6 +88,9 @@ class VllmBenchSettings:
         tuned_max_num_seqs: the ``max_num_seqs`` values vLLM alone also runs with in the
             ``headline`` part (:mod:`growpage.bench.headline`); the best is *tuned vLLM alone*.
         headline_caps_at_floor: the ``headline`` part also runs each fixed cap at GrowPage's floor.
+        headline_skip: variants the ``headline`` part leaves out (``monitor``, ``growpage@room``, a
+            ``CAP@eq``...: a shorter run when their answer is already known); ``vllm``, ``growpage``
+            and ``limit`` always run, as the verdict reads them.
     """
 
     requests: int = 16
@@ -112,6 +115,7 @@ class VllmBenchSettings:
     sweep_variants: tuple[SweepVariant, ...] = ()
     tuned_max_num_seqs: tuple[int, ...] = (4, 6)
     headline_caps_at_floor: bool = False
+    headline_skip: tuple[str, ...] = ()
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:

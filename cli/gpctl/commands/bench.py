@@ -399,6 +399,9 @@ def vllm(
              "these settings, named <point>/LABEL (repeatable), e.g. heads:keep_sets=kv_head or "
              "rkv@growpage:redundancy_weight=0.9.")] = None,
     max_num_seqs: Annotated[list[int] | None, typer.Option(min=1, help=_MAX_NUM_SEQS_HELP)] = None,
+    headline_skip: Annotated[list[str] | None, typer.Option(
+        help="A variant --part headline leaves out (repeatable), e.g. monitor or growpage@room; vllm, "
+             "growpage and limit always run.")] = None,
     trace: Annotated[str | None, typer.Option(help=_TRACE_HELP)] = None,
     setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
                                                             "plugin's additional_config keys; repeatable), e.g. "
@@ -411,7 +414,7 @@ def vllm(
     from growpage.errors import GrowPageError
 
     listed = {"seeds": seed, "sweep_pages": sweep_pages, "sweep_coverage": sweep_coverage,
-              "tuned_max_num_seqs": max_num_seqs}
+              "tuned_max_num_seqs": max_num_seqs, "headline_skip": headline_skip}
     settings = _vllm_settings(quick, threads, part, method, setting, {
         "base_pages": base_pages, "repeats": repeats, **{k: tuple(v) if v else None for k, v in listed.items()},
         **_trace_size(trace)}, sweep_method or [], sweep_variant or [])
