@@ -233,8 +233,9 @@ FORECAST_PREEMPTIONS = MetricSpec(
     "vLLM preemptions of monitored requests (the denominator of the avoidable ones).", "preemptions")
 FORECAST_PREEMPTIONS_AVOIDABLE = MetricSpec(
     "growpage_forecast_preemptions_avoidable_total", MetricType.COUNTER,
-    "Monitor's forecast: vLLM preemptions enforce would have avoided (it would have had a page free, or "
-    "could have freed one by compressing a request above its floor).", "preemptions")
+    "Monitor's forecast: vLLM preemptions enforce would have avoided (growth-aware admission would not have "
+    "started the request yet, or it would have had a page free, or could have freed one by compressing a "
+    "request above its floor).", "preemptions")
 FORECAST_SPARE_PAGES = MetricSpec(
     "growpage_forecast_spare_pages", MetricType.GAUGE,
     "Monitor's forecast: KV pages enforce would have free now beyond what vLLM has (monitored requests' "

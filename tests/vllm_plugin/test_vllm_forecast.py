@@ -3,6 +3,8 @@ what it counts as freed, compacted and avoidable, and that it never changes what
 
 from __future__ import annotations
 
+import types
+
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController, Reading
@@ -151,3 +153,54 @@ def test_only_a_deployment_that_can_monitor_a_request_keeps_a_forecast():
     assert not may_monitor(GrowPageConfig(mode=Mode.ENFORCE), ignore)  # every request enforced: no work per step
     assert may_monitor(GrowPageConfig(mode=Mode.ENFORCE, enforce_namespaces=("a",)), ignore)  # the rest monitored
     assert may_monitor(GrowPageConfig(mode=Mode.ENFORCE), PluginSettings(client_mode="honour"))  # clients may ask
+
+
+def _waiting_scheduler(controller: GrowthController, running: list[str], waiting: list[str]):
+    """vLLM's scheduler as the forecast reads it before a step: 96-token prompts that may decode 160
+    tokens (16 pages of 16 at their ends), each running one holding 6 pages."""
+    def request(request_id: str):
+        return types.SimpleNamespace(request_id=request_id, num_prompt_tokens=96, num_output_tokens=0,
+                                     num_computed_tokens=96, num_tokens=96, max_tokens=160, status=None,
+                                     sampling_params=types.SimpleNamespace(extra_args={}))
+
+    single = types.SimpleNamespace(req_to_blocks={request_id: [object()] * 6 for request_id in running})
+    manager = types.SimpleNamespace(coordinator=types.SimpleNamespace(single_type_managers=[single]))
+    return types.SimpleNamespace(running=[request(r) for r in running], waiting=[request(w) for w in waiting],
+                                 kv_cache_manager=manager, max_num_active_reqs=16)
+
+
+def test_a_preemption_of_a_request_admission_would_have_held_is_avoidable_whatever_the_room():
+    controller = _controller()
+    for request_id in ("a", "b"):
+        controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
+    forecast = EnforceForecast(controller, total_pages=40)
+    # a and b run; c and d wait: 3 x 16 pages would not fit 40, so admission starts neither
+    forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
+    for request_id in ("c", "d"):  # vLLM starts both anyway (their prompts fit now)
+        controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
+    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting_prompt_tokens=200)
+    assert [r for r, shadow in forecast.shadows.items() if shadow.over_projection] == ["c", "d"]
+    forecast.on_preempt("d")  # requests wait (no room would count), yet enforce never started d
+    forecast.on_preempt("a")  # admitted within the projection: the room rule decides, and it says no
+    assert (forecast.totals().preemptions, forecast.totals().preemptions_avoidable) == (2, 1)
+
+
+def test_without_growth_aware_admission_nothing_is_marked():
+    controller = _controller()
+    forecast = EnforceForecast(controller)  # admission: vllm
+    forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c"]), limit=16)
+    controller.admit("c", prompt_tokens=96, mode=Mode.MONITOR)
+    forecast.on_step([StepRequest("c", 6, 96, 96, 96)], free_pages=0, waiting_prompt_tokens=None)
+    assert not forecast.shadows["c"].over_projection
+
+
+def test_the_forecasts_admission_learns_the_shadows_kept_share():
+    controller = _controller()
+    forecast = EnforceForecast(controller, total_pages=40)
+    for index in range(4):  # requests whose shadows peaked at 5 pages of the 16 full KV needed
+        request_id = f"done{index}"
+        controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
+        forecast.on_step([StepRequest(request_id, 5, 80, 80, 96)], free_pages=10, waiting_prompt_tokens=None)
+        forecast.on_finish(types.SimpleNamespace(request_id=request_id, num_tokens=256, num_output_tokens=160,
+                                                 max_tokens=160, status=None))
+    assert forecast.admission.shares.kept_share == 5 / 16

@@ -16,6 +16,7 @@ the scheduler duck-typed, and tests drive it with stand-ins.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,6 +26,28 @@ from growpage.core.admission import CompletionHistory, KVDemand, Shares, admissi
 from growpage.vllm_plugin.blocks import physical_tokens
 
 LIMIT_ATTRIBUTE = "max_num_active_reqs"  # vLLM 0.32's admission limit (Scheduler.__init__)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionPlan:
+    """One step's admission.
+
+    Attributes:
+        occupied: requests holding a runner slot (running, or paused streaming input).
+        candidates: the waiting requests vLLM would consider this step, in its order.
+        admitted: how many of them start.
+        projected_pages: the running requests' projected pages at their ends.
+    """
+
+    occupied: int
+    candidates: tuple[str, ...]
+    admitted: int
+    projected_pages: int
+
+    @property
+    def held(self) -> tuple[str, ...]:
+        """The candidates that wait: their start would outgrow the pool."""
+        return self.candidates[self.admitted:]
 
 
 class AdmissionGate:
@@ -53,22 +76,28 @@ class AdmissionGate:
         if self.configured_limit is None:
             self.configured_limit = int(getattr(scheduler, LIMIT_ATTRIBUTE))
         setattr(scheduler, LIMIT_ATTRIBUTE, self.configured_limit)  # vLLM's own, should anything below fail
+        plan = self.plan(scheduler, held_pages, enforced, self.configured_limit)
+        self.projected_pages = plan.projected_pages
+        if not plan.held:
+            return False
+        self.holds_total += 1
+        setattr(scheduler, LIMIT_ATTRIBUTE, plan.occupied + plan.admitted)
+        return plan.admitted == 0
+
+    def plan(self, scheduler: Any, held_pages: dict[str, int], enforced: Callable[[Any], bool],
+             limit: int) -> AdmissionPlan:
+        """Which of the waiting requests vLLM would consider under ``limit`` start, and which wait
+        (reads the scheduler, changes nothing: monitor's forecast asks it too)."""
         shares = self.history.shares()
         running = list(scheduler.running)
         demands = [self._running_demand(scheduler, request, held_pages.get(request.request_id, 0), shares,
                                         enforced(request)) for request in running]
-        self.projected_pages = sum(demand.peak_pages for demand in demands)
+        projected = sum(demand.peak_pages for demand in demands)
         occupied = len(running) + int(getattr(scheduler, "num_waiting_for_streaming_input", 0) or 0)
-        candidates = self._waiting(scheduler, self.configured_limit - occupied)
-        if not candidates:
-            return False
+        candidates = self._waiting(scheduler, limit - occupied)
         waiting = [self._waiting_demand(scheduler, request, shares, enforced(request)) for request in candidates]
-        admitted = admissible(demands, waiting, self.total_pages)
-        if admitted >= len(candidates):
-            return False
-        self.holds_total += 1
-        setattr(scheduler, LIMIT_ATTRIBUTE, occupied + admitted)
-        return admitted == 0
+        admitted = admissible(demands, waiting, self.total_pages) if waiting else 0
+        return AdmissionPlan(occupied, tuple(request.request_id for request in candidates), admitted, projected)
 
     def on_finish(self, request: Any, peak_pages: int | None) -> None:
         """A request finished: learn its output share and, if enforced (``peak_pages``), its kept share."""

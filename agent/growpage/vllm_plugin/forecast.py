@@ -12,7 +12,13 @@ would have dropped. Each step, with the tokens vLLM scheduled:
 - a prompt that has just been cached while a request waits that the (shadow) pool cannot admit is
   compressed to its floor, as enforce compresses a fresh prompt for admission (GrowPage's methods,
   ``attention_coverage`` > 0);
-- a preemption vLLM makes is *avoidable* when no request waits for admission and the shadows hold
+- admission as enforce runs it (``admission: projected``, :mod:`~growpage.vllm_plugin.admission`):
+  before each step with requests waiting, the same projection runs on vLLM's running and waiting
+  requests (read only; kept shares learned from the shadows' peaks), and a request vLLM starts
+  that growth-aware admission would have held is marked;
+- a preemption vLLM makes of a marked request is *avoidable*: enforce would not have started it
+  yet (vLLM preempts the newest running request first, which is the one started over the projection);
+- any other preemption is *avoidable* when no request waits for admission and the shadows hold
   fewer pages than vLLM's requests do (enforce would have had the room), or pressure relief could
   free one (a shadow above its floor); each avoidable preemption spends one such page of the step.
   While requests wait, the room enforce frees goes to admitting them (vLLM admits into free pages
@@ -43,6 +49,9 @@ from growpage.core.controller import GrowthController, ceil_div
 from growpage.core.policy import Action
 from growpage.core.pressure import floor_pages, protected_tokens
 from growpage.core.step_control import RequestView
+from growpage.vllm_plugin.admission import AdmissionGate
+from growpage.vllm_plugin.blocks import blocks_by_request
+from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 
 
 @dataclasses.dataclass
@@ -53,11 +62,15 @@ class ShadowKV:
         pages: pages it would hold after this step.
         dropped: tokens its compactions would have dropped.
         prompt_settled: its first decode step has been seen (a prompt is compressed for admission once).
+        peak: the most pages it held.
+        over_projection: vLLM started it where growth-aware admission would have held it.
     """
 
     pages: int
     dropped: int = 0
     prompt_settled: bool = False
+    peak: int = 0  # most pages it held (admission learns enforce's kept share from it)
+    over_projection: bool = False  # vLLM started it where growth-aware admission would have held it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +112,15 @@ class EnforceForecast:
 
     Args:
         controller: the scheduler's growth controller (readings, attention needs, the contract).
+        total_pages: the pool's usable pages: growth-aware admission is forecast against it (None:
+            admission is left out, as under ``admission: vllm``).
     """
 
-    def __init__(self, controller: GrowthController):
+    def __init__(self, controller: GrowthController, total_pages: int | None = None):
         self.controller = controller
         self.block_size = controller.config.block_size
+        self.admission = AdmissionGate(self.block_size, total_pages) if total_pages is not None else None
+        self._would_hold: frozenset[str] = frozenset()  # waiting requests admission holds this step
         self.shadows: dict[str, ShadowKV] = {}
         self.pages_freed_total = 0
         self.compactions_total = 0
@@ -114,6 +131,16 @@ class EnforceForecast:
         # (most steps preempt nothing), from the step's monitored requests; 0 while requests wait
         self._step_room: int | None = 0
         self._step_monitored: Sequence[StepRequest] = ()
+
+    def before_schedule(self, scheduler: Any, limit: int | None) -> None:
+        """Before vLLM schedules: which waiting requests growth-aware admission would hold under
+        vLLM's admission ``limit`` (None: this vLLM has none). Nothing is read while none waits."""
+        self._would_hold = frozenset()
+        if self.admission is None or limit is None or not scheduler.waiting:
+            return
+        held = {request_id: len(blocks) for request_id, blocks in blocks_by_request(scheduler.kv_cache_manager).items()}
+        plan = self.admission.plan(scheduler, held, self._would_enforce, limit)
+        self._would_hold = frozenset(plan.held)
 
     def on_step(self, requests: Sequence[StepRequest], *, free_pages: int,
                 waiting_prompt_tokens: int | None) -> None:
@@ -128,12 +155,15 @@ class EnforceForecast:
             shadow = self.shadows.get(request.request_id)
             if shadow is None or not request.decoding:
                 # admitted or still in its prompt: enforce holds what vLLM holds
-                self.shadows[request.request_id] = ShadowKV(pages=request.pages_held)
+                over = shadow.over_projection if shadow is not None else request.request_id in self._would_hold
+                self.shadows[request.request_id] = ShadowKV(pages=request.pages_held, peak=request.pages_held,
+                                                            over_projection=over)
                 continue
             if not shadow.prompt_settled:
                 shadow.prompt_settled = True
                 free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
             free += self._advance(request, shadow, free)
+            shadow.peak = max(shadow.peak, shadow.pages)
         self.spare_pages = self._spare(monitored)
         # freed room goes to admission first while requests wait (see the module docstring)
         self._step_room = None if waiting_prompt_tokens is None else 0
@@ -144,12 +174,23 @@ class EnforceForecast:
         if not self._monitored(request_id):
             return
         self.preemptions_total += 1
+        shadow = self.shadows.get(request_id)
+        if shadow is not None and shadow.over_projection:
+            self.preemptions_avoidable_total += 1  # enforce's admission would not have started it yet
+            del self.shadows[request_id]
+            return
         if self._step_room is None:
             self._step_room = self.spare_pages + self._relief(self._step_monitored)
         if self._step_room >= 1:
             self.preemptions_avoidable_total += 1
             self._step_room -= 1
         self.shadows.pop(request_id, None)
+
+    def on_finish(self, request: Any) -> None:
+        """A monitored request finished: admission learns its output and the kept share of its shadow."""
+        shadow = self.shadows.get(request.request_id)
+        if self.admission is not None and shadow is not None:
+            self.admission.on_finish(request, shadow.peak)
 
     def forget(self, request_id: str) -> None:
         self.shadows.pop(request_id, None)
@@ -235,6 +276,13 @@ class EnforceForecast:
     def _monitored(self, request_id: str) -> bool:
         control = self.controller.requests.get(request_id)
         return control is not None and control.mode is Mode.MONITOR
+
+    def _would_enforce(self, request: Any) -> bool:
+        """Enforce would compress ``request``: a monitored one (running, or waiting in a monitored mode)."""
+        if request.request_id in self.controller.requests:
+            return self._monitored(request.request_id)
+        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
+        return self.controller.mode_for(request_namespace(extra), extra.get(MODE_ARG)) is Mode.MONITOR
 
 
 def step_requests(scheduler: Any, output: Any, req_to_blocks: dict[str, list]) -> list[StepRequest]:

@@ -40,7 +40,7 @@ from growpage.core.methods import build_method
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView
-from growpage.vllm_plugin.admission import AdmissionGate
+from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionGate
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
@@ -123,8 +123,9 @@ class SchedulerAgent:
         # monitor's forecast of enforce, over the requests GrowPage monitors: none where no request can
         # be monitored (off, or enforce for every namespace with clients unable to ask for less), so an
         # enforcing deployment's steps carry no forecast work
-        self.forecast: EnforceForecast | None = (EnforceForecast(self.controller)
-                                                 if may_monitor(config, settings) else None)
+        self.forecast: EnforceForecast | None = (
+            EnforceForecast(self.controller, view.num_pages if settings.admission == "projected" else None)
+            if may_monitor(config, settings) else None)
         self.scheduler: Any = None
         self.seen: dict[str, _Seen] = {}
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
@@ -163,6 +164,10 @@ class SchedulerAgent:
             # guarded apart: a fault in admission leaves vLLM's own admission and the step's boundaries
             held = self.guarded("growth-aware admission", self.enforcer.gate_admission, scheduler)
             self.enforcer.before_schedule(scheduler, admission_held=bool(held))
+        if self.forecast is not None:  # after the gate: it reads vLLM's configured limit, not this step's
+            limit = (self.admission.configured_limit if self.admission is not None
+                     else getattr(scheduler, LIMIT_ATTRIBUTE, None))
+            self.guarded("forecasting enforce", self.forecast.before_schedule, scheduler, limit)
 
     def on_allocated(self, request_id: str, new_blocks: int, latency_s: float) -> None:
         """``KVCacheManager.allocate_slots`` handed ``request_id`` ``new_blocks`` blocks in ``latency_s``."""
@@ -255,6 +260,8 @@ class SchedulerAgent:
 
     def on_free(self, request: Any) -> None:
         """``request`` finished or was aborted; its blocks are back in the pool."""
+        if self.forecast is not None:
+            self.guarded("forecasting enforce", self.forecast.on_finish, request)
         if self.enforcer is not None:
             self.enforcer.on_free(request)
         self._release(request, "finished")
