@@ -1,4 +1,4 @@
-"""Run ``growpage.vllm_plugin.gpu_checks`` with torch and this repository's ``agent/`` folder only.
+"""Run ``growpage.bench.gpu_checks`` with torch and this repository's ``agent/`` folder only.
 
 A machine with CUDA torch but neither vLLM nor GrowPage's other dependencies (PyYAML, typer,
 prometheus_client) can run it: the ``growpage`` packages are entered without running their
@@ -23,6 +23,6 @@ def _enter_packages_without_init() -> None:
 
 if __name__ == "__main__":
     _enter_packages_without_init()
-    from growpage.vllm_plugin import gpu_checks
+    from growpage.bench import gpu_checks
 
     sys.exit(gpu_checks.main())

@@ -26,7 +26,7 @@ def test_a_decision_trace_reads_the_request_index_from_vllms_internal_request_id
     import types
 
     from growpage.core.stats import StatsRecorder
-    from growpage.demos.vllm_child import DecisionTrace
+    from growpage.tooling.vllm_child import DecisionTrace
 
     stats = StatsRecorder()
     trace = DecisionTrace(stats, "1.monitor-")
@@ -42,7 +42,7 @@ def test_freed_pages_count_a_boundary_eviction_against_growing_and_a_relief_by_w
     import types
 
     from growpage.core.stats import StatsRecorder
-    from growpage.demos.vllm_child import FreedPages
+    from growpage.tooling.vllm_child import FreedPages
 
     stats = StatsRecorder()
     freed = FreedPages(stats)

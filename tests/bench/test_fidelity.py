@@ -50,7 +50,7 @@ def test_forced_spec_forces_each_prompt_through_its_reference():
 
 def test_force_row_leaves_only_the_reference_token_and_stops_at_its_end():
     pytest.importorskip("vllm")
-    from growpage.bench.forced_decoding import force_row
+    from growpage.tooling.forced_decoding import force_row
 
     logits = torch.zeros(6)
     forced = force_row([4, 2], [], logits.clone())

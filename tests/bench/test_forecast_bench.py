@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from growpage.bench.forecast import FORECAST_TOLERANCE, compare, relative_error
-from growpage.bench.vllm import PARTS
+from growpage.bench.vllm_settings import PARTS
 
 
 def _monitor(freed: int, avoidable: int, preemptions: int) -> dict:

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from growpage.bench.headline import CAPS, headline_rows, matched_budget, variant_configs, verdict
-from growpage.bench.vllm import PARTS, VllmBenchSettings
+from growpage.bench.vllm_settings import PARTS, VllmBenchSettings
 from growpage.config import GrowPageConfig
 from growpage.errors import ConfigError
 from growpage.vllm_plugin.settings import DEFAULT_FLOOR_TOKENS, resolved_settings

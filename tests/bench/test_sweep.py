@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from growpage.bench.sweep import FIXED_CAPS, SweepVariant, sweep_configs, sweep_rows, verdict
-from growpage.bench.vllm import PARTS, VllmBenchSettings
+from growpage.bench.sweep import FIXED_CAPS, sweep_configs, sweep_rows, verdict
+from growpage.bench.vllm_settings import PARTS, SweepVariant, VllmBenchSettings
 from growpage.vllm_plugin.settings import VLLM_METHODS
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from growpage.bench.vllm import VARIANTS, VllmBenchSettings, _summary
+from growpage.bench.vllm import _summary
+from growpage.bench.vllm_settings import VARIANTS, VllmBenchSettings
 
 
 def test_variants_are_vllm_alone_growpage_and_the_attainable_limit():
@@ -61,7 +62,7 @@ def test_the_overhead_rounds_alternate_their_order_and_cover_every_variant():
 
 def test_retrieval_under_pressure_is_16_requests_in_a_quarter_of_their_kv():
     from growpage.bench.goodput import retrieval_tasks
-    from growpage.bench.vllm import PARTS
+    from growpage.bench.vllm_settings import PARTS
 
     settings = VllmBenchSettings()
     tasks = retrieval_tasks(settings)

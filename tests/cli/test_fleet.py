@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gpctl.main import app
 from growpage.errors import ConfigError
-from growpage.vllm_plugin.fleet import check_ports_free, fleet_spec, replica_command, router_command
+from growpage.tooling.fleet import check_ports_free, fleet_spec, replica_command, router_command
 
 
 @pytest.fixture

@@ -103,7 +103,7 @@ CHILD = textwrap.dedent("""
 def test_the_vllm_launcher_forwards_signals_and_waits_for_its_server(tmp_path, sig):
     child, record = tmp_path / "child.py", tmp_path / "signals.txt"
     child.write_text(CHILD)
-    launcher = ("import sys; from growpage.vllm_plugin.serve import run_child; "
+    launcher = ("import sys; from growpage.tooling.serve import run_child; "
                 f"sys.exit(run_child([sys.executable, {str(child)!r}, {str(record)!r}], shutdown_timeout_s=5))")
     parent = subprocess.Popen([sys.executable, "-c", launcher])
     try:

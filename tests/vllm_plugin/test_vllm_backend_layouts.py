@@ -24,8 +24,8 @@ from cache_layouts import (
     vllm_layer_caches,
 )
 
+from growpage.tooling import synthetic
 from growpage.vllm_plugin import keys as kv_keys
-from growpage.vllm_plugin import synthetic
 from growpage.vllm_plugin.observer import VllmObserver
 from growpage.vllm_plugin.settings import split_settings
 

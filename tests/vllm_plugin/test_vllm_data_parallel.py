@@ -25,7 +25,7 @@ import httpx
 from growpage import catalog
 from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import GrowPageError
-from growpage.vllm_plugin.serve import serve_command
+from growpage.tooling.serve import serve_command
 from support.processes import stop_group, wait_serving
 from support.promstack import free_port
 

@@ -12,7 +12,8 @@ from support.vllm_guard import require_vllm_plugin
 
 require_vllm_plugin()
 
-from growpage.demos.vllm_engine import VllmDemoSettings, prompts_for, run_engine, run_vllm_demo  # noqa: E402
+from growpage.demos.vllm_engine import VllmDemoSettings, prompts_for, run_vllm_demo  # noqa: E402
+from growpage.tooling.vllm_runs import run_engine  # noqa: E402
 
 # Smaller than --quick: two engine starts, each serving its variant's reasoning, (forced,) retrieval runs.
 # 24 blocks hold one retrieval question (~600 tokens) but not every reasoning request at full length.

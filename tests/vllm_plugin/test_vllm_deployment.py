@@ -30,7 +30,7 @@ import httpx  # noqa: E402
 from growpage import catalog  # noqa: E402
 from growpage.engine.model_prep import resolve_model_dir  # noqa: E402
 from growpage.errors import GrowPageError  # noqa: E402
-from growpage.vllm_plugin.serve import SERVER_MODULE  # noqa: E402
+from growpage.tooling.serve import SERVER_MODULE  # noqa: E402
 from growpage.vllm_plugin.settings import default_base_pages  # noqa: E402
 from support.processes import stop_group, wait_serving  # noqa: E402
 from support.promstack import free_port  # noqa: E402

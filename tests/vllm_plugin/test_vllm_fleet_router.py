@@ -26,7 +26,7 @@ require_vllm_plugin()
 import httpx
 
 from growpage import catalog
-from growpage.vllm_plugin.fleet import Fleet, fleet_spec, router_executable
+from growpage.tooling.fleet import Fleet, fleet_spec, router_executable
 from support.promstack import free_port
 
 pytestmark = pytest.mark.slow

@@ -302,7 +302,7 @@ def test_client_choice_settings_are_validated():
 
 
 def test_cuda_serving_keeps_vllms_defaults_for_monitor_and_sets_what_enforce_needs():
-    from growpage.vllm_plugin.serve import serve_command
+    from growpage.tooling.serve import serve_command
 
     monitor, monitor_env = serve_command("m", cpu=False, python="python", growpage={"mode": "monitor"})
     assert "--compilation-config" not in monitor and "--no-async-scheduling" not in monitor

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from growpage.bench.gpu_checks import CHECKS
 from growpage.core.summaries import summarize_attention
+from growpage.tooling.synthetic import flash_write, layer_caches
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring
-from growpage.vllm_plugin.gpu_checks import CHECKS
 from growpage.vllm_plugin.settings import split_settings
-from growpage.vllm_plugin.synthetic import flash_write, layer_caches
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADS, BLOCK, HEAD_DIM = 3, 16, 32

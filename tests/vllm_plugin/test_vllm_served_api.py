@@ -1,6 +1,6 @@
 """vLLM's OpenAI-compatible server with the GrowPage plugin, started the way users start it.
 
-One server per module (``growpage.vllm_plugin.serve.serve_command``, what ``gpctl serve --engine
+One server per module (``growpage.tooling.serve.serve_command``, what ``gpctl serve --engine
 vllm`` runs) on the packaged model, mode ``monitor``, CPU settings, one OpenMP thread, loopback
 ports. It takes about a minute to start on one core (up to ``STARTUP_TIMEOUT_S`` on a busy box).
 The tests send completions (one with ``x-growpage-namespace``), read ``/metrics/growpage``, lint
@@ -27,7 +27,7 @@ import httpx
 from growpage import catalog
 from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import GrowPageError
-from growpage.vllm_plugin.serve import serve_command
+from growpage.tooling.serve import serve_command
 from support.processes import stop_group
 from support.promstack import free_port, http_get_json, run_prometheus, run_tool, wait_until
 

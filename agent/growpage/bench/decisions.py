@@ -3,7 +3,7 @@
 Monitor mode changes nothing vLLM does, so two monitor runs of one greedy trace schedule the same
 steps and meet the same page boundaries; only what GrowPage *would* decide at each can differ, by
 what its summaries saw. :func:`decision_agreement` lines up the two runs' decision traces
-(``[request index, pages before, kind]``, :class:`growpage.demos.vllm_child.DecisionTrace`) boundary
+(``[request index, pages before, kind]``, :class:`growpage.tooling.vllm_child.DecisionTrace`) boundary
 by boundary and reports how often the sampled run decides as the fully observing one.
 """
 

@@ -18,7 +18,7 @@ Homes:
   budget, under an equal-memory pool (each method gets ``budget`` pages per request plus room to
   prefill the longest prompt), full KV with room for everything;
 * vLLM: :func:`forced_spec` turns a run's spec into forced decoding of given references
-  (:mod:`growpage.bench.forced_decoding`, vLLM's raw log-probabilities, so the NLL is of the unforced
+  (:mod:`growpage.tooling.forced_decoding`, vLLM's raw log-probabilities, so the NLL is of the unforced
   distribution); ``gpctl bench vllm`` reports the increase next to tokens/s.
 """
 
@@ -271,7 +271,7 @@ def run_fidelity(model_dir: str, settings: FidelitySettings, progress: Callable[
 
 
 def forced_spec(spec: dict, references: Sequence[Sequence[int]]) -> dict:
-    """A vLLM run's spec (``growpage.demos.vllm_child``) made to emit ``references`` (one per prompt,
+    """A vLLM run's spec (``growpage.tooling.vllm_child``) made to emit ``references`` (one per prompt,
     in order) and report each token's raw log-probability."""
     if len(references) != len(spec["prompts"]):
         raise ValueError(f"{len(references)} references for {len(spec['prompts'])} prompts")

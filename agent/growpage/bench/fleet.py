@@ -170,7 +170,7 @@ def summarize(results: Sequence[dict[str, Any]], before: Sequence[dict[str, floa
 
 def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir: Path) -> dict[str, Any]:
     """Start the variant's fleet, send the trace through its router, stop it."""
-    from growpage.vllm_plugin.fleet import Fleet, fleet_spec
+    from growpage.tooling.fleet import Fleet, fleet_spec
 
     policy, mode = VARIANTS[name]
     spec = fleet_spec(replicas=2, port=settings.port, router_port=settings.router_port,

@@ -6,7 +6,7 @@ shipped defaults: ``monitor`` (vLLM pages on its own; GrowPage forecasts enforce
 
 * **pages freed**: the forecast's ``growpage_forecast_pages_freed_total`` against the pages
   enforce's compactions freed (boundary evictions against growing, compressions outside a boundary
-  by what they cut; :class:`~growpage.demos.vllm_child.FreedPages`);
+  by what they cut; :class:`~growpage.tooling.vllm_child.FreedPages`);
 * **preemptions avoided**: the forecast's avoidable preemptions against monitor's preemptions
   (vLLM's own: monitor changes nothing) less enforce's.
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from growpage.bench.vllm import VllmBenchSettings
+    from growpage.bench.vllm_settings import VllmBenchSettings
 
 Log = Callable[[str], None] | None
 FORECAST_TOLERANCE = 0.25
@@ -59,7 +59,7 @@ def forecast_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
     """Monitor, then enforce, on the pressure trace of ``seed``; the forecast against enforce."""
     from growpage.bench import goodput
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]
     runs = {}

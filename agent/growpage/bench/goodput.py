@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from growpage.bench.tasks import Task, accuracy_by_family, headline_families, is_correct
 
 if TYPE_CHECKING:
-    from growpage.bench.vllm import VllmBenchSettings
+    from growpage.bench.vllm_settings import VllmBenchSettings
 
 Log = Callable[[str], None] | None
 RETRIEVAL_CAPS = ("streaming_llm", "h2o", "snapkv")  # fixed caps at GrowPage's floor, same machinery
@@ -36,7 +36,7 @@ RETRIEVAL_CAPS = ("streaming_llm", "h2o", "snapkv")  # fixed caps at GrowPage's 
 
 def spec(model_dir: str, block_size: int, prompts: list[str], max_tokens: int, kv_blocks: int, variant: str,
          growpage: dict | None, max_model_len: int | None = None) -> dict:
-    """One vLLM run (:mod:`growpage.demos.vllm_child`): ``growpage`` None is vLLM alone."""
+    """One vLLM run (:mod:`growpage.tooling.vllm_child`): ``growpage`` None is vLLM alone."""
     return {"model_dir": model_dir, "prompts": prompts, "variant": variant, "growpage": growpage,
             "block_size": block_size, "kv_blocks": kv_blocks, "max_tokens": max_tokens,
             "max_model_len": max_model_len or min(2048, (kv_blocks - 1) * block_size), "report_interval_s": 5.0}
@@ -112,7 +112,7 @@ def forced_nll(run_spec: dict, reference: dict, log: Log, timeout_s: float) -> d
         GrowPageError: the forced run did not emit the reference tokens.
     """
     from growpage.bench.fidelity import forced_spec, nll_increase
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     if log:
         log(f"vllm bench: {run_spec['variant']} forced through full KV's continuation (fidelity)")
@@ -151,7 +151,7 @@ def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: L
     from transformers import AutoTokenizer
 
     from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     tasks = retrieval_tasks(settings)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -209,7 +209,7 @@ def full_kv_accuracy(model_dir: str, settings: VllmBenchSettings, log: Log, time
 
     from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS
     from growpage.bench.tasks import retrieval_tasks as generate
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     tasks = generate(settings.seeds[0])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from growpage.errors import ConfigError
 
 if TYPE_CHECKING:
-    from growpage.bench.vllm import VllmBenchSettings
+    from growpage.bench.vllm_settings import VllmBenchSettings
 
 Log = Callable[[str], None] | None
 CAPS = ("streaming_llm", "h2o", "snapkv")
@@ -96,10 +96,10 @@ def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
 
     from growpage.bench import goodput
     from growpage.bench.forecast import compare
-    from growpage.bench.vllm import _true_results
+    from growpage.bench.tasks import with_truth
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.demos.vllm_child import engine_arguments
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_child import engine_arguments
+    from growpage.tooling.vllm_runs import run_child
     from growpage.vllm_plugin.settings import resolved_settings
 
     tasks = reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)
@@ -122,7 +122,7 @@ def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
     runs = goodput.repeated(lambda name: run_child(run_spec(name, configs[name]), lambda report: None, timeout_s),
                             list(configs), settings.repeats, log, f"headline seed {seed}")
     reference = runs["limit"][0]
-    truth = _true_results(tasks)
+    truth = [with_truth(task) for task in tasks]
     variants = {}
     for name, results in runs.items():
         config = configs[name]

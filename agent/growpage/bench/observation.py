@@ -4,7 +4,7 @@ One observed step scores, for every observed request, the newest query of ``obse
 sampled heads in each of ``observed_layers`` layers against all of the request's keys in the paged
 cache (:func:`growpage.vllm_plugin.scoring.score_step`). This module times that step and measures
 its transient memory on a synthetic cache laid out as vLLM lays it out
-(:mod:`growpage.vllm_plugin.synthetic`), for:
+(:mod:`growpage.tooling.synthetic`), for:
 
 - ``after``: what the observer runs (sampled keys only, chunks under a byte cap);
 - ``before``: the previous path, kept here as the reference: every needed block copied whole (K
@@ -33,9 +33,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from growpage.tooling.synthetic import flash_write, layer_caches
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring
-from growpage.vllm_plugin.synthetic import flash_write, layer_caches
 
 GIB = 2 ** 30
 

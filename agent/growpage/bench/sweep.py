@@ -25,64 +25,15 @@ tokens/s at an NLL increase no larger than the best fixed cap's at that speed.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
-if TYPE_CHECKING:
-    from growpage.bench.vllm import VllmBenchSettings
+from growpage.bench.vllm_settings import COVERAGE_MARK, SWEEP_METHODS, VARIANT_MARK, SweepVariant, VllmBenchSettings
 
 Log = Callable[[str], None] | None
-SWEEP_METHODS = ("growpage", "streaming_llm", "h2o", "snapkv")
 FIXED_CAPS = SWEEP_METHODS[1:]
 SPEEDUP_TARGET = 1.5
-COVERAGE_MARK = "+cov"  # in a variant's name: a point of GrowPage's coverage axis
 COVERAGE_AXIS = "coverage"
-VARIANT_MARK = "/"  # in a variant's name: the settings variant it ran (``growpage@2/heads``)
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepVariant:
-    """More plugin settings for some methods' points: ``label[@method,method]:key=value,key=value``.
-
-    Attributes:
-        label: the suffix of the points' names (``growpage@2/<label>``).
-        settings: ``additional_config["growpage"]`` keys added to those points.
-        methods: the swept methods it applies to (empty: all of them).
-    """
-
-    label: str
-    settings: Mapping[str, Any]
-    methods: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> SweepVariant:
-        """``heads:keep_sets=kv_head`` or ``rkv@growpage:redundancy_weight=0.9`` (values read as
-        JSON where they parse: 2, 0.9, true). Raises ValueError with the expected form."""
-        head, separator, pairs = text.partition(":")
-        label, _, methods = head.partition("@")
-        settings: dict[str, Any] = {}
-        for pair in filter(None, pairs.split(",")):
-            key, equals, value = pair.partition("=")
-            if not equals or not key:
-                settings = {}
-                break
-            try:
-                settings[key] = json.loads(value)
-            except json.JSONDecodeError:
-                settings[key] = value
-        if not separator or not label or not settings or VARIANT_MARK in label or COVERAGE_MARK in label:
-            raise ValueError(f"sweep variant {text!r} is not LABEL[@METHOD,...]:KEY=VALUE[,KEY=VALUE]; "
-                             "e.g. heads:keep_sets=kv_head or rkv@growpage:redundancy_weight=0.9")
-        unknown = sorted(set(filter(None, methods.split(","))) - set(SWEEP_METHODS))
-        if unknown:
-            raise ValueError(f"sweep variant {text!r} names {unknown[0]!r}; its methods are among "
-                             f"{', '.join(SWEEP_METHODS)}")
-        return cls(label, settings, tuple(filter(None, methods.split(","))))
-
-    def applies_to(self, method: str) -> bool:
-        return not self.methods or method in self.methods
 
 
 SWEEP_PROTECTION = {"sink_tokens": 4, "recent_window_tokens": 16, "evict_min_pages": 1}
@@ -130,7 +81,7 @@ def pressure_sweep(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
 
     from growpage.bench import goodput
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -1,6 +1,6 @@
 """``gpctl bench vllm``: GrowPage inside vLLM against vLLM alone and against what is attainable.
 
-Every run is one engine in its own interpreter (:func:`growpage.demos.vllm_engine.run_child`; vLLM
+Every run is one engine in its own interpreter (:func:`growpage.tooling.vllm_runs.run_child`; vLLM
 registers plugins once per process, so variants cannot share one), on the packaged model, greedy,
 ``ignore_eos``, block size 32.
 
@@ -46,98 +46,9 @@ from collections.abc import Callable
 from typing import Any
 
 from growpage import __version__
-from growpage.bench.sweep import SWEEP_METHODS, SweepVariant
+from growpage.bench.vllm_settings import VARIANTS, VllmBenchSettings
 from growpage.provenance import host_facts
 from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings, resolved_settings
-
-VARIANTS = ("vllm", "growpage", "limit")
-PARTS = ("pressure", "overhead", "sampling", "retrieval", "accuracy", "sweep", "headline", "forecast")
-
-
-@dataclasses.dataclass(frozen=True)
-class VllmBenchSettings:
-    """Workload sizes. Defaults: about 12 minutes on 2 CPU cores (8 engine starts).
-
-    Attributes:
-        requests: concurrent reasoning requests per trace.
-        max_tokens: new tokens per request.
-        kv_blocks: the KV space of ``vllm`` and ``growpage``, in blocks (one is vLLM's null block).
-        base_pages: GrowPage's floor per request, in blocks; None: the shipped floor
-            (:func:`~growpage.vllm_plugin.settings.default_base_pages`, 128 tokens), so every part
-            runs the defaults ``gpctl serve`` ships unless told otherwise.
-        seeds: one trace per seed.
-        block_size: vLLM's block size.
-        overhead_batch, overhead_tokens, repeats: the monitor-overhead workload.
-        growpage: more ``additional_config["growpage"]`` keys for the GrowPage runs (none: the
-            shipped defaults, as ``gpctl serve`` and ``make run`` start them).
-        threads: ``OMP_NUM_THREADS`` for the engines (None: the environment's).
-        parts: ``pressure`` (the traces), ``overhead``, ``sampling`` (monitor sampled against full
-            observation), ``retrieval`` (retrieval under KV pressure)
-            and/or ``accuracy`` (full KV's accuracy on every retrieval family).
-        repeats: also the interleaved rounds of every pressure and retrieval variant.
-        retrieval_families, retrieval_context_tokens, retrieval_depths: the retrieval workload
-            (``growpage.bench.tasks``; one request per family, length and depth, seed ``seeds[0]``).
-        retrieval_kv_share: its KV space as a share of what every request needs at once.
-        sweep_pages: the floors of GrowPage and the fixed caps' budgets of the ``sweep`` part
-            (:mod:`growpage.bench.sweep`), in blocks.
-        sweep_coverage: ``attention_coverage`` values run as more GrowPage points of the ``sweep``
-            part, at the lowest of ``sweep_pages`` (none by default).
-        sweep_methods: the methods of the ``sweep`` part (GrowPage and the fixed caps by default).
-        sweep_variants: more settings run as more points of the ``sweep`` part
-            (:class:`~growpage.bench.sweep.SweepVariant`: ablations in one interleaved run).
-        tuned_max_num_seqs: the ``max_num_seqs`` values vLLM alone also runs with in the
-            ``headline`` part (:mod:`growpage.bench.headline`); the best is *tuned vLLM alone*.
-        headline_caps_at_floor: the ``headline`` part also runs each fixed cap at GrowPage's floor.
-        headline_skip: variants the ``headline`` part leaves out (``monitor``, ``growpage@room``, a
-            ``CAP@eq``...: a shorter run when their answer is already known); ``vllm``, ``growpage``
-            and ``limit`` always run, as the verdict reads them.
-    """
-
-    requests: int = 16
-    max_tokens: int = 192
-    kv_blocks: int = 40
-    base_pages: int | None = None
-    seeds: tuple[int, ...] = (0, 1)
-    block_size: int = 32
-    overhead_batch: int = 8
-    overhead_tokens: int = 128
-    repeats: int = 3
-    growpage: dict = dataclasses.field(default_factory=dict)
-    threads: int | None = None
-    parts: tuple[str, ...] = ("pressure", "overhead", "sampling")
-    retrieval_families: tuple[str, ...] = ("code", "multikey")
-    retrieval_context_tokens: tuple[int, ...] = (512, 1024)
-    retrieval_depths: tuple[float, ...] = (0.1, 0.35, 0.65, 0.9)
-    retrieval_kv_share: float = 0.25
-    sweep_pages: tuple[int, ...] = (2, 4, 6)
-    sweep_coverage: tuple[float, ...] = ()
-    sweep_methods: tuple[str, ...] = SWEEP_METHODS
-    sweep_variants: tuple[SweepVariant, ...] = ()
-    tuned_max_num_seqs: tuple[int, ...] = (4, 6)
-    headline_caps_at_floor: bool = False
-    headline_skip: tuple[str, ...] = ()
-
-    @classmethod
-    def quick(cls) -> VllmBenchSettings:
-        return cls(requests=6, max_tokens=80, kv_blocks=14, seeds=(0,), overhead_batch=2,
-                   overhead_tokens=16, repeats=1, retrieval_families=("code",), retrieval_context_tokens=(512,),
-                   sweep_pages=(2,), tuned_max_num_seqs=(2,))
-
-    def growpage_config(self, mode: str = "enforce") -> dict:
-        """``additional_config["growpage"]`` of a GrowPage run: the shipped defaults in ``mode``, with
-        ``base_pages`` where set and :attr:`growpage`'s keys over them."""
-        floor = {} if self.base_pages is None else {"base_pages": self.base_pages}
-        return {"mode": mode, **floor, **self.growpage}
-
-    @property
-    def floor_pages(self) -> int:
-        """GrowPage's floor in blocks as its runs resolve it (the fixed caps' budget at the floor)."""
-        return int(resolved_settings(self.growpage_config(), self.block_size)["growpage"]["base_pages"])
-
-    def limit_blocks(self, prompt_tokens: int) -> int:
-        """Blocks for every request at full length (plus vLLM's null block)."""
-        per_request = -(-(prompt_tokens + self.max_tokens) // self.block_size)
-        return self.requests * per_request + 1
 
 
 def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | None = None, *,
@@ -203,7 +114,7 @@ def _warm_up(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], N
              timeout_s: float) -> None:
     """One short vLLM run, discarded: the first engine of a session pays for cold caches."""
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     if log:
         log("vllm bench: warm-up (discarded)")
@@ -227,7 +138,7 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
     from growpage.agreement import token_agreement
     from growpage.bench import goodput
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     tasks = reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)
     prompts = [task.prompt for task in tasks]
@@ -311,7 +222,7 @@ def _overhead(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], 
               timeout_s: float) -> dict:
     """vLLM alone, monitor and enforce-with-nothing-to-do on a batch that fits, interleaved."""
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.overhead_batch, settings.overhead_tokens, seed=7)]
     # enforce with nothing to do: a floor above every request's length, so no boundary compacts
@@ -358,7 +269,7 @@ def _sampling_fidelity(model_dir: str, settings: VllmBenchSettings, seed: int, l
     is the step and request sampling's share of it."""
     from growpage.bench.decisions import ENFORCE_OBSERVATION, FULL_OBSERVATION, decision_agreement
     from growpage.bench.workloads import reasoning_tasks
-    from growpage.demos.vllm_engine import run_child
+    from growpage.tooling.vllm_runs import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]
     traces = {}

@@ -14,7 +14,7 @@ import dataclasses
 import random
 import re
 
-from growpage.demos.prompts import SUMMARY_PROMPTS
+from growpage.bench.prompts import SUMMARY_PROMPTS
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
           "There and back again. ")

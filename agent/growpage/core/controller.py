@@ -34,12 +34,14 @@ from typing import Protocol
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.faults import FaultGuard
 from growpage.core.methods import GROWPAGE, KVMethod
-from growpage.core.policy import Action, BoundaryState, Decision, Reason, capacity_boundary_pages, refill_growth_budget
+from growpage.core.policy import Action, BoundaryState, Reason, capacity_boundary_pages, refill_growth_budget
 from growpage.core.pressure import Reclaim, floor_pages, measure_pressure, plan_reclaim
 from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder, StatsSnapshot
 from growpage.core.step_control import (
     ALL_ACTIONS,
+    BoundaryCall,
     BoundaryPlan,
+    ControlledRequest,
     RequestView,
     StepControl,
     StepPool,
@@ -93,23 +95,6 @@ class StatsSource(Protocol):
     def make_stats(self) -> StatsSnapshot: ...
 
 
-@dataclasses.dataclass
-class ControlledRequest:
-    """The controller's state of one request (a few scalars)."""
-
-    request_id: str
-    namespace: str | None
-    mode: Mode
-    prompt_tokens: int
-    base_pages: int
-    growth_budget_pages: float
-    last_refill_s: float
-    sts_density: float = 0.0  # the latest summary reading
-    lts_entropy: float = 0.0
-    observed: bool = False  # a reading has arrived (LTS means something)
-    attention_tokens: int = 0  # the most tokens its observed attention needed (attention_coverage)
-
-
 @dataclasses.dataclass(frozen=True)
 class PoolView:
     """The pool as one boundary sees it.
@@ -122,18 +107,6 @@ class PoolView:
 
     free_pages: int
     admission_reserve_pages: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class BoundaryCall:
-    """One run of the contract at one boundary: the inputs, the decision and when it started."""
-
-    request: ControlledRequest
-    state: BoundaryState
-    decision: Decision
-    capacity_boundary_pages: float
-    started_perf_s: float
-    time_s: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ import torch
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
-from growpage.core.controller import ControlledRequest, GrowthController, Reading
+from growpage.core.controller import GrowthController, Reading
 from growpage.core.devices import device_name
 from growpage.core.evict import max_pool_scores, protected_mask, select_keep, tokens_for_coverage, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
@@ -43,6 +43,7 @@ from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import (
     BoundaryPlan,
+    ControlledRequest,
     RequestView,
     StepControl,
     StepPool,

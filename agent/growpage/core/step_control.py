@@ -14,6 +14,10 @@ translates its state into views and carries out the answer. What is computed her
 - which running requests compress under pressure, and to what (:func:`reclaim_candidates`);
 - which cached prompts a fixed-cap method compresses, and to what.
 
+The records a call passes around live here too (:class:`ControlledRequest`, the controller's state of
+one request; :class:`BoundaryCall`, one run of the contract), so the controller imports this module
+and nothing here imports the controller.
+
 Page counts follow the compaction contract of both homes: a request compressed to ``pages_after``
 pages keeps ``pages_after - 1`` full pages and takes a fresh one for its next token.
 """
@@ -22,15 +26,41 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from growpage.core.policy import Action
+from growpage.config import Mode
+from growpage.core.policy import Action, BoundaryState, Decision
 from growpage.core.pressure import PoolPressure, Reclaim, ReclaimCandidate, floor_pages
 
-if TYPE_CHECKING:  # the controller imports this module; the call record is only a type here
-    from growpage.core.controller import BoundaryCall
-
 ALL_ACTIONS = frozenset(Action)
+
+
+@dataclasses.dataclass
+class ControlledRequest:
+    """The controller's state of one request (a few scalars)."""
+
+    request_id: str
+    namespace: str | None
+    mode: Mode
+    prompt_tokens: int
+    base_pages: int
+    growth_budget_pages: float
+    last_refill_s: float
+    sts_density: float = 0.0  # the latest summary reading
+    lts_entropy: float = 0.0
+    observed: bool = False  # a reading has arrived (LTS means something)
+    attention_tokens: int = 0  # the most tokens its observed attention needed (attention_coverage)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryCall:
+    """One run of the contract at one boundary: the inputs, the decision and when it started."""
+
+    request: ControlledRequest
+    state: BoundaryState
+    decision: Decision
+    capacity_boundary_pages: float
+    started_perf_s: float
+    time_s: float
 
 
 @dataclasses.dataclass(frozen=True)

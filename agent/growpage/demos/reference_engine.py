@@ -18,11 +18,11 @@ from rich.live import Live
 from rich.table import Table
 
 from growpage.agreement import token_agreement
+from growpage.bench.prompts import REASONING_PROMPTS, SUMMARY_PROMPTS
 from growpage.chat import chat_token_ids, user_turn
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.quantiles import percentile
 from growpage.core.stats import StatsSnapshot
-from growpage.demos.prompts import REASONING_PROMPTS, SUMMARY_PROMPTS
 from growpage.engine.engine import EngineConfig, LLMEngine
 from growpage.engine.request import Request
 from growpage.engine.sampling import SamplingParams

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from growpage import catalog
 from growpage.errors import GrowPageError
-from growpage.vllm_plugin.fleet import http_ok
-from growpage.vllm_plugin.serve import serve_command
+from growpage.tooling.fleet import http_ok
+from growpage.tooling.serve import serve_command
 
 SERVED_MODEL_NAME = "gameday"
 BLOCK_SIZE = 32  # serve_command's CPU block size

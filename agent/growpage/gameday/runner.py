@@ -50,7 +50,7 @@ from growpage.monitoring.alertmanager import PAGER_RECEIVER, TICKET_RECEIVER, Ro
 from growpage.monitoring.mixin import MixinConfig
 from growpage.monitoring.rules_file import rules_yaml
 from growpage.provenance import host_facts
-from growpage.vllm_plugin.fleet import http_ok
+from growpage.tooling.fleet import http_ok
 
 NAMESPACE = "gameday"
 # Alertmanager batches for seconds, not minutes: a game day waits on it at every step.

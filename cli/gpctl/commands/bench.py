@@ -457,8 +457,7 @@ def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, met
     """``gpctl bench vllm``'s settings from its options; a bad choice exits 2 with one line."""
     import dataclasses
 
-    from growpage.bench.sweep import SWEEP_METHODS, SweepVariant
-    from growpage.bench.vllm import PARTS, VllmBenchSettings
+    from growpage.bench.vllm_settings import PARTS, SWEEP_METHODS, SweepVariant, VllmBenchSettings
     from growpage.errors import ConfigError
     from growpage.vllm_plugin.settings import VLLM_METHODS
 

@@ -1,6 +1,6 @@
 """``gpctl fleet``: N ``gpctl serve --engine vllm`` replicas and vLLM's router on this machine.
 
-The library (:mod:`growpage.vllm_plugin.fleet`) starts and stops the processes; this command parses
+The library (:mod:`growpage.tooling.fleet`) starts and stops the processes; this command parses
 the options, prints where everything listens and waits for SIGINT/SIGTERM (or a process that dies),
 then stops every process group it started.
 """
@@ -48,8 +48,8 @@ def fleet(
     startup_timeout: Annotated[float, typer.Option(min=1, help="Seconds each process may take to answer.")] = 900,
 ) -> None:
     """Start a fleet on loopback and keep it up until Ctrl-C (every process group is stopped then)."""
-    from growpage.vllm_plugin.fleet import Fleet, fleet_spec, router_executable
-    from growpage.vllm_plugin.serve import check_vllm_installed
+    from growpage.tooling.fleet import Fleet, fleet_spec, router_executable
+    from growpage.tooling.serve import check_vllm_installed
 
     spec = fleet_spec(replicas=replicas, port=port, router_port=router_port, metrics_port=metrics_port, mode=mode,
                       kv_blocks=_int_list(kv_blocks), policy=policy, model=str(model) if model else None,
@@ -98,8 +98,8 @@ def bench_fleet(
 
     from growpage.bench.fleet import VARIANTS, FleetBenchSettings, run_fleet_bench, table
     from growpage.engine.model_prep import resolve_model_dir
-    from growpage.vllm_plugin.fleet import router_executable
-    from growpage.vllm_plugin.serve import check_vllm_installed
+    from growpage.tooling.fleet import router_executable
+    from growpage.tooling.serve import check_vllm_installed
 
     unknown = sorted(set(variant or ()) - set(VARIANTS))
     if unknown:

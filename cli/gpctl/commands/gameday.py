@@ -30,7 +30,7 @@ def gameday(
 ) -> None:
     """Drive a vLLM pod with GrowPage, Prometheus and Alertmanager through six incidents and check what pages."""
     from growpage.gameday.runner import GamedaySettings, run_gameday
-    from growpage.vllm_plugin.serve import check_vllm_installed
+    from growpage.tooling.serve import check_vllm_installed
 
     if not 0 < time_scale <= 1:
         raise ConfigError(f"--time-scale must be in (0, 1]: 1/60 runs an hour in a minute; got {time_scale}")

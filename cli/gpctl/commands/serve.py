@@ -6,7 +6,7 @@ cannot hold a full-context request, a grant larger than the pool, or memory the 
 Shutdown is bounded: SIGTERM drains for ``--shutdown-timeout`` seconds, a second signal exits.
 
 ``--engine vllm`` (the default) starts vLLM's own server with the GrowPage plugin
-(:func:`growpage.vllm_plugin.serve.serve`) as a child in this interpreter and forwards SIGTERM and
+(:func:`growpage.tooling.serve.serve`) as a child in this interpreter and forwards SIGTERM and
 SIGINT to it, so stopping ``gpctl`` stops vLLM.
 """
 
@@ -202,7 +202,7 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
     from growpage.config import GrowPageConfig as Defaults
     from growpage.config import load_config
     from growpage.engine.model_prep import resolve_model_dir
-    from growpage.vllm_plugin.serve import check_vllm_installed, serve
+    from growpage.tooling.serve import check_vllm_installed, serve
 
     python = sys.executable
     check_vllm_installed()

@@ -1,6 +1,6 @@
 """Checks of GrowPage's paged-cache code on a device, with torch alone (no vLLM, nothing downloaded).
 
-For every ``KVCacheLayout`` the CUDA backends use (:mod:`~growpage.vllm_plugin.synthetic`) in
+For every ``KVCacheLayout`` the CUDA backends use (:mod:`~growpage.tooling.synthetic`) in
 float16 and bfloat16, on the chosen device:
 
 - ``probe``: the layout is learned from the backends' store (:func:`~.synthetic.flash_write`);
@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from growpage.bench import observation
+from growpage.tooling.synthetic import LAYOUT_ORDERS, flash_write, layer_caches
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring
 from growpage.vllm_plugin.redundancy import key_redundancy
-from growpage.vllm_plugin.synthetic import LAYOUT_ORDERS, flash_write, layer_caches
 
 # modules a torch-only machine lacks; none may be imported by these checks
 FORBIDDEN_MODULES = ("vllm", "yaml", "typer", "prometheus_client", "fastapi", "transformers")

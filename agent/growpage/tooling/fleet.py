@@ -122,7 +122,7 @@ def replica_command(spec: FleetSpec, replica: ReplicaSpec) -> tuple[list[str], d
     vllm_args = ["--max-num-seqs", str(spec.max_num_seqs), "--served-model-name", spec.served_model_name]
     if replica.mode == "vllm":
         from growpage.engine.model_prep import resolve_model_dir
-        from growpage.vllm_plugin.serve import serve_command
+        from growpage.tooling.serve import serve_command
 
         model = str(resolve_model_dir(Path(spec.model) if spec.model else None))
         extra = [*vllm_args, *(["--max-model-len", str(spec.max_model_len)] if spec.max_model_len else []),

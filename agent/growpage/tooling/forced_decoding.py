@@ -20,7 +20,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 REFERENCE_KEY = "growpage_reference_token_ids"
-FORCE_PROCESSOR = "growpage.bench.forced_decoding:ForceReferenceTokens"
+FORCE_PROCESSOR = "growpage.tooling.forced_decoding:ForceReferenceTokens"
 
 
 def force_row(reference: list[int], output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The child of ``gpctl demo``: runs vLLM's engine in this process and reports each step.
 
-Started by :func:`growpage.demos.vllm_engine.run_engine` as ``python -m growpage.demos.vllm_child SPEC``,
+Started by :func:`growpage.tooling.vllm_runs.run_engine` as ``python -m growpage.tooling.vllm_child SPEC``,
 once per engine (vLLM registers plugins once per process; on CPU it spawns processes, so this
 runs behind a ``__main__`` guard in a fresh interpreter). One engine may serve several runs in
 turn (``spec["runs"]``: the demo's reasoning, forced and retrieval runs), its prefix cache reset
@@ -61,10 +61,10 @@ def _timed_allocations(latencies: list[float]) -> contextlib.AbstractContextMana
 def _sampling(spec: dict, index: int) -> Any:
     """Greedy; ``ignore_eos`` unless ``spec["ignore_eos"]`` is false; with ``spec["logprobs"]`` each
     emitted token's raw log-probability; with ``spec["forced"]`` (one token list per prompt) the
-    request emits that list (:mod:`growpage.bench.forced_decoding`)."""
+    request emits that list (:mod:`growpage.tooling.forced_decoding`)."""
     from vllm import SamplingParams
 
-    from growpage.bench.forced_decoding import REFERENCE_KEY
+    from growpage.tooling.forced_decoding import REFERENCE_KEY
 
     forced = spec.get("forced")
     logprobs = 0 if spec.get("logprobs") or forced else None
@@ -92,7 +92,7 @@ def _engine(spec: dict, num_prompts: int) -> Any:
     the same engine configuration."""
     from vllm import LLM
 
-    from growpage.bench.forced_decoding import FORCE_PROCESSOR
+    from growpage.tooling.forced_decoding import FORCE_PROCESSOR
 
     return LLM(**engine_arguments(spec, num_prompts), logits_processors=[FORCE_PROCESSOR],
                additional_config={"growpage": _growpage_config(spec)})

@@ -1,4 +1,4 @@
-"""The demos' prompts, shared with the benchmarks' workloads so both run on the same text.
+"""The prompts of the benchmarks' workloads and of the demo, so both run on the same text.
 
 Reasoning prompts ask for step-by-step answers: long generations whose attention moves, so their
 requests meet page boundaries. Summary prompts ask for one sentence: short generations that fit

@@ -1,0 +1,155 @@
+"""The import graph of ``growpage``, read from the source: one-way layers, runtime apart from tooling.
+
+Every import counts, wherever it sits: at module level, inside a function (a deferred import) or
+under ``TYPE_CHECKING``. A deferred import hides a dependency from whoever reads a module's head,
+so it must still respect the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+AGENT = Path(__file__).resolve().parents[1] / "agent"
+
+RUNTIME = ("growpage.core", "growpage.vllm_plugin", "growpage.telemetry", "growpage.config", "growpage.catalog",
+           "growpage.errors", "growpage.kv_size")
+TOOLING = ("growpage.tooling", "growpage.bench", "growpage.demos", "growpage.gameday")
+REFERENCE_ENGINE = "growpage.engine"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in (AGENT / "growpage").rglob("*.py"):
+        parts = path.relative_to(AGENT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    """The module ``name`` is, or the package it lies in."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported(tree: ast.AST) -> Iterable[str]:
+    for node in ast.walk(tree):  # every depth: deferred and TYPE_CHECKING imports too
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:  # "from growpage.bench import goodput" imports a module
+                full = f"{node.module}.{alias.name}"
+                yield full if full in MODULES else node.module
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        targets = {_owner(name) for name in _imported(ast.parse(path.read_text())) if name.startswith("growpage")}
+        graph[module] = {target for target in targets if target and target != module}
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _within(module: str, packages: Iterable[str]) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def _crossing(sources: Iterable[str], targets: Iterable[str]) -> list[str]:
+    targets = tuple(targets)
+    return sorted(f"{module} imports {target}" for module, imported in GRAPH.items() if _within(module, sources)
+                  for target in imported if _within(target, targets))
+
+
+def test_the_graph_is_read_from_every_module():
+    assert len(MODULES) > 150 and "growpage.vllm_plugin.scheduler_agent" in GRAPH
+    # a deferred import is an edge like any other
+    assert "growpage.tooling.vllm_runs" in GRAPH["growpage.bench.goodput"]
+
+
+def test_no_module_imports_itself_back_through_others():
+    assert _cycles(GRAPH) == []
+
+
+def test_no_package_imports_itself_back_through_others():
+    packages: dict[str, set[str]] = {}
+    for module, imported in GRAPH.items():
+        packages.setdefault(_package(module), set()).update(
+            _package(target) for target in imported if _package(target) != _package(module))
+    assert _cycles(packages) == []
+
+
+def test_the_runtime_imports_no_tooling():
+    assert _crossing(RUNTIME, TOOLING) == []
+
+
+def test_the_vllm_plugin_imports_no_benchmark_demo_or_reference_engine_module():
+    assert _crossing(["growpage.vllm_plugin"], [*TOOLING, REFERENCE_ENGINE]) == []
+
+
+@pytest.mark.parametrize(("lower", "higher"), [
+    ("growpage.tooling", ("growpage.bench", "growpage.demos", "growpage.gameday")),
+    ("growpage.bench", ("growpage.demos", "growpage.gameday")),
+])
+def test_the_tooling_layers_run_one_way(lower, higher):
+    assert _crossing([lower], higher) == []
+
+
+def test_a_cycle_is_found_where_there_is_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
