@@ -21,6 +21,7 @@ from growpage.vllm_plugin.compaction import choose_keep, recency_keep, slot_posi
 from growpage.vllm_plugin.compaction_plan import move_bytes_per_token
 from growpage.vllm_plugin.compactor import CompactionError, WorkerCompactor
 from growpage.vllm_plugin.settings import split_settings
+from growpage.vllm_plugin.wire import CompactionPlan, StepPayload
 
 TOKENS = 70  # _request's: three blocks of 32, (4, 1, 3)
 SINKS, RECENT = 4, 8
@@ -147,9 +148,9 @@ def _runner(caches, row: torch.Tensor):
 
 def _output(compactor: WorkerCompactor, keep: int, physical: int = TOKENS):
     dropped = compactor.dropped.get("r", 0) + physical - keep
-    plan = {"physical_tokens": physical, "keep_tokens": keep, "logical_length": dropped + keep,
-            "shared_prefix_tokens": 0, "dropped": dropped, "prompt_tokens": 0}
-    return types.SimpleNamespace(growpage={"plans": {"r": plan}, "dropped": {"r": dropped}})
+    plan = CompactionPlan(physical_tokens=physical, keep_tokens=keep, logical_length=dropped + keep,
+                          shared_prefix_tokens=0, dropped=dropped, prompt_tokens=0)
+    return types.SimpleNamespace(growpage=StepPayload({"r": plan}, {"r": dropped}))
 
 
 def _filled(dtype=torch.bfloat16):

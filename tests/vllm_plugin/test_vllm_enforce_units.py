@@ -20,11 +20,17 @@ from growpage.vllm_plugin.compaction import (
     physical_slots,
     slot_positions,
 )
-from growpage.vllm_plugin.compactor import WorkerCompactor
+from growpage.vllm_plugin.compactor import CompactionError, WorkerCompactor
 from growpage.vllm_plugin.enforcer import VLLM_ACTIONS, SchedulerEnforcer
 from growpage.vllm_plugin.keys import move_tokens
 from growpage.vllm_plugin.settings import split_settings
-from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PAYLOAD_ATTRIBUTE
+from growpage.vllm_plugin.wire import (
+    DROPPED_ATTRIBUTE,
+    PAYLOAD_ATTRIBUTE,
+    PAYLOAD_VERSION,
+    CompactionPlan,
+    StepPayload,
+)
 from support.factories import Driver, make_manager
 
 BLOCK = 4
@@ -237,9 +243,9 @@ def test_enforcer_evicts_at_the_cap_frees_tail_blocks_and_plans_the_move():
     output = types.SimpleNamespace()
     enforcer.after_schedule(scheduler, output)
     payload = getattr(output, PAYLOAD_ATTRIBUTE)
-    assert payload["plans"]["r"] == {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12,
-                                     "shared_prefix_tokens": 0, "dropped": 4, "prompt_tokens": 2}
-    assert payload["dropped"] == {"r": 4}
+    assert payload.plans["r"] == CompactionPlan(physical_tokens=12, keep_tokens=8, logical_length=12,
+                                                shared_prefix_tokens=0, dropped=4, prompt_tokens=2)
+    assert payload.dropped == {"r": 4} and payload.version == PAYLOAD_VERSION
     decisions = enforcer.decisions.events
     assert [d.kind for d in decisions] == ["evict"] and decisions[0].enforced
     # 12 tokens in, 8 kept, at 512 bytes per token (vLLM's own cache spec)
@@ -308,8 +314,8 @@ def test_worker_compactor_moves_survivors_truncates_and_makes_inputs_physical():
     scores = torch.zeros(12)
     scores[3] = 5.0  # token 3 is a heavy hitter; 4 tokens must go
     compactor.add_scores("r", scores)
-    plan = {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12, "shared_prefix_tokens": 0, "dropped": 4}
-    output = types.SimpleNamespace(growpage={"plans": {"r": plan}, "dropped": {"r": 4}})
+    plan = CompactionPlan(physical_tokens=12, keep_tokens=8, logical_length=12, shared_prefix_tokens=0, dropped=4)
+    output = types.SimpleNamespace(growpage=StepPayload({"r": plan}, {"r": 4}))
     compactor.begin_step(runner, output, probed(transposed_write, 8, 1, BLOCK, head_dim))
     kept = compactor.kept_positions["r"].tolist()
     assert kept == [0, 3, 6, 7, 8, 9, 10, 11]
@@ -346,9 +352,9 @@ def _runner_holding(keys: torch.Tensor, blocks: list[int]):
 
 def _compact(compactor: WorkerCompactor, runner, layout, keep: int, physical: int = 12, prompt: int = 0) -> None:
     dropped = compactor.dropped.get("r", 0) + physical - keep
-    plan = {"physical_tokens": physical, "keep_tokens": keep, "logical_length": dropped + keep,
-            "shared_prefix_tokens": 0, "dropped": dropped, "prompt_tokens": prompt}
-    payload = {"plans": {"r": plan}, "dropped": {"r": plan["dropped"]}}
+    plan = CompactionPlan(physical_tokens=physical, keep_tokens=keep, logical_length=dropped + keep,
+                          shared_prefix_tokens=0, dropped=dropped, prompt_tokens=prompt)
+    payload = StepPayload({"r": plan}, {"r": plan.dropped})
     compactor.begin_step(runner, types.SimpleNamespace(growpage=payload), layout)
 
 
@@ -400,8 +406,6 @@ def test_redundancy_drops_older_copies_of_a_repeated_generated_key_before_unique
 
 
 def test_a_failed_move_still_cuts_the_worker_blocks_like_the_scheduler_and_is_reported():
-    from growpage.vllm_plugin.compactor import CompactionError
-
     config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2},
                                env={}, block_size=BLOCK)
     table = types.SimpleNamespace(num_blocks_per_row=[3])
@@ -410,9 +414,9 @@ def test_a_failed_move_still_cuts_the_worker_blocks_like_the_scheduler_and_is_re
                                        req_id_to_index={"r": 0},
                                        block_table=types.SimpleNamespace(block_tables=[table])))
     compactor = WorkerCompactor(config)
-    plan = {"physical_tokens": 12, "keep_tokens": 8, "logical_length": 12, "shared_prefix_tokens": 0, "dropped": 4}
+    plan = CompactionPlan(physical_tokens=12, keep_tokens=8, logical_length=12, shared_prefix_tokens=0, dropped=4)
     with pytest.raises(CompactionError):
-        compactor.begin_step(runner, types.SimpleNamespace(growpage={"plans": {"r": plan}, "dropped": {"r": 4}}),
+        compactor.begin_step(runner, types.SimpleNamespace(growpage=StepPayload({"r": plan}, {"r": 4})),
                              layout=None)  # the layout is unknown: nothing can move
     assert runner.requests["r"].block_ids == ([5, 2],) and table.num_blocks_per_row == [2]
     assert compactor.dropped == {"r": 4} and compactor.kept_positions["r"].tolist() == list(range(8))
@@ -450,7 +454,7 @@ def test_pool_pressure_compresses_a_running_request_before_vllm_would_preempt():
     events = {d.request_id: (d.kind, d.reason) for d in enforcer.decisions.events}
     # the grower, which could not compress its shared blocks, grows into the room the holder made
     assert events == {"h": ("evict", "pool_pressure"), "r": ("allocate", "narrow_demand")}
-    assert payload["plans"]["h"]["keep_tokens"] == 16
+    assert payload.plans["h"].keep_tokens == 16
 
 
 def test_both_homes_get_the_same_step_from_the_same_state():
@@ -528,3 +532,15 @@ def test_a_fixed_cap_compresses_the_cached_prompt_once_then_evicts_at_its_cap():
     enforcer.before_schedule(scheduler)
     assert [(d.kind, d.reason) for d in enforcer.decisions.events][-1] == ("evict", "budget_reached")
     assert len(blocks) == 2  # the prompt is not compressed a second time: one eviction back to the cap
+
+
+def test_a_worker_refuses_a_payload_of_another_version_and_moves_nothing():
+    config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2},
+                               env={}, block_size=BLOCK)
+    compactor = WorkerCompactor(config)
+    plan = CompactionPlan(physical_tokens=12, keep_tokens=8, logical_length=12, shared_prefix_tokens=0, dropped=4)
+    runner = types.SimpleNamespace(requests={"r": types.SimpleNamespace(block_ids=([5, 2, 7],))}, kv_caches=[])
+    for stale in (StepPayload({"r": plan}, {"r": 4}, version=PAYLOAD_VERSION + 1), {"plans": {}, "dropped": {}}):
+        with pytest.raises(CompactionError, match="scheduler and workers must run the same GrowPage"):
+            compactor.begin_step(runner, types.SimpleNamespace(growpage=stale), layout=None)
+    assert runner.requests["r"].block_ids == ([5, 2, 7],) and compactor.dropped == {}

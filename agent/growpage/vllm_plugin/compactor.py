@@ -66,7 +66,14 @@ from growpage.vllm_plugin.compaction_plan import MoveOutcome
 from growpage.vllm_plugin.keys import BlockLayout, move_tokens_chunked, move_tokens_one_by_one, read_keys
 from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
 from growpage.vllm_plugin.token_scores import TokenScores
-from growpage.vllm_plugin.wire import ENFORCE_LOG_ENV, PAYLOAD_ATTRIBUTE, append_enforce_log
+from growpage.vllm_plugin.wire import (
+    ENFORCE_LOG_ENV,
+    PAYLOAD_ATTRIBUTE,
+    PAYLOAD_VERSION,
+    CompactionPlan,
+    StepPayload,
+    append_enforce_log,
+)
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -165,11 +172,15 @@ class WorkerCompactor:
             self.forget(request_id)
         if payload is None:
             return
-        dropped = payload.get("dropped", {})
+        if not isinstance(payload, StepPayload) or payload.version != PAYLOAD_VERSION:
+            raise CompactionError(f"the scheduler's step payload is {type(payload).__name__} version "
+                                  f"{getattr(payload, 'version', None)}, this worker reads version {PAYLOAD_VERSION}: "
+                                  "scheduler and workers must run the same GrowPage")
+        dropped = payload.dropped
         for request_id in [r for r in self.dropped if r not in dropped]:
             self.forget(request_id)  # the scheduler reset it (preempted, recomputed)
         failed: dict[str, str] = {}
-        for request_id, plan in payload.get("plans", {}).items():
+        for request_id, plan in payload.plans.items():
             failed_path = self._compact_or_recover(runner, request_id, plan, layout)
             if failed_path is not None:
                 failed[request_id] = failed_path
@@ -178,7 +189,8 @@ class WorkerCompactor:
             raise CompactionError(f"compaction failed for {failed} (request: what it kept); their blocks were "
                                   f"cut like the scheduler's")
 
-    def _compact_or_recover(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None) -> str | None:
+    def _compact_or_recover(self, runner: Any, request_id: str, plan: CompactionPlan,
+                            layout: BlockLayout | None) -> str | None:
         """Apply one plan; on a failure, leave the request what the module docstring says.
 
         Returns:
@@ -196,23 +208,23 @@ class WorkerCompactor:
                                    error)
         return None
 
-    def _choose(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None) -> _Choice:
+    def _choose(self, runner: Any, request_id: str, plan: CompactionPlan, layout: BlockLayout | None) -> _Choice:
         """The survivors and the slot moves of one plan (reads only: a failure here moved nothing)."""
         if layout is None:
             raise CompactionError("the KV cache layout is unknown; cannot move tokens")
-        physical, keep = int(plan["physical_tokens"]), int(plan["keep_tokens"])
+        physical, keep = plan.physical_tokens, plan.keep_tokens
         previous = self.dropped.get(request_id, 0)
-        if previous + physical - keep != plan["dropped"]:
+        if previous + physical - keep != plan.dropped:
             raise CompactionError(f"request {request_id}: worker dropped {previous} + {physical - keep} != "
-                                  f"scheduler's {plan['dropped']}")
+                                  f"scheduler's {plan.dropped}")
         block_row = self._block_row(runner, request_id, physical)
         positions = slot_positions(self.kept_positions.get(request_id), physical, previous)
         scores = self.scores.ranking(request_id, positions)  # on the host: compactions are rare
         redundancy = False
         if scores is not None and self.redundancy_weight > 0 and self.key_caches:
             scores, redundancy = self._discount_redundant(scores, positions, block_row, plan, layout), True
-        keep_index = choose_keep(positions, scores, keep, int(plan["logical_length"]),
-                                 int(plan["shared_prefix_tokens"]), self.config.sink_tokens,
+        keep_index = choose_keep(positions, scores, keep, plan.logical_length,
+                                 plan.shared_prefix_tokens, self.config.sink_tokens,
                                  self.config.recent_window_tokens, self.shared_keep_fraction)
         if keep_index is None:
             raise CompactionError(f"request {request_id}: protected tokens exceed {keep}")
@@ -238,7 +250,8 @@ class WorkerCompactor:
             return src[:, moving], dst[:, moving]
         return src[moving], dst[moving]
 
-    def _apply(self, runner: Any, request_id: str, plan: dict, choice: _Choice, layout: BlockLayout | None) -> None:
+    def _apply(self, runner: Any, request_id: str, plan: CompactionPlan, choice: _Choice,
+               layout: BlockLayout | None) -> None:
         """Move the survivors (in chunks), record them, then cut the request's blocks."""
         assert layout is not None  # _choose checked
         try:
@@ -249,13 +262,13 @@ class WorkerCompactor:
         self.kept_positions[request_id] = take_slots(choice.positions, choice.keep_index)
         self._count_move(outcome, int(choice.src.shape[-1]))
         self.compactions += 1
-        keep, physical = int(plan["keep_tokens"]), int(plan["physical_tokens"])
+        keep, physical = plan.keep_tokens, plan.physical_tokens
         if self.log_path:  # the kept positions are a list of up to thousands: only when someone reads them
             append_enforce_log(self.log_path, {"worker_compaction": request_id, "rank": self.rank, "kept": keep,
                                                "moved": int(choice.src.shape[-1]), "physical": physical,
                                                "scored": choice.scored, "chunks": outcome.chunks,
                                                "one_by_one": outcome.tokens_copied_one_by_one,
-                                               "logical": int(plan["logical_length"]),
+                                               "logical": plan.logical_length,
                                                "redundancy": choice.redundancy,
                                                "kept_positions": self.kept_positions[request_id].tolist()})
         self.scores.keep(request_id, choice.keep_index, physical)
@@ -269,11 +282,11 @@ class WorkerCompactor:
         self.fallback_moves += outcome.tokens_copied_one_by_one > 0
 
     # ---- failed compactions (see the module docstring) -----------------------------------------------
-    def _recover_unmoved(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None,
+    def _recover_unmoved(self, runner: Any, request_id: str, plan: CompactionPlan, layout: BlockLayout | None,
                          error: Exception) -> str:
         """After a failure before any move: keep sinks and recent tokens, or, when those cannot
         move, record the first ``keep_tokens`` (what the cut leaves)."""
-        physical, keep = int(plan["physical_tokens"]), int(plan["keep_tokens"])
+        physical, keep = plan.physical_tokens, plan.keep_tokens
         try:
             positions = slot_positions(self.kept_positions.get(request_id), physical, self.dropped.get(request_id, 0))
         except Exception:  # the worker's own record is broken: the best left is the logical order
@@ -287,20 +300,21 @@ class WorkerCompactor:
         self.kept_positions[request_id] = take_slots(positions, keep_index)
         return self._recovered(runner, request_id, plan, path, error)
 
-    def _move_recent(self, runner: Any, request_id: str, plan: dict, layout: BlockLayout | None) -> torch.Tensor:
+    def _move_recent(self, runner: Any, request_id: str, plan: CompactionPlan,
+                     layout: BlockLayout | None) -> torch.Tensor:
         """Move the leading (sinks, shared prefix) and newest slots into place one slot at a time
         (nothing large allocated, no scores used); returns their slot indices."""
         if layout is None:
             raise CompactionError("the KV cache layout is unknown; cannot move tokens")
-        physical, keep = int(plan["physical_tokens"]), int(plan["keep_tokens"])
-        leading = max(self.config.sink_tokens, int(plan.get("shared_prefix_tokens", 0)))
+        physical, keep = plan.physical_tokens, plan.keep_tokens
+        leading = max(self.config.sink_tokens, plan.shared_prefix_tokens)
         keep_index = recency_keep(physical, keep, leading)
         src, dst = self._moves(self._block_row(runner, request_id, physical), keep_index, keep)
         outcome = move_tokens_one_by_one(_unique_caches(runner), src, dst, layout)
         self._count_move(outcome, int(src.shape[-1]))
         return keep_index
 
-    def _recovered(self, runner: Any, request_id: str, plan: dict, path: str, error: Exception) -> str:
+    def _recovered(self, runner: Any, request_id: str, plan: CompactionPlan, path: str, error: Exception) -> str:
         """Count and log a failed compaction, forget its scores, and cut its blocks like the scheduler's."""
         self.failed_compactions += 1
         self.recoveries[path] = self.recoveries.get(path, 0) + 1
@@ -311,7 +325,7 @@ class WorkerCompactor:
             logger.warning("growpage: a compaction of %s failed (%r); it kept %s (further ones are counted)",
                            request_id, error, path)
         self.scores.forget(request_id)
-        self._truncate(runner, request_id, int(plan["keep_tokens"]))
+        self._truncate(runner, request_id, plan.keep_tokens)
         if self.log_path:
             append_enforce_log(self.log_path, {"worker_compaction_failed": request_id, "rank": self.rank,
                                                "kept": path, "error": repr(error),
@@ -319,12 +333,12 @@ class WorkerCompactor:
         return path
 
     def _discount_redundant(self, scores: torch.Tensor, positions: torch.Tensor, block_row: torch.Tensor,
-                            plan: dict, layout: BlockLayout) -> torch.Tensor:
+                            plan: CompactionPlan, layout: BlockLayout) -> torch.Tensor:
         """``scores`` with the candidate generated tokens re-ranked by R-KV's mix (see
         :mod:`~growpage.vllm_plugin.redundancy`): past the prompt, before the recent window, per KV
         head when the scores are, with keys read from the observed layers (this rank's heads)."""
         physical = positions.shape[-1]
-        first, last = int(plan.get("prompt_tokens", 0)), int(plan["logical_length"]) - self.config.recent_window_tokens
+        first, last = plan.prompt_tokens, plan.logical_length - self.config.recent_window_tokens
         candidates = ((positions >= first) & (positions < last)).expand(*scores.shape[:-1], physical)
         device = self.key_caches[0].device
         device_layout = layout if layout.key_index.device == device else layout.to(device)

@@ -3,8 +3,8 @@
 vLLM pickles ``SchedulerOutput`` to the workers and ``ModelRunnerOutput`` back, extra attributes
 included, so GrowPage rides on them instead of opening a channel of its own:
 
-- scheduler -> worker, ``SchedulerOutput.growpage``: a :class:`StepPayload` as a plain dict (the
-  compaction plans of this step and every compacted request's ``dropped``);
+- scheduler -> worker, ``SchedulerOutput.growpage``: a :class:`StepPayload` (the compaction plans
+  of this step and every compacted request's ``dropped``, with the version that wrote them);
 - worker -> scheduler, ``ModelRunnerOutput.growpage_report``: a :class:`WorkerReport` (summary
   readings, whether the worker can move tokens, its observer's state and counts since the last
   report). With tensor parallelism the output of the output rank (rank 0) is the one returned.
@@ -49,10 +49,29 @@ class CompactionPlan:
     prompt_tokens: int = 0
 
 
-def step_payload(plans: dict[str, CompactionPlan], dropped: dict[str, int]) -> dict:
-    """The scheduler's payload for one step, as the plain dict that rides on ``SchedulerOutput``."""
-    return {"plans": {request_id: dataclasses.asdict(plan) for request_id, plan in plans.items()},
-            "dropped": dict(dropped)}
+PAYLOAD_VERSION = 1  # raise when StepPayload or CompactionPlan change meaning
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPayload:
+    """What the scheduler sends the workers with one step (``SchedulerOutput.growpage``).
+
+    Attributes:
+        plans: ``{request_id: plan}``: the compactions the workers make before this step's forward.
+        dropped: ``{request_id: tokens}``: every compacted running request's evicted tokens
+            (physical = logical - dropped); a request missing here was reset (preempted, recomputed).
+        version: :data:`PAYLOAD_VERSION` of the scheduler that built it; a worker of another
+            version refuses it (a fault, counted) rather than misread it.
+    """
+
+    plans: dict[str, CompactionPlan]
+    dropped: dict[str, int]
+    version: int = PAYLOAD_VERSION
+
+
+def step_payload(plans: dict[str, CompactionPlan], dropped: dict[str, int]) -> StepPayload:
+    """The scheduler's payload for one step (copies: the scheduler keeps editing its own tables)."""
+    return StepPayload(dict(plans), dict(dropped))
 
 
 @dataclasses.dataclass(frozen=True)
