@@ -35,8 +35,9 @@ def test_variants_are_vllm_alone_untuned_and_tuned_growpage_each_cap_at_equal_me
     assert list(configs)[:5] == ["vllm", "vllm@seqs4", "vllm@seqs6", "monitor", "growpage"]
     assert configs["monitor"]["growpage"] == {"mode": "monitor"}  # its cost and its forecast of growpage
     assert configs["vllm@seqs4"] == {"growpage": None, "max_num_seqs": 4}
-    # growth-aware admission's part, apart from compression: the same enforce admitting as vLLM does
-    assert configs["growpage@vllm-admission"]["growpage"] == {"mode": "enforce", "admission": "vllm"}
+    # growth-aware admission beside the shipped default (vLLM's own admission)
+    assert configs["growpage@projected"]["growpage"] == {"mode": "enforce", "admission": "projected"}
+    assert configs["growpage@after_preemption"]["growpage"] == {"mode": "enforce", "admission": "after_preemption"}
     for cap in CAPS:
         assert configs[f"{cap}@eq"]["growpage"] == {"mode": "enforce", "method": cap, "base_pages": 6}
     assert configs["limit"] == {"growpage": None, "limit": True}
@@ -74,9 +75,9 @@ def test_the_verdict_measures_against_the_fastest_vllm_alone_not_the_untuned_one
     assert result["best_cap_at_equal_memory"] == "streaming_llm@eq"
     assert result["equal_memory_nll_met"] is False  # 0.05 is not 20 % below 0.06 (0.048)
     assert result["room_vs_limit"] == 0.95 and result["room_nll_increase"] == 0.01
-    assert result["growpage_vs_vllm_admission"] is None  # not run: nothing to say
-    admitting = verdict({**variants, "growpage@vllm-admission": _point(112.0)})
-    assert admitting["growpage_vs_vllm_admission"] == pytest.approx(140 / 112, 1e-3)
+    assert result["admission_vs_tuned_vllm"] == {}  # not run: nothing to say
+    admitting = verdict({**variants, "growpage@projected": _point(126.0)})
+    assert admitting["admission_vs_tuned_vllm"] == {"growpage@projected": 1.05}
     slower = verdict({**variants, "growpage": _point(117.0, nll=0.01)})
     assert not slower["never_worse_met"] and not slower["gain_target_met"]  # 117 < 0.98 x 120
     assert slower["equal_memory_nll_met"]

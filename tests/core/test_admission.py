@@ -1,15 +1,19 @@
-"""Growth-aware admission's arithmetic: projections, who starts, and the learned shares."""
+"""Growth-aware admission's arithmetic: projections to full KV or to GrowPage's floor, who starts,
+and the learned shares."""
 
 from __future__ import annotations
 
 from growpage.core.admission import (
     MIN_FINISHED,
     CompletionHistory,
+    Compression,
     KVDemand,
     admissible,
     full_peak_tokens,
     projected_demand,
 )
+
+GROWPAGE = Compression(base_pages=4, sink_tokens=4, recent_window_tokens=64)  # a 128-token floor at 32
 
 
 def test_a_request_is_projected_to_its_max_tokens_scaled_by_the_output_share():
@@ -18,12 +22,24 @@ def test_a_request_is_projected_to_its_max_tokens_scaled_by_the_output_share():
     assert full_peak_tokens(100, output_tokens=200, max_tokens=160, output_share=1.0) == 100  # past max: nothing
 
 
-def test_an_enforced_request_is_projected_to_its_kept_share_never_below_what_it_holds():
-    full = projected_demand("a", pages_now=3, peak_tokens=256, block_size=32)
-    assert full == KVDemand("a", 3, 8)
-    kept = projected_demand("a", pages_now=3, peak_tokens=256, block_size=32, kept_share=0.6)
-    assert kept.peak_pages == 5  # ceil(8 * 0.6)
-    assert projected_demand("a", pages_now=7, peak_tokens=256, block_size=32, kept_share=0.6).peak_pages == 7
+def test_a_request_vllm_pages_is_projected_to_full_kv():
+    assert projected_demand("a", pages_now=3, peak_tokens=256, block_size=32) == KVDemand("a", 3, 8)
+
+
+def test_a_compressed_request_is_projected_to_its_floor_at_its_end_never_above_full_kv():
+    # observed attention needs 30 % of its tokens: 77 of 256, 3 pages and the next token's: 4; base 4
+    needy = Compression(4, 4, 64, need_share=0.3)
+    assert projected_demand("a", pages_now=3, peak_tokens=256, block_size=32, compression=needy).peak_pages == 4
+    # needing 60 %: 154 tokens, 5 pages + 1
+    assert projected_demand("a", pages_now=3, peak_tokens=256, block_size=32,
+                            compression=Compression(4, 4, 64, need_share=0.6)).peak_pages == 6
+    # not observed yet: the learned share stands in (1.0 before any request finished: full KV)
+    assert projected_demand("a", pages_now=3, peak_tokens=256, block_size=32, compression=GROWPAGE).peak_pages == 8
+    assert projected_demand("a", pages_now=3, peak_tokens=256, block_size=32, compression=GROWPAGE,
+                            learned_need_share=0.3).peak_pages == 4
+    # a fixed cap keeps no attention need: its cap
+    cap = Compression(5, 4, 64, need_share=0.0)
+    assert projected_demand("a", pages_now=7, peak_tokens=256, block_size=32, compression=cap).peak_pages == 5
 
 
 def test_waiting_requests_start_in_order_while_the_projected_peaks_fit():
@@ -42,15 +58,15 @@ def test_an_empty_batch_always_takes_its_first_request():
 def test_shares_stay_one_until_enough_requests_finished_then_follow_a_high_quantile():
     history = CompletionHistory()
     for _ in range(MIN_FINISHED - 1):
-        history.record(output_tokens=40, max_tokens=160, peak_pages=4, full_pages=8)
-    assert (history.shares().output_share, history.shares().kept_share) == (1.0, 1.0)
-    history.record(output_tokens=40, max_tokens=160, peak_pages=4, full_pages=8)
+        history.record(output_tokens=40, max_tokens=160, need_share=0.5)
+    assert (history.shares().output_share, history.shares().need_share) == (1.0, 1.0)
+    history.record(output_tokens=40, max_tokens=160, need_share=0.5)
     shares = history.shares()
-    assert (shares.output_share, shares.kept_share, shares.finished) == (0.25, 0.5, MIN_FINISHED)
+    assert (shares.output_share, shares.need_share, shares.finished) == (0.25, 0.5, MIN_FINISHED)
     for _ in range(20):  # a run of long answers raises the share: admission plans for the long ones
         history.record(output_tokens=160, max_tokens=160)
     assert history.shares().output_share == 1.0
-    assert history.shares().kept_share == 0.5  # requests vLLM paged (not enforced) say nothing of it
+    assert history.shares().need_share == 0.5  # requests whose attention was not observed say nothing of it
 
 
 def test_history_forgets_old_traffic():

@@ -5,7 +5,7 @@ All engines run in one fresh interpreter (``engine_runner.py``), one after anoth
 a 2-block cap: capped requests are compacted, short capped requests never reach the cap, requests
 without a namespace are monitored: the staged rollout); ``enforce_preempt`` (the same cap in a KV
 space too small for the batch, under vLLM's own admission, so vLLM preempts); ``enforce_admission``
-(that pressure under growth-aware admission, the default). ``GROWPAGE_VLLM_TEST_ENGINES=all`` adds a
+(that pressure under growth-aware admission, ``admission: projected``). ``GROWPAGE_VLLM_TEST_ENGINES=all`` adds a
 ``monitor`` deployment (about 2 more minutes). About 60 s per engine start plus about a minute of
 generation each, on one core of this machine. Greedy, ``ignore_eos``, ``block_size`` 32, a
 256-block KV space (small and quick to allocate). ``vllm_default_block_runs`` starts two more engines

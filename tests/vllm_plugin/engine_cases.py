@@ -80,8 +80,9 @@ def phases(which: str | None = None) -> list[dict]:
          "growpage": {**EVICTING, "exporter_port": -1, **PER_HEAD_REDUNDANT, "admission": "vllm"},
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
-        # the same pressure under growth-aware admission (the default): no preemption
-        {"name": "enforce_admission", "growpage": {**EVICTING, "exporter_port": _free_port()}, "scrape": True,
+        # the same pressure under growth-aware admission: no preemption
+        {"name": "enforce_admission", "growpage": {**EVICTING, "exporter_port": _free_port(), "admission": "projected"},
+         "scrape": True,
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
     ]

@@ -8,6 +8,7 @@ import types
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController, Reading
+from growpage.vllm_plugin.admission import AdmissionGate
 from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, StepRequest
 
 BLOCK = 16
@@ -173,7 +174,7 @@ def test_a_preemption_of_a_request_admission_would_have_held_is_avoidable_whatev
     controller = _controller()
     for request_id in ("a", "b"):
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
-    forecast = EnforceForecast(controller, total_pages=40)
+    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, after_preemption=False))
     # a and b run; c and d wait: 3 x 16 pages would not fit 40, so admission starts neither
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
     for request_id in ("c", "d"):  # vLLM starts both anyway (their prompts fit now)
@@ -194,13 +195,13 @@ def test_without_growth_aware_admission_nothing_is_marked():
     assert not forecast.shadows["c"].over_projection
 
 
-def test_the_forecasts_admission_learns_the_shadows_kept_share():
+def test_the_forecasts_admission_learns_monitored_requests_attention_need():
     controller = _controller()
-    forecast = EnforceForecast(controller, total_pages=40)
-    for index in range(4):  # requests whose shadows peaked at 5 pages of the 16 full KV needed
+    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, after_preemption=False))
+    for index in range(4):  # monitored requests whose attention needed 64 of their 256 tokens
         request_id = f"done{index}"
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
-        forecast.on_step([StepRequest(request_id, 5, 80, 80, 96)], free_pages=10, waiting_prompt_tokens=None)
+        controller.update_attention_need(request_id, 64)
         forecast.on_finish(types.SimpleNamespace(request_id=request_id, num_tokens=256, num_output_tokens=160,
                                                  max_tokens=160, status=None))
-    assert forecast.admission.shares.kept_share == 5 / 16
+    assert forecast.admission.shares.need_share == 0.25

@@ -410,19 +410,20 @@ def _crowded(scheduler, running: int = 2, waiting: int = 4):
 
 
 @pytest.mark.parametrize(("growpage", "limit"), [
-    ({"mode": "enforce"}, 2), ({"mode": "enforce", "admission": "vllm"}, 8), ({"mode": "monitor"}, 8),
-    ({"mode": "off"}, 8)])
+    ({"mode": "enforce", "admission": "projected"}, 2), ({"mode": "enforce"}, 8),
+    ({"mode": "enforce", "admission": "after_preemption"}, 8),  # nothing preempted yet
+    ({"mode": "monitor", "admission": "projected"}, 8), ({"mode": "off", "admission": "projected"}, 8)])
 def test_only_enforce_holds_admission_and_only_where_it_is_asked_to(growpage, limit):
     scheduler = _crowded(_scheduler({**growpage, "base_pages": 3, "recent_window_tokens": 2, "sink_tokens": 1}))
     agent = build_agent(scheduler, start_telemetry=False)
     agent.before_schedule(scheduler)  # two requests at 10 pages each fill the pool of 20
     assert scheduler.max_num_active_reqs == limit
-    assert (agent.admission is not None) == (limit == 2)
+    assert (agent.admission is not None) == (growpage["mode"] == "enforce" and "admission" in growpage)
 
 
 def test_a_fault_in_admission_is_counted_and_leaves_vllms_admission_and_the_step():
-    scheduler = _crowded(_scheduler({"mode": "enforce", "base_pages": 3, "recent_window_tokens": 2,
-                                     "sink_tokens": 1}))
+    scheduler = _crowded(_scheduler({"mode": "enforce", "admission": "projected", "base_pages": 3,
+                                     "recent_window_tokens": 2, "sink_tokens": 1}))
     agent = build_agent(scheduler, start_telemetry=False)
     del scheduler.waiting[0].max_tokens, scheduler.waiting[0].num_output_tokens
     agent.before_schedule(scheduler)

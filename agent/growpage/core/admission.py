@@ -1,22 +1,31 @@
-"""Growth-aware admission: start a waiting request only when the batch's KV still fits at its end.
+"""Growth-aware admission: start a waiting request only when the batch's KV can still fit at its end.
 
 vLLM admits a waiting request whenever its prompt fits the free pages now. Decoding requests keep
 growing, so a batch admitted on prompts alone outgrows the pool and vLLM preempts (recomputes) the
-newest requests, again and again: the thrash a smaller ``max_num_seqs`` avoids on one trace and
-not on the next. Admission here looks ahead instead: each running request is projected to the
-pages it will hold when it ends, each waiting request likewise, and waiting requests start in
+newest requests, again and again. Admission here looks ahead: each running request is projected to
+the pages it must hold when it ends, each waiting request likewise, and waiting requests start in
 queue order while the projected total fits the pool.
 
-A projection is the request's tokens now plus the tokens still to come: ``output_share`` of what
-its ``max_tokens`` still allows. Under enforce a request's KV is held below full KV, so its peak
-is ``kept_share`` of full KV's, never below what it holds now: the room GrowPage's compression
-makes is what admits the wider batch. Both shares are learned from requests that finished
-(:class:`CompletionHistory`): a high quantile of recent ones, so a few short answers do not
-over-admit; until enough have finished both are 1 (every request may use its ``max_tokens``,
-no compression assumed), which is what a preemption-free ``max_num_seqs`` plans for.
+A request's tokens at its end are its tokens now plus ``output_share`` of what its ``max_tokens``
+still allows. What it *must* hold then depends on who manages its KV:
 
-Pure arithmetic and one small history; the vLLM home (:mod:`growpage.vllm_plugin.admission`)
-reads its scheduler into :class:`KVDemand` records and carries the answer out.
+- vLLM alone (a request GrowPage does not compress): every token, full KV;
+- GrowPage (enforced): its floor at that length, which pressure relief can always compress it to
+  (:func:`~growpage.core.pressure.floor_pages`: ``base_pages``, the protected sinks and recent
+  window, and the tokens holding ``attention_coverage`` of its attention), never more than full KV.
+  The attention need is projected as the share of its tokens its observed attention needs now, or,
+  before it was observed, the share finished requests needed.
+
+So admission holds only what even compression could not fit: the preemptions compression cannot
+avoid. GrowPage's wider batch is kept (a GPU decodes a wide batch for the cost of a narrow one), and
+under pressure relief compresses requests toward their floors rather than vLLM preempting them.
+
+Both shares are learned from requests that finished (:class:`CompletionHistory`): a high quantile of
+recent ones, so a few short answers do not over-admit; until enough have finished both are 1 (every
+request may use its ``max_tokens``; an unobserved request's attention needs all its tokens).
+
+Pure arithmetic and one small history; the vLLM home (:mod:`growpage.vllm_plugin.admission`) reads
+its scheduler into these records and carries the answer out.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from growpage.core.pressure import floor_pages, protected_tokens
 from growpage.core.quantiles import percentile
 
 HISTORY_REQUESTS = 64  # finished requests the shares are learned from (the newest)
@@ -40,12 +50,30 @@ class KVDemand:
     Attributes:
         request_id: the request.
         pages_now: pages it holds now (0 for a waiting request that holds none).
-        peak_pages: pages it is projected to hold when it ends (at least ``pages_now``).
+        peak_pages: pages it must hold when it ends.
     """
 
     request_id: str
     pages_now: int
     peak_pages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Compression:
+    """How far GrowPage may compress one request (what its floor is made of).
+
+    Attributes:
+        base_pages: its ``base_pages``.
+        sink_tokens, recent_window_tokens: the tokens no compaction removes.
+        need_share: the share of its tokens its observed attention needs (``attention_coverage``);
+            None: not observed yet (the learned share stands in); 0 where the method keeps no
+            attention need (a fixed cap).
+    """
+
+    base_pages: int
+    sink_tokens: int
+    recent_window_tokens: int
+    need_share: float | None = None
 
 
 def full_peak_tokens(tokens_now: int, output_tokens: int, max_tokens: int, output_share: float) -> int:
@@ -56,12 +84,16 @@ def full_peak_tokens(tokens_now: int, output_tokens: int, max_tokens: int, outpu
 
 
 def projected_demand(request_id: str, *, pages_now: int, peak_tokens: int, block_size: int,
-                     kept_share: float = 1.0) -> KVDemand:
-    """A request's demand: its full-KV peak in pages, times ``kept_share`` where it is compressed
-    (enforced), never below what it holds now."""
+                     compression: Compression | None = None, learned_need_share: float = 1.0) -> KVDemand:
+    """A request's demand at its end: full KV's pages, or, where GrowPage compresses it, its floor
+    at that length (never more than full KV's)."""
     full_pages = math.ceil(peak_tokens / block_size)
-    kept_pages = math.ceil(full_pages * kept_share - 1e-9)
-    return KVDemand(request_id, pages_now, max(pages_now, kept_pages))
+    if compression is None:
+        return KVDemand(request_id, pages_now, max(pages_now, full_pages))
+    share = learned_need_share if compression.need_share is None else compression.need_share
+    protected = protected_tokens(peak_tokens, 0, compression.sink_tokens, compression.recent_window_tokens)
+    floor = floor_pages(compression.base_pages, protected, block_size, math.ceil(share * peak_tokens - 1e-9))
+    return KVDemand(request_id, pages_now, min(full_pages, floor))
 
 
 def admissible(running: Sequence[KVDemand], waiting: Sequence[KVDemand], total_pages: int) -> int:
@@ -83,34 +115,37 @@ class Shares:
     """The learned shares (1.0 until :data:`MIN_FINISHED` requests finished)."""
 
     output_share: float = 1.0
-    kept_share: float = 1.0
+    need_share: float = 1.0
     finished: int = 0
 
 
 class CompletionHistory:
-    """What finished requests used: output against ``max_tokens``, peak pages against full KV's.
+    """What finished requests used: output against ``max_tokens``, attention need against their tokens.
 
     Bounded (the newest :data:`HISTORY_REQUESTS`), so the shares follow the traffic as it changes.
     """
 
     def __init__(self, history: int = HISTORY_REQUESTS) -> None:
         self._output: collections.deque[float] = collections.deque(maxlen=history)
-        self._kept: collections.deque[float] = collections.deque(maxlen=history)
+        self._need: collections.deque[float] = collections.deque(maxlen=history)
         self.finished = 0
 
-    def record(self, *, output_tokens: int, max_tokens: int, peak_pages: int | None = None,
-               full_pages: int | None = None) -> None:
-        """A request finished with ``output_tokens`` of its ``max_tokens``; an enforced one also gives
-        the most pages it held (``peak_pages``) against the pages full KV would have needed."""
+    def record(self, *, output_tokens: int, max_tokens: int, need_share: float | None = None) -> None:
+        """A request finished with ``output_tokens`` of its ``max_tokens``; one whose attention was
+        observed under GrowPage also gives the share of its tokens that attention needed."""
         if max_tokens <= 0:
             return
         self.finished += 1
-        self._output.append(min(1.0, max(0.0, output_tokens / max_tokens)))
-        if peak_pages is not None and full_pages:
-            self._kept.append(min(1.0, max(0.0, peak_pages / full_pages)))
+        self._output.append(_unit(output_tokens / max_tokens))
+        if need_share is not None:
+            self._need.append(_unit(need_share))
 
     def shares(self) -> Shares:
-        return Shares(_learned(self._output), _learned(self._kept), self.finished)
+        return Shares(_learned(self._output), _learned(self._need), self.finished)
+
+
+def _unit(value: float) -> float:
+    return min(1.0, max(0.0, value))
 
 
 def _learned(samples: Sequence[float]) -> float:

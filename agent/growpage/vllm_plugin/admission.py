@@ -1,5 +1,6 @@
 """Growth-aware admission in vLLM's scheduler (enforce): hold a waiting request that would make the
-running batch outgrow the pool (:mod:`growpage.core.admission` says why and how it projects).
+running batch outgrow the pool even compressed to its floors (:mod:`growpage.core.admission` says
+why and how it projects).
 
 vLLM 0.32's scheduler admits waiting requests while ``len(running)`` is under
 ``Scheduler.max_num_active_reqs`` (admission into RUNNING, apart from the runner's slots). Before each
@@ -7,6 +8,10 @@ step the gate sets that limit to the running requests plus the waiting ones that
 what the deployment configured; it first puts the configured limit back, so a fault while projecting
 leaves vLLM's own admission. A request already running is never touched: the gate only delays a
 start, and an empty batch always takes its first request.
+
+:func:`compression_of` says how far GrowPage may compress a request (its floor's parts and its
+observed attention need), from the growth controller's state: the gate asks it for enforced
+requests, monitor's forecast for monitored ones.
 
 Exported (:class:`AdmissionCollector`): ``growpage_admission_holds_total`` (steps it held a waiting
 request vLLM would have considered) and ``growpage_admission_projected_pages`` (the running
@@ -17,15 +22,60 @@ the scheduler duck-typed, and tests drive it with stand-ins.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from growpage import catalog
-from growpage.core.admission import CompletionHistory, KVDemand, Shares, admissible, full_peak_tokens, projected_demand
-from growpage.vllm_plugin.blocks import physical_tokens
+from growpage.config import GrowPageConfig, Mode
+from growpage.core.admission import (
+    CompletionHistory,
+    Compression,
+    KVDemand,
+    Shares,
+    admissible,
+    full_peak_tokens,
+    projected_demand,
+)
+from growpage.core.controller import GrowthController
+from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 
 LIMIT_ATTRIBUTE = "max_num_active_reqs"  # vLLM 0.32's admission limit (Scheduler.__init__)
+# after_preemption: how long admission keeps looking ahead after vLLM preempted (engine steps; at
+# tens of steps a second, seconds: long enough to drain a thrashing batch, short enough to give a
+# quiet pool back to vLLM's own admission)
+PREEMPTION_MEMORY_STEPS = 256
+CompressionOf = Callable[[Any], Compression | None]
+
+
+def compression_of(controller: GrowthController, request: Any, compressed_in: Mode) -> Compression | None:
+    """How far GrowPage may compress ``request`` where it runs in ``compressed_in`` (enforce for the
+    gate, monitor for monitor's forecast of it); None where its mode is another. A waiting request's
+    mode is the one it will be admitted in; its attention is not observed yet."""
+    control = controller.requests.get(request.request_id)
+    if control is None:
+        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
+        if controller.mode_for(request_namespace(extra), extra.get(MODE_ARG)) is not compressed_in:
+            return None
+    elif control.mode is not compressed_in:
+        return None
+    config: GrowPageConfig = controller.config
+    need: float | None = 0.0  # a method that keeps no attention need (a fixed cap) is held at its floor
+    if controller.method.attention_coverage(config) > 0:
+        tokens = int(request.num_computed_tokens)
+        need = (min(1.0, control.attention_tokens / tokens) if control is not None and control.attention_tokens
+                and tokens > 0 else None)
+    base_pages = control.base_pages if control is not None else config.base_pages
+    return Compression(base_pages, config.sink_tokens, config.recent_window_tokens, need)
+
+
+def need_share_at_end(controller: GrowthController, request: Any) -> float | None:
+    """The share of a finishing request's tokens its observed attention needed (None: not observed,
+    or a method that keeps no attention need)."""
+    control = controller.requests.get(request.request_id)
+    if (control is None or not control.attention_tokens
+            or controller.method.attention_coverage(controller.config) <= 0):
+        return None
+    return min(1.0, control.attention_tokens / max(1, int(request.num_tokens)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,25 +108,45 @@ class AdmissionGate:
         total_pages: usable blocks in the pool (the null block excluded).
     """
 
-    def __init__(self, block_size: int, total_pages: int):
+    def __init__(self, block_size: int, total_pages: int, *, after_preemption: bool = True):
         self.block_size = block_size
         self.total_pages = total_pages
+        self.after_preemption = after_preemption
         self.history = CompletionHistory()
         self.configured_limit: int | None = None  # the deployment's own limit, read at the first step
         self.holds_total = 0
         self.projected_pages = 0
+        self.steps = 0
+        self._last_preemption_step: int | None = None
 
-    def before_schedule(self, scheduler: Any, held_pages: dict[str, int],
-                        enforced: Callable[[Any], bool]) -> bool:
+    @property
+    def engaged(self) -> bool:
+        """Admission projects this step: always, or (``after_preemption``) within
+        :data:`PREEMPTION_MEMORY_STEPS` steps of a vLLM preemption."""
+        if not self.after_preemption:
+            return True
+        return (self._last_preemption_step is not None
+                and self.steps - self._last_preemption_step <= PREEMPTION_MEMORY_STEPS)
+
+    def on_preempt(self) -> None:
+        """vLLM preempted a request: the batch outgrew the pool, so admission looks ahead again."""
+        self._last_preemption_step = self.steps
+
+    def before_schedule(self, scheduler: Any, held_pages: dict[str, int], compression: CompressionOf) -> bool:
         """Set this step's admission limit on ``scheduler``. ``held_pages``: blocks each running
-        request holds; ``enforced(request)``: GrowPage compresses it. Returns whether the oldest
-        waiting request is held (pressure relief then makes no room for it this step)."""
+        request holds; ``compression(request)``: how far GrowPage may compress it (None: it does not).
+        Returns whether the oldest waiting request is held (pressure relief then makes no room for
+        it this step)."""
         if not hasattr(scheduler, LIMIT_ATTRIBUTE):
             return False  # not vLLM 0.32's scheduler: its own admission runs
         if self.configured_limit is None:
             self.configured_limit = int(getattr(scheduler, LIMIT_ATTRIBUTE))
         setattr(scheduler, LIMIT_ATTRIBUTE, self.configured_limit)  # vLLM's own, should anything below fail
-        plan = self.plan(scheduler, held_pages, enforced, self.configured_limit)
+        self.steps += 1
+        if not self.engaged:
+            self.projected_pages = 0
+            return False
+        plan = self.plan(scheduler, held_pages, compression, self.configured_limit)
         self.projected_pages = plan.projected_pages
         if not plan.held:
             return False
@@ -84,47 +154,40 @@ class AdmissionGate:
         setattr(scheduler, LIMIT_ATTRIBUTE, plan.occupied + plan.admitted)
         return plan.admitted == 0
 
-    def plan(self, scheduler: Any, held_pages: dict[str, int], enforced: Callable[[Any], bool],
-             limit: int) -> AdmissionPlan:
+    def plan(self, scheduler: Any, held_pages: dict[str, int], compression: CompressionOf, limit: int) -> AdmissionPlan:
         """Which of the waiting requests vLLM would consider under ``limit`` start, and which wait
         (reads the scheduler, changes nothing: monitor's forecast asks it too)."""
         shares = self.history.shares()
         running = list(scheduler.running)
-        demands = [self._running_demand(scheduler, request, held_pages.get(request.request_id, 0), shares,
-                                        enforced(request)) for request in running]
+        demands = [self._demand(scheduler, request, held_pages.get(request.request_id, 0), shares,
+                                compression(request)) for request in running]
         projected = sum(demand.peak_pages for demand in demands)
         occupied = len(running) + int(getattr(scheduler, "num_waiting_for_streaming_input", 0) or 0)
         candidates = self._waiting(scheduler, limit - occupied)
-        waiting = [self._waiting_demand(scheduler, request, shares, enforced(request)) for request in candidates]
+        waiting = [self._demand(scheduler, request, 0, shares, compression(request)) for request in candidates]
         admitted = admissible(demands, waiting, self.total_pages) if waiting else 0
         return AdmissionPlan(occupied, tuple(request.request_id for request in candidates), admitted, projected)
 
-    def on_finish(self, request: Any, peak_pages: int | None) -> None:
-        """A request finished: learn its output share and, if enforced (``peak_pages``), its kept share."""
+    def on_finish(self, request: Any, need_share: float | None) -> None:
+        """A request finished: learn its output share and, where its attention was observed under
+        GrowPage, the share of its tokens that attention needed."""
         if _aborted(request):
             return  # a client that went away says nothing about how long answers run
-        full_pages = math.ceil(int(request.num_tokens) / self.block_size)
         self.history.record(output_tokens=int(request.num_output_tokens), max_tokens=_max_tokens(request, None),
-                            peak_pages=peak_pages, full_pages=full_pages)
+                            need_share=need_share)
 
     @property
     def shares(self) -> Shares:
         return self.history.shares()
 
-    def _running_demand(self, scheduler: Any, request: Any, held: int, shares: Shares, enforced: bool) -> KVDemand:
-        # full KV's peak from the logical length; an enforced request holds kept_share of it
-        logical = int(request.num_computed_tokens) if enforced else physical_tokens(request)
-        peak = full_peak_tokens(logical, int(request.num_output_tokens), _max_tokens(request, scheduler),
+    def _demand(self, scheduler: Any, request: Any, held: int, shares: Shares,
+                compression: Compression | None) -> KVDemand:
+        # logical tokens: a preempted (waiting) request comes back with its output so far, recomputed
+        tokens = int(request.num_computed_tokens) if held else int(request.num_tokens)
+        peak = full_peak_tokens(tokens, int(request.num_output_tokens), _max_tokens(request, scheduler),
                                 shares.output_share)
         return projected_demand(request.request_id, pages_now=held, peak_tokens=peak, block_size=self.block_size,
-                                kept_share=shares.kept_share if enforced else 1.0)
-
-    def _waiting_demand(self, scheduler: Any, request: Any, shares: Shares, enforced: bool) -> KVDemand:
-        # a preempted request comes back with its output so far, recomputed
-        peak = full_peak_tokens(int(request.num_tokens), int(request.num_output_tokens),
-                                _max_tokens(request, scheduler), shares.output_share)
-        return projected_demand(request.request_id, pages_now=0, peak_tokens=peak, block_size=self.block_size,
-                                kept_share=shares.kept_share if enforced else 1.0)
+                                compression=compression, learned_need_share=shares.need_share)
 
     @staticmethod
     def _waiting(scheduler: Any, room: int) -> list[Any]:

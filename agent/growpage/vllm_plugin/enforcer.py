@@ -47,7 +47,7 @@ from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
 from growpage.core.pressure import Reclaim, protected_tokens
 from growpage.core.step_control import BoundaryPlan, RequestView, StepPool
-from growpage.vllm_plugin.admission import AdmissionGate
+from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
 from growpage.vllm_plugin.blocks import blocks_by_request, leading_shared_blocks, owns_tail, physical_tokens
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 from growpage.vllm_plugin.wire import (
@@ -149,14 +149,8 @@ class SchedulerEnforcer:
         if self.admission is None:
             return False
         held = {request_id: len(blocks) for request_id, blocks in blocks_by_request(scheduler.kv_cache_manager).items()}
-        return self.admission.before_schedule(scheduler, held, self._enforces)
-
-    def _enforces(self, request: Any) -> bool:
-        """GrowPage compresses ``request`` (known once it ran; for a waiting one, from its mode)."""
-        if request.request_id in self.requests:
-            return self.requests[request.request_id] is not None
-        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
-        return self.controller.mode_for(request_namespace(extra), extra.get(MODE_ARG)) is Mode.ENFORCE
+        return self.admission.before_schedule(
+            scheduler, held, lambda request: compression_of(self.controller, request, Mode.ENFORCE))
 
     def before_schedule(self, scheduler: Any, *, admission_held: bool = False) -> None:
         """One controller call for the step (boundaries and pressure relief, with the pool's pressure
@@ -348,6 +342,8 @@ class SchedulerEnforcer:
     def on_preempt(self, request: Any) -> None:
         """vLLM freed the request's blocks and will recompute it from scratch: physical = logical."""
         setattr(request, DROPPED_ATTRIBUTE, 0)
+        if self.admission is not None:
+            self.admission.on_preempt()
         tracked = self.requests.get(request.request_id)
         if tracked is not None:
             tracked.blocks_at_last_step = 0
@@ -360,7 +356,7 @@ class SchedulerEnforcer:
         tracked = self.requests.pop(request.request_id, None)
         self._plans.pop(request.request_id, None)
         if self.admission is not None:
-            self.admission.on_finish(request, tracked.peak_blocks if tracked is not None else None)
+            self.admission.on_finish(request, need_share_at_end(self.controller, request))
         if tracked is not None and self.log_path:
             self._log({"request_id": request.request_id, "namespace": tracked.namespace,
                        "peak_blocks": tracked.peak_blocks, "allowed_blocks": tracked.allowed_blocks,

@@ -14,7 +14,7 @@ would have dropped. Each step, with the tokens vLLM scheduled:
   ``attention_coverage`` > 0);
 - admission as enforce runs it (``admission: projected``, :mod:`~growpage.vllm_plugin.admission`):
   before each step with requests waiting, the same projection runs on vLLM's running and waiting
-  requests (read only; kept shares learned from the shadows' peaks), and a request vLLM starts
+  requests (read only; monitored requests projected to their floors), and a request vLLM starts
   that growth-aware admission would have held is marked;
 - a preemption vLLM makes of a marked request is *avoidable*: enforce would not have started it
   yet (vLLM preempts the newest running request first, which is the one started over the projection);
@@ -49,9 +49,8 @@ from growpage.core.controller import GrowthController, ceil_div
 from growpage.core.policy import Action
 from growpage.core.pressure import floor_pages, protected_tokens
 from growpage.core.step_control import RequestView
-from growpage.vllm_plugin.admission import AdmissionGate
+from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
 from growpage.vllm_plugin.blocks import blocks_by_request
-from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 
 
 @dataclasses.dataclass
@@ -62,14 +61,12 @@ class ShadowKV:
         pages: pages it would hold after this step.
         dropped: tokens its compactions would have dropped.
         prompt_settled: its first decode step has been seen (a prompt is compressed for admission once).
-        peak: the most pages it held.
         over_projection: vLLM started it where growth-aware admission would have held it.
     """
 
     pages: int
     dropped: int = 0
     prompt_settled: bool = False
-    peak: int = 0  # most pages it held (admission learns enforce's kept share from it)
     over_projection: bool = False  # vLLM started it where growth-aware admission would have held it
 
 
@@ -112,14 +109,14 @@ class EnforceForecast:
 
     Args:
         controller: the scheduler's growth controller (readings, attention needs, the contract).
-        total_pages: the pool's usable pages: growth-aware admission is forecast against it (None:
-            admission is left out, as under ``admission: vllm``).
+        admission: a gate of its own, as enforce would run it, read only (never setting vLLM's
+            limit); None: admission is left out, as under ``admission: vllm``.
     """
 
-    def __init__(self, controller: GrowthController, total_pages: int | None = None):
+    def __init__(self, controller: GrowthController, admission: AdmissionGate | None = None):
         self.controller = controller
         self.block_size = controller.config.block_size
-        self.admission = AdmissionGate(self.block_size, total_pages) if total_pages is not None else None
+        self.admission = admission
         self._would_hold: frozenset[str] = frozenset()  # waiting requests admission holds this step
         self.shadows: dict[str, ShadowKV] = {}
         self.pages_freed_total = 0
@@ -136,10 +133,14 @@ class EnforceForecast:
         """Before vLLM schedules: which waiting requests growth-aware admission would hold under
         vLLM's admission ``limit`` (None: this vLLM has none). Nothing is read while none waits."""
         self._would_hold = frozenset()
-        if self.admission is None or limit is None or not scheduler.waiting:
+        if self.admission is None or limit is None:
+            return
+        self.admission.steps += 1
+        if not scheduler.waiting or not self.admission.engaged:
             return
         held = {request_id: len(blocks) for request_id, blocks in blocks_by_request(scheduler.kv_cache_manager).items()}
-        plan = self.admission.plan(scheduler, held, self._would_enforce, limit)
+        plan = self.admission.plan(scheduler, held,
+                                   lambda request: compression_of(self.controller, request, Mode.MONITOR), limit)
         self._would_hold = frozenset(plan.held)
 
     def on_step(self, requests: Sequence[StepRequest], *, free_pages: int,
@@ -156,14 +157,12 @@ class EnforceForecast:
             if shadow is None or not request.decoding:
                 # admitted or still in its prompt: enforce holds what vLLM holds
                 over = shadow.over_projection if shadow is not None else request.request_id in self._would_hold
-                self.shadows[request.request_id] = ShadowKV(pages=request.pages_held, peak=request.pages_held,
-                                                            over_projection=over)
+                self.shadows[request.request_id] = ShadowKV(pages=request.pages_held, over_projection=over)
                 continue
             if not shadow.prompt_settled:
                 shadow.prompt_settled = True
                 free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
             free += self._advance(request, shadow, free)
-            shadow.peak = max(shadow.peak, shadow.pages)
         self.spare_pages = self._spare(monitored)
         # freed room goes to admission first while requests wait (see the module docstring)
         self._step_room = None if waiting_prompt_tokens is None else 0
@@ -174,6 +173,8 @@ class EnforceForecast:
         if not self._monitored(request_id):
             return
         self.preemptions_total += 1
+        if self.admission is not None:
+            self.admission.on_preempt()
         shadow = self.shadows.get(request_id)
         if shadow is not None and shadow.over_projection:
             self.preemptions_avoidable_total += 1  # enforce's admission would not have started it yet
@@ -187,10 +188,9 @@ class EnforceForecast:
         self.shadows.pop(request_id, None)
 
     def on_finish(self, request: Any) -> None:
-        """A monitored request finished: admission learns its output and the kept share of its shadow."""
-        shadow = self.shadows.get(request.request_id)
-        if self.admission is not None and shadow is not None:
-            self.admission.on_finish(request, shadow.peak)
+        """A monitored request finished: admission learns its output and its attention need."""
+        if self.admission is not None and self._monitored(request.request_id):
+            self.admission.on_finish(request, need_share_at_end(self.controller, request))
 
     def forget(self, request_id: str) -> None:
         self.shadows.pop(request_id, None)
@@ -276,13 +276,6 @@ class EnforceForecast:
     def _monitored(self, request_id: str) -> bool:
         control = self.controller.requests.get(request_id)
         return control is not None and control.mode is Mode.MONITOR
-
-    def _would_enforce(self, request: Any) -> bool:
-        """Enforce would compress ``request``: a monitored one (running, or waiting in a monitored mode)."""
-        if request.request_id in self.controller.requests:
-            return self._monitored(request.request_id)
-        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
-        return self.controller.mode_for(request_namespace(extra), extra.get(MODE_ARG)) is Mode.MONITOR
 
 
 def step_requests(scheduler: Any, output: Any, req_to_blocks: dict[str, list]) -> list[StepRequest]:

@@ -114,8 +114,9 @@ class SchedulerAgent:
         self.admission: AdmissionGate | None = None  # growth-aware admission, where GrowPage enforces
         if config.mode is Mode.ENFORCE:
             if enforcer_blocker is None:
-                if settings.admission == "projected":
-                    self.admission = AdmissionGate(config.block_size, view.num_pages)
+                if settings.admission != "vllm":
+                    self.admission = AdmissionGate(config.block_size, view.num_pages,
+                                                   after_preemption=settings.admission == "after_preemption")
                 self.enforcer = SchedulerEnforcer(self.controller, admission=self.admission)
                 self.stats.set_component_state("enforcer", "waiting_for_worker")
             else:
@@ -124,7 +125,8 @@ class SchedulerAgent:
         # be monitored (off, or enforce for every namespace with clients unable to ask for less), so an
         # enforcing deployment's steps carry no forecast work
         self.forecast: EnforceForecast | None = (
-            EnforceForecast(self.controller, view.num_pages if settings.admission == "projected" else None)
+            EnforceForecast(self.controller, None if settings.admission == "vllm" else AdmissionGate(
+                config.block_size, view.num_pages, after_preemption=settings.admission == "after_preemption"))
             if may_monitor(config, settings) else None)
         self.scheduler: Any = None
         self.seen: dict[str, _Seen] = {}
