@@ -28,8 +28,10 @@ from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, WorkerReport
 
 
 class Block:
-    def __init__(self, block_id: int):
-        self.block_id, self.ref_cnt, self.block_hash = block_id, 1, None
+    """vLLM's KVCacheBlock as the agent reads it (``ref_cnt`` > 1: shared through the prefix cache)."""
+
+    def __init__(self, block_id: int, ref_cnt: int = 1, block_hash: object = None):
+        self.block_id, self.ref_cnt, self.block_hash = block_id, ref_cnt, block_hash
 
 
 class BlockPool:

@@ -10,6 +10,7 @@ import types
 
 import httpx
 import pytest
+from scheduler_sim import Block, BlockPool
 
 from growpage import catalog
 from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, live_and_logical_tokens
@@ -19,36 +20,6 @@ from support.promstack import wait_until
 
 BLOCK = 4
 POOL = 20
-
-
-class _Block:
-    def __init__(self, block_id: int, ref_cnt: int = 1):
-        self.block_id, self.ref_cnt, self.block_hash = block_id, ref_cnt, None
-
-
-class _Pool:
-    """vLLM's BlockPool as the agent and its enforcer use it: a null block plus ``POOL`` usable blocks."""
-
-    def __init__(self):
-        self.num_gpu_blocks = POOL + 1
-        self.free = list(range(1, POOL + 1))
-
-    def get_num_free_blocks(self) -> int:
-        return len(self.free)
-
-    def take(self, count: int) -> list[_Block]:
-        taken, self.free = self.free[:count], self.free[count:]
-        return [_Block(i) for i in taken]
-
-    def free_blocks(self, blocks) -> None:
-        for block in blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                self.free.append(block.block_id)
-
-    def _maybe_evict_cached_block(self, block) -> bool:
-        block.block_hash = None
-        return True
 
 
 def _request(request_id: str, prompt: int, computed: int, extra: dict | None = None):
@@ -71,7 +42,7 @@ def _scheduler(growpage: dict, *, async_scheduling: bool = False, pipeline: int 
         model_config=types.SimpleNamespace(served_model_name="m", model="m"),
         device_config=types.SimpleNamespace(device_type="cpu"))
     single = types.SimpleNamespace(req_to_blocks={}, num_cached_block={})
-    manager = types.SimpleNamespace(block_pool=_Pool(), coordinator=types.SimpleNamespace(
+    manager = types.SimpleNamespace(block_pool=BlockPool(POOL), coordinator=types.SimpleNamespace(
         single_type_managers=[single] * groups))
     spec = types.SimpleNamespace(page_size_bytes=BLOCK * 256, block_size=BLOCK)  # 256 bytes/token/layer
     kv_cache_config = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec,
@@ -210,11 +181,11 @@ def test_mode_off_counts_vllms_grants_but_admits_nobody():
 
 
 def test_blocks_shared_through_the_prefix_cache_are_counted_once():
-    shared = [_Block(1, ref_cnt=2), _Block(2, ref_cnt=2)]
+    shared = [Block(1, ref_cnt=2), Block(2, ref_cnt=2)]
     first = _request("a", prompt=10, computed=10)
     second = _request("b", prompt=10, computed=11)
     setattr(second, DROPPED_ATTRIBUTE, 0)
-    req_to_blocks = {"a": shared + [_Block(3)], "b": shared + [_Block(4)]}
+    req_to_blocks = {"a": shared + [Block(3)], "b": shared + [Block(4)]}
     live, logical = live_and_logical_tokens([first, second], req_to_blocks, BLOCK)
     assert live == 8 + 2 + 3  # 2 full shared blocks once, then each own tail
     assert logical == live  # nothing compacted: sharing is vLLM's saving, not compression
@@ -223,7 +194,7 @@ def test_blocks_shared_through_the_prefix_cache_are_counted_once():
 def test_a_compacted_request_holds_its_physical_tokens():
     request = _request("a", prompt=2, computed=20)
     setattr(request, DROPPED_ATTRIBUTE, 12)
-    live, logical = live_and_logical_tokens([request], {"a": [_Block(1), _Block(2), _Block(3)]}, BLOCK)
+    live, logical = live_and_logical_tokens([request], {"a": [Block(1), Block(2), Block(3)]}, BLOCK)
     assert (live, logical) == (8, 20)
 
 
