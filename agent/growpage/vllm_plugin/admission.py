@@ -38,16 +38,17 @@ from growpage.core.admission import (
 )
 from growpage.core.controller import GrowthController
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
+from growpage.vllm_plugin.vllm_types import Request, Scheduler
 
 LIMIT_ATTRIBUTE = "max_num_active_reqs"  # vLLM 0.32's admission limit (Scheduler.__init__)
 # after_preemption: how long admission keeps looking ahead after vLLM preempted (engine steps; at
 # tens of steps a second, seconds: long enough to drain a thrashing batch, short enough to give a
 # quiet pool back to vLLM's own admission)
 PREEMPTION_MEMORY_STEPS = 256
-CompressionOf = Callable[[Any], Compression | None]
+CompressionOf = Callable[[Request], Compression | None]
 
 
-def compression_of(controller: GrowthController, request: Any, compressed_in: Mode) -> Compression | None:
+def compression_of(controller: GrowthController, request: Request, compressed_in: Mode) -> Compression | None:
     """How far GrowPage may compress ``request`` where it runs in ``compressed_in`` (enforce for the
     gate, monitor for monitor's forecast of it); None where its mode is another. A waiting request's
     mode is the one it will be admitted in; its attention is not observed yet."""
@@ -68,7 +69,7 @@ def compression_of(controller: GrowthController, request: Any, compressed_in: Mo
     return Compression(base_pages, config.sink_tokens, config.recent_window_tokens, need)
 
 
-def need_share_at_end(controller: GrowthController, request: Any) -> float | None:
+def need_share_at_end(controller: GrowthController, request: Request) -> float | None:
     """The share of a finishing request's tokens its observed attention needed (None: not observed,
     or a method that keeps no attention need)."""
     control = controller.requests.get(request.request_id)
@@ -132,7 +133,7 @@ class AdmissionGate:
         """vLLM preempted a request: the batch outgrew the pool, so admission looks ahead again."""
         self._last_preemption_step = self.steps
 
-    def before_schedule(self, scheduler: Any, held_pages: dict[str, int], compression: CompressionOf) -> bool:
+    def before_schedule(self, scheduler: Scheduler, held_pages: dict[str, int], compression: CompressionOf) -> bool:
         """Set this step's admission limit on ``scheduler``. ``held_pages``: blocks each running
         request holds; ``compression(request)``: how far GrowPage may compress it (None: it does not).
         Returns whether the oldest waiting request is held (pressure relief then makes no room for
@@ -154,7 +155,8 @@ class AdmissionGate:
         setattr(scheduler, LIMIT_ATTRIBUTE, plan.occupied + plan.admitted)
         return plan.admitted == 0
 
-    def plan(self, scheduler: Any, held_pages: dict[str, int], compression: CompressionOf, limit: int) -> AdmissionPlan:
+    def plan(self, scheduler: Scheduler, held_pages: dict[str, int], compression: CompressionOf,
+             limit: int) -> AdmissionPlan:
         """Which of the waiting requests vLLM would consider under ``limit`` start, and which wait
         (reads the scheduler, changes nothing: monitor's forecast asks it too)."""
         shares = self.history.shares()
@@ -168,7 +170,7 @@ class AdmissionGate:
         admitted = admissible(demands, waiting, self.total_pages) if waiting else 0
         return AdmissionPlan(occupied, tuple(request.request_id for request in candidates), admitted, projected)
 
-    def on_finish(self, request: Any, need_share: float | None) -> None:
+    def on_finish(self, request: Request, need_share: float | None) -> None:
         """A request finished: learn its output share and, where its attention was observed under
         GrowPage, the share of its tokens that attention needed."""
         if _aborted(request):
@@ -180,7 +182,7 @@ class AdmissionGate:
     def shares(self) -> Shares:
         return self.history.shares()
 
-    def _demand(self, scheduler: Any, request: Any, held: int, shares: Shares,
+    def _demand(self, scheduler: Scheduler, request: Request, held: int, shares: Shares,
                 compression: Compression | None) -> KVDemand:
         # logical tokens: a preempted (waiting) request comes back with its output so far, recomputed
         tokens = int(request.num_computed_tokens) if held else int(request.num_tokens)
@@ -190,11 +192,11 @@ class AdmissionGate:
                                 compression=compression, learned_need_share=shares.need_share)
 
     @staticmethod
-    def _waiting(scheduler: Any, room: int) -> list[Any]:
+    def _waiting(scheduler: Scheduler, room: int) -> list[Request]:
         """The waiting requests vLLM would consider this step, in its order (those holding KV first)."""
         if room <= 0:
             return []
-        found: list[Any] = []
+        found: list[Request] = []
         for queue in (getattr(scheduler, "kv_holding_waiting", None) or (), scheduler.waiting):
             for request in queue:
                 if len(found) >= room:
@@ -203,7 +205,7 @@ class AdmissionGate:
         return found
 
 
-def _max_tokens(request: Any, scheduler: Any) -> int:
+def _max_tokens(request: Request, scheduler: Scheduler | None) -> int:
     """The request's ``max_tokens``; unset, what the model's length leaves after its prompt."""
     value = getattr(request, "max_tokens", None)
     if value is not None:
@@ -212,7 +214,7 @@ def _max_tokens(request: Any, scheduler: Any) -> int:
     return max(0, int(model_len or 0) - int(request.num_prompt_tokens))
 
 
-def _aborted(request: Any) -> bool:
+def _aborted(request: Request) -> bool:
     status = getattr(request, "status", None)
     return "ABORTED" in str(getattr(status, "name", status or ""))
 

@@ -50,6 +50,7 @@ from growpage.core.step_control import BoundaryPlan, RequestView, StepPool
 from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
 from growpage.vllm_plugin.blocks import blocks_by_request, leading_shared_blocks, owns_tail, physical_tokens
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
+from growpage.vllm_plugin.vllm_types import Request, Scheduler
 from growpage.vllm_plugin.wire import (
     DROPPED_ATTRIBUTE,
     ENFORCE_LOG_ENV,
@@ -87,7 +88,7 @@ quantization) and it has no "skip this request this step"."""
 class _Running:
     """One running request's blocks as this step starts, and what follows from them."""
 
-    request: Any
+    request: Request
     tracked: EnforcedRequest | None
     blocks: list
     block_size: int
@@ -143,7 +144,7 @@ class SchedulerEnforcer:
         self.worker_ready = False  # no compaction before the worker says it can move tokens
 
     # ---- per step -------------------------------------------------------------------------------
-    def gate_admission(self, scheduler: Any) -> bool:
+    def gate_admission(self, scheduler: Scheduler) -> bool:
         """Set this step's admission limit (growth-aware admission); True when the oldest waiting
         request is held back this step."""
         if self.admission is None:
@@ -152,7 +153,7 @@ class SchedulerEnforcer:
         return self.admission.before_schedule(
             scheduler, held, lambda request: compression_of(self.controller, request, Mode.ENFORCE))
 
-    def before_schedule(self, scheduler: Any, *, admission_held: bool = False) -> None:
+    def before_schedule(self, scheduler: Scheduler, *, admission_held: bool = False) -> None:
         """One controller call for the step (boundaries and pressure relief, with the pool's pressure
         in view), carried out before vLLM's scheduling (and preemption) runs. ``admission_held``: the
         oldest waiting request is held this step, so no room is made for it."""
@@ -187,7 +188,7 @@ class SchedulerEnforcer:
                 held = len(running[plan.request_id].blocks)
                 self._record_boundary(plan, action, held, held + 1 if action is Action.ALLOCATE else held)
 
-    def _step_pool(self, scheduler: Any, admission_held: bool = False) -> StepPool:
+    def _step_pool(self, scheduler: Scheduler, admission_held: bool = False) -> StepPool:
         pool = scheduler.kv_cache_manager.block_pool
         waiting = None if admission_held else next(iter(scheduler.waiting), None)
         max_seqs = getattr(getattr(scheduler, "scheduler_config", None), "max_num_seqs", None)
@@ -215,7 +216,7 @@ class SchedulerEnforcer:
             can_quantize=True,  # what the contract wants; vLLM cannot quantize per request (degraded)
             prompt_uncompressed=running.tracked is not None and not running.tracked.prompt_settled)
 
-    def _reclaim(self, scheduler: Any, running: _Running, reclaim: Reclaim,
+    def _reclaim(self, scheduler: Scheduler, running: _Running, reclaim: Reclaim,
                  reason: Reason = Reason.POOL_PRESSURE) -> None:
         """Compress a running request to the controller's pages: under pool pressure so vLLM need not
         preempt (core.pressure), or a fixed cap's cached prompt to its cap (``PROMPT_BUDGET``)."""
@@ -236,7 +237,7 @@ class SchedulerEnforcer:
             bytes_in=running.physical * token_bytes, bytes_out=target * token_bytes, started_perf_s=started,
             reason=reason)
 
-    def _track(self, request: Any) -> EnforcedRequest | None:
+    def _track(self, request: Request) -> EnforcedRequest | None:
         request_id = request.request_id
         if request_id in self.requests:
             return self.requests[request_id]
@@ -254,7 +255,7 @@ class SchedulerEnforcer:
         self._had_requests = True
         return tracked
 
-    def _boundary(self, scheduler: Any, running: _Running, plan: BoundaryPlan) -> None:
+    def _boundary(self, scheduler: Scheduler, running: _Running, plan: BoundaryPlan) -> None:
         """Carry out one boundary's plan (a PREEMPT plan is settled after the reclaims)."""
         tracked = running.tracked
         assert tracked is not None, "boundaries are planned for enforced requests only"
@@ -282,7 +283,7 @@ class SchedulerEnforcer:
         self.controller.record_decision(call, kind=action, enforced=True, pages_after=pages_after,
                                         bytes_in=bytes_in, bytes_out=bytes_out)
 
-    def _compact(self, scheduler: Any, running: _Running, target: int) -> None:
+    def _compact(self, scheduler: Scheduler, running: _Running, target: int) -> None:
         request, tracked, blocks = running.request, running.tracked, running.blocks
         assert tracked is not None, "only enforced requests are compacted"
         manager = scheduler.kv_cache_manager
@@ -314,7 +315,7 @@ class SchedulerEnforcer:
             shared_prefix_tokens=running.shared_blocks * self.block_size, dropped=dropped,
             prompt_tokens=request.num_prompt_tokens)
 
-    def after_schedule(self, scheduler: Any, output: Any) -> None:
+    def after_schedule(self, scheduler: Scheduler, output: Any) -> None:
         """Record block peaks and attach this step's plans for the workers."""
         req_to_blocks = blocks_by_request(scheduler.kv_cache_manager)
         dropped: dict[str, int] = {}
@@ -339,7 +340,7 @@ class SchedulerEnforcer:
         """The worker said whether it can move tokens (no compaction before it can)."""
         self.worker_ready = bool(ready)
 
-    def on_preempt(self, request: Any) -> None:
+    def on_preempt(self, request: Request) -> None:
         """vLLM freed the request's blocks and will recompute it from scratch: physical = logical."""
         setattr(request, DROPPED_ATTRIBUTE, 0)
         if self.admission is not None:
@@ -350,7 +351,7 @@ class SchedulerEnforcer:
             tracked.prompt_settled = False  # recomputed whole: a cap compresses it again
         self._plans.pop(request.request_id, None)
 
-    def on_free(self, request: Any) -> None:
+    def on_free(self, request: Request) -> None:
         """The request finished or was aborted; its blocks are back in the pool."""
         setattr(request, DROPPED_ATTRIBUTE, 0)
         tracked = self.requests.pop(request.request_id, None)
@@ -371,14 +372,14 @@ class SchedulerEnforcer:
         append_enforce_log(self.log_path, record)
 
 
-def _token_bytes(scheduler: Any) -> int:
+def _token_bytes(scheduler: Scheduler) -> int:
     """KV bytes of one token across the group's layers, from vLLM's own cache spec."""
     group = scheduler.kv_cache_config.kv_cache_groups[0]
     spec = group.kv_cache_spec
     return spec.page_size_bytes * len(group.layer_names) // spec.block_size
 
 
-def _is_decoding(request: Any) -> bool:
+def _is_decoding(request: Request) -> bool:
     """Past its prompt, with only the last sampled token to compute (chunked prefill never compacts)."""
     return (request.num_computed_tokens >= request.num_prompt_tokens
             and request.num_tokens - request.num_computed_tokens == 1

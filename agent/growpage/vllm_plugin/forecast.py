@@ -51,6 +51,7 @@ from growpage.core.pressure import floor_pages, protected_tokens
 from growpage.core.step_control import RequestView
 from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
 from growpage.vllm_plugin.blocks import blocks_by_request
+from growpage.vllm_plugin.vllm_types import Request, Scheduler
 
 
 @dataclasses.dataclass
@@ -129,7 +130,7 @@ class EnforceForecast:
         self._step_room: int | None = 0
         self._step_monitored: Sequence[StepRequest] = ()
 
-    def before_schedule(self, scheduler: Any, limit: int | None) -> None:
+    def before_schedule(self, scheduler: Scheduler, limit: int | None) -> None:
         """Before vLLM schedules: which waiting requests growth-aware admission would hold under
         vLLM's admission ``limit`` (None: this vLLM has none). Nothing is read while none waits."""
         self._would_hold = frozenset()
@@ -187,7 +188,7 @@ class EnforceForecast:
             self._step_room -= 1
         self.shadows.pop(request_id, None)
 
-    def on_finish(self, request: Any) -> None:
+    def on_finish(self, request: Request) -> None:
         """A monitored request finished: admission learns its output and its attention need."""
         if self.admission is not None and self._monitored(request.request_id):
             self.admission.on_finish(request, need_share_at_end(self.controller, request))
@@ -278,7 +279,7 @@ class EnforceForecast:
         return control is not None and control.mode is Mode.MONITOR
 
 
-def step_requests(scheduler: Any, output: Any, req_to_blocks: dict[str, list]) -> list[StepRequest]:
+def step_requests(scheduler: Scheduler, output: Any, req_to_blocks: dict[str, list]) -> list[StepRequest]:
     """The running requests of vLLM's ``scheduler`` as :class:`StepRequest` records, after it
     scheduled ``output`` (a ``SchedulerOutput``: ``num_scheduled_tokens`` per request)."""
     scheduled = getattr(output, "num_scheduled_tokens", None) or {}

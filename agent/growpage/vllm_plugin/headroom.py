@@ -20,6 +20,7 @@ from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.headroom import Floors, Headroom, RunningKV, headroom
 from growpage.vllm_plugin.blocks import leading_shared_blocks, owns_tail, physical_tokens
+from growpage.vllm_plugin.vllm_types import Request, Scheduler
 
 
 def floors_of(config: GrowPageConfig) -> Floors:
@@ -32,7 +33,7 @@ def idle_headroom(num_pages: int, config: GrowPageConfig) -> Headroom:
     return headroom(running=0, waiting=0, free_pages=num_pages, used_pages=0, requests=(), floors=floors_of(config))
 
 
-def read_headroom(scheduler: Any, num_pages: int, config: GrowPageConfig, *, enforced_mode: Any,
+def read_headroom(scheduler: Scheduler, num_pages: int, config: GrowPageConfig, *, enforced_mode: Any,
                   can_compact: bool, attention_tokens: Any = None) -> Headroom:
     """The headroom of vLLM's ``scheduler`` now.
 
@@ -57,7 +58,7 @@ def read_headroom(scheduler: Any, num_pages: int, config: GrowPageConfig, *, enf
                     requests=requests, floors=floors_of(config))
 
 
-def request_counts(scheduler: Any) -> tuple[int, int]:
+def request_counts(scheduler: Scheduler) -> tuple[int, int]:
     """Running and waiting requests as vLLM counts them (its waiting count includes requests that
     hold blocks while they wait, where the version has them)."""
     counts = getattr(scheduler, "get_request_counts", None)
@@ -67,7 +68,7 @@ def request_counts(scheduler: Any) -> tuple[int, int]:
     return len(scheduler.running), len(scheduler.waiting)
 
 
-def running_kv(request: Any, blocks: Any, enforced: bool, attention_tokens: int = 0) -> RunningKV:
+def running_kv(request: Request, blocks: Any, enforced: bool, attention_tokens: int = 0) -> RunningKV:
     """One running request's record: its blocks, its physical tokens, its shared prefix run, and
     whether GrowPage may compact it now (enforced, past its prompt, nothing shared past the run)."""
     blocks = list(blocks)

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
@@ -47,6 +47,7 @@ from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
 from growpage.vllm_plugin.forecast import EnforceForecast, step_requests
 from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, honours, request_namespace
+from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
@@ -128,7 +129,7 @@ class SchedulerAgent:
             EnforceForecast(self.controller, None if settings.admission == "vllm" else AdmissionGate(
                 config.block_size, view.num_pages, after_preemption=settings.admission == "after_preemption"))
             if may_monitor(config, settings) else None)
-        self.scheduler: Any = None
+        self.scheduler: Scheduler | None = None
         self.seen: dict[str, _Seen] = {}
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
         self.steps_total = 0
@@ -160,7 +161,7 @@ class SchedulerAgent:
                                            function, *args, **kwargs)
 
     # ---- the scheduler's step -------------------------------------------------------------------
-    def before_schedule(self, scheduler: Any) -> None:
+    def before_schedule(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         if self.enforcer is not None:
             # guarded apart: a fault in admission leaves vLLM's own admission and the step's boundaries
@@ -178,7 +179,7 @@ class SchedulerAgent:
         blocks, latency = self._allocations.get(request_id, (0, 0.0))
         self._allocations[request_id] = (blocks + new_blocks, latency + latency_s)
 
-    def after_schedule(self, scheduler: Any, output: Any) -> None:
+    def after_schedule(self, scheduler: Scheduler, output: Any) -> None:
         """Admit requests that run for the first time, record this step's grants and monitored
         boundaries, attach the enforcer's payload, and let telemetry poll."""
         self.scheduler = scheduler
@@ -211,7 +212,7 @@ class SchedulerAgent:
         if self.telemetry is not None:
             self.telemetry.on_step()
 
-    def _admit(self, request: Any, held: int, new_blocks: int, latency_s: float) -> None:
+    def _admit(self, request: Request, held: int, new_blocks: int, latency_s: float) -> None:
         extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
         namespace = request_namespace(extra)
         mode = self.controller.mode_for(namespace, extra.get(MODE_ARG))
@@ -227,14 +228,14 @@ class SchedulerAgent:
                               cached_tokens=int(getattr(request, "num_cached_tokens", 0) or 0),
                               pages_granted=new_blocks, latency_s=latency_s)
 
-    def _forecast_step(self, scheduler: Any, output: Any, req_to_blocks: dict[str, list]) -> None:
+    def _forecast_step(self, scheduler: Scheduler, output: Any, req_to_blocks: dict[str, list[KVBlock]]) -> None:
         assert self.forecast is not None
         waiting = next(iter(scheduler.waiting), None)
         self.forecast.on_step(step_requests(scheduler, output, req_to_blocks),
                               free_pages=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
                               waiting_prompt_tokens=int(waiting.num_prompt_tokens) if waiting is not None else None)
 
-    def _decide_monitored(self, scheduler: Any, request: Any, seen: _Seen, held: int) -> None:
+    def _decide_monitored(self, scheduler: Scheduler, request: Request, seen: _Seen, held: int) -> None:
         """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what
         GrowPage would have done (vLLM's plain paging is what happened). Whether it could evict is
         the controller's answer for a compressible request: above its floor, past its protected tokens."""
@@ -249,7 +250,7 @@ class SchedulerAgent:
         self.controller.record_decision(plan.call, kind=plan.call.decision.action, enforced=False, pages_after=held)
 
     # ---- request ends -----------------------------------------------------------------------------
-    def on_preempt(self, request: Any) -> None:
+    def on_preempt(self, request: Request) -> None:
         """vLLM preempted ``request`` (its blocks are freed; it is recomputed when it runs again)."""
         self.stats.record_oom()
         if self.forecast is not None:
@@ -260,7 +261,7 @@ class SchedulerAgent:
             setattr(request, DROPPED_ATTRIBUTE, 0)
         self._release(request, "preempted")
 
-    def on_free(self, request: Any) -> None:
+    def on_free(self, request: Request) -> None:
         """``request`` finished or was aborted; its blocks are back in the pool."""
         if self.forecast is not None:
             self.guarded("forecasting enforce", self.forecast.on_finish, request)
@@ -268,7 +269,7 @@ class SchedulerAgent:
             self.enforcer.on_free(request)
         self._release(request, "finished")
 
-    def _release(self, request: Any, reason: str) -> None:
+    def _release(self, request: Request, reason: str) -> None:
         self.seen.pop(request.request_id, None)
         if self.forecast is not None:
             self.forecast.forget(request.request_id)
@@ -299,7 +300,7 @@ class SchedulerAgent:
             self.enforcer.on_worker_ready(report.ready_to_compact)
             self.stats.set_component_state("enforcer", ACTIVE if report.ready_to_compact else "waiting_for_worker")
 
-    def after_output(self, scheduler: Any) -> None:
+    def after_output(self, scheduler: Scheduler) -> None:
         """After vLLM processed the step's output: an idle engine runs no further step, so poll now
         (the gauges then show the pool as the last request left it, not as it ran)."""
         if not scheduler.running and not scheduler.waiting:
@@ -307,7 +308,7 @@ class SchedulerAgent:
             if self.telemetry is not None:
                 self.telemetry.poll()
 
-    def refresh_headroom(self, scheduler: Any) -> None:
+    def refresh_headroom(self, scheduler: Scheduler) -> None:
         """Read the pool and the running requests into :attr:`headroom` (nothing is reclaimable unless
         the enforcer runs and its worker can move tokens)."""
         def mode_of(request_id: str) -> Mode | None:
@@ -427,7 +428,8 @@ def may_monitor(config: GrowPageConfig, settings: PluginSettings) -> bool:
             or honours(settings.client_mode, config.mode))
 
 
-def live_and_logical_tokens(running: Any, req_to_blocks: dict[str, list], block_size: int) -> tuple[int, int]:
+def live_and_logical_tokens(running: Sequence[Request], req_to_blocks: dict[str, list[KVBlock]],
+                            block_size: int) -> tuple[int, int]:
     """Tokens the running requests' KV holds in the pool, and the tokens it would hold without GrowPage.
 
     Both count a block shared through vLLM's prefix cache once: sharing is vLLM's saving, not

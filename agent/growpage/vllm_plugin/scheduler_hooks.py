@@ -28,6 +28,7 @@ from typing import Any
 
 from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
 from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, SchedulerView
+from growpage.vllm_plugin.vllm_types import Scheduler
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
@@ -35,7 +36,7 @@ logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log
 _AGENT_ATTRIBUTE = "_growpage_agent"
 
 
-def agent_of(scheduler: Any) -> SchedulerAgent | None:
+def agent_of(scheduler: Scheduler) -> SchedulerAgent | None:
     """The scheduler's agent, built on first use (None when it could not start: vLLM runs unchanged)."""
     agent = scheduler.__dict__.get(_AGENT_ATTRIBUTE, False)
     if agent is False:
@@ -54,13 +55,13 @@ def agent_of(scheduler: Any) -> SchedulerAgent | None:
     return agent
 
 
-def existing_agent(scheduler: Any) -> SchedulerAgent | None:
+def existing_agent(scheduler: Scheduler) -> SchedulerAgent | None:
     """The scheduler's agent if one was built (never builds one: for readers such as the demo)."""
     agent = scheduler.__dict__.get(_AGENT_ATTRIBUTE)
     return agent if isinstance(agent, SchedulerAgent) else None
 
 
-def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAgent:
+def build_agent(scheduler: Scheduler, *, start_telemetry: bool = True) -> SchedulerAgent:
     """The agent for ``scheduler``'s deployment.
 
     Settings GrowPage cannot honour never stop vLLM: the agent then runs ``off``, serves
@@ -112,7 +113,7 @@ def build_agent(scheduler: Any, *, start_telemetry: bool = True) -> SchedulerAge
     return agent
 
 
-def token_bytes(scheduler: Any) -> int:
+def token_bytes(scheduler: Scheduler) -> int:
     """KV bytes of one token across the first group's layers, from vLLM's own cache spec."""
     group = scheduler.kv_cache_config.kv_cache_groups[0]
     spec = group.kv_cache_spec
