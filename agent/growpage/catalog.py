@@ -236,12 +236,17 @@ FORECAST_PREEMPTIONS_AVOIDABLE = MetricSpec(
     "Monitor's forecast: vLLM preemptions enforce would have avoided (growth-aware admission would not have "
     "started the request yet, or it would have had a page free, or could have freed one by compressing a "
     "request above its floor).", "preemptions")
+FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION = MetricSpec(
+    "growpage_forecast_preemptions_avoidable_by_admission_total", MetricType.COUNTER,
+    "Monitor's forecast: vLLM preemptions of requests that growth-aware admission (admission: projected) "
+    "would not have started yet, whatever the admission setting: what turning it on would avoid.", "preemptions")
 FORECAST_SPARE_PAGES = MetricSpec(
     "growpage_forecast_spare_pages", MetricType.GAUGE,
     "Monitor's forecast: KV pages enforce would have free now beyond what vLLM has (monitored requests' "
     "pages less what enforce would hold for them).", "pages")
 FORECAST_METRICS: tuple[MetricSpec, ...] = (FORECAST_PAGES_FREED, FORECAST_COMPACTIONS, FORECAST_PREEMPTIONS,
-                                            FORECAST_PREEMPTIONS_AVOIDABLE, FORECAST_SPARE_PAGES)
+                                            FORECAST_PREEMPTIONS_AVOIDABLE,
+                                            FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION, FORECAST_SPARE_PAGES)
 
 # Growth-aware admission under enforce (growpage.vllm_plugin.admission), served by the vLLM home only:
 # when it holds waiting requests back, and the running batch's projected KV it holds them against.

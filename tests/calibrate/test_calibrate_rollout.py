@@ -65,3 +65,23 @@ def test_the_recommendation_is_in_the_file_header_and_the_json():
     document = json.loads(to_json(calibration, evidence, "gpctl calibrate --snapshot x", None))
     assert document["rollout"]["verdict"] == ENFORCE and document["rollout"]["forecast"]["pages_freed"] == 30
     assert calibrate(model(), Quantiles()).rollout.verdict == NO_FORECAST
+
+
+def test_growth_aware_admission_is_recommended_where_it_would_avoid_more_than_compression():
+    thrash = ForecastEvidence(pages_freed=40, compactions=30, preemptions=12, preemptions_avoidable=2,
+                              preemptions_avoidable_by_admission=9)
+    advised = recommend(thrash, "monitor")
+    assert advised.verdict == ENFORCE and advised.settings == {"admission": "after_preemption"}
+    assert "growth-aware admission would have avoided 9" in advised.reason and "narrower batch" in advised.reason
+    # compression alone avoids nothing, admission would: still worth enforcing, with the setting
+    only_admission = recommend(ForecastEvidence(40, 30, 12, 0, preemptions_avoidable_by_admission=5), "monitor")
+    assert only_admission.verdict == ENFORCE and only_admission.settings == {"admission": "after_preemption"}
+    # where compression avoids as many, vLLM's own admission stays (no setting)
+    assert recommend(ForecastEvidence(40, 30, 12, 6, preemptions_avoidable_by_admission=4), "monitor").settings == {}
+    calibration = calibrate(model(forecast=thrash), Quantiles())
+    evidence = Evidence(source={"kind": "snapshot", "target": "x"}, window=Window(0.0, 60.0, "snapshots"),
+                        models={"m": model(forecast=thrash)})
+    header = render_yaml(calibration, evidence, "gpctl calibrate --snapshot x")
+    assert header.count("set admission: after_preemption") == 1
+    document = json.loads(to_json(calibration, evidence, "gpctl calibrate --snapshot x", None))
+    assert document["rollout"]["settings"] == {"admission": "after_preemption"}

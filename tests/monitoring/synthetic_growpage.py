@@ -43,6 +43,7 @@ COUNTER_RATES_PER_S = {  # per label value where the metric has one label
     catalog.VLLM_TRACKED_REQUESTS.name: 1.0, catalog.VLLM_OBSERVED_REQUESTS.name: 0.9,
     catalog.FORECAST_PAGES_FREED.name: 3.0, catalog.FORECAST_COMPACTIONS.name: 1.5,
     catalog.FORECAST_PREEMPTIONS.name: 0.02, catalog.FORECAST_PREEMPTIONS_AVOIDABLE.name: 0.015,
+    catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION.name: 0.01,
     catalog.ADMISSION_HOLDS.name: 0.5,
 }
 HISTOGRAM_OBSERVATIONS = {  # (observations per second, typical value): a log-normal-ish spread

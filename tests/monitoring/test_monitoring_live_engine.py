@@ -68,6 +68,7 @@ NO_DATA_ON_THIS_MACHINE = {
     (_OVERVIEW, "Pages enforce would free (forecast)", "A"),
     (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "A"),
     (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "B"),
+    (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "C"),
     (_OVERVIEW, "Spare pages under enforce (forecast)", "A"),
     # Growth-aware admission is the vLLM plugin's scheduler agent's (test_vllm_enforce scrapes it).
     (_OVERVIEW, "Steps admission held a request", "A"),

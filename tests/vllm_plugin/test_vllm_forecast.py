@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController, Reading
@@ -170,20 +172,25 @@ def _waiting_scheduler(controller: GrowthController, running: list[str], waiting
                                  kv_cache_manager=manager, max_num_active_reqs=16)
 
 
-def test_a_preemption_of_a_request_admission_would_have_held_is_avoidable_whatever_the_room():
+@pytest.mark.parametrize("enforce_admits_so", [True, False])
+def test_a_preemption_of_a_request_admission_would_have_held_is_avoidable_whatever_the_room(enforce_admits_so):
     controller = _controller()
     for request_id in ("a", "b"):
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
-    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, after_preemption=False))
+    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, after_preemption=False),
+                               enforce_admits_so=enforce_admits_so)
     # a and b run; c and d wait: 3 x 16 pages would not fit 40, so admission starts neither
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
     for request_id in ("c", "d"):  # vLLM starts both anyway (their prompts fit now)
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
     forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting_prompt_tokens=200)
     assert [r for r, shadow in forecast.shadows.items() if shadow.over_projection] == ["c", "d"]
-    forecast.on_preempt("d")  # requests wait (no room would count), yet enforce never started d
+    forecast.on_preempt("d")  # requests wait (no room would count), yet admission never started d
     forecast.on_preempt("a")  # admitted within the projection: the room rule decides, and it says no
-    assert (forecast.totals().preemptions, forecast.totals().preemptions_avoidable) == (2, 1)
+    totals = forecast.totals()
+    assert (totals.preemptions, totals.preemptions_avoidable_by_admission) == (2, 1)
+    # among what enforce avoids only where enforce runs that admission
+    assert totals.preemptions_avoidable == (1 if enforce_admits_so else 0)
 
 
 def test_without_growth_aware_admission_nothing_is_marked():

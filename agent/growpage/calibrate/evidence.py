@@ -137,7 +137,7 @@ def evidence_from_expositions(expositions: Sequence[Exposition], source: Mapping
 
 # The forecast's counters calibrate reads (growpage.calibrate.rollout), in ForecastEvidence's field order.
 FORECAST_COUNTERS = (catalog.FORECAST_PAGES_FREED, catalog.FORECAST_COMPACTIONS, catalog.FORECAST_PREEMPTIONS,
-                     catalog.FORECAST_PREEMPTIONS_AVOIDABLE)
+                     catalog.FORECAST_PREEMPTIONS_AVOIDABLE, catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION)
 
 
 def forecast_evidence(increases: Mapping[str, float | None]) -> ForecastEvidence | None:

@@ -71,8 +71,9 @@ def render_yaml(calibration: Calibration, evidence: Evidence, command: str,
                      + ", ".join(f"namespace {name} (p50 {p50:.4g})"
                                  for name, p50 in calibration.rollout_candidates.items()))
     if calibration.rollout is not None:
+        settings = "".join(f"; set {key}: {value}" for key, value in calibration.rollout.settings.items())
         lines.append(f"# Rollout (monitor's forecast of enforce): {calibration.rollout.verdict}: "
-                     f"{calibration.rollout.reason}")
+                     f"{calibration.rollout.reason}{settings}")
     lines.append("# Everything else keeps GrowPageConfig's defaults; review before enforcing.")
     body = yaml.safe_dump({TOP_LEVEL_KEY: calibration.config_values()}, sort_keys=False, default_flow_style=False)
     return "\n".join(lines) + "\n" + body

@@ -6,7 +6,9 @@ would avoid among vLLM's own. Over calibrate's window that answers the operator'
 rollout: does enforce buy anything here?
 
 * **enforce** when it would avoid preemptions (each one a request recomputed from scratch): the
-  avoidable share says how much of vLLM's thrash it removes;
+  avoidable share says how much of vLLM's thrash it removes; with ``admission: after_preemption``
+  among the settings when growth-aware admission would have avoided more than compression (vLLM
+  started requests into a batch that then outgrew the pool), with its cost: a narrower batch;
 * **stay in monitor** when it would compress but avoid nothing: the freed pages buy throughput only
   if vLLM admits more requests into them (a larger ``max_num_seqs`` or more traffic), and every
   compaction costs fidelity, so enforcing buys nothing measured yet;
@@ -31,6 +33,7 @@ class ForecastEvidence:
     compactions: float
     preemptions: float
     preemptions_avoidable: float
+    preemptions_avoidable_by_admission: float = 0.0  # growth-aware admission's, whatever the setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +43,10 @@ class Rollout:
     verdict: str
     reason: str
     forecast: ForecastEvidence | None = None
+    settings: dict[str, str] = dataclasses.field(default_factory=dict)  # plugin settings to roll out with
 
     def to_dict(self) -> dict:
-        return {"verdict": self.verdict, "reason": self.reason,
+        return {"verdict": self.verdict, "reason": self.reason, "settings": dict(self.settings),
                 "forecast": dataclasses.asdict(self.forecast) if self.forecast is not None else None}
 
 
@@ -52,12 +56,17 @@ def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
         where = f"the deployment runs {mode}" if mode else "no growpage_forecast_* series in the window"
         return Rollout(NO_FORECAST, f"no forecast of enforce ({where}): run monitor (mode: monitor) under real "
                                     "traffic for a window, then calibrate again")
+    admission = _admission_advice(forecast)
     if forecast.preemptions_avoidable >= 1:
         share = forecast.preemptions_avoidable / max(forecast.preemptions, 1.0)
         return Rollout(ENFORCE, f"enforce would have avoided {forecast.preemptions_avoidable:g} of vLLM's "
                                 f"{forecast.preemptions:g} preemptions ({share:.0%}) and freed "
                                 f"{forecast.pages_freed:g} KV pages; enforce the namespaces that preempt first "
-                                "(enforce_namespaces) and compare the answers' quality before widening", forecast)
+                                "(enforce_namespaces) and compare the answers' quality before widening"
+                                + (admission[0] if admission else ""), forecast, admission[1] if admission else {})
+    if admission:
+        return Rollout(ENFORCE, f"enforce's compression would have avoided none of vLLM's {forecast.preemptions:g} "
+                                "preemptions" + admission[0], forecast, admission[1])
     if forecast.pages_freed > 0:
         return Rollout(STAY_IN_MONITOR, f"enforce would have freed {forecast.pages_freed:g} KV pages "
                                         f"({forecast.compactions:g} compactions) but avoided no preemption "
@@ -66,3 +75,15 @@ def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
                                         "max_num_seqs), and every compaction costs fidelity", forecast)
     return Rollout(STAY_IN_MONITOR, "enforce would have compressed nothing and avoided no preemption in the "
                                     "window: KV memory is not what limits this deployment", forecast)
+
+
+def _admission_advice(forecast: ForecastEvidence) -> tuple[str, dict[str, str]] | None:
+    """Where growth-aware admission would have avoided more preemptions than compression: the
+    setting that buys them, and what it costs (it holds requests back: a narrower batch)."""
+    by_admission = forecast.preemptions_avoidable_by_admission
+    if by_admission < 1 or by_admission <= forecast.preemptions_avoidable:
+        return None
+    return (f"; growth-aware admission would have avoided {by_admission:g} (requests vLLM started into a batch "
+            "that then outgrew the pool): roll out with admission: after_preemption, which holds such starts "
+            "once vLLM preempts, at the cost of a narrower batch and a longer queue (watch time to first token)",
+            {"admission": "after_preemption"})

@@ -12,12 +12,15 @@ would have dropped. Each step, with the tokens vLLM scheduled:
 - a prompt that has just been cached while a request waits that the (shadow) pool cannot admit is
   compressed to its floor, as enforce compresses a fresh prompt for admission (GrowPage's methods,
   ``attention_coverage`` > 0);
-- admission as enforce runs it (``admission: projected``, :mod:`~growpage.vllm_plugin.admission`):
+- growth-aware admission (:mod:`~growpage.vllm_plugin.admission`), as the deployment configures it,
+  or as ``projected`` where enforce would admit as vLLM does:
   before each step with requests waiting, the same projection runs on vLLM's running and waiting
   requests (read only; monitored requests projected to their floors), and a request vLLM starts
   that growth-aware admission would have held is marked;
-- a preemption vLLM makes of a marked request is *avoidable*: enforce would not have started it
-  yet (vLLM preempts the newest running request first, which is the one started over the projection);
+- a preemption vLLM makes of a marked request is *avoidable by admission*: admission would not
+  have started it yet (vLLM preempts the newest running request first, which is the one started
+  over the projection). It is counted apart whatever the setting (what turning admission on would
+  buy), and among the avoidable preemptions only where enforce runs that admission;
 - any other preemption is *avoidable* when no request waits for admission and the shadows hold
   fewer pages than vLLM's requests do (enforce would have had the room), or pressure relief could
   free one (a shadow above its floor); each avoidable preemption spends one such page of the step.
@@ -103,6 +106,7 @@ class ForecastTotals:
     preemptions: int = 0
     preemptions_avoidable: int = 0
     spare_pages: int = 0
+    preemptions_avoidable_by_admission: int = 0
 
 
 class EnforceForecast:
@@ -110,14 +114,20 @@ class EnforceForecast:
 
     Args:
         controller: the scheduler's growth controller (readings, attention needs, the contract).
-        admission: a gate of its own, as enforce would run it, read only (never setting vLLM's
-            limit); None: admission is left out, as under ``admission: vllm``.
+        admission: a gate of its own, read only (never setting vLLM's limit): what growth-aware
+            admission would have held (None: admission is not forecast).
+        enforce_admits_so: enforce runs that admission (``admission`` other than ``vllm``), so the
+            preemptions it would avoid count among those enforce avoids; either way they are counted
+            apart (``preemptions_avoidable_by_admission``), so an operator sees what turning it on buys.
     """
 
-    def __init__(self, controller: GrowthController, admission: AdmissionGate | None = None):
+    def __init__(self, controller: GrowthController, admission: AdmissionGate | None = None, *,
+                 enforce_admits_so: bool = False):
         self.controller = controller
         self.block_size = controller.config.block_size
         self.admission = admission
+        self.enforce_admits_so = enforce_admits_so
+        self.preemptions_avoidable_by_admission_total = 0
         self._would_hold: frozenset[str] = frozenset()  # waiting requests admission holds this step
         self.shadows: dict[str, ShadowKV] = {}
         self.pages_freed_total = 0
@@ -178,9 +188,11 @@ class EnforceForecast:
             self.admission.on_preempt()
         shadow = self.shadows.get(request_id)
         if shadow is not None and shadow.over_projection:
-            self.preemptions_avoidable_total += 1  # enforce's admission would not have started it yet
-            del self.shadows[request_id]
-            return
+            self.preemptions_avoidable_by_admission_total += 1  # admission would not have started it yet
+            if self.enforce_admits_so:
+                self.preemptions_avoidable_total += 1
+                del self.shadows[request_id]
+                return
         if self._step_room is None:
             self._step_room = self.spare_pages + self._relief(self._step_monitored)
         if self._step_room >= 1:
@@ -198,7 +210,8 @@ class EnforceForecast:
 
     def totals(self) -> ForecastTotals:
         return ForecastTotals(self.pages_freed_total, self.compactions_total, self.preemptions_total,
-                              self.preemptions_avoidable_total, self.spare_pages)
+                              self.preemptions_avoidable_total, self.spare_pages,
+                              self.preemptions_avoidable_by_admission_total)
 
     # ---- one request ---------------------------------------------------------------------------------
     def _advance(self, request: StepRequest, shadow: ShadowKV, free: int) -> int:
@@ -311,7 +324,9 @@ class ForecastCollector:
             for spec, value in ((catalog.FORECAST_PAGES_FREED, totals.pages_freed),
                                 (catalog.FORECAST_COMPACTIONS, totals.compactions),
                                 (catalog.FORECAST_PREEMPTIONS, totals.preemptions),
-                                (catalog.FORECAST_PREEMPTIONS_AVOIDABLE, totals.preemptions_avoidable)):
+                                (catalog.FORECAST_PREEMPTIONS_AVOIDABLE, totals.preemptions_avoidable),
+                                (catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION,
+                                 totals.preemptions_avoidable_by_admission)):
                 counter = CounterMetricFamily(spec.name.removesuffix("_total"), spec.help, labels=label)
                 counter.add_metric([self.model], float(value))
                 families.append(counter)

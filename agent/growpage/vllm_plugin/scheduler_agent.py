@@ -126,8 +126,10 @@ class SchedulerAgent:
         # be monitored (off, or enforce for every namespace with clients unable to ask for less), so an
         # enforcing deployment's steps carry no forecast work
         self.forecast: EnforceForecast | None = (
-            EnforceForecast(self.controller, None if settings.admission == "vllm" else AdmissionGate(
-                config.block_size, view.num_pages, after_preemption=settings.admission == "after_preemption"))
+            # admission is always forecast (as configured, or as projected where enforce admits as vLLM)
+            EnforceForecast(self.controller, AdmissionGate(
+                config.block_size, view.num_pages, after_preemption=settings.admission == "after_preemption"),
+                enforce_admits_so=settings.admission != "vllm")
             if may_monitor(config, settings) else None)
         self.scheduler: Scheduler | None = None
         self.seen: dict[str, _Seen] = {}

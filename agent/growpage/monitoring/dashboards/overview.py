@@ -183,18 +183,20 @@ def _rollout_row(t: catalog.MixinThresholds) -> list[Cell]:
 
 def _forecast_row(t: catalog.MixinThresholds) -> list[Cell]:
     """Monitor's forecast of enforce (vLLM home): read before a namespace moves to enforce."""
-    freed, avoidable, preempted, spare = (metric(spec.name) for spec in (
+    freed, avoidable, preempted, spare, by_admission = (metric(spec.name) for spec in (
         catalog.FORECAST_PAGES_FREED, catalog.FORECAST_PREEMPTIONS_AVOIDABLE, catalog.FORECAST_PREEMPTIONS,
-        catalog.FORECAST_SPARE_PAGES))
+        catalog.FORECAST_SPARE_PAGES, catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION))
     return [
         Cell(timeseries("Pages enforce would free (forecast)", catalog.FORECAST_PAGES_FREED.help + " Per "
                         "namespace, per second: zero means enforce would find nothing to compress.",
                         targets((f"sum by (namespace) (rate({freed}[{RATE}]))", "{{namespace}}")), "short"), 8),
         Cell(timeseries("Preemptions enforce would avoid (forecast)", catalog.FORECAST_PREEMPTIONS_AVOIDABLE.help
-                        + " Beside every preemption of a monitored request: the gap is what enforce could not "
-                        "avoid either.",
+                        + " Beside every preemption of a monitored request (the gap is what enforce could not "
+                        "avoid either) and those growth-aware admission would avoid (admission setting).",
                         targets((f"sum by (namespace) (rate({avoidable}[{RATE}]))", "{{namespace}} avoidable"),
-                                (f"sum by (namespace) (rate({preempted}[{RATE}]))", "{{namespace}} all")),
+                                (f"sum by (namespace) (rate({preempted}[{RATE}]))", "{{namespace}} all"),
+                                (f"sum by (namespace) (rate({by_admission}[{RATE}]))",
+                                 "{{namespace}} avoidable by admission")),
                         "short"), 8),
         Cell(timeseries("Spare pages under enforce (forecast)", catalog.FORECAST_SPARE_PAGES.help,
                         targets((f"sum by (namespace) ({spare})", "{{namespace}}")), "short"), 8),
