@@ -156,7 +156,7 @@ def test_monitor_admits_times_grants_and_decides_past_the_grant():
     events = snapshot.decision_events
     assert len(events) == 2 and not any(e.enforced for e in events)
     assert events[-1].lts_entropy == pytest.approx(2.9)  # the worker's reading reached the decision
-    assert agent.steps_total == 2 and agent.steps_observed_total == 1
+    assert agent.observed.steps == 2 and agent.observed.steps_observed == 1
     gauges = snapshot.gauges
     assert gauges.pages_used == 4 and gauges.pages_free == POOL - 4 and gauges.live_tokens == 12
     # vLLM preempts it: counted, released, admitted again when it runs again
@@ -164,12 +164,12 @@ def test_monitor_admits_times_grants_and_decides_past_the_grant():
     assert agent.stats.oom_events_total == 1 and "r" not in agent.controller.requests
     _run(agent, scheduler, request, new_blocks=4)
     agent.on_free(request)  # it finishes, observed before its preemption only: not observed since
-    assert (agent.requests_total, agent.requests_observed_total) == (1, 0)
+    assert (agent.observed.requests, agent.observed.requests_observed) == (1, 0)
     other = _request("o", prompt=3, computed=0)
     _run(agent, scheduler, other, new_blocks=1)
     agent.take_report(WorkerReport(readings={"o": (0.5, 1.5)}, ready_to_compact=True, observer_state="active"))
     agent.on_free(other)
-    assert (agent.requests_total, agent.requests_observed_total) == (2, 1)  # the share of requests observed
+    assert (agent.observed.requests, agent.observed.requests_observed) == (2, 1)  # the share of requests observed
     agent.on_free(_request("never-ran", prompt=3, computed=0))  # an abort before it ran: nothing to release
 
 

@@ -73,10 +73,11 @@ class ObservationCollector:
             for spec in (catalog.VLLM_STEPS, catalog.VLLM_OBSERVED_STEPS, catalog.VLLM_TRACKED_REQUESTS,
                          catalog.VLLM_OBSERVED_REQUESTS))
         try:
-            steps.add_metric((self._model,), float(self._agent.steps_total))
-            observed.add_metric((self._model,), float(self._agent.steps_observed_total))
-            requests.add_metric((self._model,), float(self._agent.requests_total))
-            observed_requests.add_metric((self._model,), float(self._agent.requests_observed_total))
+            work = self._agent.observed
+            steps.add_metric((self._model,), float(work.steps))
+            observed.add_metric((self._model,), float(work.steps_observed))
+            requests.add_metric((self._model,), float(work.requests))
+            observed_requests.add_metric((self._model,), float(work.requests_observed))
         except Exception:  # a scrape never raises
             self._agent.stats.record_error("plugin")
         yield from (steps, observed, requests, observed_requests)

@@ -89,6 +89,17 @@ class _Seen:
     pages_held: int
 
 
+@dataclasses.dataclass
+class ObservedWork:
+    """Totals of the work the workers saw: engine steps with a tracked request, and those observed;
+    finished requests GrowPage tracked, and those observed at least once."""
+
+    steps: int = 0
+    steps_observed: int = 0
+    requests: int = 0
+    requests_observed: int = 0
+
+
 class SchedulerAgent:
     """The scheduler's GrowPage agent (see the module docstring).
 
@@ -134,10 +145,7 @@ class SchedulerAgent:
         self.scheduler: Scheduler | None = None
         self.seen: dict[str, _Seen] = {}
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
-        self.steps_total = 0
-        self.steps_observed_total = 0
-        self.requests_total = 0  # finished requests GrowPage tracked
-        self.requests_observed_total = 0  # of them, those whose attention was observed at least once
+        self.observed = ObservedWork()  # how much of the work the workers observed (ObservationCollector)
         self.telemetry: Any = None
         self.exporter: Any = None
         self._adopted_exporter: Any = None  # the start-up exporter this agent serves on, if any
@@ -278,8 +286,8 @@ class SchedulerAgent:
         self._allocations.pop(request.request_id, None)
         released = self.controller.release(request.request_id, reason, num_tokens=int(request.num_tokens))
         if released is not None and reason == "finished":  # a preempted request is counted when it ends
-            self.requests_total += 1
-            self.requests_observed_total += int(released.observed)
+            self.observed.requests += 1
+            self.observed.requests_observed += int(released.observed)
 
     # ---- the workers' reports ---------------------------------------------------------------------
     def on_output(self, model_runner_output: Any) -> None:
@@ -296,8 +304,8 @@ class SchedulerAgent:
         self.stats.set_component_state("observer", report.observer_state)
         for _ in range(report.errors):
             self.stats.record_error(PLUGIN_COMPONENT)
-        self.steps_total += report.steps
-        self.steps_observed_total += report.steps_observed
+        self.observed.steps += report.steps
+        self.observed.steps_observed += report.steps_observed
         if self.enforcer is not None:
             self.enforcer.on_worker_ready(report.ready_to_compact)
             self.stats.set_component_state("enforcer", ACTIVE if report.ready_to_compact else "waiting_for_worker")
