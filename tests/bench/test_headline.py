@@ -35,7 +35,8 @@ def test_variants_are_vllm_alone_untuned_and_tuned_growpage_each_cap_at_equal_me
     assert list(configs)[:5] == ["vllm", "vllm@seqs4", "vllm@seqs6", "monitor", "growpage"]
     assert configs["monitor"]["growpage"] == {"mode": "monitor"}  # its cost and its forecast of growpage
     assert configs["vllm@seqs4"] == {"growpage": None, "max_num_seqs": 4}
-    # growth-aware admission beside the shipped default (vLLM's own admission)
+    # every admission beside the shipped default (auto)
+    assert configs["growpage@vllm"]["growpage"] == {"mode": "enforce", "admission": "vllm"}
     assert configs["growpage@projected"]["growpage"] == {"mode": "enforce", "admission": "projected"}
     assert configs["growpage@after_preemption"]["growpage"] == {"mode": "enforce", "admission": "after_preemption"}
     for cap in CAPS:

@@ -80,7 +80,7 @@ def test_no_page_or_request_state_is_left_behind_under_random_workloads(seed):
                         max_tokens=rng.randint(1, blocks * BLOCK - blocks),
                         extra_args=rng.choice(({}, {"growpage_namespace": "chat"}, {"growpage_mode": "monitor"})))
                 for index in range(rng.randint(5, 30))]
-    growpage = {"admission": rng.choice(("vllm", "projected", "after_preemption")),
+    growpage = {"admission": rng.choice(("auto", "vllm", "projected", "after_preemption")),
                 "method": rng.choice(("growpage", "growpage_when_it_pays", "streaming_llm", "h2o")),
                 "client_mode": "honour",
                 **({"enforce_namespaces": ["chat"]} if rng.random() < 0.5 else {})}

@@ -13,9 +13,10 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
   (:func:`growpage.bench.forecast.compare`, per round);
 * ``growpage``: enforce at the shipped defaults
   (:meth:`~growpage.bench.vllm.VllmBenchSettings.growpage_config`);
-* ``growpage@projected`` and ``growpage@after_preemption``: the same with growth-aware admission
-  (``admission``; the shipped default is vLLM's own): what holding a start until the batch's
-  projected KV fits buys, or costs, beside compression;
+* ``growpage@vllm``, ``growpage@projected`` and ``growpage@after_preemption``: the same with each
+  ``admission`` (the shipped default, ``auto``, is ``projected`` on the CPU build and ``vllm`` on a
+  GPU; skip the duplicate with ``headline_skip``): what holding a start until the batch's projected
+  KV fits buys, or costs, beside compression;
 * ``CAP@eq``: each fixed cap (``streaming_llm``, ``h2o``, ``snapkv``) at *equal memory*: a budget
   of GrowPage's measured mean KV per running request (blocks in use per running request,
   step-weighted), rounded up to whole blocks, taken from a pilot GrowPage run that also warms the
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
 Log = Callable[[str], None] | None
 CAPS = ("streaming_llm", "h2o", "snapkv")
 TUNED_PREFIX = "vllm@seqs"
-ADMISSION_VARIANTS = ("projected", "after_preemption")  # growpage@<admission>: growth-aware admission
+# growpage@<admission>: each admission beside the shipped default (auto: projected on the CPU build)
+ADMISSION_VARIANTS = ("vllm", "projected", "after_preemption")
 ALWAYS_RUN = ("vllm", "growpage", "limit")  # what the verdict reads
 # Targets (issue "enforce that never loses to vLLM alone"): GrowPage's speed at least this share of
 # tuned vLLM alone's; at least this share of the attainable gain (limit over tuned vLLM alone) at no

@@ -123,12 +123,13 @@ class SchedulerAgent:
         for component, state in view.component_states.items():
             self.stats.set_component_state(component, state)
         self.enforcer: SchedulerEnforcer | None = None
+        admission = settings.admission_on(view.device)
         self.admission: AdmissionGate | None = None  # growth-aware admission, where GrowPage enforces
         if config.mode is Mode.ENFORCE:
             if enforcer_blocker is None:
-                if settings.admission != "vllm":
+                if admission != "vllm":
                     self.admission = AdmissionGate(config.block_size, view.num_pages,
-                                                   after_preemption=settings.admission == "after_preemption")
+                                                   after_preemption=admission == "after_preemption")
                 self.enforcer = SchedulerEnforcer(self.controller, admission=self.admission)
                 self.stats.set_component_state("enforcer", "waiting_for_worker")
             else:
@@ -139,8 +140,8 @@ class SchedulerAgent:
         self.forecast: EnforceForecast | None = (
             # admission is always forecast (as configured, or as projected where enforce admits as vLLM)
             EnforceForecast(self.controller, AdmissionGate(
-                config.block_size, view.num_pages, after_preemption=settings.admission == "after_preemption"),
-                enforce_admits_so=settings.admission != "vllm")
+                config.block_size, view.num_pages, after_preemption=admission == "after_preemption"),
+                enforce_admits_so=admission != "vllm")
             if may_monitor(config, settings) else None)
         self.scheduler: Scheduler | None = None
         self.seen: dict[str, _Seen] = {}

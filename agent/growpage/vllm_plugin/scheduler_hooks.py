@@ -108,8 +108,9 @@ def build_agent(scheduler: Scheduler, *, start_telemetry: bool = True) -> Schedu
     agent = SchedulerAgent(config, settings, view, enforcer_blocker=blocker)
     if start_telemetry:
         agent.start_telemetry()
-    logger.info("growpage: scheduler agent started (mode=%s, base_pages=%d, block_size=%d)", config.mode.value,
-                config.base_pages, config.block_size)
+    logger.info("growpage: scheduler agent started (mode=%s, base_pages=%d, block_size=%d, admission=%s)",
+                config.mode.value, config.base_pages, config.block_size,
+                "growth-aware" if agent.admission is not None else "vLLM's own")
     return agent
 
 
