@@ -11,6 +11,7 @@ from growpage.core.admission import (
     admissible,
     full_peak_tokens,
     projected_demand,
+    standing_need_share,
 )
 
 GROWPAGE = Compression(base_pages=4, sink_tokens=4, recent_window_tokens=64)  # a 128-token floor at 32
@@ -59,7 +60,7 @@ def test_shares_stay_one_until_enough_requests_finished_then_follow_a_high_quant
     history = CompletionHistory()
     for _ in range(MIN_FINISHED - 1):
         history.record(output_tokens=40, max_tokens=160, need_share=0.5)
-    assert (history.shares().output_share, history.shares().need_share) == (1.0, 1.0)
+    assert (history.shares().output_share, history.shares().need_share) == (1.0, None)  # the caller stands in
     history.record(output_tokens=40, max_tokens=160, need_share=0.5)
     shares = history.shares()
     assert (shares.output_share, shares.need_share, shares.finished) == (0.25, 0.5, MIN_FINISHED)
@@ -76,3 +77,11 @@ def test_history_forgets_old_traffic():
     for _ in range(8):
         history.record(output_tokens=16, max_tokens=160)
     assert history.shares().output_share == 0.1
+
+
+def test_before_requests_finish_an_unobserved_request_is_planned_like_the_neediest_running_one():
+    assert standing_need_share(0.2, [Compression(4, 4, 64, need_share=0.9)]) == 0.2  # learned wins
+    running = [Compression(4, 4, 64, need_share=0.1), Compression(4, 4, 64, need_share=0.4), None,
+               Compression(4, 4, 64, need_share=None)]
+    assert standing_need_share(None, running) == 0.4
+    assert standing_need_share(None, [None, Compression(4, 4, 64)]) == 1.0  # nothing observed: every token

@@ -32,6 +32,9 @@ from kustomize_render import build
 from monitoring_paths import DEPLOY_DIR, RUNBOOKS_DIR
 
 from growpage.config import ENV_PREFIX, FIELD_NAMES, load_config
+from growpage.vllm_plugin.settings import PLUGIN_FIELDS, split_settings
+
+PLUGIN_ENV_PREFIX = ENV_PREFIX + "VLLM_"  # the vLLM plugin's own keys (growpage.vllm_plugin.settings)
 
 OVERLAYS = {"base": DEPLOY_DIR / "base",
             **{name: DEPLOY_DIR / "overlays" / name
@@ -306,6 +309,13 @@ def test_every_setting_a_runbook_changes_takes_effect_on_the_shipped_pods(render
             where = f"{overlay}: {command.runbook}: {word}"
             if not key.startswith(ENV_PREFIX):
                 assert key in env, f"{where}: the shipped pods have no {key} to change"
+                continue
+            if key.startswith(PLUGIN_ENV_PREFIX):  # a key only the vLLM plugin reads
+                name = key.removeprefix(PLUGIN_ENV_PREFIX).lower()
+                assert name in PLUGIN_FIELDS and name not in additional, where
+                if not value.startswith("<"):
+                    _, plugin = split_settings(additional, env={**env, key: value})
+                    assert str(getattr(plugin, name)) == value, where
                 continue
             field = key.removeprefix(ENV_PREFIX).lower()
             assert field in FIELD_NAMES and field not in additional, where

@@ -21,8 +21,9 @@ avoid. GrowPage's wider batch is kept (a GPU decodes a wide batch for the cost o
 under pressure relief compresses requests toward their floors rather than vLLM preempting them.
 
 Both shares are learned from requests that finished (:class:`CompletionHistory`): a high quantile of
-recent ones, so a few short answers do not over-admit; until enough have finished both are 1 (every
-request may use its ``max_tokens``; an unobserved request's attention needs all its tokens).
+recent ones, so a few short answers do not over-admit. Until enough have finished, every request
+may use its ``max_tokens``, and a request not observed yet is planned as needy as the neediest
+running one (every token when none is observed: :func:`standing_need_share`).
 
 Pure arithmetic and one small history; the vLLM home (:mod:`growpage.vllm_plugin.admission`) reads
 its scheduler into these records and carries the answer out.
@@ -83,6 +84,16 @@ def full_peak_tokens(tokens_now: int, output_tokens: int, max_tokens: int, outpu
     return tokens_now + math.ceil(to_come - 1e-9)
 
 
+def standing_need_share(learned: float | None, running: Sequence[Compression | None]) -> float:
+    """The attention-need share for requests not observed yet: the learned one; before enough
+    requests finished, the largest share a running request's observed attention needs now (a
+    waiting request is planned like the neediest running one); with none observed, 1 (every token)."""
+    if learned is not None:
+        return learned
+    observed = [c.need_share for c in running if c is not None and c.need_share is not None]
+    return max(observed) if observed else 1.0
+
+
 def projected_demand(request_id: str, *, pages_now: int, peak_tokens: int, block_size: int,
                      compression: Compression | None = None, learned_need_share: float = 1.0) -> KVDemand:
     """A request's demand at its end: full KV's pages, or, where GrowPage compresses it, its floor
@@ -112,10 +123,11 @@ def admissible(running: Sequence[KVDemand], waiting: Sequence[KVDemand], total_p
 
 @dataclasses.dataclass(frozen=True)
 class Shares:
-    """The learned shares (1.0 until :data:`MIN_FINISHED` requests finished)."""
+    """The learned shares: ``output_share`` 1.0 until :data:`MIN_FINISHED` requests finished;
+    ``need_share`` None until as many observed ones did (the caller then stands in for it)."""
 
     output_share: float = 1.0
-    need_share: float = 1.0
+    need_share: float | None = None
     finished: int = 0
 
 
@@ -141,7 +153,8 @@ class CompletionHistory:
             self._need.append(_unit(need_share))
 
     def shares(self) -> Shares:
-        return Shares(_learned(self._output), _learned(self._need), self.finished)
+        need = _learned(self._need) if len(self._need) >= MIN_FINISHED else None
+        return Shares(_learned(self._output), need, self.finished)
 
 
 def _unit(value: float) -> float:

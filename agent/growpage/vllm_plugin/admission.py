@@ -35,6 +35,7 @@ from growpage.core.admission import (
     admissible,
     full_peak_tokens,
     projected_demand,
+    standing_need_share,
 )
 from growpage.core.controller import GrowthController
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
@@ -161,12 +162,14 @@ class AdmissionGate:
         (reads the scheduler, changes nothing: monitor's forecast asks it too)."""
         shares = self.history.shares()
         running = list(scheduler.running)
-        demands = [self._demand(scheduler, request, held_pages.get(request.request_id, 0), shares,
-                                compression(request)) for request in running]
+        compressions = [compression(request) for request in running]
+        need = standing_need_share(shares.need_share, compressions)
+        demands = [self._demand(scheduler, request, held_pages.get(request.request_id, 0), need, shares, squeeze)
+                   for request, squeeze in zip(running, compressions, strict=True)]
         projected = sum(demand.peak_pages for demand in demands)
         occupied = len(running) + int(getattr(scheduler, "num_waiting_for_streaming_input", 0) or 0)
         candidates = self._waiting(scheduler, limit - occupied)
-        waiting = [self._demand(scheduler, request, 0, shares, compression(request)) for request in candidates]
+        waiting = [self._demand(scheduler, request, 0, need, shares, compression(request)) for request in candidates]
         admitted = admissible(demands, waiting, self.total_pages) if waiting else 0
         return AdmissionPlan(occupied, tuple(request.request_id for request in candidates), admitted, projected)
 
@@ -182,14 +185,14 @@ class AdmissionGate:
     def shares(self) -> Shares:
         return self.history.shares()
 
-    def _demand(self, scheduler: Scheduler, request: Request, held: int, shares: Shares,
+    def _demand(self, scheduler: Scheduler, request: Request, held: int, need_share: float, shares: Shares,
                 compression: Compression | None) -> KVDemand:
         # logical tokens: a preempted (waiting) request comes back with its output so far, recomputed
         tokens = int(request.num_computed_tokens) if held else int(request.num_tokens)
         peak = full_peak_tokens(tokens, int(request.num_output_tokens), _max_tokens(request, scheduler),
                                 shares.output_share)
         return projected_demand(request.request_id, pages_now=held, peak_tokens=peak, block_size=self.block_size,
-                                compression=compression, learned_need_share=shares.need_share)
+                                compression=compression, learned_need_share=need_share)
 
     @staticmethod
     def _waiting(scheduler: Scheduler, room: int) -> list[Request]:

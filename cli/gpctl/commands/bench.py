@@ -359,6 +359,12 @@ def _trace_size(text: str | None) -> dict[str, int]:
     return {"requests": int(requests), "max_tokens": int(tokens)}
 
 
+_PART_HELP = ("pressure (the traces under KV pressure), overhead (monitor and idle enforce vs vLLM alone), "
+              "sampling (what monitor's sampling costs in decisions), retrieval (retrieval under KV pressure: "
+              "accuracy, correct answers/s), accuracy (full KV on every retrieval family), sweep (GrowPage's "
+              "floor and each fixed cap's budget: tokens/s against NLL increase), headline (GrowPage at its "
+              "shipped defaults against tuned vLLM alone, every cap at equal memory and the limit), forecast "
+              "(monitor's forecast against enforce); default pressure, overhead and sampling.")
 _MAX_NUM_SEQS_HELP = ("max_num_seqs values vLLM alone also runs with in --part headline; the fastest is tuned "
                       "vLLM alone (repeatable; default 4 and 6).")
 
@@ -371,17 +377,7 @@ def vllm(
                                                                "(default: the shipped floor, 128 tokens: 4 blocks "
                                                                "of 32).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="OMP threads of the vLLM engines.")] = None,
-    part: Annotated[list[str] | None, typer.Option(help="pressure (the traces under KV pressure), overhead "
-                                                        "(monitor and idle enforce vs vLLM alone), sampling (what "
-                                                        "monitor's sampling costs in decisions), retrieval "
-                                                        "(retrieval under KV pressure: accuracy, correct "
-                                                        "answers/s), accuracy (full KV on every retrieval "
-                                                        "family), sweep (GrowPage's floor and each fixed cap's "
-                                                        "budget: tokens/s against NLL increase), headline "
-                                                        "(GrowPage at its shipped defaults against tuned vLLM "
-                                                        "alone, every cap at equal memory and the limit), "
-                                                        "forecast (monitor's forecast against enforce); "
-                                                        "default pressure, overhead and sampling.")] = None,
+    part: Annotated[list[str] | None, typer.Option(help=_PART_HELP)] = None,
     seed: Annotated[list[int] | None, typer.Option(help="Trace seeds (repeatable; default 0 and 1).")] = None,
     repeats: Annotated[int | None, typer.Option(min=1, help="Interleaved rounds of every variant (default 3).")
                        ] = None,
