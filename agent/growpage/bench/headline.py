@@ -14,9 +14,8 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
 * ``growpage``: enforce at the shipped defaults
   (:meth:`~growpage.bench.vllm.VllmBenchSettings.growpage_config`);
 * ``growpage@vllm``, ``growpage@projected`` and ``growpage@after_preemption``: the same with each
-  ``admission`` (the shipped default, ``auto``, is ``projected`` on the CPU build and ``vllm`` on a
-  GPU; skip the duplicate with ``headline_skip``): what holding a start until the batch's projected
-  KV fits buys, or costs, beside compression;
+  ``admission`` (the shipped default is ``vllm``: skip its duplicate with ``headline_skip``): what
+  holding a start until the batch's projected KV fits buys, or costs, beside compression;
 * ``CAP@eq``: each fixed cap (``streaming_llm``, ``h2o``, ``snapkv``) at *equal memory*: a budget
   of GrowPage's measured mean KV per running request (blocks in use per running request,
   step-weighted), rounded up to whole blocks, taken from a pilot GrowPage run that also warms the
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
 Log = Callable[[str], None] | None
 CAPS = ("streaming_llm", "h2o", "snapkv")
 TUNED_PREFIX = "vllm@seqs"
-# growpage@<admission>: each admission beside the shipped default (auto: projected on the CPU build)
+# growpage@<admission>: each admission beside the shipped default (vllm)
 ADMISSION_VARIANTS = ("vllm", "projected", "after_preemption")
 ALWAYS_RUN = ("vllm", "growpage", "limit")  # what the verdict reads
 # Targets (issue "enforce that never loses to vLLM alone"): GrowPage's speed at least this share of

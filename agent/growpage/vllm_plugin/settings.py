@@ -48,8 +48,8 @@ KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV he
 # admission under enforce: by the device, vLLM's own, growth-aware always, or once vLLM preempts
 ADMISSION_CHOICES = ("auto", "vllm", "projected", "after_preemption")
 # auto: growth-aware where KV lives in host memory (a CPU build decodes a wide batch no faster and
-# pays a preemption's recompute in full; measured: docs/BENCHMARKS.md), vLLM's own elsewhere (a GPU
-# decodes a wide batch for about the cost of a narrow one; not measured here)
+# pays a preemption's recompute in full; measured on decode-heavy work: docs/BENCHMARKS.md), vLLM's
+# own elsewhere (a GPU decodes a wide batch for about the cost of a narrow one; not measured here)
 AUTO_ADMISSION_BY_DEVICE = {"cpu": "projected"}
 VLLM_METHODS = ("growpage", "growpage_when_it_pays", "streaming_llm", "h2o", "snapkv")
 """Methods enforce can run inside vLLM (quantizing ones cannot: ``kv_cache_dtype`` is deployment-wide)."""
@@ -115,18 +115,18 @@ class PluginSettings:
             R-KV uses 0.9-0.93): a compaction ranks a request's generated tokens (past its prompt,
             before the recent window) by R-KV's mix of attention and key redundancy, so repeated
             phrases of a long decode give way first (:mod:`~growpage.vllm_plugin.redundancy`).
-        admission: under enforce, when a waiting request may start. ``vllm``: vLLM's own (a
-            waiting request starts when its prompt fits now). ``projected``: only while the running
-            requests' projected KV at their ends, with it, fits the pool, each compressed to its
-            floor (GrowPage's) or whole (requests it does not compress), with output and
+        admission: under enforce, when a waiting request may start. ``vllm`` (the default): vLLM's
+            own (a waiting request starts when its prompt fits now). ``projected``: only while the
+            running requests' projected KV at their ends, with it, fits the pool, each compressed to
+            its floor (GrowPage's) or whole (requests it does not compress), with output and
             attention-need shares learned from finished requests
             (:mod:`~growpage.vllm_plugin.admission`), so a batch admitted on its prompts does not
             outgrow the pool and thrash in preemptions. ``after_preemption``: the same, only within
-            a few hundred steps of a vLLM preemption. ``auto`` (the default): ``projected`` where KV
-            lives in host memory (vLLM's CPU build), ``vllm`` elsewhere (:meth:`admission_on`). A
-            trade: fewer preemptions (recomputes) for a narrower batch; which pays depends on what a
-            preemption costs against a wider batch on the hardware (docs/BENCHMARKS.md has the
-            table). Monitor and off never change admission.
+            a few hundred steps of a vLLM preemption. ``auto``: ``projected`` where KV lives in host
+            memory (vLLM's CPU build), ``vllm`` elsewhere (:meth:`admission_on`). A trade: fewer
+            preemptions (recomputes) for a narrower batch, and a held request is not made room for
+            by compressing the others; which pays depends on the traffic and the hardware
+            (docs/BENCHMARKS.md has the table). Monitor and off never change admission.
     """
 
     exporter_port: int = DEFAULT_EXPORTER_PORT
@@ -145,7 +145,7 @@ class PluginSettings:
     keep_sets: str = "request"
     shared_keep_fraction: float = 0.0
     redundancy_weight: float = 0.0
-    admission: str = "auto"
+    admission: str = "vllm"
 
     def __post_init__(self) -> None:
         if not isinstance(self.exporter_port, int) or not -1 <= self.exporter_port <= 65535:
