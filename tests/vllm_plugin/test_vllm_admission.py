@@ -40,8 +40,9 @@ def _scheduler(running: int, waiting: int, **request):
                                  max_num_active_reqs=CONFIGURED, max_model_len=2048)
 
 
-def _held(scheduler, pages: int = 3) -> dict[str, int]:
-    return {request.request_id: pages for request in scheduler.running}
+def _held(scheduler, pages: int = 3) -> dict[str, list]:
+    """Each running request's block list (``pages`` blocks)."""
+    return {request.request_id: [object()] * pages for request in scheduler.running}
 
 
 def _gate(total_pages: int = 39) -> AdmissionGate:

@@ -22,7 +22,7 @@ the scheduler duck-typed, and tests drive it with stand-ins.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from growpage import catalog
@@ -39,7 +39,7 @@ from growpage.core.admission import (
 )
 from growpage.core.controller import GrowthController
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
-from growpage.vllm_plugin.vllm_types import Request, Scheduler
+from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
 
 LIMIT_ATTRIBUTE = "max_num_active_reqs"  # vLLM 0.32's admission limit (Scheduler.__init__)
 # after_preemption: how long admission keeps looking ahead after vLLM preempted (engine steps; at
@@ -130,13 +130,20 @@ class AdmissionGate:
         return (self._last_preemption_step is not None
                 and self.steps - self._last_preemption_step <= PREEMPTION_MEMORY_STEPS)
 
+    def advance(self) -> bool:
+        """Count one engine step; whether admission projects in it (:attr:`engaged`)."""
+        self.steps += 1
+        return self.engaged
+
     def on_preempt(self) -> None:
         """vLLM preempted a request: the batch outgrew the pool, so admission looks ahead again."""
         self._last_preemption_step = self.steps
 
-    def before_schedule(self, scheduler: Scheduler, held_pages: dict[str, int], compression: CompressionOf) -> bool:
-        """Set this step's admission limit on ``scheduler``. ``held_pages``: blocks each running
-        request holds; ``compression(request)``: how far GrowPage may compress it (None: it does not).
+    def before_schedule(self, scheduler: Scheduler, blocks: Mapping[str, Sequence[KVBlock]],
+                        compression: CompressionOf) -> bool:
+        """Set this step's admission limit on ``scheduler``. ``blocks``: each running request's blocks
+        (vLLM's own lists, read, never copied); ``compression(request)``: how far GrowPage may
+        compress it (None: it does not).
         Returns whether the oldest waiting request is held (pressure relief then makes no room for
         it this step)."""
         if not hasattr(scheduler, LIMIT_ATTRIBUTE):
@@ -144,11 +151,10 @@ class AdmissionGate:
         if self.configured_limit is None:
             self.configured_limit = int(getattr(scheduler, LIMIT_ATTRIBUTE))
         setattr(scheduler, LIMIT_ATTRIBUTE, self.configured_limit)  # vLLM's own, should anything below fail
-        self.steps += 1
-        if not self.engaged:
+        if not self.advance():
             self.projected_pages = 0
             return False
-        plan = self.plan(scheduler, held_pages, compression, self.configured_limit)
+        plan = self.plan(scheduler, blocks, compression, self.configured_limit)
         self.projected_pages = plan.projected_pages
         if not plan.held:
             return False
@@ -156,7 +162,7 @@ class AdmissionGate:
         setattr(scheduler, LIMIT_ATTRIBUTE, plan.occupied + plan.admitted)
         return plan.admitted == 0
 
-    def plan(self, scheduler: Scheduler, held_pages: dict[str, int], compression: CompressionOf,
+    def plan(self, scheduler: Scheduler, blocks: Mapping[str, Sequence[KVBlock]], compression: CompressionOf,
              limit: int) -> AdmissionPlan:
         """Which of the waiting requests vLLM would consider under ``limit`` start, and which wait
         (reads the scheduler, changes nothing: monitor's forecast asks it too)."""
@@ -164,7 +170,7 @@ class AdmissionGate:
         running = list(scheduler.running)
         compressions = [compression(request) for request in running]
         need = standing_need_share(shares.need_share, compressions)
-        demands = [self._demand(scheduler, request, held_pages.get(request.request_id, 0), need, shares, squeeze)
+        demands = [self._demand(scheduler, request, len(blocks.get(request.request_id, ())), need, shares, squeeze)
                    for request, squeeze in zip(running, compressions, strict=True)]
         projected = sum(demand.peak_pages for demand in demands)
         occupied = len(running) + int(getattr(scheduler, "num_waiting_for_streaming_input", 0) or 0)

@@ -149,9 +149,9 @@ class SchedulerEnforcer:
         request is held back this step."""
         if self.admission is None:
             return False
-        held = {request_id: len(blocks) for request_id, blocks in blocks_by_request(scheduler.kv_cache_manager).items()}
         return self.admission.before_schedule(
-            scheduler, held, lambda request: compression_of(self.controller, request, Mode.ENFORCE))
+            scheduler, blocks_by_request(scheduler.kv_cache_manager),
+            lambda request: compression_of(self.controller, request, Mode.ENFORCE))
 
     def before_schedule(self, scheduler: Scheduler, *, admission_held: bool = False) -> None:
         """One controller call for the step (boundaries and pressure relief, with the pool's pressure

@@ -146,11 +146,9 @@ class EnforceForecast:
         self._would_hold = frozenset()
         if self.admission is None or limit is None:
             return
-        self.admission.steps += 1
-        if not scheduler.waiting or not self.admission.engaged:
+        if not self.admission.advance() or not scheduler.waiting:
             return
-        held = {request_id: len(blocks) for request_id, blocks in blocks_by_request(scheduler.kv_cache_manager).items()}
-        plan = self.admission.plan(scheduler, held,
+        plan = self.admission.plan(scheduler, blocks_by_request(scheduler.kv_cache_manager),
                                    lambda request: compression_of(self.controller, request, Mode.MONITOR), limit)
         self._would_hold = frozenset(plan.held)
 
