@@ -89,9 +89,10 @@ def test_retrieval_compares_growpage_with_the_most_accurate_fixed_cap():
                 "elapsed_s": {"median": elapsed_s}}
 
     variants = {"vllm": variant(1.0, 0.5), "growpage": variant(0.5, 0.3, 8.0), "streaming_llm@4": variant(0.25, 0.2),
-                "h2o@4": variant(0.375, 0.2), "snapkv@4": variant(0.375, 0.25), "limit": variant(1.0, 0.6)}
+                "h2o@4": variant(0.375, 0.2), "snapkv@4": variant(0.375, 0.25),
+                "tova@4": variant(0.25, 0.3), "limit": variant(1.0, 0.6)}
     comparison = _retrieval_comparison(variants)
-    assert set(RETRIEVAL_CAPS) == {"streaming_llm", "h2o", "snapkv"}
+    assert set(RETRIEVAL_CAPS) == {"streaming_llm", "h2o", "snapkv", "tova"}
     assert comparison["best_cap"] == "snapkv@4"  # h2o ties on accuracy; snapkv answers faster
     assert comparison["growpage_accuracy_minus_best_cap"] == 0.125
     assert comparison["growpage_correct_per_s_vs_best_cap"] == 1.2

@@ -28,7 +28,7 @@ from growpage.core.manager import SlotStatus
 from growpage.core.methods import METHOD_NAMES, build_method
 from growpage.vllm_plugin.compaction import choose_keep, slot_positions
 from growpage.vllm_plugin.settings import VLLM_METHODS
-from growpage.vllm_plugin.token_scores import for_method
+from growpage.vllm_plugin.token_scores import TokenScores
 from support.factories import Driver, make_manager
 
 GOLDEN = Path(__file__).with_name("golden") / "method_trace.json"
@@ -83,14 +83,15 @@ def _vllm_trace(method_name: str) -> dict:
     """The worker's scores under ``method_name``: survivors before and after one compaction."""
     trace: dict[str, dict] = {}
     for per_head in (False, True):
-        scores = for_method(build_method(method_name))
+        scores = TokenScores(build_method(method_name))
         stream = _observations(per_head, seed=11)
         for observation in stream[:11]:
             scores.add("r", observation)
         length = 34  # 24 prompt tokens and 10 generated
         positions = torch.arange(length)
         first = choose_keep(positions, scores.ranking("r", positions), 20, length, shared_prefix_tokens=0,
-                            sink_tokens=1, recent_window_tokens=4, shared_fraction=0.5 if per_head else 0.0)
+                            sink_tokens=1, recent_window_tokens=4, shared_fraction=0.5 if per_head else 0.0,
+                            method=scores.method)
         assert first is not None
         scores.keep("r", first, length)
         dropped = length - 20
@@ -103,7 +104,7 @@ def _vllm_trace(method_name: str) -> dict:
         slots = slot_positions(kept_positions, physical, dropped)
         second = {keep: choose_keep(slots, scores.ranking("r", slots), keep, length, shared_prefix_tokens=0,
                                     sink_tokens=1, recent_window_tokens=4,
-                                    shared_fraction=0.5 if per_head else 0.0)
+                                    shared_fraction=0.5 if per_head else 0.0, method=scores.method)
                   for keep in (12, 24)}
         trace["kv_head" if per_head else "request"] = {
             "first": first.tolist(),
@@ -133,7 +134,7 @@ def test_what_every_method_keeps_in_both_homes_is_unchanged():
 def test_the_trace_shows_compactions_to_compare():
     """The golden trace is only worth keeping if the workload compacts under every method that can."""
     golden = json.loads(GOLDEN.read_text())
-    for name in ("growpage", "h2o", "snapkv", "streaming_llm", "zipage"):
+    for name in ("growpage", "h2o", "snapkv", "streaming_llm", "zipage", "tova"):
         assert any(isinstance(event[2], list) for event in golden["reference_engine"][name]["events"]), name
     for name, homes in golden["vllm"].items():
         assert homes["request"]["second"] and homes["kv_head"]["second"], name
@@ -144,7 +145,7 @@ def test_a_different_keep_set_is_caught(name):
     """The comparison can fail: the same workload under another seed keeps other tokens."""
     golden = json.loads(GOLDEN.read_text())
     other = _vllm_trace(name)
-    scores = for_method(build_method(name))
+    scores = TokenScores(build_method(name))
     for observation in _observations(False, seed=12)[:11]:
         scores.add("r", observation)
     positions = torch.arange(34)

@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 import torch
 
 from growpage.config import GrowPageConfig
 from growpage.core.evict import max_pool_scores
-from growpage.core.methods import (
-    METHOD_NAMES,
-    build_method,
-    fixed_budget_decide,
-    full_kv_decide,
-    random_decide,
-    uniform_quantization_decide,
-    without_lts,
-    without_sts,
-)
+from growpage.core.methods import METHOD_NAMES, VLLM_CAP_NAMES, VLLM_METHOD_NAMES, Observation, build_method
+from growpage.core.methods.base import KVMethod, register
 from growpage.core.policy import Action, BoundaryState, Reason, Refusal, decide
 
 CONFIG = GrowPageConfig(mode="enforce", base_pages=8)
+full_kv_decide = build_method("full_kv").decide
+fixed_budget_decide = build_method("h2o").decide
+uniform_quantization_decide = build_method("uniform_int8").decide
+without_sts = build_method("growpage_no_sts").decide
+without_lts = build_method("growpage_no_lts").decide
 
 
 def state(**overrides) -> BoundaryState:
@@ -60,11 +56,11 @@ def test_ablations_replace_one_signal_with_a_constant():
 
 
 def test_random_ablation_draws_only_feasible_actions_reproducibly():
-    choose = random_decide(random.Random(3))
-    picks = [choose(state(can_quantize=False), CONFIG).action for _ in range(50)]
+    choose = build_method("growpage_random", seed=3)
+    picks = [choose.decide(state(can_quantize=False), CONFIG).action for _ in range(50)]
     assert set(picks) == {Action.ALLOCATE, Action.EVICT}
-    again = random_decide(random.Random(3))
-    assert picks == [again(state(can_quantize=False), CONFIG).action for _ in range(50)]
+    again = build_method("growpage_random", seed=3)
+    assert picks == [again.decide(state(can_quantize=False), CONFIG).action for _ in range(50)]
 
 
 def test_growth_yields_to_admission_but_never_preempts_over_it():
@@ -105,3 +101,21 @@ def test_growpage_and_its_ablations_keep_what_attention_needs_and_fixed_caps_do_
         assert follows[name] == 0.95, name
     for name in ("full_kv", "streaming_llm", "h2o", "snapkv", "zipage", "uniform_int8"):
         assert follows[name] == 0.0, name
+
+
+def test_each_method_weighs_its_observations_as_its_paper_does():
+    growpage, h2o, snapkv, tova = (build_method(n) for n in ("growpage", "h2o", "snapkv", "tova"))
+    assert [growpage.observation_weight(kind) for kind in Observation] == [0.0, 32.0, 1.0]  # prompt-anchored
+    assert [h2o.observation_weight(kind) for kind in Observation] == [1.0, 1.0, 1.0]
+    assert (h2o.step_decay, snapkv.step_decay, tova.step_decay) == (1.0, 1.0 - 1.0 / 32, 0.0)
+    streaming = build_method("streaming_llm")
+    positions = torch.tensor([3, 1, 2])
+    assert not streaming.uses_attention and streaming.rank(positions, torch.ones(3)).tolist() == [3.0, 1.0, 2.0]
+
+
+def test_the_lists_of_methods_follow_the_registry():
+    assert VLLM_CAP_NAMES == ("streaming_llm", "h2o", "snapkv", "tova")
+    assert set(VLLM_METHOD_NAMES) == {"growpage", "growpage_when_it_pays", *VLLM_CAP_NAMES}
+    assert METHOD_NAMES[0] == "full_kv" and METHOD_NAMES.index("tova") < METHOD_NAMES.index("growpage")
+    with pytest.raises(ValueError, match="registered twice"):
+        register("h2o", lambda seed: KVMethod("h2o"))

@@ -24,6 +24,7 @@ from cache_layouts import (
     vllm_layer_caches,
 )
 
+from growpage.core.methods import Observation
 from growpage.tooling import synthetic
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin.observer import VllmObserver
@@ -117,10 +118,13 @@ def test_probe_reads_and_moves_match_a_dense_reference(backend, layout_name, wri
 
 
 def _compaction_scores(observer: VllmObserver, request_id: str) -> torch.Tensor:
-    """The scores a compaction of ``request_id`` would rank its tokens by (its one observation)."""
+    """The scores a compaction of ``request_id`` would rank its tokens by (its one observation, the
+    prompt's, unweighted)."""
     assert observer.compactor is not None
-    observed = observer.compactor.scores._requests[request_id].prompt
-    return observer.compactor.scores.ranking(request_id, torch.arange(observed.numel()))
+    scores = observer.compactor.scores
+    observed = scores._requests[request_id].folded
+    weight = scores.method.observation_weight(Observation.PROMPT_END)
+    return scores.ranking(request_id, torch.arange(observed.numel())) / weight
 
 
 def _observer() -> VllmObserver:

@@ -5,15 +5,22 @@ Pure torch: no vLLM needed (:mod:`growpage.vllm_plugin.token_scores`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from growpage.core.methods import TokenScore, build_method
+from growpage.core.methods import build_method
 from growpage.vllm_plugin.compaction import choose_keep
-from growpage.vllm_plugin.token_scores import TokenScores, for_method
+from growpage.vllm_plugin.token_scores import TokenScores
 
 PROMPT = 12
 NEEDLE = 5  # a prompt token the question looks at, and the answer's preamble does not
+
+
+def _scores(name: str, **fields) -> TokenScores:
+    """A worker's scores under the method ``name``, with ``fields`` changed."""
+    return TokenScores(dataclasses.replace(build_method(name), **fields))
 
 
 def _prompt_then_decodes(scores: TokenScores, decode_steps: int) -> None:
@@ -39,7 +46,7 @@ def _kept(scores: TokenScores, keep: int) -> list[int]:
 
 
 def test_growpage_keeps_what_the_question_looked_at_after_many_decode_steps():
-    anchored, summed = TokenScores(TokenScore.PROMPT_ANCHORED), TokenScores(TokenScore.ACCUMULATED)
+    anchored, summed = _scores("growpage"), _scores("h2o")
     for scores in (anchored, summed):
         _prompt_then_decodes(scores, decode_steps=20)
     assert NEEDLE in _kept(anchored, keep=8)
@@ -47,7 +54,7 @@ def test_growpage_keeps_what_the_question_looked_at_after_many_decode_steps():
 
 
 def test_prompt_anchored_ranks_generated_tokens_as_the_decode_sum_does():
-    anchored, summed = TokenScores(TokenScore.PROMPT_ANCHORED), TokenScores(TokenScore.ACCUMULATED)
+    anchored, summed = _scores("growpage"), _scores("h2o")
     generated = torch.rand(3, 10)
     for scores in (anchored, summed):
         scores.add("r", torch.zeros(4))  # a 4-token prompt nobody attends
@@ -58,7 +65,7 @@ def test_prompt_anchored_ranks_generated_tokens_as_the_decode_sum_does():
 
 
 def test_window_scores_forget_old_attention_and_pool_neighbours():
-    window = TokenScores(TokenScore.WINDOW, window_steps=2, pool_kernel=3)
+    window = _scores("snapkv", step_decay=0.5, pool_kernel=3)
     window.add("r", torch.tensor([0.0, 0.0, 8.0, 0.0, 0.0, 0.0]))  # the prompt's heavy hitter, at 2
     for _ in range(6):
         window.add("r", torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.0]))
@@ -69,7 +76,7 @@ def test_window_scores_forget_old_attention_and_pool_neighbours():
 
 
 def test_scores_follow_their_tokens_through_a_compaction():
-    scores = TokenScores(TokenScore.ACCUMULATED)
+    scores = _scores("h2o")
     scores.add("r", torch.tensor([1.0, 2.0, 3.0, 4.0]))
     scores.add("r", torch.tensor([1.0, 0.0, 0.0, 0.0, 5.0]))
     scores.keep("r", torch.tensor([0, 3, 4]), physical=5)
@@ -77,36 +84,30 @@ def test_scores_follow_their_tokens_through_a_compaction():
 
 
 def test_nothing_observed_or_recency_ranks_nothing():
-    assert TokenScores(TokenScore.ACCUMULATED).ranking("r", torch.arange(3)) is None
-    recency = TokenScores(TokenScore.RECENCY)
+    assert _scores("h2o").ranking("r", torch.arange(3)) is None
+    recency = _scores("streaming_llm")
     recency.add("r", torch.ones(3))
     assert recency.ranking("r", torch.arange(3)) is None and "r" not in recency
 
 
 def test_a_forgotten_request_starts_again_from_its_prompt():
-    scores = TokenScores(TokenScore.PROMPT_ANCHORED)
+    scores = _scores("growpage")
     scores.add("r", torch.tensor([1.0, 0.0]))
     scores.add("r", torch.tensor([0.0, 3.0, 0.0]))
     scores.forget("r")  # preempted: recomputed from its prompt
-    scores.add("r", torch.tensor([0.0, 0.0, 2.0]))
-    assert scores.ranking("r", torch.arange(3)).tolist() == [0.0, 0.0, 2.0]
+    scores.add("r", torch.tensor([0.0, 0.0, 2.0]))  # the prompt's observation again: 32 decode steps' worth
+    assert scores.ranking("r", torch.arange(3)).tolist() == [0.0, 0.0, 64.0]
 
 
-@pytest.mark.parametrize(("method", "kind", "kernel"), [
-    ("growpage", TokenScore.PROMPT_ANCHORED, 1), ("growpage_when_it_pays", TokenScore.PROMPT_ANCHORED, 1),
-    ("h2o", TokenScore.ACCUMULATED, 1), ("snapkv", TokenScore.WINDOW, 7), ("streaming_llm", TokenScore.RECENCY, 1)])
-def test_each_method_ranks_as_its_paper_does(method, kind, kernel):
-    scores = for_method(build_method(method))
-    assert (scores.kind, scores.pool_kernel) == (kind, kernel)
-
-
-def test_an_unsupported_kind_is_refused_with_the_supported_ones():
-    with pytest.raises(ValueError, match="prompt_anchored"):
-        TokenScores(TokenScore.RANDOM)
+def test_tova_ranks_by_the_newest_observation_alone():
+    tova = _scores("tova")
+    tova.add("r", torch.tensor([9.0, 0.0, 0.0]))  # the prompt looked at token 0
+    tova.add("r", torch.tensor([0.0, 1.0, 0.0, 2.0]))  # the current query looks at 1 and 3
+    assert tova.ranking("r", torch.arange(4)).tolist() == [0.0, 1.0, 0.0, 2.0]
 
 
 def test_the_tokens_attention_needs_are_the_fewest_holding_the_coverage():
-    scores = TokenScores(TokenScore.PROMPT_ANCHORED)
+    scores = _scores("growpage")
     assert scores.tokens_for_coverage("r", 0.9) == 0  # nothing observed
     scores.add("r", torch.tensor([0.5, 0.0, 0.3, 0.1, 0.1]))
     assert scores.tokens_for_coverage("r", 0.5) == 1
@@ -118,9 +119,10 @@ def test_the_tokens_attention_needs_are_the_fewest_holding_the_coverage():
     assert scores.tokens_for_coverage("r", 0.9, protected_head=1, protected_tail=1) == 2 + 2
 
 
-@pytest.mark.parametrize("kind", [TokenScore.PROMPT_ANCHORED, TokenScore.ACCUMULATED, TokenScore.WINDOW])
-def test_per_kv_head_scores_rank_each_head_by_its_own_attention(kind):
-    per_head, first_head = TokenScores(kind), TokenScores(kind)
+@pytest.mark.parametrize("method", ["growpage", "h2o", "snapkv", "tova"])
+def test_per_kv_head_scores_rank_each_head_by_its_own_attention(method):
+    # unpooled: pooling reads new neighbours after a compaction (its own test below)
+    per_head, first_head = _scores(method, pool_kernel=1), _scores(method, pool_kernel=1)
     generator = torch.Generator().manual_seed(0)
     prompt = torch.rand(2, 6, generator=generator)
     decodes = [torch.rand(2, 6 + step, generator=generator) for step in range(1, 4)]
@@ -139,13 +141,13 @@ def test_per_kv_head_scores_rank_each_head_by_its_own_attention(kind):
 
 
 def test_snapkv_pools_each_kv_heads_scores_among_its_own_neighbours():
-    window = TokenScores(TokenScore.WINDOW, pool_kernel=3)
+    window = _scores("snapkv", pool_kernel=3)
     window.add("r", torch.tensor([[0.0, 0.0, 8.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 8.0]]))
     positions = torch.tensor([[0, 1, 2, 5, 6], [0, 1, 2, 3, 4]])  # head 0 was compacted: 2 and 5 are neighbours
     assert window.ranking("r", positions).tolist() == [[0.0, 8.0, 8.0, 8.0, 0.0], [0.0, 0.0, 0.0, 8.0, 8.0]]
 
 
 def test_per_kv_head_attention_need_is_the_neediest_heads():
-    scores = TokenScores(TokenScore.PROMPT_ANCHORED)
+    scores = _scores("growpage")
     scores.add("r", torch.tensor([[0.9, 0.1, 0.0, 0.0], [0.3, 0.3, 0.2, 0.2]]))
     assert scores.tokens_for_coverage("r", 0.85) == 4  # head 0 needs 1 token, head 1 all 4

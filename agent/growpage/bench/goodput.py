@@ -26,12 +26,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from growpage.bench.tasks import Task, accuracy_by_family, headline_families, is_correct
+from growpage.core.methods import VLLM_CAP_NAMES
 
 if TYPE_CHECKING:
     from growpage.bench.vllm_settings import VllmBenchSettings
 
 Log = Callable[[str], None] | None
-RETRIEVAL_CAPS = ("streaming_llm", "h2o", "snapkv")  # fixed caps at GrowPage's floor, same machinery
+RETRIEVAL_CAPS = VLLM_CAP_NAMES  # fixed caps at GrowPage's floor, same machinery
 
 
 def spec(model_dir: str, block_size: int, prompts: list[str], max_tokens: int, kv_blocks: int, variant: str,

@@ -37,13 +37,14 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from growpage.core.methods import VLLM_CAP_NAMES
 from growpage.errors import ConfigError
 
 if TYPE_CHECKING:
     from growpage.bench.vllm_settings import VllmBenchSettings
 
 Log = Callable[[str], None] | None
-CAPS = ("streaming_llm", "h2o", "snapkv")
+CAPS = VLLM_CAP_NAMES  # every fixed cap vLLM runs, as registered
 TUNED_PREFIX = "vllm@seqs"
 # growpage@<admission>: each admission beside the shipped default (vllm)
 ADMISSION_VARIANTS = ("vllm", "projected", "after_preemption")

@@ -126,7 +126,7 @@ def decision_timeline(timeline: dict, path: Path) -> Path:
     return _save(plt, fig, path)
 
 
-SWEEP_MARKERS = {"growpage": "D", "streaming_llm": "o", "h2o": "s", "snapkv": "^"}
+SWEEP_MARKERS = {"growpage": "D", "streaming_llm": "o", "h2o": "s", "snapkv": "^", "tova": "v"}  # others: "x"
 
 
 def sweep_tradeoff(result: dict, path: Path) -> Path:

@@ -12,9 +12,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from growpage.core.methods import VLLM_CAP_NAMES
 from growpage.vllm_plugin.settings import resolved_settings
 
-SWEEP_METHODS = ("growpage", "streaming_llm", "h2o", "snapkv")
+SWEEP_METHODS = ("growpage", *VLLM_CAP_NAMES)
 COVERAGE_MARK = "+cov"  # in a sweep variant's name: a point of GrowPage's coverage axis
 VARIANT_MARK = "/"  # in a sweep variant's name: the settings variant it ran (``growpage@2/heads``)
 

@@ -34,9 +34,9 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core import attention as attn
 from growpage.core.controller import GrowthController, Reading
 from growpage.core.devices import device_name
-from growpage.core.evict import max_pool_scores, protected_mask, select_keep, tokens_for_coverage, tokens_to_drop
+from growpage.core.evict import protected_mask, tokens_to_drop
 from growpage.core.kv_store import DTYPES, KVStore, PageFormat
-from growpage.core.methods import GROWPAGE, PROMPT_PRIOR_STEPS, KVMethod, TokenScore
+from growpage.core.methods import GROWPAGE, KVMethod, Protection, observation_kind
 from growpage.core.policy import Action, Reason
 from growpage.core.pool import PagePool
 from growpage.core.pressure import protected_tokens
@@ -177,7 +177,6 @@ class GrowPageManager:
         self._free_rows = list(range(max_requests - 1, -1, -1))
         self.observed_layers = self.controller.observed_layers
         self._quant_format = PageFormat.for_bits(config.quantization_bits)
-        self._random_scores = torch.Generator(device="cpu").manual_seed(0)
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
 
     # ---- admission ----------------------------------------------------------------------------
@@ -478,15 +477,6 @@ class GrowPageManager:
         scores = self.store.scores[index, :per_page].reshape(-1)[:count]
         return positions, scores, count
 
-    def _ranking_scores(self, positions: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """The method's eviction ranking (lowest goes first) over one group's tokens."""
-        kind = self.method.token_score
-        if kind is TokenScore.RECENCY:
-            return positions.float()
-        if kind is TokenScore.RANDOM:
-            return torch.rand(positions.shape, generator=self._random_scores).to(positions.device)
-        return max_pool_scores(positions, scores, self.method.pool_kernel)
-
     def _plan_evict(self, request: RequestKV, pages_to_free: int | None = None) -> _EvictPlan | None:
         """Drop the lowest-ranked unprotected tokens of one format group to free pages.
 
@@ -506,10 +496,13 @@ class GrowPageManager:
             drop = tokens_to_drop(count, per_page, pages_to_free)
             if drop == 0 or math.ceil(count / per_page) < pages_to_free:
                 continue
-            keep = select_keep(positions, self._ranking_scores(positions, scores), drop, request.logical_length,
-                               self.config.sink_tokens, self.config.recent_window_tokens)
-            if keep is None:
+            protection = Protection(request.logical_length, self.config.sink_tokens,
+                                    self.config.recent_window_tokens)
+            survivors = self.method.survivors(positions, self.method.rank(positions, scores), count - drop, protection)
+            if survivors is None:
                 continue
+            keep = torch.zeros(count, dtype=torch.bool, device=positions.device)
+            keep[survivors] = True
             return _EvictPlan(fmt=fmt, pages=pages, keep=keep)
         return None
 
@@ -565,20 +558,14 @@ class GrowPageManager:
     # ---- token scores and attention needs -------------------------------------------------------
     def _score_weight(self, request: RequestKV, num_tokens: int) -> float:
         """What this step's observation of ``request`` weighs in its tokens' scores (its
-        ``logical_length`` already counts the step's tokens). ``PROMPT_ANCHORED``: the step that
-        ends the prompt counts as :data:`~growpage.core.methods.PROMPT_PRIOR_STEPS` decode steps and
-        earlier prompt chunks not at all. Summed, that ranks every token as the vLLM home's
-        ``(k * prompt + decodes) / (k + steps)`` does (a request's tokens share the denominator)."""
-        if self.method.token_score is not TokenScore.PROMPT_ANCHORED:
-            return 1.0
-        prompt = request.control.prompt_tokens
-        if request.logical_length < prompt:
-            return 0.0  # a prompt chunk whose last query is not the prompt's
-        return float(PROMPT_PRIOR_STEPS) if request.logical_length - num_tokens < prompt else 1.0
+        ``logical_length`` already counts the step's tokens): the method's weight for a prompt
+        chunk, the step that ends the prompt, or a decode step."""
+        kind = observation_kind(request.control.prompt_tokens, request.logical_length - num_tokens, num_tokens)
+        return self.method.observation_weight(kind)
 
     def _measure_attention_needs(self, requests: list[RequestKV]) -> None:
         """Tell the controller how many tokens each enforced request's attention needs
-        (:func:`~growpage.core.evict.tokens_for_coverage` over its tokens' scores, as inside vLLM),
+        (the method's ``attention_need`` over its tokens' scores, as inside vLLM),
         once its prompt was observed and then every :data:`NEED_EVERY_TOKENS` tokens."""
         for request in requests:
             observed = request.logical_length >= request.control.prompt_tokens  # its prompt's step ran
@@ -595,8 +582,8 @@ class GrowPageManager:
             scores = torch.cat([g[1] for g in groups])
             protected = protected_mask(positions, request.logical_length, self.config.sink_tokens,
                                        self.config.recent_window_tokens)
-            need = tokens_for_coverage(self._ranking_scores(positions, scores).cpu(), protected.cpu(),
-                                       self._attention_coverage)
+            need = self.method.attention_need(self.method.rank(positions, scores).cpu(), protected.cpu(),
+                                              self._attention_coverage)
             self.controller.update_attention_need(request.request_id, need)
 
     # ---- the step -----------------------------------------------------------------------------
@@ -667,6 +654,8 @@ class GrowPageManager:
                                                 plan.layout.logical_lengths, self.config.sts_num_bins)
         plan.bin_mass += bin_mass
         plan.entropy += entropy
+        if plan.layers_observed == 0 and self.method.step_decay < 1.0:  # older attention fades, once a step
+            self.store.scores.mul_(self.method.step_decay)
         plan.layers_observed += 1
         token_mass = (probs.mean(dim=1) * plan.score_weights[:, None]).reshape(-1)
         self.store.scores.view(-1).index_add_(0, plan.layout.key_slot_ids, token_mass)
@@ -676,8 +665,6 @@ class GrowPageManager:
         if plan.layers_observed == 0:
             return
         try:
-            if self.method.score_decay < 1.0:  # windowed scores: older attention fades
-                self.store.scores.mul_(self.method.score_decay)
             rows = plan.summary_rows[plan.observed_rows]
             if rows.numel() == 0:
                 return

@@ -34,7 +34,11 @@ import math
 
 import torch
 
-from growpage.core.evict import protected_mask, select_keep
+from growpage.core.evict import protected_mask
+from growpage.core.methods import KVMethod, Protection
+
+# survivors as every method here picks them (the base class's hook), for callers with no method at hand
+_ANY_METHOD = KVMethod("any")
 
 
 def slot_positions(kept_positions: torch.Tensor | None, physical_tokens: int, dropped: int) -> torch.Tensor:
@@ -56,12 +60,12 @@ def slot_positions(kept_positions: torch.Tensor | None, physical_tokens: int, dr
 
 def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: int, logical_length: int,
                 shared_prefix_tokens: int, sink_tokens: int, recent_window_tokens: int,
-                shared_fraction: float = 0.0) -> torch.Tensor | None:
+                shared_fraction: float = 0.0, method: KVMethod = _ANY_METHOD) -> torch.Tensor | None:
     """The physical slots that survive a compaction, ascending (so logical order is kept).
 
-    The highest score wins among unprotected tokens; with no scores (nothing observed yet) the
-    newest win (StreamingLLM: sinks plus a recent window). Per KV head (``scores`` with a head
-    axis), each head ranks its own slots by its own scores.
+    Each kept set is ``method.survivors``: the highest score wins among unprotected tokens; with no
+    scores (nothing observed yet) the newest win (StreamingLLM: sinks plus a recent window). Per KV
+    head (``scores`` with a head axis), each head ranks its own slots by its own scores.
 
     Args:
         positions: ``[P]`` or ``[kv_heads, P]`` logical position of each physical slot
@@ -75,23 +79,26 @@ def choose_keep(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: 
             that no longer holds one of them fills its place by its own ranking). 0: each head
             ranks alone; 1: every head keeps the request's ranking where it can.
 
+        method: the method whose ``survivors`` hook picks each kept set.
+
     Returns:
         ``[num_keep]`` long slot indices (``[kv_heads, num_keep]`` when ``positions`` or ``scores``
         has a head axis), or None when the protected tokens alone exceed ``num_keep``.
     """
-    protection = (logical_length, shared_prefix_tokens, sink_tokens, recent_window_tokens)
+    protection = Protection(logical_length, sink_tokens, recent_window_tokens, shared_prefix_tokens)
     per_head = positions.dim() == 2 or (scores is not None and scores.dim() == 2)
     if not per_head:
-        return _keep_in_one_head(positions, scores, num_keep, *protection)
+        return method.survivors(positions, scores, num_keep, protection)
     heads = (scores if scores is not None and scores.dim() == 2 else positions).shape[0]
     head_positions = positions.expand(heads, -1) if positions.dim() == 1 else positions
     head_scores = scores.expand(heads, -1) if scores is not None and scores.dim() == 1 else scores
     if head_scores is not None and shared_fraction > 0.0:
-        head_scores = _with_common_tokens(head_positions, head_scores, num_keep, shared_fraction, *protection)
+        head_scores = _with_common_tokens(head_positions, head_scores, num_keep, shared_fraction, logical_length,
+                                          shared_prefix_tokens, sink_tokens, recent_window_tokens)
     kept = []
     for head in range(heads):
-        keep = _keep_in_one_head(head_positions[head], None if head_scores is None else head_scores[head], num_keep,
-                                 *protection)
+        keep = method.survivors(head_positions[head], None if head_scores is None else head_scores[head], num_keep,
+                                protection)
         if keep is None:
             return None
         kept.append(keep)
@@ -128,22 +135,6 @@ def _with_common_tokens(positions: torch.Tensor, scores: torch.Tensor, num_keep:
     common = torch.zeros(length, dtype=torch.bool)
     common[ranked[:min(quota, int(torch.isfinite(request).sum()))]] = True
     return torch.where(common[positions.long()], torch.full_like(scores, math.inf), scores)
-
-
-def _keep_in_one_head(positions: torch.Tensor, scores: torch.Tensor | None, num_keep: int, logical_length: int,
-                      shared_prefix_tokens: int, sink_tokens: int, recent_window_tokens: int) -> torch.Tensor | None:
-    """:func:`choose_keep` for ``[P]`` positions and scores (one kept set)."""
-    physical = positions.numel()
-    if scores is None or scores.numel() < physical:
-        ranked = positions.float()
-    else:
-        ranked = scores[:physical].float().clone()
-    if shared_prefix_tokens:
-        ranked[:shared_prefix_tokens] = math.inf
-    keep = select_keep(positions, ranked, physical - num_keep, logical_length, sink_tokens, recent_window_tokens)
-    if keep is None:
-        return None
-    return keep.nonzero().flatten()
 
 
 def recency_keep(physical_tokens: int, num_keep: int, leading_tokens: int) -> torch.Tensor:

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from growpage.config import GrowPageConfig
-from growpage.core.methods import TokenScore
+from growpage.core.methods import build_method
 from growpage.vllm_plugin.compaction import (
     choose_keep,
     physical_slot_mapping,
@@ -114,8 +114,8 @@ class WorkerCompactor:
         config: GrowPage's config (``block_size``, ``sink_tokens``, ``recent_window_tokens``).
         rank: this worker's tensor-parallel rank (for the enforce log).
         scores: what compactions rank tokens by (:mod:`~growpage.vllm_plugin.token_scores`);
-            the default sums attention (H2O); ``RECENCY`` keeps the newest (StreamingLLM). Scores
-            with a KV-head axis give per-head keep sets.
+            the default sums attention (H2O); a method that observes nothing keeps the newest
+            (StreamingLLM). Scores with a KV-head axis give per-head keep sets.
         redundancy_weight: R-KV's ``1 - lambda`` for the request's generated tokens (0: off); needs
             :attr:`key_caches`, which the observer fills with its observed layers' caches.
         shared_keep_fraction: with per-head scores, the share of each head's survivors kept in
@@ -129,7 +129,7 @@ class WorkerCompactor:
                  max_chunk_bytes: int | None = None):
         self.config = config
         self.rank = rank
-        self.scores = scores if scores is not None else TokenScores(TokenScore.ACCUMULATED)
+        self.scores = scores if scores is not None else TokenScores(build_method("h2o"))
         self.redundancy_weight = redundancy_weight
         self.shared_keep_fraction = shared_keep_fraction
         self.key_caches: list[torch.Tensor] = []  # the observed layers' cache views (redundancy's keys)
@@ -225,7 +225,7 @@ class WorkerCompactor:
             scores, redundancy = self._discount_redundant(scores, positions, block_row, plan, layout), True
         keep_index = choose_keep(positions, scores, keep, plan.logical_length,
                                  plan.shared_prefix_tokens, self.config.sink_tokens,
-                                 self.config.recent_window_tokens, self.shared_keep_fraction)
+                                 self.config.recent_window_tokens, self.shared_keep_fraction, self.scores.method)
         if keep_index is None:
             raise CompactionError(f"request {request_id}: protected tokens exceed {keep}")
         src, dst = self._moves(block_row, keep_index, keep)

@@ -195,7 +195,7 @@ class VllmObserver:
         self._reading_copies: list[tuple[list[str], HostCopy]] = []  # readings on their way to the host
         # enforce: the worker's physical state (None unless the deployment runs enforce)
         method = build_method(settings.method)
-        scores = token_scores.for_method(method)
+        scores = token_scores.TokenScores(method)
         self.compactor = (WorkerCompactor(config, rank, scores, settings.redundancy_weight,
                                           settings.shared_keep_fraction, settings.compaction_chunk_mib * 2 ** 20)
                           if config.mode is Mode.ENFORCE else None)
@@ -206,7 +206,7 @@ class VllmObserver:
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
         # monitor's forecast of enforce (vllm_plugin.forecast) needs what enforce's floors follow: each
         # monitored request's attention need, from the same scores enforce keeps (no compaction here)
-        self.forecast_scores = (token_scores.for_method(method)
+        self.forecast_scores = (token_scores.TokenScores(method)
                                 if config.mode is not Mode.OFF and self._attention_coverage > 0 and scores.scored
                                 else None)
         self._read_once: set[str] = set()  # requests whose summaries reached the scheduler at least once

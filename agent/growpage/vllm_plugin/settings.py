@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from growpage.config import DEFAULT_ATTENTION_COVERAGE, GrowPageConfig, Mode, merged_values, min_base_pages
+from growpage.core.methods import VLLM_METHOD_NAMES
 from growpage.errors import ConfigError
 
 ADDITIONAL_CONFIG_KEY = "growpage"
@@ -51,8 +52,9 @@ ADMISSION_CHOICES = ("auto", "vllm", "projected", "after_preemption")
 # pays a preemption's recompute in full; measured on decode-heavy work: docs/BENCHMARKS.md), vLLM's
 # own elsewhere (a GPU decodes a wide batch for about the cost of a narrow one; not measured here)
 AUTO_ADMISSION_BY_DEVICE = {"cpu": "projected"}
-VLLM_METHODS = ("growpage", "growpage_when_it_pays", "streaming_llm", "h2o", "snapkv")
-"""Methods enforce can run inside vLLM (quantizing ones cannot: ``kv_cache_dtype`` is deployment-wide)."""
+VLLM_METHODS = VLLM_METHOD_NAMES
+"""Methods enforce can run inside vLLM, as registered (quantizing ones cannot: ``kv_cache_dtype`` is
+deployment-wide)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +102,8 @@ class PluginSettings:
             request waiting), or a
             fixed cap for comparison under the same admission, pressure relief and floors:
             ``streaming_llm`` (sinks + the most recent tokens), ``h2o`` (accumulated attention),
-            ``snapkv`` (windowed attention; the cached prompt is compressed to the cap once).
+            ``snapkv`` (windowed attention; the cached prompt is compressed to the cap once),
+            ``tova`` (the newest query's attention alone).
             The cap is ``base_pages``.
         keep_sets: what a compaction keeps: ``request`` (one set of tokens for every KV head) or
             ``kv_head`` (each KV head its own highest-scored tokens, as H2O and SnapKV select: every
