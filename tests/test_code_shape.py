@@ -1,5 +1,6 @@
 """Small units: every function of the package and the CLI fits on a screen (at most 60 lines, from its
-``def`` line to its last line), so a reader can take each one at a time."""
+``def`` line to its last line), so a reader can take each one at a time; and no class that holds
+state carries more than 20 instance attributes, so each has one job a reader can name."""
 
 from __future__ import annotations
 
@@ -45,3 +46,55 @@ def test_the_walk_measures_from_the_def_line_to_the_last_line(tmp_path):
     (tmp_path / "agent" / "over.py").write_text(f"class Holder:\n    def over(self):\n{body}\n        y = 1\n"
                                                 .replace("\n    x", "\n        x"))
     assert long_functions(tmp_path) == {"agent/over.py over": MAX_FUNCTION_LINES + 1}
+
+
+MAX_INSTANCE_ATTRIBUTES = 20
+
+
+def _is_frozen_record(node: ast.ClassDef) -> bool:
+    """A frozen dataclass: an immutable record (settings, a snapshot), whose width is its schema."""
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call) and any(
+                keyword.arg == "frozen" and isinstance(keyword.value, ast.Constant) and keyword.value.value
+                for keyword in decorator.keywords):
+            return True
+    return False
+
+
+def instance_attributes(node: ast.ClassDef) -> set[str]:
+    """Names a class's methods assign on ``self``, and its annotated class-level fields."""
+    names = {statement.target.id for statement in node.body
+             if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            for target in sub.targets if isinstance(sub, ast.Assign) else [sub.target]:
+                names |= {element.attr for element in ast.walk(target) if isinstance(element, ast.Attribute)
+                          and isinstance(element.value, ast.Name) and element.value.id == "self"}
+    return names
+
+
+def wide_classes(root: Path = ROOT) -> dict[str, int]:
+    """``{"path Class": attributes}`` of every stateful class wider than the limit."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+                if isinstance(node, ast.ClassDef) and not _is_frozen_record(node):
+                    width = len(instance_attributes(node))
+                    if width > MAX_INSTANCE_ATTRIBUTES:
+                        found[f"{path.relative_to(root)} {node.name}"] = width
+    return found
+
+
+def test_no_stateful_class_holds_more_than_twenty_attributes():
+    assert wide_classes() == {}, f"classes over {MAX_INSTANCE_ATTRIBUTES} instance attributes: give a group of " \
+                                 "them its own small class"
+
+
+def test_the_width_counts_self_assignments_and_fields_but_not_frozen_records(tmp_path):
+    fields = "\n".join(f"    f{i}: int = 0" for i in range(MAX_INSTANCE_ATTRIBUTES))
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "wide.py").write_text(
+        f"import dataclasses\n@dataclasses.dataclass\nclass Wide:\n{fields}\n    def grow(self):\n"
+        f"        self.extra = 1\n@dataclasses.dataclass(frozen=True)\nclass Record:\n{fields}\n    g: int = 0\n")
+    assert wide_classes(tmp_path) == {"agent/wide.py Wide": MAX_INSTANCE_ATTRIBUTES + 1}

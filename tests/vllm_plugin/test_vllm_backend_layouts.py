@@ -187,7 +187,7 @@ def test_observer_probabilities_match_dense_attention(layout_name, metadata_kind
         dense.append(torch.softmax(logits * impl.scale, dim=-1))  # [heads, tokens]
     entropies = [-(probs * probs.clamp_min(1e-30).log()).sum(-1).mean() for probs in dense]
     observer.flush_observations()  # the step's observed layers are scored together
-    assert torch.allclose(observer._step[0].entropy, torch.stack(entropies), atol=1e-4)
+    assert torch.allclose(observer.step.layers[0].entropy, torch.stack(entropies), atol=1e-4)
     observer.end_step()  # the step's per-token attention becomes each enforced request's scores
     for request, probs in enumerate(dense):
         assert torch.allclose(_compaction_scores(observer, f"r{request}"), probs.mean(0), atol=1e-5)
@@ -248,7 +248,7 @@ def test_layers_scored_together_at_the_end_of_the_step_match_each_layer_alone(la
         logits = torch.einsum("hd,hkd->hk", query[0].float(), keys[layer].float().permute(1, 0, 2)[kv_of_head])
         probs = torch.softmax(logits * impl.scale, dim=-1)
         entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean()
-        assert torch.allclose(observer._step[position].entropy, entropy[None], atol=1e-4)
+        assert torch.allclose(observer.step.layers[position].entropy, entropy[None], atol=1e-4)
         mass += probs.mean(0)
     observer.end_step()
     assert torch.allclose(_compaction_scores(observer, "r"), mass, atol=1e-5)

@@ -25,9 +25,9 @@ def _observer(mode: str = "monitor", **plugin) -> VllmObserver:
 
 
 def test_monitor_observes_one_step_in_four_and_enforce_every_step_unless_told():
-    assert _observer("monitor").stride == MONITOR_OBSERVE_EVERY_STEPS == 4
-    assert _observer("enforce").stride == 1  # keep sets accumulate every step's attention
-    assert _observer("monitor", observe_every_steps=1).stride == 1  # the user's choice wins
+    assert _observer("monitor").sampling.stride == MONITOR_OBSERVE_EVERY_STEPS == 4
+    assert _observer("enforce").sampling.stride == 1  # keep sets accumulate every step's attention
+    assert _observer("monitor", observe_every_steps=1).sampling.stride == 1  # the user's choice wins
     _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_EVERY_STEPS": "2"})
     assert settings.observation_stride(Mode.MONITOR) == 2
     with pytest.raises(ConfigError, match="must be an integer"):
@@ -70,7 +70,7 @@ def _observed_rows(observer: VllmObserver, steps: int, num_requests: int = 3) ->
                                block_size=32, head_dim=head_dim)
         if observer.wants_layer(LAYER):
             observer.observe_layer(impl, torch.randn(num_requests, 2, head_dim), cache, metadata)
-        plan = observer._step_plan
+        plan = observer.step.plan
         seen.append(sorted(t.row for t in plan.observed) if plan is not None else [])
         observer.end_step()
     return seen
@@ -114,7 +114,7 @@ def _dispatcher(mode_name: str = "FULL_AND_PIECEWISE"):
 
 def _next_step(observer: VllmObserver) -> None:
     """End the step in progress (if any) and begin the next one; one request ``r0`` is tracked."""
-    if observer._in_step:
+    if observer.step.running:
         observer.end_step()
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r0"]))
     new = [] if observer.requests else _requests(1, 8)

@@ -120,7 +120,7 @@ def test_observer_reads_the_paged_cache_and_matches_direct_attention():
     probs = _observe_one_step(observer)
     expected_entropy = -(probs * probs.log()).sum(-1).mean()
     observer.flush_observations()
-    assert torch.allclose(observer._step[0].entropy, expected_entropy[None], atol=1e-5)
+    assert torch.allclose(observer.step.layers[0].entropy, expected_entropy[None], atol=1e-5)
     observer.end_step()
     assert observer.requests["r1"].namespace == "a" and observer.summaries.read([0])[0].steps_observed == 1
     report = observer.take_report()  # what the scheduler learns: this request's readings, one observed step
@@ -157,7 +157,7 @@ def test_a_request_resumed_after_a_preemption_is_observed_again_from_a_fresh_row
     step = types.SimpleNamespace
     observer.begin_step(None, step(finished_req_ids=set(), preempted_req_ids={"r1"}, scheduled_new_reqs=[]))
     observer.end_step()
-    assert observer.requests == {}  # its KV is gone: nothing to observe until it runs again
+    assert observer.requests.tracked == {}  # its KV is gone: nothing to observe until it runs again
     observer.begin_step(None, step(finished_req_ids=set(), scheduled_new_reqs=[],
                                    scheduled_cached_reqs=step(resumed_req_ids={"r1"})))
     resumed = observer.requests["r1"]
@@ -165,7 +165,8 @@ def test_a_request_resumed_after_a_preemption_is_observed_again_from_a_fresh_row
     assert observer.summaries.read([resumed.row])[0].steps_observed == 0  # its recomputed KV starts over
     observer.end_step()
     observer.begin_step(None, step(finished_req_ids={"r1"}, scheduled_new_reqs=[]))
-    assert observer.requests == {} and observer._preempted == {} and len(observer._free_rows) == 4  # no row leaks
+    table = observer.requests
+    assert table.tracked == {} and table.preempted == {} and len(table.free_rows) == 4  # no row leaks
 
 
 def test_off_requests_are_not_tracked():
@@ -173,7 +174,7 @@ def test_off_requests_are_not_tracked():
     new = types.SimpleNamespace(req_id="r", prompt_token_ids=[1, 2], num_computed_tokens=0,
                                 sampling_params=types.SimpleNamespace(extra_args={"growpage_mode": "off"}))
     observer.begin_step(None, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=[new]))
-    assert observer.requests == {}
+    assert observer.requests.tracked == {}
 
 
 def test_route_is_inserted_ahead_of_vllms_metrics_mount_and_relays_the_exporter():
@@ -461,4 +462,4 @@ def test_observer_scores_a_prompts_end_by_its_observation_window():
     causal = torch.arange(prompt)[None, :] > torch.arange(prompt - window, prompt)[:, None]
     probs = torch.softmax(logits.masked_fill(causal[None], float("-inf")), -1)
     expected = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean()
-    assert torch.allclose(observer._step[0].entropy, expected[None], atol=1e-5)
+    assert torch.allclose(observer.step.layers[0].entropy, expected[None], atol=1e-5)

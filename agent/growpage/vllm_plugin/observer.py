@@ -34,7 +34,7 @@ import torch
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import observed_layer_indices
-from growpage.core.devices import HostCopy, device_name, to_device
+from growpage.core.devices import device_name, to_device
 from growpage.core.faults import FaultGuard
 from growpage.core.methods import build_method
 from growpage.core.summaries import SummaryBank, readings_from, summarize_attention
@@ -45,21 +45,11 @@ from growpage.vllm_plugin.runner_views import batch_view
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.support import ACTIVE
 from growpage.vllm_plugin.wire import PLUGIN_COMPONENT, WorkerReport, append_enforce_log
+from growpage.vllm_plugin.worker_requests import TrackedRequest, WorkerRequests
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
-
-
-@dataclasses.dataclass
-class TrackedRequest:
-    """What the worker keeps per request it observes (its summaries live in the bank's ``row``)."""
-
-    request_id: str
-    row: int
-    namespace: str | None
-    mode: Mode
-    prompt_tokens: int
 
 
 @dataclasses.dataclass
@@ -87,6 +77,90 @@ class _StepRows:
 
 # One observed layer of this step: its cache view and its requests' newest sampled queries.
 _PendingLayer = scoring.ObservedLayer
+
+
+StepBatch = tuple[list[str], list[int], list[int], torch.Tensor]  # ids, query starts, seq_lens, block table
+
+
+@dataclasses.dataclass
+class _StepState:
+    """The step now running: whether it is observed, who its first observed layer planned to
+    observe (reused by the others), and the layers observed so far."""
+
+    begun: int = 0  # steps begun since start
+    running: bool = False  # between begin_step and end_step
+    observed: bool = True  # this step is due to be observed
+    layers: list[_LayerObservation] = dataclasses.field(default_factory=list)
+    batch: StepBatch | None = None  # the runner's batch, read once per step
+    plan: _StepRows | None = None  # who this step observes, once its first layer asked
+    planned: bool = False  # the plan was made this step (None then: nobody to observe)
+
+    def begin(self, stride: int) -> None:
+        self.begun += 1
+        self.running, self.observed = True, self.begun % stride == 0
+        self.layers, self.batch, self.plan, self.planned = [], None, None, False
+
+
+@dataclasses.dataclass
+class _Counts:
+    """What the worker counts, and where its last report left each count."""
+
+    steps_tracked: int = 0  # steps that ran with a tracked request
+    steps_observed: int = 0
+    errors: int = 0  # faults caught in this worker
+    reported: tuple[int, int, int] = (0, 0, 0)  # (steps_tracked, steps_observed, errors) at the last report
+
+    def since_report(self) -> tuple[int, int, int]:
+        """The counts' increases since the last call, which becomes the new last report."""
+        now = (self.steps_tracked, self.steps_observed, self.errors)
+        last, self.reported = self.reported, now
+        return now[0] - last[0], now[1] - last[1], now[2] - last[2]
+
+
+class _Sampling:
+    """Which layers and query heads the observer reads, and how often: fixed at start-up, with the
+    per-layer answer and the head tensors cached (this runs in every layer of every step).
+
+    Args:
+        observed_layers: the decoder layers observed (evenly spaced).
+        observed_heads: query heads sampled per layer.
+        per_kv_head: sample at least one query head per KV head (per-head keep sets).
+        stride: steps per observed step.
+    """
+
+    def __init__(self, observed_layers: frozenset[int], observed_heads: int, per_kv_head: bool, stride: int):
+        self.observed_layers = observed_layers
+        self.observed_heads = observed_heads
+        self.per_kv_head = per_kv_head
+        self.stride = stride
+        self._wanted_layers: dict[str, bool] = {}
+        self._heads_by_count: dict[int, torch.Tensor] = {}
+        self._heads_on_device: dict[tuple[int, str], torch.Tensor] = {}
+
+    def wants(self, layer_name: str) -> bool:
+        wanted = self._wanted_layers.get(layer_name)
+        if wanted is None:  # a layer's name never changes: parse it once
+            index = layer_index(layer_name)
+            wanted = self._wanted_layers[layer_name] = index is not None and index in self.observed_layers
+        return wanted
+
+    def heads(self, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        """The sampled query heads, evenly spaced; with per-head keep sets evenly spaced within each
+        KV head's group, at least one per group (built once per head count)."""
+        heads = self._heads_by_count.get(num_heads)
+        if heads is None:
+            heads = torch.tensor(sampled_heads(num_heads, num_kv_heads, self.observed_heads, self.per_kv_head),
+                                 dtype=torch.long)
+            self._heads_by_count[num_heads] = heads
+        return heads
+
+    def on(self, heads: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``heads`` on ``device``, copied once per device (not once per observed layer)."""
+        key = (heads.data_ptr(), str(device))
+        cached = self._heads_on_device.get(key)
+        if cached is None:
+            cached = self._heads_on_device[key] = heads.to(device)
+        return cached
 
 
 # Observed steps between two readings of every observed request's summaries (see _queue_readings).
@@ -164,35 +238,16 @@ class VllmObserver:
         self.device = torch.device("cpu")  # the KV cache's, once seen
         # "active" until the first write shows the cache layout cannot be read (note_kv_write)
         self.state = ACTIVE
-        self.errors_total = 0
+        self.counts = _Counts()
         self.faults = FaultGuard(self._count_fault, logger,
                                  suffix="vLLM carries on unchanged; further faults are counted in "
                                         "growpage_agent_errors_total, not logged")
-        self._errors_reported = 0
         self.summaries = SummaryBank(config, max_requests)
-        self.observed_layers = observed_layer_indices(num_layers, config.observed_layers)
-        self.num_layers = num_layers
-        self.requests: dict[str, TrackedRequest] = {}
-        self._preempted: dict[str, TrackedRequest] = {}  # preempted, waiting to resume (see _resume)
-        self._free_rows = list(range(max_requests - 1, -1, -1))
+        self.requests = WorkerRequests(max_requests)
         self.runner: Any = None
-        self._in_step = False
-        self._step: list[_LayerObservation] = []
-        self._step_batch: tuple[list[str], list[int], list[int], torch.Tensor] | None = None
-        self._step_plan: _StepRows | None = None  # who this step observes, once its first layer asked
-        self._step_planned = False  # the plan was made this step (None then: nobody to observe)
+        self.step = _StepState()
         self._layout: kv_keys.BlockLayout | None = None
         self._layout_failed = False
-        self.steps_observed = 0
-        self._steps_tracked = 0
-        self._steps_reported = (0, 0)
-        self._heads_by_count: dict[int, torch.Tensor] = {}
-        self._heads_on_device: dict[tuple[int, str], torch.Tensor] = {}
-        self._wanted_layers: dict[str, bool] = {}
-        self._steps_begun = 0
-        self._observe_this_step = True
-        self.stride = settings.observation_stride(config.mode)  # steps per observed step
-        self._reading_copies: list[tuple[list[str], HostCopy]] = []  # readings on their way to the host
         # enforce: the worker's physical state (None unless the deployment runs enforce)
         method = build_method(settings.method)
         scores = token_scores.TokenScores(method)
@@ -200,16 +255,24 @@ class VllmObserver:
                                           settings.shared_keep_fraction, settings.compaction_chunk_mib * 2 ** 20)
                           if config.mode is Mode.ENFORCE else None)
         # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
-        self._per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"
-        self.pending_readings: dict[str, tuple[float, float]] = {}
-        self.pending_attention_tokens: dict[str, int] = {}
+        per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"
+        self.sampling = _Sampling(observed_layer_indices(num_layers, config.observed_layers), settings.observed_heads,
+                                  per_kv_head, settings.observation_stride(config.mode))
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
         # monitor's forecast of enforce (vllm_plugin.forecast) needs what enforce's floors follow: each
         # monitored request's attention need, from the same scores enforce keeps (no compaction here)
         self.forecast_scores = (token_scores.TokenScores(method)
                                 if config.mode is not Mode.OFF and self._attention_coverage > 0 and scores.scored
                                 else None)
-        self._read_once: set[str] = set()  # requests whose summaries reached the scheduler at least once
+
+    @property
+    def observed_layers(self) -> frozenset[int]:
+        return self.sampling.observed_layers
+
+    @property
+    def errors_total(self) -> int:
+        """Faults caught in this worker since start."""
+        return self.counts.errors
 
     # ---- fault isolation --------------------------------------------------------------------------
     @property
@@ -221,7 +284,7 @@ class VllmObserver:
         self.faults.fault(PLUGIN_COMPONENT, f"{what} failed in the worker", log_key="worker")
 
     def _count_fault(self, _component: str) -> None:
-        self.errors_total += 1
+        self.counts.errors += 1
 
     def disable(self, reason: str, why: str) -> None:
         """Stop observing in this process for good, and say so (``growpage_agent_active`` = 0 with
@@ -237,33 +300,23 @@ class VllmObserver:
     # ---- request lifecycle (worker hook) ------------------------------------------------------------
     def begin_step(self, runner: Any, scheduler_output: Any) -> None:
         self.runner = runner
-        self._in_step = True
-        self._step = []
-        self._step_batch = None
-        self._step_plan = None
-        self._step_planned = False
-        self._steps_begun += 1
-        self._observe_this_step = self._steps_begun % self.stride == 0
+        self.step.begin(self.sampling.stride)
         self._collect_readings()
         for request_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self._release(request_id)
-            self._preempted.pop(request_id, None)
         for request_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
-            tracked = self._release(request_id)
-            if tracked is not None:
-                self._preempted[request_id] = tracked
+            self._release(request_id, preempted=True)
         for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
-            self._preempted.pop(new.req_id, None)
             self._admit(new)
         cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
         for request_id in getattr(cached, "resumed_req_ids", None) or ():
             self._resume(request_id)
-        if not self._observe_this_step and self.forecast_scores is not None:
+        if not self.step.observed and self.forecast_scores is not None:
             # a monitored prompt's end is always observed: prompt-anchored scores (and so the
             # forecast's attention need) start from it, as they do under enforce
-            self._observe_this_step = self._ends_a_monitored_prompt(scheduler_output)
+            self.step.observed = self._ends_a_monitored_prompt(scheduler_output)
         if self.requests and int(getattr(scheduler_output, "total_num_scheduled_tokens", 1) or 0) > 0:
-            self._steps_tracked += 1
+            self.counts.steps_tracked += 1
 
     def _ends_a_monitored_prompt(self, scheduler_output: Any) -> bool:
         """Whether this step computes the last prompt token of a monitored request."""
@@ -294,7 +347,7 @@ class VllmObserver:
     def wants_eager_step(self) -> bool:
         """Whether the step now starting is due to be observed, so it must not replay a full CUDA
         graph (which runs no Python: :mod:`~growpage.vllm_plugin.graph_steps`)."""
-        return self._in_step and self._observe_this_step and bool(self.requests) and not self._layout_failed
+        return self.step.running and self.step.observed and bool(self.requests) and not self._layout_failed
 
     @property
     def ready_to_compact(self) -> bool:
@@ -304,62 +357,43 @@ class VllmObserver:
     def take_report(self) -> WorkerReport:
         """What the scheduler learns from this worker since its last report."""
         self._collect_readings()
-        readings, self.pending_readings = self.pending_readings, {}
-        needs, self.pending_attention_tokens = self.pending_attention_tokens, {}
-        steps, observed = self._steps_tracked, self.steps_observed
-        last_steps, last_observed = self._steps_reported
-        self._steps_reported = (steps, observed)
-        errors, self._errors_reported = self.errors_total - self._errors_reported, self.errors_total
+        readings, needs = self.requests.take_pending()
+        steps, observed, errors = self.counts.since_report()
         return WorkerReport(readings=readings, ready_to_compact=self.ready_to_compact, observer_state=self.state,
-                            errors=errors, steps=steps - last_steps, steps_observed=observed - last_observed,
-                            attention_tokens=needs)
+                            errors=errors, steps=steps, steps_observed=observed, attention_tokens=needs)
 
     def _admit(self, new: Any) -> None:
         if new.req_id in self.requests:
             self._release(new.req_id)
         extra = getattr(getattr(new, "sampling_params", None), "extra_args", None) or {}
         namespace = request_namespace(extra)
-        mode = self.config.mode_for(namespace, extra.get(MODE_ARG))
-        if mode is Mode.OFF or not self._free_rows:
-            return
-        row = self._free_rows.pop()
-        self.summaries.reset([row])
-        self.requests[new.req_id] = TrackedRequest(new.req_id, row, namespace, mode,
-                                                   prompt_tokens=len(new.prompt_token_ids or ()))
+        tracked = self.requests.admit(new.req_id, namespace, self.config.mode_for(namespace, extra.get(MODE_ARG)),
+                                      prompt_tokens=len(new.prompt_token_ids or ()))
+        if tracked is not None:
+            self.summaries.reset([tracked.row])
 
     def _resume(self, request_id: str) -> None:
         """Track a request again that vLLM resumed after a preemption. Model Runner V1 resends it as a
         cached request (``resumed_req_ids``), not a new one: without this the agent would stay blind to
         it for the rest of its life. Its KV is recomputed, so its summaries start over in a fresh row."""
-        tracked = self._preempted.pop(request_id, None)
-        if tracked is None or request_id in self.requests or not self._free_rows:
-            return
-        row = self._free_rows.pop()
-        self.summaries.reset([row])
-        self.requests[request_id] = dataclasses.replace(tracked, row=row)
+        tracked = self.requests.resume(request_id)
+        if tracked is not None:
+            self.summaries.reset([tracked.row])
 
-    def _release(self, request_id: str) -> TrackedRequest | None:
+    def _release(self, request_id: str, preempted: bool = False) -> None:
+        """Forget a request here and in the compactor's and forecast's scores (``preempted``: the
+        table keeps it aside to resume)."""
         if self.compactor is not None:
             self.compactor.forget(request_id)
         if self.forecast_scores is not None:
             self.forecast_scores.forget(request_id)
-        self.pending_readings.pop(request_id, None)
-        self.pending_attention_tokens.pop(request_id, None)
-        self._read_once.discard(request_id)
-        tracked = self.requests.pop(request_id, None)
-        if tracked is not None:
-            self._free_rows.append(tracked.row)
-        return tracked
+        self.requests.release(request_id, preempted)
 
     # ---- attention (backend hook) -------------------------------------------------------------------
     def wants_layer(self, layer_name: str) -> bool:
-        if not self._in_step or not self.requests or self._layout_failed or not self._observe_this_step:
+        if not self.step.running or not self.requests or self._layout_failed or not self.step.observed:
             return False
-        wanted = self._wanted_layers.get(layer_name)
-        if wanted is None:  # a layer's name never changes: parse it once
-            index = layer_index(layer_name)
-            wanted = self._wanted_layers[layer_name] = index is not None and index in self.observed_layers
-        return wanted
+        return self.sampling.wants(layer_name)
 
     def note_kv_write(self, kv_cache: torch.Tensor, key: torch.Tensor, slot_mapping: torch.Tensor,
                       write: kv_keys.CacheWrite, *, num_kv_heads: int, block_size: int, head_dim: int) -> None:
@@ -378,7 +412,7 @@ class VllmObserver:
                 layout = None
         if layout is None:
             self._layout_failed = True
-            self.errors_total += 1
+            self.counts.errors += 1
             self.state = "unsupported_cache_layout"
             logger.error("growpage: this attention backend's KV cache layout (dtype %s, shape %s) does not "
                          "round-trip; attention observation and compaction are off in pid %d (vLLM runs "
@@ -407,11 +441,11 @@ class VllmObserver:
         plan = self._step_rows(metadata, query.device)
         if plan is None:
             return
-        heads = self._sampled_heads(impl.num_heads, impl.num_kv_heads)
+        heads = self.sampling.heads(impl.num_heads, impl.num_kv_heads)
         kv_heads = heads // max(1, impl.num_heads // impl.num_kv_heads)
         # Only the newest queries are taken now (a copy: the next layer reuses vLLM's buffers); the
         # keys stay in the cache, and every observed layer is scored at once at the end of the step.
-        query_rows = query.index_select(0, plan.query_tokens).index_select(1, self._heads_on(heads, query.device))
+        query_rows = query.index_select(0, plan.query_tokens).index_select(1, self.sampling.on(heads, query.device))
         window = len(plan.query_offsets[0])
         if window > 1:  # [R * W, H, hd] -> [R, H, W, hd]
             query_rows = query_rows.view(len(plan.rows), window, *query_rows.shape[1:]).transpose(1, 2)
@@ -423,14 +457,14 @@ class VllmObserver:
         under ``observe_chunk_mib``, softmax and summaries per chunk (exact: each request's softmax
         is its own), on the cache's device without waiting for it. The cache still holds this
         step's keys (nothing writes it before the next step). Called by ``end_step``."""
-        plan = self._step_plan
+        plan = self.step.plan
         if not isinstance(plan, _StepRows) or not plan.pending or self._layout is None:
             return
         pending, plan.pending = plan.pending, []
         scores = scoring.score_step(
             pending, plan.block_rows, plan.lengths, self._layout,
             cap_bytes=self.settings.observe_chunk_mib * 2 ** 20, token_mass=plan.wants_token_mass,
-            mass_by_kv_head=self._per_kv_head,
+            mass_by_kv_head=self.sampling.per_kv_head,
             summarize=functools.partial(summarize_attention, num_bins=self.config.sts_num_bins),
             query_offsets=plan.query_offsets)
         # compaction scores: per token (and KV head), head mean, summed over layers
@@ -439,14 +473,14 @@ class VllmObserver:
             self.compactor.key_caches = [layer.cache for layer in pending]  # redundancy reads their keys
         assert scores.bin_mass is not None and scores.entropy is not None
         for layer in range(len(pending)):
-            self._step.append(_LayerObservation(plan.rows, scores.bin_mass[layer], scores.entropy[layer]))
+            self.step.layers.append(_LayerObservation(plan.rows, scores.bin_mass[layer], scores.entropy[layer]))
 
     def _step_rows(self, metadata: Any, query_device: torch.device) -> _StepRows | None:
         """Who this step observes, and their index tensors, built at the step's first observed layer
         and reused by the others (the batch is the same in every layer)."""
-        if self._step_planned:
-            return self._step_plan
-        self._step_planned = True
+        if self.step.planned:
+            return self.step.plan
+        self.step.planned = True
         assert self._layout is not None
         req_ids, starts, seq_lens, block_table = self._batch_view(metadata)
         num_rows = min(len(req_ids), len(seq_lens), len(starts) - 1)
@@ -464,7 +498,7 @@ class VllmObserver:
         if not rows:
             return None
         if len(rows) > self.settings.observe_max_requests:
-            keep = rotating_sample(len(rows), self.settings.observe_max_requests, self.steps_observed)
+            keep = rotating_sample(len(rows), self.settings.observe_max_requests, self.counts.steps_observed)
             batch_rows, rows, lengths = ([values[n] for n in keep] for values in (batch_rows, rows, lengths))
             observed = [observed[n] for n in keep]
         max_len = max(lengths)
@@ -473,44 +507,26 @@ class VllmObserver:
         block_rows = block_table.index_select(0, index)[:, :-(-max_len // self._layout.block_size)]
         tokens, offsets = query_window([(starts[i], starts[i + 1]) for i in batch_rows],
                                        self.settings.observation_window_tokens)
-        self._step_plan = _StepRows(
+        self.step.plan = _StepRows(
             rows=rows, lengths=lengths, observed=observed, max_len=max_len,
             query_tokens=to_device(tokens, query_device), query_offsets=offsets, block_rows=block_rows,
             wants_token_mass=any(self._keeps_scores(t) for t in observed))
-        return self._step_plan
+        return self.step.plan
 
-    def _batch_view(self, metadata: Any) -> tuple[list[str], list[int], list[int], torch.Tensor]:
+    def _batch_view(self, metadata: Any) -> StepBatch:
         """This step's request ids, query starts, physical ``seq_lens`` and block table, read once
         per step from the runner (either model runner: :mod:`~growpage.vllm_plugin.runner_views`)."""
-        if self._step_batch is None:
-            self._step_batch = batch_view(self.runner, metadata)
-        return self._step_batch
-
-    def _heads_on(self, heads: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """``heads`` on ``device``, copied once per device (not once per observed layer)."""
-        key = (heads.data_ptr(), str(device))
-        cached = self._heads_on_device.get(key)
-        if cached is None:
-            cached = self._heads_on_device[key] = heads.to(device)
-        return cached
-
-    def _sampled_heads(self, num_heads: int, num_kv_heads: int) -> torch.Tensor:
-        """The sampled query heads, evenly spaced; with per-head keep sets evenly spaced within each
-        KV head's group, at least one per group (built once per head count: this runs every layer)."""
-        heads = self._heads_by_count.get(num_heads)
-        if heads is None:
-            heads = torch.tensor(sampled_heads(num_heads, num_kv_heads, self.settings.observed_heads,
-                                               self._per_kv_head), dtype=torch.long)
-            self._heads_by_count[num_heads] = heads
-        return heads
+        if self.step.batch is None:
+            self.step.batch = batch_view(self.runner, metadata)
+        return self.step.batch
 
     # ---- end of step ----------------------------------------------------------------------------------
     def end_step(self) -> None:
         """Score the step's observed layers, fold them into the summaries, keep compaction scores,
         and queue the observed requests' readings for the scheduler."""
-        self._in_step = False
+        self.step.running = False
         self.guarded("attention observation", self.flush_observations)
-        plan = self._step_plan
+        plan = self.step.plan
         if isinstance(plan, _StepRows) and plan.token_mass is not None:
             for n, tracked in enumerate(plan.observed):
                 mass = plan.token_mass[n, ..., :plan.lengths[n]]
@@ -518,18 +534,19 @@ class VllmObserver:
                     self.compactor.add_scores(tracked.request_id, mass)
                 elif tracked.mode is Mode.MONITOR and self.forecast_scores is not None:
                     self.forecast_scores.add(tracked.request_id, mass)
-        self._step_plan = None
-        if self._step:
-            rows = self._step[0].rows
-            same = [o for o in self._step if o.rows == rows]
+        self.step.plan = None
+        layers = self.step.layers
+        if layers:
+            rows = layers[0].rows
+            same = [o for o in layers if o.rows == rows]
             bin_mass = torch.stack([o.bin_mass for o in same]).mean(0)
             entropy = torch.stack([o.entropy for o in same]).mean(0)
             self.summaries.observe(to_device(rows, self.summaries.device),
                                    bin_mass.to(self.summaries.device), entropy.to(self.summaries.device))
-            self.steps_observed += 1
+            self.counts.steps_observed += 1
             if isinstance(plan, _StepRows):
                 self._queue_readings(plan.observed)
-        self._step = []
+        self.step.layers = []
 
     def _keeps_scores(self, tracked: TrackedRequest) -> bool:
         """Whether ``tracked``'s per-token attention is kept: an enforced request's for its compactions,
@@ -544,13 +561,13 @@ class VllmObserver:
         request_id = tracked.request_id
         if tracked.mode is Mode.MONITOR:
             assert self.forecast_scores is not None
-            self.pending_attention_tokens[request_id] = self.forecast_scores.tokens_for_coverage(
+            self.requests.attention_tokens[request_id] = self.forecast_scores.tokens_for_coverage(
                 request_id, self._attention_coverage, self.config.sink_tokens, self.config.recent_window_tokens)
             return
         assert self.compactor is not None
         tokens = self.compactor.scores.tokens_for_coverage(request_id, self._attention_coverage,
                                                            self.config.sink_tokens, self.config.recent_window_tokens)
-        self.pending_attention_tokens[request_id] = tokens
+        self.requests.attention_tokens[request_id] = tokens
         append_enforce_log(self.compactor.log_path, {"attention_need": request_id, "tokens": tokens,
                                                      "dropped": self.compactor.dropped.get(request_id, 0)})
 
@@ -565,22 +582,23 @@ class VllmObserver:
         memory and is collected at the next step or report that finds it done
         (:meth:`_collect_readings`).
         """
-        due = self.steps_observed % READINGS_EVERY_STEPS == 0
-        wanted = [t for t in observed if due or t.request_id not in self._read_once]
+        due = self.counts.steps_observed % READINGS_EVERY_STEPS == 0
+        wanted = [t for t in observed if due or t.request_id not in self.requests.read_once]
         if not wanted:
             return
-        self._reading_copies.append(([t.request_id for t in wanted],
-                                     self.summaries.read_later([t.row for t in wanted])))
+        self.requests.reading_copies.append(([t.request_id for t in wanted],
+                                             self.summaries.read_later([t.row for t in wanted])))
         for tracked in wanted:
-            self._read_once.add(tracked.request_id)
+            self.requests.read_once.add(tracked.request_id)
             if self._attention_coverage > 0 and self._keeps_scores(tracked):
                 self._queue_attention_need(tracked)
 
     def _collect_readings(self) -> None:
         """Readings whose copy has landed, oldest first (a newer one overwrites an older one),
         for requests still tracked; a copy still in flight waits for the next call."""
-        while self._reading_copies and self._reading_copies[0][1].ready():
-            request_ids, copy = self._reading_copies.pop(0)
+        copies = self.requests.reading_copies
+        while copies and copies[0][1].ready():
+            request_ids, copy = copies.pop(0)
             for request_id, reading in zip(request_ids, readings_from(copy.tolist()), strict=True):
                 if request_id in self.requests:
-                    self.pending_readings[request_id] = (reading.sts_density, reading.lts_entropy)
+                    self.requests.readings[request_id] = (reading.sts_density, reading.lts_entropy)
