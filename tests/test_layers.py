@@ -142,6 +142,13 @@ def test_the_vllm_plugin_imports_no_benchmark_demo_or_reference_engine_module():
     assert _crossing(["growpage.vllm_plugin"], [*TOOLING, REFERENCE_ENGINE]) == []
 
 
+def test_core_shares_and_owns_no_reference_engine_module():
+    """What both homes share lives in core; the reference engine's pool, store, attention,
+    quantization and manager live in the engine, and core never reaches into them."""
+    assert _crossing(["growpage.core"], [REFERENCE_ENGINE]) == []
+    assert {"growpage.engine.kv.manager", "growpage.engine.kv.pool", "growpage.engine.kv.kv_store"} <= set(MODULES)
+
+
 @pytest.mark.parametrize(("lower", "higher"), [
     ("growpage.tooling", ("growpage.bench", "growpage.demos", "growpage.gameday")),
     ("growpage.bench", ("growpage.demos", "growpage.gameday")),

@@ -10,7 +10,7 @@ import dataclasses
 import random
 import threading
 
-from growpage.core.manager import GrowPageManager, SlotStatus
+from growpage.engine.kv.manager import GrowPageManager, SlotStatus
 from growpage.telemetry import TelemetryAgent
 from support.factories import Driver
 

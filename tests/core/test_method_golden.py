@@ -2,7 +2,7 @@
 must leave unchanged.
 
 - **Reference engine**: each registered method runs one fixed workload (three requests on a small
-  pool, random Q/K/V from a fixed seed) through :class:`~growpage.core.manager.GrowPageManager`;
+  pool, random Q/K/V from a fixed seed) through :class:`~growpage.engine.kv.manager.GrowPageManager`;
   the trace holds every request's stored positions after each step where they changed (which
   tokens each compaction kept), its decisions, and preemptions.
 - **Inside vLLM**: each method vLLM runs folds a fixed stream of attention observations (a prompt,
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from growpage.core.manager import SlotStatus
 from growpage.core.methods import METHOD_NAMES, build_method
+from growpage.engine.kv.manager import SlotStatus
 from growpage.vllm_plugin.compaction import choose_keep, slot_positions
 from growpage.vllm_plugin.settings import VLLM_METHODS
 from growpage.vllm_plugin.token_scores import TokenScores

@@ -7,7 +7,7 @@ import math
 import torch
 
 from growpage.config import GrowPageConfig
-from growpage.core.manager import GrowPageManager, SlotStatus
+from growpage.engine.kv.manager import GrowPageManager, SlotStatus
 
 LAYERS, KV_HEADS, Q_HEADS, HEAD_DIM = 2, 2, 4, 8
 SCALE = 1.0 / math.sqrt(HEAD_DIM)

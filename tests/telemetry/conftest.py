@@ -7,7 +7,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from telemetry_workload import MODEL, in_memory_tracing
 
-from growpage.core.manager import GrowPageManager
+from growpage.engine.kv.manager import GrowPageManager
 from growpage.telemetry import TelemetryAgent
 from support.factories import make_manager
 

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
 
-from growpage.core.manager import GrowPageManager, SlotStatus
+from growpage.engine.kv.manager import GrowPageManager, SlotStatus
 from support.factories import Driver, FakeClock
 
 MODEL = "tiny-test-model"

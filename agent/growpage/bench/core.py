@@ -32,11 +32,11 @@ import torch
 from growpage import __version__
 from growpage.bench import observation
 from growpage.config import GrowPageConfig, Mode
-from growpage.core import attention as attn
-from growpage.core.manager import GrowPageManager, SlotStatus
 from growpage.core.policy import BoundaryState, decide
 from growpage.core.quantiles import percentile
 from growpage.core.summaries import summarize_attention
+from growpage.engine.kv import attention as attn
+from growpage.engine.kv.manager import GrowPageManager, SlotStatus
 from growpage.vllm_plugin.scoring import DEFAULT_CAP_BYTES
 
 

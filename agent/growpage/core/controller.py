@@ -1,6 +1,6 @@
 """The GrowPage controller: everything per request that does not depend on where the KV lives.
 
-Both homes (the reference engine's :class:`~growpage.core.manager.GrowPageManager` and the vLLM
+Both homes (the reference engine's :class:`~growpage.engine.kv.manager.GrowPageManager` and the vLLM
 plugin's scheduler and worker hooks) own one :class:`GrowthController` and call it the way vLLM's
 scheduler calls its ``KVCacheManager``: they supply views (pages held, the pool's free pages, what
 compression could free) and carry out the decisions; the controller owns

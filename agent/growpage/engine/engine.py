@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from growpage.config import GrowPageConfig
-from growpage.core.kv_store import DTYPES
-from growpage.core.manager import GrowPageManager
 from growpage.core.methods import GROWPAGE, KVMethod
+from growpage.engine.kv.kv_store import DTYPES
+from growpage.engine.kv.manager import GrowPageManager
 from growpage.engine.request import FinishReason, Request
 from growpage.engine.sampling import InvalidRequest, SamplingFault, SamplingParams, make_generator, sample
 from growpage.engine.scheduler import ScheduledChunk, Scheduler

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import logging
 
-from growpage.core.manager import GrowPageManager, SlotStatus
+from growpage.engine.kv.manager import GrowPageManager, SlotStatus
 from growpage.engine.request import FinishReason, Request, RequestStatus, block_hashes
 
 logger = logging.getLogger(__name__)

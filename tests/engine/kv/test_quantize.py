@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from growpage.core import quantize as q
+from growpage.engine.kv import quantize as q
 
 
 @pytest.mark.parametrize("bits", [8, 4])

@@ -19,7 +19,7 @@ import enum
 
 import torch
 
-from growpage.core import quantize as q
+from growpage.engine.kv import quantize as q
 from growpage.kv_size import kv_token_bytes
 
 

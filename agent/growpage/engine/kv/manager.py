@@ -31,14 +31,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core import attention as attn
 from growpage.core.controller import GrowthController, Reading
 from growpage.core.devices import device_name
 from growpage.core.evict import protected_mask, tokens_to_drop
-from growpage.core.kv_store import DTYPES, KVStore, PageFormat
 from growpage.core.methods import GROWPAGE, KVMethod, Protection, observation_kind
 from growpage.core.policy import Action, Reason
-from growpage.core.pool import PagePool
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import (
@@ -51,6 +48,9 @@ from growpage.core.step_control import (
     compression_pays,
 )
 from growpage.core.summaries import SummaryBank, summarize_attention
+from growpage.engine.kv import attention as attn
+from growpage.engine.kv.kv_store import DTYPES, KVStore, PageFormat
+from growpage.engine.kv.pool import PagePool
 from growpage.errors import GrowPageError
 
 logger = logging.getLogger(__name__)

@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from growpage.core.kv_store import PageFormat
-from growpage.core.manager import NEED_EVERY_TOKENS, SlotStatus
 from growpage.core.methods import METHOD_NAMES, PROMPT_PRIOR_STEPS, build_method
-from growpage.core.pool import PageState
+from growpage.engine.kv.kv_store import PageFormat
+from growpage.engine.kv.manager import NEED_EVERY_TOKENS, SlotStatus
+from growpage.engine.kv.pool import PageState
 from support.factories import LAYERS, Driver, dense_attention, make_manager
 
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from growpage.core.pool import PagePool, PageState, PoolExhausted
+from growpage.engine.kv.pool import PagePool, PageState, PoolExhausted
 from growpage.errors import GrowPageError
 
 

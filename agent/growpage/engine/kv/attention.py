@@ -23,7 +23,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from growpage.core.kv_store import KVStore, PageFormat
+from growpage.engine.kv.kv_store import KVStore, PageFormat
 
 
 @dataclasses.dataclass
