@@ -285,7 +285,7 @@ def test_enforce_namespaces_leave_other_requests_to_vllm():
     scheduler, request = _scheduler(blocks, num_computed=12, namespace="batch")
     enforcer = _enforcer(enforce_namespaces=["gold"])
     enforcer.before_schedule(scheduler)
-    assert len(blocks) == 3 and enforcer.requests["r"] is None
+    assert len(blocks) == 3 and enforcer.requests["r"].enforced is None
 
 
 # ---- the worker side: applying a plan to stand-ins of the runner ---------------------------------------
@@ -524,7 +524,7 @@ def test_a_fixed_cap_compresses_the_cached_prompt_once_then_evicts_at_its_cap():
     enforcer.before_schedule(scheduler)
     assert len(blocks) == 2 and getattr(request, DROPPED_ATTRIBUTE) == 22 - 8  # 2 full blocks + the next one
     assert [(d.kind, d.reason) for d in enforcer.decisions.events] == [("evict", "prompt_budget")]
-    assert enforcer.requests["r"].allowed_blocks == 3
+    assert enforcer.requests.enforced("r").allowed_blocks == 3
     enforcer.after_schedule(scheduler, types.SimpleNamespace())
     # decoding on: 12 logical tokens later its 3 blocks are full again, and the cap evicts at the boundary
     request.num_computed_tokens, request.num_tokens = 26, 27

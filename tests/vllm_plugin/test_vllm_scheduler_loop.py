@@ -52,8 +52,8 @@ def _assert_nothing_left(scheduler: Scheduler, blocks: int) -> None:
     agent = scheduler.agent
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == blocks, "a page leaked"
     assert not scheduler.blocks, scheduler.blocks
-    assert not agent.seen and not agent.controller.requests, (agent.seen, agent.controller.requests)
-    assert agent.enforcer is None or not agent.enforcer.requests
+    assert not agent.requests and not agent.controller.requests, (list(agent.requests), agent.controller.requests)
+    assert agent.enforcer is None or agent.enforcer.requests is agent.requests  # one table
     assert agent.forecast is None or not agent.forecast.shadows
     assert sum(agent.stats.agent_errors_total.values()) == 0, agent.stats.agent_errors_total
 

@@ -49,7 +49,7 @@ from growpage.core.pressure import Reclaim, protected_tokens
 from growpage.core.step_control import BoundaryPlan, RequestView, StepPool
 from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
 from growpage.vllm_plugin.blocks import blocks_by_request, leading_shared_blocks, owns_tail, physical_tokens
-from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
+from growpage.vllm_plugin.scheduler_requests import EnforcedRequest, SchedulerRequests
 from growpage.vllm_plugin.vllm_types import Request, Scheduler
 from growpage.vllm_plugin.wire import (
     DROPPED_ATTRIBUTE,
@@ -61,22 +61,6 @@ from growpage.vllm_plugin.wire import (
 )
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
-
-
-@dataclasses.dataclass
-class EnforcedRequest:
-    """Scheduler-side state of one request GrowPage enforces (its growth state is the controller's)."""
-
-    request_id: str
-    namespace: str | None
-    allowed_blocks: int
-    peak_blocks: int = 0
-    compactions: int = 0
-    tokens_evicted: int = 0
-    blocks_at_last_step: int = 0
-    first_compaction_at: int | None = None  # logical length when KV first differed from vLLM's
-    max_shared_blocks: int = 0  # most leading blocks shared through the prefix cache at a boundary
-    prompt_settled: bool = False  # its first decode step was planned (a cap compresses the prompt then, once)
 
 
 VLLM_ACTIONS = frozenset((Action.ALLOCATE, Action.EVICT, Action.PREEMPT))
@@ -127,14 +111,17 @@ class SchedulerEnforcer:
             decisions and their stats are its).
         admission: growth-aware admission (None: vLLM admits on its own); it learns from the
             requests that finish here.
+        requests: the scheduler side's table of requests, shared with the agent (a new one when the
+            enforcer runs alone, as in tests).
     """
 
-    def __init__(self, controller: GrowthController, admission: AdmissionGate | None = None):
+    def __init__(self, controller: GrowthController, admission: AdmissionGate | None = None,
+                 requests: SchedulerRequests | None = None):
         self.controller = controller
         self.admission = admission
         self.config: GrowPageConfig = controller.config
         self.block_size = self.config.block_size
-        self.requests: dict[str, EnforcedRequest | None] = {}  # None: seen, not enforced
+        self.requests = requests if requests is not None else SchedulerRequests(controller)
         self._plans: dict[str, CompactionPlan] = {}
         # {(decided, enforced): count}: decisions vLLM could not carry out as decided
         self.degraded_total: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -238,22 +225,17 @@ class SchedulerEnforcer:
             reason=reason)
 
     def _track(self, request: Request) -> EnforcedRequest | None:
-        request_id = request.request_id
-        if request_id in self.requests:
-            return self.requests[request_id]
-        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
-        namespace = request_namespace(extra)
-        mode = self.controller.mode_for(namespace, extra.get(MODE_ARG))
-        tracked = None
-        if mode is Mode.ENFORCE:
-            granted = self.controller.grant_pages(request.num_prompt_tokens)
-            if request_id not in self.controller.requests:  # the scheduler agent admits it first
-                self.controller.admit(request_id, prompt_tokens=request.num_prompt_tokens, namespace=namespace,
-                                      mode=mode)
-            tracked = EnforcedRequest(request_id, namespace, allowed_blocks=granted)
-        self.requests[request_id] = tracked
+        """The request's enforcement record, started the first time the enforcer plans for it
+        (None: not enforced)."""
+        entry = self.requests.track(request)
         self._had_requests = True
-        return tracked
+        if entry.mode is not Mode.ENFORCE or entry.enforced is not None:
+            return entry.enforced
+        if request.request_id not in self.controller.requests:  # the scheduler agent admits it first
+            self.controller.admit(request.request_id, prompt_tokens=entry.prompt_tokens, namespace=entry.namespace,
+                                  mode=entry.mode)
+        entry.enforced = EnforcedRequest(request.request_id, entry.namespace, allowed_blocks=entry.grant_pages)
+        return entry.enforced
 
     def _boundary(self, scheduler: Scheduler, running: _Running, plan: BoundaryPlan) -> None:
         """Carry out one boundary's plan (a PREEMPT plan is settled after the reclaims)."""
@@ -277,7 +259,7 @@ class SchedulerEnforcer:
         call = plan.call
         if action is not call.decision.action:
             self.degraded_total[(call.decision.action.value, action.value)] += 1
-        tracked = self.requests.get(plan.request_id)
+        tracked = self.requests.enforced(plan.request_id)
         if action is Action.ALLOCATE and tracked is not None:
             tracked.allowed_blocks = held + 1
         self.controller.record_decision(call, kind=action, enforced=True, pages_after=pages_after,
@@ -320,7 +302,7 @@ class SchedulerEnforcer:
         req_to_blocks = blocks_by_request(scheduler.kv_cache_manager)
         dropped: dict[str, int] = {}
         for request in scheduler.running:
-            tracked = self.requests.get(request.request_id)
+            tracked = self.requests.enforced(request.request_id)
             if tracked is None:
                 continue
             held = len(req_to_blocks.get(request.request_id, ()))
@@ -345,16 +327,17 @@ class SchedulerEnforcer:
         setattr(request, DROPPED_ATTRIBUTE, 0)
         if self.admission is not None:
             self.admission.on_preempt()
-        tracked = self.requests.get(request.request_id)
+        tracked = self.requests.enforced(request.request_id)
         if tracked is not None:
             tracked.blocks_at_last_step = 0
             tracked.prompt_settled = False  # recomputed whole: a cap compresses it again
         self._plans.pop(request.request_id, None)
 
     def on_free(self, request: Request) -> None:
-        """The request finished or was aborted; its blocks are back in the pool."""
+        """The request finished or was aborted; its blocks are back in the pool, and its entry goes."""
         setattr(request, DROPPED_ATTRIBUTE, 0)
-        tracked = self.requests.pop(request.request_id, None)
+        entry = self.requests.release(request.request_id)
+        tracked = entry.enforced if entry is not None else None
         self._plans.pop(request.request_id, None)
         if self.admission is not None:
             self.admission.on_finish(request, need_share_at_end(self.controller, request))

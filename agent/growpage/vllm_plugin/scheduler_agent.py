@@ -46,7 +46,8 @@ from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
 from growpage.vllm_plugin.forecast import EnforceForecast, step_requests
 from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
-from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, honours, request_namespace
+from growpage.vllm_plugin.scheduler_requests import SchedulerRequests
+from growpage.vllm_plugin.settings import PluginSettings, honours
 from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
 
@@ -78,15 +79,6 @@ class SchedulerView:
     token_bytes: int
     component_states: dict[str, str]
     otlp_traces_endpoint: str | None = None
-
-
-@dataclasses.dataclass
-class _Seen:
-    """A request the agent has admitted: its prompt and the blocks it held after the last step."""
-
-    prompt_tokens: int
-    grant_pages: int
-    pages_held: int
 
 
 @dataclasses.dataclass
@@ -122,6 +114,7 @@ class SchedulerAgent:
         self._clock = clock
         for component, state in view.component_states.items():
             self.stats.set_component_state(component, state)
+        self.requests = SchedulerRequests(self.controller)  # every request this side knows, one entry each
         self.enforcer: SchedulerEnforcer | None = None
         admission = settings.admission_on(view.device)
         self.admission: AdmissionGate | None = None  # growth-aware admission, where GrowPage enforces
@@ -130,7 +123,7 @@ class SchedulerAgent:
                 if admission != "vllm":
                     self.admission = AdmissionGate(config.block_size, view.num_pages,
                                                    after_preemption=admission == "after_preemption")
-                self.enforcer = SchedulerEnforcer(self.controller, admission=self.admission)
+                self.enforcer = SchedulerEnforcer(self.controller, admission=self.admission, requests=self.requests)
                 self.stats.set_component_state("enforcer", "waiting_for_worker")
             else:
                 self.stats.set_component_state("enforcer", enforcer_blocker)
@@ -144,7 +137,6 @@ class SchedulerAgent:
                 enforce_admits_so=admission != "vllm")
             if may_monitor(config, settings) else None)
         self.scheduler: Scheduler | None = None
-        self.seen: dict[str, _Seen] = {}
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
         self.observed = ObservedWork()  # how much of the work the workers observed (ObservationCollector)
         self.telemetry: Any = None
@@ -201,20 +193,20 @@ class SchedulerAgent:
             request_id = request.request_id
             held = len(req_to_blocks.get(request_id, ()))
             new_blocks, latency_s = allocations.pop(request_id, (0, 0.0))
-            seen = self.seen.get(request_id)
-            if seen is None:
+            entry = self.requests.get(request_id)
+            if entry is None or entry.pages_held is None:  # its first step, or its first since a preemption
                 self._admit(request, held, new_blocks, latency_s)
                 continue
             if new_blocks:
                 control = self.controller.requests.get(request_id)
-                if control is not None and control.mode is Mode.MONITOR and seen.pages_held >= seen.grant_pages:
-                    boundaries.append((request, seen, held))
+                if control is not None and control.mode is Mode.MONITOR and entry.pages_held >= entry.grant_pages:
+                    boundaries.append((request, held))
                 self.stats.record_grant(new_blocks, latency_s)
-            seen.pages_held = held
+            entry.pages_held = held
         for new_blocks, latency_s in allocations.values():  # requests no longer running (not expected)
             self.stats.record_grant(new_blocks, latency_s)
-        for request, seen, held in boundaries:
-            self._decide_monitored(scheduler, request, seen, held)
+        for request, held in boundaries:
+            self._decide_monitored(scheduler, request, held)
         if self.forecast is not None:
             self.guarded("forecasting enforce", self._forecast_step, scheduler, output, req_to_blocks)
         if self.enforcer is not None:
@@ -224,19 +216,15 @@ class SchedulerAgent:
             self.telemetry.on_step()
 
     def _admit(self, request: Request, held: int, new_blocks: int, latency_s: float) -> None:
-        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
-        namespace = request_namespace(extra)
-        mode = self.controller.mode_for(namespace, extra.get(MODE_ARG))
-        prompt_tokens = int(request.num_prompt_tokens)
-        self.seen[request.request_id] = _Seen(prompt_tokens, self.controller.grant_pages(prompt_tokens), held)
-        if mode is Mode.OFF:
+        """A run starts: the request's entry (made now at its first run) and its admission to the
+        controller, unless it is not observed or the enforcer admitted it this step."""
+        entry = self.requests.track(request)
+        entry.pages_held = held
+        if entry.mode is Mode.OFF or request.request_id in self.controller.requests:
             self.stats.record_grant(new_blocks, latency_s)
             return
-        if request.request_id in self.controller.requests:  # admitted by the enforcer this step
-            self.stats.record_grant(new_blocks, latency_s)
-            return
-        self.controller.admit(request.request_id, prompt_tokens=prompt_tokens, namespace=namespace, mode=mode,
-                              cached_tokens=int(getattr(request, "num_cached_tokens", 0) or 0),
+        self.controller.admit(request.request_id, prompt_tokens=entry.prompt_tokens, namespace=entry.namespace,
+                              mode=entry.mode, cached_tokens=int(getattr(request, "num_cached_tokens", 0) or 0),
                               pages_granted=new_blocks, latency_s=latency_s)
 
     def _forecast_step(self, scheduler: Scheduler, output: Any, req_to_blocks: dict[str, list[KVBlock]]) -> None:
@@ -246,13 +234,13 @@ class SchedulerAgent:
                               free_pages=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
                               waiting_prompt_tokens=int(waiting.num_prompt_tokens) if waiting is not None else None)
 
-    def _decide_monitored(self, scheduler: Scheduler, request: Request, seen: _Seen, held: int) -> None:
+    def _decide_monitored(self, scheduler: Scheduler, request: Request, held: int) -> None:
         """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what
         GrowPage would have done (vLLM's plain paging is what happened). Whether it could evict is
         the controller's answer for a compressible request: above its floor, past its protected tokens."""
         config = self.config
         view = RequestView(
-            request.request_id, pages_held=seen.pages_held, allowance_pages=seen.pages_held, needs_page=True,
+            request.request_id, pages_held=held, allowance_pages=held, needs_page=True,
             protected_tokens=protected_tokens(int(request.num_computed_tokens), 0, config.sink_tokens,
                                               config.recent_window_tokens),
             can_evict=True)  # kv_cache_dtype is deployment-wide in vLLM: no per-request quantization
@@ -281,7 +269,11 @@ class SchedulerAgent:
         self._release(request, "finished")
 
     def _release(self, request: Request, reason: str) -> None:
-        self.seen.pop(request.request_id, None)
+        """The request's run ends (preempted) or the request does (finished or aborted)."""
+        if reason == "preempted":
+            self.requests.end_run(request.request_id)
+        else:
+            self.requests.release(request.request_id)
         if self.forecast is not None:
             self.forecast.forget(request.request_id)
         self._allocations.pop(request.request_id, None)
