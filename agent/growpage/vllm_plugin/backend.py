@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from growpage.vllm_plugin.worker_hooks import observer_for
+
+if TYPE_CHECKING:
+    from growpage.vllm_plugin.vllm_types import AttentionBackend
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -24,7 +27,7 @@ logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log
 QUANTIZED_KV_DTYPES = ("fp8", "nvfp4", "int8", "int4")  # stored scaled: keys cannot be read as they are
 
 
-def stores_quantized_kv(impl: Any) -> bool:
+def stores_quantized_kv(impl: object) -> bool:
     """Whether ``impl``'s cache holds quantized K/V (the observer then stays off in that layer)."""
     if getattr(impl, "is_fp8_kv_cache", False):
         return True
@@ -44,9 +47,9 @@ class ObservedAttentionImpl:
 
     num_kv_heads: int
     head_size: int
-    attn_type: Any
+    attn_type: str  # vLLM's AttentionType: "decoder", "encoder", ...
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         from vllm.config import get_current_vllm_config
 
@@ -61,7 +64,7 @@ class ObservedAttentionImpl:
             self._growpage.disable(QUANTIZED_KV_CACHE, f"the KV cache stores {getattr(self, 'kv_cache_dtype', '?')}; "
                                                        f"{REMEDIES[QUANTIZED_KV_CACHE]}")
 
-    def do_kv_cache_update(self, layer: Any, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+    def do_kv_cache_update(self, layer: object, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)  # type: ignore[misc]
         observer = self._growpage
@@ -71,8 +74,8 @@ class ObservedAttentionImpl:
                              num_kv_heads=self.num_kv_heads, block_size=int(kv_cache.shape[2]),
                              head_dim=self.head_size)
 
-    def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, attn_metadata: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(self, layer: object, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: object, *args: object, **kwargs: object) -> torch.Tensor:
         result = super().forward(layer, query, key, value, kv_cache, attn_metadata,  # type: ignore[misc]
                                  *args, **kwargs)
         observer = self._growpage
@@ -84,7 +87,7 @@ class ObservedAttentionImpl:
         return result
 
 
-def observed_backend(base: Any, name: str) -> type:
+def observed_backend(base: type[AttentionBackend], name: str) -> type:
     """``base`` (a vLLM attention backend class) whose impl is wrapped by :class:`ObservedAttentionImpl`.
 
     The subclass keeps ``base``'s name, metadata builder, cache layouts and capabilities, so vLLM
@@ -120,7 +123,7 @@ def class_path(backend_name: str) -> str:
     return f"{__name__}.{OBSERVED_BACKENDS[backend_name][2]}"
 
 
-def __getattr__(attribute: str) -> Any:
+def __getattr__(attribute: str) -> type:
     import importlib
 
     for module_name, class_name, ours in OBSERVED_BACKENDS.values():

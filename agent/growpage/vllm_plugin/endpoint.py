@@ -18,9 +18,15 @@ from __future__ import annotations
 import logging
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING
 
 from growpage import catalog
+
+if TYPE_CHECKING:  # the API server's (vLLM depends on FastAPI), imported lazily below
+    from fastapi import FastAPI
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from vllm.tasks import SupportedTask
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -32,19 +38,19 @@ class GrowPageEndpoint:
     """The endpoint plugin object (the entry point is this class: a zero-argument factory)."""
 
     name = PLUGIN_NAME
-    required_tasks = None
+    required_tasks: tuple[SupportedTask, ...] | None = None  # any server: the routes read the exporter only
 
     def __init__(self) -> None:
         self.upstream_url: str | None = None
 
-    def attach_router(self, app: Any) -> None:
+    def attach_router(self, app: FastAPI) -> None:
         from starlette.responses import Response
         from starlette.routing import Route
 
-        def metrics(request: Any) -> Response:  # sync: Starlette runs it in its thread pool
+        def metrics(request: Request) -> Response:  # sync: Starlette runs it in its thread pool
             return self._relay(request.headers.get("accept"), Response)
 
-        def load(request: Any) -> Response:
+        def load(request: Request) -> Response:
             return self.load_response(Response)
 
         app.router.routes.insert(0, Route(catalog.METRICS_PATH, metrics, methods=["GET"]))
@@ -57,7 +63,9 @@ class GrowPageEndpoint:
             logger.warning("growpage: cannot add the namespace middleware (%s); use vllm_xargs.%s", error,
                            "growpage_namespace")
 
-    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+    async def init_state(self, engine_client: object, state: object, args: object) -> None:
+        """Read GrowPage's settings from the server's arguments (``additional_config``, ``block_size``,
+        read with ``getattr`` fallbacks); vLLM's engine client and app state are not used."""
         from growpage.vllm_plugin.resolve import resolve_settings
         from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY
 
@@ -84,13 +92,13 @@ class GrowPageEndpoint:
             self.upstream_url = f"http://127.0.0.1:{settings.exporter_port}{catalog.METRICS_PATH}"
         logger.info("growpage: /metrics/growpage relays %s (mode=%s)", self.upstream_url, config.mode.value)
 
-    def load_response(self, response_class: Any) -> Any:
+    def load_response(self, response_class: type[Response]) -> Response:
         """``{"load": N}`` from the exporter's ``growpage_router_load``, or a 503 saying why not."""
         import json
 
         from growpage.vllm_plugin.headroom import load_from_exposition
 
-        def unavailable(reason: str) -> Any:
+        def unavailable(reason: str) -> Response:
             return response_class(json.dumps({"error": reason}), status_code=503, media_type="application/json")
 
         response = self._relay("text/plain", response_class)
@@ -102,7 +110,7 @@ class GrowPageEndpoint:
                                "version in the API server and in the engine core")
         return response_class(json.dumps({"load": value}), media_type="application/json")
 
-    def _relay(self, accept: str | None, response_class: Any) -> Any:
+    def _relay(self, accept: str | None, response_class: type[Response]) -> Response:
         if self.upstream_url is None:
             return response_class("GrowPage's exporter is disabled (exporter_port -1 or 0); set "
                                   "additional_config.growpage.exporter_port to a fixed port\n", status_code=503)

@@ -12,7 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from growpage.telemetry.exporter import MetricsExporter
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -24,7 +27,7 @@ class ExporterRetry:
     :meth:`stop`. ``bind`` raising OSError means the port is still taken; anything else is logged
     once and ends the retries (a bug must not spin)."""
 
-    def __init__(self, bind: Callable[[], Any], bound: Callable[[Any], None], port: int,
+    def __init__(self, bind: Callable[[], MetricsExporter], bound: Callable[[MetricsExporter], None], port: int,
                  interval_s: float | None = None):
         self._bind, self._bound, self.port = bind, bound, port
         self._interval_s = RETRY_INTERVAL_S if interval_s is None else interval_s

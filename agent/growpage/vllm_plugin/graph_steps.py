@@ -29,14 +29,28 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING
 
 from growpage.vllm_plugin.patching import WrapTarget, is_wrapped, wrap_methods
+
+if TYPE_CHECKING:  # for annotations only: vLLM's are imported where they are used, the observer is the caller's
+    from typing import TypeAlias, Unpack
+
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    from growpage.vllm_plugin.observer import VllmObserver
+    from growpage.vllm_plugin.vllm_types import CudagraphDispatchKeywords
+
+    # ``observer_of``: the current process's observer (None: none, or GrowPage off there).
+    ObserverOf: TypeAlias = Callable[[], VllmObserver | None]
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
 
-def _due(observer_of: Any) -> bool:
+def _due(observer_of: ObserverOf) -> bool:
     """Whether the current step must run attention eagerly (its faults: no, vLLM decides)."""
     try:
         observer = observer_of()
@@ -47,7 +61,8 @@ def _due(observer_of: Any) -> bool:
         return False
 
 
-def without_full(invalid_modes: Any, valid_modes: Any, full: Any) -> Any:
+def without_full(invalid_modes: AbstractSet[CUDAGraphMode] | None, valid_modes: AbstractSet[CUDAGraphMode] | None,
+                 full: CUDAGraphMode) -> AbstractSet[CUDAGraphMode] | None:
     """``invalid_modes`` plus ``full``, unless that would leave no allowed mode (a mode agreed
     across data-parallel ranks, ``valid_modes == {FULL}``, stands)."""
     if valid_modes is not None and set(valid_modes) <= {full}:
@@ -55,11 +70,11 @@ def without_full(invalid_modes: Any, valid_modes: Any, full: Any) -> Any:
     return set(invalid_modes or ()) | {full}
 
 
-def _wrap_v1_dispatch(original: Any, observer_of: Any) -> Any:
+def _wrap_v1_dispatch(original: Callable[..., object], observer_of: ObserverOf) -> Callable[..., object]:
     from vllm.config import CUDAGraphMode
 
     @functools.wraps(original)
-    def dispatch(self: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+    def dispatch(self: object, num_tokens: int, *args: object, **kwargs: Unpack[CudagraphDispatchKeywords]) -> object:
         if _due(observer_of):
             kwargs["invalid_modes"] = without_full(kwargs.get("invalid_modes"), kwargs.get("valid_modes"),
                                                    CUDAGraphMode.FULL)
@@ -68,11 +83,13 @@ def _wrap_v1_dispatch(original: Any, observer_of: Any) -> Any:
     return dispatch
 
 
-def _wrap_v2_dispatch(original: Any, observer_of: Any) -> Any:
+def _wrap_v2_dispatch(original: Callable[..., BatchExecutionDescriptor],
+                      observer_of: ObserverOf) -> Callable[..., BatchExecutionDescriptor]:
     from vllm.config import CUDAGraphMode
 
     @functools.wraps(original)
-    def dispatch(self: Any, num_reqs: int, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+    def dispatch(self: object, num_reqs: int, num_tokens: int, *args: object,
+                 **kwargs: object) -> BatchExecutionDescriptor:
         descriptor = original(self, num_reqs, num_tokens, *args, **kwargs)
         if getattr(descriptor, "cg_mode", None) == CUDAGraphMode.FULL and _due(observer_of):
             return dataclasses.replace(descriptor, cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens,
@@ -82,7 +99,7 @@ def _wrap_v2_dispatch(original: Any, observer_of: Any) -> Any:
     return dispatch
 
 
-def install(observer_of: Any) -> list[str]:
+def install(observer_of: ObserverOf) -> list[str]:
     """Wrap each runner's dispatcher that this vLLM build has; ``observer_of()`` gives the current
     process's observer. Returns what was wrapped (qualified names)."""
     targets: list[WrapTarget] = []

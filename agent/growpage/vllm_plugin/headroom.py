@@ -13,14 +13,19 @@ frozen :class:`Headroom`, so a scrape never walks vLLM's structures while a step
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.headroom import Floors, Headroom, RunningKV, headroom
 from growpage.vllm_plugin.blocks import leading_shared_blocks, owns_tail, physical_tokens
-from growpage.vllm_plugin.vllm_types import Request, Scheduler
+from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
+
+if TYPE_CHECKING:  # for annotations only: the agent imports this module
+    from prometheus_client.metrics_core import Metric
+
+    from growpage.vllm_plugin.scheduler_agent import SchedulerAgent
 
 
 def floors_of(config: GrowPageConfig) -> Floors:
@@ -33,8 +38,9 @@ def idle_headroom(num_pages: int, config: GrowPageConfig) -> Headroom:
     return headroom(running=0, waiting=0, free_pages=num_pages, used_pages=0, requests=(), floors=floors_of(config))
 
 
-def read_headroom(scheduler: Scheduler, num_pages: int, config: GrowPageConfig, *, enforced_mode: Any,
-                  can_compact: bool, attention_tokens: Any = None) -> Headroom:
+def read_headroom(scheduler: Scheduler, num_pages: int, config: GrowPageConfig, *,
+                  enforced_mode: Callable[[str], Mode | None], can_compact: bool,
+                  attention_tokens: Callable[[str], int] | None = None) -> Headroom:
     """The headroom of vLLM's ``scheduler`` now.
 
     Args:
@@ -68,7 +74,7 @@ def request_counts(scheduler: Scheduler) -> tuple[int, int]:
     return len(scheduler.running), len(scheduler.waiting)
 
 
-def running_kv(request: Request, blocks: Any, enforced: bool, attention_tokens: int = 0) -> RunningKV:
+def running_kv(request: Request, blocks: Iterable[KVBlock], enforced: bool, attention_tokens: int = 0) -> RunningKV:
     """One running request's record: its blocks, its physical tokens, its shared prefix run, and
     whether GrowPage may compact it now (enforced, past its prompt, nothing shared past the run)."""
     blocks = list(blocks)
@@ -84,11 +90,11 @@ class HeadroomCollector:
     """``growpage_kv_headroom_pages``, ``growpage_kv_reclaimable_pages`` and ``growpage_router_load``
     from the agent's last :class:`Headroom` (``agent.headroom``)."""
 
-    def __init__(self, agent: Any, model: str):
+    def __init__(self, agent: SchedulerAgent, model: str):
         self._agent = agent
         self._model = model
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         families = {spec.name: GaugeMetricFamily(spec.name, spec.help, labels=[catalog.MODEL_LABEL])

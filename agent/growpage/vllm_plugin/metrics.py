@@ -14,9 +14,14 @@ series. Scraping them never raises.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from growpage import catalog
+
+if TYPE_CHECKING:  # for annotations only: the agent imports this module
+    from prometheus_client.metrics_core import Metric
+
+    from growpage.vllm_plugin.scheduler_agent import SchedulerAgent
 
 
 def _family(spec: catalog.MetricSpec) -> str:
@@ -35,11 +40,11 @@ OBSERVED_REQUESTS_METRIC = _family(catalog.VLLM_OBSERVED_REQUESTS)
 class DegradedDecisionsCollector:
     """A ``prometheus_client`` collector over ``observer.degraded_total`` (``{(decided, enforced): n}``)."""
 
-    def __init__(self, agent: Any, model: str):
+    def __init__(self, agent: SchedulerAgent, model: str):
         self._agent = agent
         self._model = model
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily
 
         family = CounterMetricFamily(DEGRADED_METRIC, catalog.VLLM_DEGRADED_DECISIONS.help,
@@ -61,11 +66,11 @@ class ObservationCollector:
     without Python; a request decoded entirely in replayed steps is never observed) or with
     ``observe_every_steps`` > 1."""
 
-    def __init__(self, agent: Any, model: str):
+    def __init__(self, agent: SchedulerAgent, model: str):
         self._agent = agent
         self._model = model
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily
 
         steps, observed, requests, observed_requests = (
@@ -99,11 +104,12 @@ class StartupCollector:
         self._model = model
         self._states = dict(component_states)
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from growpage import catalog
         from growpage.telemetry.collector import empty_family, label_slug
 
-        info: Any = empty_family(catalog.BUILD_INFO)  # gauges (the union includes histograms)
+        # Any: both are gauges, but empty_family's union includes histograms, whose add_metric differs
+        info: Any = empty_family(catalog.BUILD_INFO)
         info.add_metric([self._model, *(self._build_info[label] for label in catalog.BUILD_INFO.labels)], 1.0)
         active: Any = empty_family(catalog.AGENT_ACTIVE)
         for component, reason in sorted(self._states.items()):

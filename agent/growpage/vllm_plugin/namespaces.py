@@ -21,9 +21,8 @@ import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
-from growpage.asgi import body_message, replay_first
+from growpage.asgi import Message, body_message, replay_first
 from growpage.vllm_plugin.settings import MODE_ARG, NAMESPACE_ARG
 
 logger = logging.getLogger("vllm.growpage")
@@ -157,7 +156,7 @@ class NamespaceMiddleware:
             await self.app(scope, receive, send)
             return
         chunks, more = [], True
-        message: dict[str, Any] = {}
+        message: Message = {}
         while more:
             message = await receive()
             if message.get("type") != "http.request":

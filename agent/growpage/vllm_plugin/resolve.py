@@ -58,6 +58,7 @@ def resolve_settings(raw: Any, env: Mapping[str, str] | None = None,
     ``growpage_agent_active{reason="invalid_config"}`` and log once. Mode ``off`` uses only the
     exporter's settings, so only those are checked there.
     """
+    # raw is Any: whatever the user wrote, which split_settings (typed for the mapping it expects) checks
     env = os.environ if env is None else env
     try:
         config, settings = split_settings(raw, env, block_size)
@@ -73,9 +74,9 @@ def resolve_settings(raw: Any, env: Mapping[str, str] | None = None,
     return ResolvedSettings(_off_config(block_size), settings, problem, requested)
 
 
-def _requested_mode(raw: Any, env: Mapping[str, str]) -> str:
+def _requested_mode(raw: object, env: Mapping[str, str]) -> str:
     """The mode the user asked for, read leniently (the rest of the settings may be invalid)."""
-    value: Any = raw.get("mode") if isinstance(raw, Mapping) else None
+    value: object = raw.get("mode") if isinstance(raw, Mapping) else None
     if value is None:
         try:
             value = merged_values(env=config_env(env)).get("mode")
@@ -86,9 +87,9 @@ def _requested_mode(raw: Any, env: Mapping[str, str]) -> str:
     return str(getattr(value, "value", value)).strip().lower()
 
 
-def _exporter_settings(raw: Any, env: Mapping[str, str]) -> tuple[PluginSettings, str | None]:
+def _exporter_settings(raw: object, env: Mapping[str, str]) -> tuple[PluginSettings, str | None]:
     """The user's exporter address alone (the defaults if it is invalid), and what is wrong with it."""
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {}  # unchecked values of several types, for PluginSettings to check
     try:
         for name in ("exporter_port", "exporter_host"):
             env_name = f"GROWPAGE_VLLM_{name.upper()}"
@@ -108,7 +109,7 @@ def _off_config(block_size: int | None) -> GrowPageConfig:
     return GrowPageConfig(mode=Mode.OFF, block_size=block_size, base_pages=default_base_pages(block_size))
 
 
-def settings_from_vllm_config(vllm_config: Any) -> ResolvedSettings:
+def settings_from_vllm_config(vllm_config: object) -> ResolvedSettings:
     """:func:`resolve_settings` for a ``VllmConfig`` (its ``additional_config`` and block size): never raises."""
     additional = getattr(vllm_config, "additional_config", None) or {}
     block_size = getattr(getattr(vllm_config, "cache_config", None), "block_size", None)

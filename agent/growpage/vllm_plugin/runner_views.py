@@ -18,39 +18,48 @@ CPU), else V1's own table. Everything here reads host state: no device-to-host c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from growpage.vllm_plugin.vllm_types import ModelRunner, V1ModelRunner, V2InputBatch
 
 V2_BATCH_ATTRIBUTE = "_growpage_input_batch"  # on a V2 runner: the step's InputBatch
 
 BatchView = tuple[list[str], list[int], list[int], torch.Tensor]
 
 
-def remember_v2_batch(runner: Any, input_batch: Any) -> None:
+def remember_v2_batch(runner: ModelRunner, input_batch: V2InputBatch) -> None:
     """Keep the V2 step's ``InputBatch`` on its runner until the next ``prepare_inputs``."""
     runner.__dict__[V2_BATCH_ATTRIBUTE] = input_batch
 
 
-def batch_view(runner: Any, metadata: Any) -> BatchView:
+def batch_view(runner: Any, metadata: object) -> BatchView:
     """This step's request ids (batch row order), query starts, physical ``seq_lens`` and block table.
+
+    ``runner`` is either model runner, told apart by the V2 batch remembered on it; ``metadata`` is
+    the attention backend's.
 
     Raises:
         RuntimeError: the runner keeps no batch GrowPage knows how to read, or no block table can be
             found for it (counted as a fault by the caller; vLLM carries on).
     """
+    # runner is Any: no type tells V1 from V2 here (the remembered batch does), and _v1_view reads V1's
     v2_batch = getattr(runner, "__dict__", {}).get(V2_BATCH_ATTRIBUTE)
     if v2_batch is not None:
         return _v2_view(v2_batch, metadata)
     return _v1_view(runner, metadata)
 
 
-def _metadata_block_table(metadata: Any) -> torch.Tensor | None:
+def _metadata_block_table(metadata: object) -> torch.Tensor | None:
     block_table = getattr(metadata, "block_table", None)
     return block_table if isinstance(block_table, torch.Tensor) else None
 
 
-def _v1_view(runner: Any, metadata: Any) -> BatchView:
+def _v1_view(runner: V1ModelRunner, metadata: Any) -> BatchView:
+    # metadata is Any: its query_start_loc and seq_lens are read only where the runner keeps no host
+    # copies of them, and FlashInfer's metadata has neither, so no Protocol of it would be true
     batch = runner.input_batch
     req_ids = list(batch.req_ids)
     num_reqs = len(req_ids)
@@ -68,7 +77,7 @@ def _v1_view(runner: Any, metadata: Any) -> BatchView:
     return req_ids, starts, seq_lens, block_table
 
 
-def _v2_view(input_batch: Any, metadata: Any) -> BatchView:
+def _v2_view(input_batch: V2InputBatch, metadata: object) -> BatchView:
     num_reqs = int(input_batch.num_reqs)
     req_ids = list(input_batch.req_ids[:num_reqs])
     starts = [int(x) for x in input_batch.query_start_loc_np[:num_reqs + 1]]

@@ -24,11 +24,11 @@ import functools
 import inspect
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
 
 from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
 from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, SchedulerView
-from growpage.vllm_plugin.vllm_types import Scheduler
+from growpage.vllm_plugin.vllm_types import KVCacheManager, Request, Scheduler, VllmConfig
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
@@ -121,8 +121,9 @@ def token_bytes(scheduler: Scheduler) -> int:
     return int(spec.page_size_bytes * len(group.layer_names) // spec.block_size)
 
 
-def _new_blocks(result: Any) -> int:
-    """Blocks an ``allocate_slots`` result newly took from the pool (its first KV cache group)."""
+def _new_blocks(result: object) -> int:
+    """Blocks an ``allocate_slots`` result (vLLM's ``KVCacheBlocks``, read duck-typed) newly took from the
+    pool (its first KV cache group)."""
     groups = getattr(result, "blocks", None)
     return len(groups[0]) if groups else 0
 
@@ -148,9 +149,11 @@ def install_scheduler_hooks() -> bool:
     return True
 
 
-def _wrap_executor_init(original: Any) -> Any:
+# Each wrapper below calls vLLM's method with the arguments vLLM passed and hands its result back as it
+# came: those it does not read are ``object``, the original and the wrapper ``Callable[..., object]``.
+def _wrap_executor_init(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: object, vllm_config: VllmConfig, *args: object, **kwargs: object) -> None:
         from growpage.vllm_plugin.startup import start_early
 
         start_early(vllm_config)  # before the executor loads the model; never raises
@@ -159,18 +162,18 @@ def _wrap_executor_init(original: Any) -> Any:
     return __init__
 
 
-def _wrap_init(original: Any) -> Any:
+def _wrap_init(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: Scheduler, *args: object, **kwargs: object) -> None:
         original(self, *args, **kwargs)
         agent_of(self)  # the exporter serves from start-up, before any request
 
     return __init__
 
 
-def _wrap_schedule(original: Any) -> Any:
+def _wrap_schedule(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def schedule(self: Scheduler, *args: object, **kwargs: object) -> object:
         agent = agent_of(self)
         if agent is not None:
             agent.guarded("boundary decisions", agent.before_schedule, self)
@@ -182,9 +185,10 @@ def _wrap_schedule(original: Any) -> Any:
     return schedule
 
 
-def _wrap_allocate(original: Any, signature: inspect.Signature) -> Any:
+def _wrap_allocate(original: Callable[..., object], signature: inspect.Signature) -> Callable[..., object]:
     @functools.wraps(original)
-    def allocate_slots(self: Any, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+    def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int, *args: object,
+                       **kwargs: object) -> object:
         agent = self.__dict__.get(_AGENT_ATTRIBUTE)
         started = time.perf_counter()
         dropped = getattr(request, DROPPED_ATTRIBUTE, 0)
@@ -209,9 +213,9 @@ def _wrap_allocate(original: Any, signature: inspect.Signature) -> Any:
     return allocate_slots
 
 
-def _wrap_preempt(original: Any) -> Any:
+def _wrap_preempt(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _preempt_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def _preempt_request(self: Scheduler, request: Request, *args: object, **kwargs: object) -> object:
         result = original(self, request, *args, **kwargs)
         agent = agent_of(self)
         if agent is not None:
@@ -223,9 +227,9 @@ def _wrap_preempt(original: Any) -> Any:
     return _preempt_request
 
 
-def _wrap_free(original: Any) -> Any:
+def _wrap_free(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def _free_request(self: Scheduler, request: Request, *args: object, **kwargs: object) -> object:
         result = original(self, request, *args, **kwargs)
         agent = agent_of(self)
         if agent is not None:
@@ -235,10 +239,10 @@ def _wrap_free(original: Any) -> Any:
     return _free_request
 
 
-def _wrap_update(original: Any) -> Any:
+def _wrap_update(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any,
-                           **kwargs: Any) -> Any:
+    def update_from_output(self: Scheduler, scheduler_output: object, model_runner_output: object, *args: object,
+                           **kwargs: object) -> object:
         agent = agent_of(self)
         if agent is not None:
             agent.guarded("worker report", agent.on_output, model_runner_output)

@@ -19,11 +19,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from growpage.config import Mode
+from growpage.config import GrowPageConfig, Mode
 from growpage.vllm_plugin.resolve import ResolvedSettings, settings_from_vllm_config
 from growpage.vllm_plugin.support import ACTIVE, start_up_states
+
+if TYPE_CHECKING:  # for annotations only: each is imported where it is used (the exporter only when enabled)
+    from prometheus_client.registry import CollectorRegistry
+
+    from growpage.telemetry.exporter import MetricsExporter
+    from growpage.vllm_plugin.metrics import StartupCollector
+    from growpage.vllm_plugin.vllm_types import VllmConfig
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -42,9 +49,9 @@ class EarlyExporter:
         host: the address it was asked for.
     """
 
-    registry: Any
-    collector: Any
-    exporter: Any
+    registry: CollectorRegistry
+    collector: StartupCollector
+    exporter: MetricsExporter
     port: int
     host: str
 
@@ -53,7 +60,7 @@ class EarlyExporter:
 _EARLY: dict[int, EarlyExporter] = {}
 
 
-def starting_states(resolved: ResolvedSettings, compilation_config: Any) -> dict[str, str]:
+def starting_states(resolved: ResolvedSettings, compilation_config: object) -> dict[str, str]:
     """``{component: reason}`` before the scheduler exists: the reasons already final from the settings
     and the graph mode (``mode_off``, ``invalid_config``, ``full_cudagraph``), ``starting`` for every
     component that will run (the enforcer's blockers are known only once the KV cache is)."""
@@ -65,7 +72,7 @@ def starting_states(resolved: ResolvedSettings, compilation_config: Any) -> dict
     return {component: STARTING if state == ACTIVE else state for component, state in states.items()}
 
 
-def start_early(vllm_config: Any) -> EarlyExporter | None:
+def start_early(vllm_config: VllmConfig) -> EarlyExporter | None:
     """Serve the start-up series on this engine core's exporter port (once per process); None when
     the exporter is disabled, or its port cannot be bound now (the agent tries again)."""
     pid = os.getpid()
@@ -81,7 +88,7 @@ def start_early(vllm_config: Any) -> EarlyExporter | None:
     return early
 
 
-def _start(vllm_config: Any) -> EarlyExporter | None:
+def _start(vllm_config: VllmConfig) -> EarlyExporter | None:
     from prometheus_client.registry import CollectorRegistry
 
     from growpage.telemetry.agent import build_info_labels
@@ -106,7 +113,7 @@ def _start(vllm_config: Any) -> EarlyExporter | None:
     return EarlyExporter(registry, collector, exporter, port, settings.exporter_host)
 
 
-def rank_exporter_port(port: int, parallel_config: Any) -> int:
+def rank_exporter_port(port: int, parallel_config: object) -> int:
     """The exporter port of this engine core: ``port`` plus its local data-parallel rank.
 
     With data parallelism every rank runs its own engine core, each with its own scheduler agent
@@ -125,17 +132,17 @@ def rank_exporter_port(port: int, parallel_config: Any) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class _Deployment:
-    config: Any
+    config: GrowPageConfig
     device_name: str
 
 
-def served_model(vllm_config: Any) -> str:
+def served_model(vllm_config: VllmConfig) -> str:
     """The ``model_name`` label: vLLM's served model name, else its model."""
     model_config = vllm_config.model_config
     return str(model_config.served_model_name or model_config.model)
 
 
-def deployment_device(vllm_config: Any) -> str:
+def deployment_device(vllm_config: object) -> str:
     """The device KV lives on (``growpage_build_info{device}``)."""
     return str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "unknown")
 

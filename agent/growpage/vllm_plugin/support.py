@@ -3,12 +3,11 @@
 Each check returns None when GrowPage can work, or the reason label it reports otherwise
 (``growpage_agent_active{component, reason}`` = 0, the ``GrowPageAgentInactive`` alert, and
 ``gpctl diagnose``), so an inactive agent is never silent. The same functions back the support
-matrix in docs/VLLM_PLUGIN.md.
+matrix in docs/VLLM_PLUGIN.md. They read vLLM's config sections with ``getattr`` fallbacks (a
+stand-in, an older vLLM or a missing section reads as the default), so they take any ``object``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 # Reason labels (also the runbook's table of causes).
 ACTIVE = "active"
@@ -23,14 +22,14 @@ QUANTIZED_KV_CACHE = "quantized_kv_cache"
 INVALID_CONFIG = "invalid_config"
 
 
-def _graph_mode_name(compilation_config: Any) -> str | None:
+def _graph_mode_name(compilation_config: object) -> str | None:
     mode = getattr(compilation_config, "cudagraph_mode", None)
     if mode is None:
         return None
     return str(getattr(mode, "name", mode)).upper().removeprefix("CUDAGRAPHMODE.")
 
 
-def cudagraph_conflict(compilation_config: Any) -> str | None:
+def cudagraph_conflict(compilation_config: object) -> str | None:
     """``full_cudagraph`` when decode attention may be replayed from a full CUDA graph.
 
     A full graph (``FULL``, ``FULL_DECODE_ONLY``, ``FULL_AND_PIECEWISE``) replays the attention
@@ -42,7 +41,7 @@ def cudagraph_conflict(compilation_config: Any) -> str | None:
     return CUDAGRAPH_FULL if name is not None and "FULL" in name else None
 
 
-def observer_blocker(compilation_config: Any) -> str | None:
+def observer_blocker(compilation_config: object) -> str | None:
     """``full_cudagraph`` when *no* step runs attention eagerly (``FULL``: mixed batches replay too).
 
     vLLM's default on CUDA, ``FULL_AND_PIECEWISE`` (and ``FULL_DECODE_ONLY``), replays decode-only
@@ -55,7 +54,7 @@ def observer_blocker(compilation_config: Any) -> str | None:
     return CUDAGRAPH_FULL if _graph_mode_name(compilation_config) == "FULL" else None
 
 
-def uses_model_runner_v2(vllm_config: Any) -> bool:
+def uses_model_runner_v2(vllm_config: object) -> bool:
     """Whether the workers run Model Runner V2 (vLLM's default on CUDA where Triton works)."""
     try:
         return bool(getattr(vllm_config, "use_v2_model_runner", False))
@@ -63,7 +62,7 @@ def uses_model_runner_v2(vllm_config: Any) -> bool:
         return False
 
 
-def enforce_blocker(scheduler_config: Any, parallel_config: Any, compilation_config: Any,
+def enforce_blocker(scheduler_config: object, parallel_config: object, compilation_config: object,
                     num_kv_cache_groups: int, model_runner_v2: bool = False) -> str | None:
     """Why the scheduler cannot enforce in this deployment (None: it can).
 
@@ -98,7 +97,7 @@ REMEDIES = {
 }
 
 
-def start_up_states(mode_is_off: bool, compilation_config: Any, *, invalid_config: bool = False,
+def start_up_states(mode_is_off: bool, compilation_config: object, *, invalid_config: bool = False,
                     enforce_requested: bool = False) -> dict[str, str]:
     """``{component: "active" or reason}`` as known from the configuration, before any step.
 

@@ -23,10 +23,18 @@ import contextvars
 import functools
 import hashlib
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
+
+if TYPE_CHECKING:  # for annotations only: OpenTelemetry is imported where it is used (tracing is optional)
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.trace import SpanContext
+
+    from growpage.vllm_plugin.vllm_types import FrontEndRequestState
 
 logger = logging.getLogger("vllm.growpage")
 
@@ -40,7 +48,7 @@ def request_span_id(trace_id: int, request_id: str) -> int:
     return int.from_bytes(digest[:8], "big") or 1
 
 
-def _client_span_context(trace_headers: Mapping[str, str] | None) -> Any:
+def _client_span_context(trace_headers: Mapping[str, str] | None) -> SpanContext | None:
     """The client's span context from ``traceparent``, or None when there is none (or it is invalid)."""
     if not trace_headers:
         return None
@@ -52,7 +60,7 @@ def _client_span_context(trace_headers: Mapping[str, str] | None) -> Any:
     return span_context if span_context.is_valid else None
 
 
-def parent_context_for(trace_headers: Mapping[str, str] | None, request_id: str) -> Any:
+def parent_context_for(trace_headers: Mapping[str, str] | None, request_id: str) -> Context | None:
     """The context ``growpage.request`` is a child of: vLLM's ``llm_request`` span for the request,
     or None when the request carries no trace headers."""
     client = _client_span_context(trace_headers)
@@ -80,9 +88,9 @@ def pin_span_ids() -> bool:
     return True
 
 
-def _pinning_span_ids(original: Any) -> Any:
+def _pinning_span_ids(original: Callable[[RandomIdGenerator], int]) -> Callable[[RandomIdGenerator], int]:
     @functools.wraps(original)
-    def generate_span_id(self: Any) -> int:
+    def generate_span_id(self: RandomIdGenerator) -> int:
         pinned = _PINNED_SPAN_ID.get()
         if pinned is not None:
             _PINNED_SPAN_ID.set(None)  # once: the span's children get ids of their own
@@ -103,9 +111,10 @@ def install_front_end_hook() -> bool:
     return True
 
 
-def _pinning_request_span(original: Any) -> Any:
+def _pinning_request_span(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def do_tracing(self: Any, engine_core_output: Any, req_state: Any, *args: Any, **kwargs: Any) -> Any:
+    def do_tracing(self: object, engine_core_output: object, req_state: FrontEndRequestState, *args: object,
+                   **kwargs: object) -> object:
         span_id = None
         try:
             client = _client_span_context(getattr(engine_core_output, "trace_headers", None))
@@ -122,7 +131,7 @@ def _pinning_request_span(original: Any) -> Any:
     return do_tracing
 
 
-def vllm_tracer_provider(endpoint: str, service_name: str = "growpage") -> Any:
+def vllm_tracer_provider(endpoint: str, service_name: str = "growpage") -> TracerProvider:
     """A tracer provider exporting to vLLM's own OTLP endpoint with vLLM's exporter (same protocol:
     ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, grpc unless set)."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource

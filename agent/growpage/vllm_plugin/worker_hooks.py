@@ -26,20 +26,33 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from growpage.vllm_plugin import graph_steps
 from growpage.vllm_plugin.patching import WrapTarget, is_wrapped, wrap_methods
 from growpage.vllm_plugin.wire import REPORT_ATTRIBUTE
 
+if TYPE_CHECKING:  # for annotations only: vLLM's outputs and the observer are imported where they are used
+    from typing import TypeAlias
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    from growpage.vllm_plugin.observer import VllmObserver
+    from growpage.vllm_plugin.vllm_types import AsyncModelRunnerOutput, ModelRunner, V2InputBatch, VllmConfig, Worker
+    from growpage.vllm_plugin.wire import WorkerReport
+
+    # What Worker.sample_tokens returns: the step's output, or (async scheduling) one resolved later.
+    StepOutput: TypeAlias = ModelRunnerOutput | AsyncModelRunnerOutput | None
+
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
 
 # pid -> the observer of that process (None: GrowPage is off there).
-_OBSERVERS: dict[int, Any] = {}
+_OBSERVERS: dict[int, VllmObserver | None] = {}
 
 
-def current_observer() -> Any:
+def current_observer() -> VllmObserver | None:
     """This process's observer, or None (not built yet, or GrowPage off)."""
     return _OBSERVERS.get(os.getpid())
 
@@ -49,7 +62,7 @@ def observer_built() -> bool:
     return os.getpid() in _OBSERVERS
 
 
-def observer_for(vllm_config: Any) -> Any:
+def observer_for(vllm_config: VllmConfig) -> VllmObserver | None:
     """The observer of this process, built on first call; None when GrowPage is off here, its
     settings cannot be honoured, or the observer cannot start (vLLM then runs unobserved)."""
     pid = os.getpid()
@@ -62,7 +75,7 @@ def observer_for(vllm_config: Any) -> Any:
     return _OBSERVERS[pid]
 
 
-def _build_observer(vllm_config: Any) -> Any:
+def _build_observer(vllm_config: VllmConfig) -> VllmObserver | None:
     from growpage.config import Mode
     from growpage.vllm_plugin.observer import VllmObserver
     from growpage.vllm_plugin.resolve import settings_from_vllm_config
@@ -97,7 +110,7 @@ def _build_observer(vllm_config: Any) -> Any:
     return observer
 
 
-def _adopt_unobserved_worker(runner: Any) -> Any:
+def _adopt_unobserved_worker(runner: ModelRunner) -> VllmObserver | None:
     """A worker whose attention backend is not one GrowPage wraps built no observer while the model
     loaded. Build one now, off but reporting why (``unsupported_backend``), so the agent is never
     silently inert. Faults here are swallowed: vLLM must run."""
@@ -116,7 +129,7 @@ def _adopt_unobserved_worker(runner: Any) -> Any:
         return None
 
 
-def attach_report(output: Any, report: Any) -> None:
+def attach_report(output: StepOutput, report: WorkerReport) -> None:
     """Put ``report`` on the step's ``ModelRunnerOutput``.
 
     With async scheduling the runner returns a wrapper whose ``get_output()`` resolves to the output
@@ -132,7 +145,7 @@ def attach_report(output: Any, report: Any) -> None:
         return
     resolve = output.get_output
 
-    def get_output() -> Any:
+    def get_output() -> object:
         resolved = resolve()
         if resolved is not None and resolved is not EMPTY_MODEL_RUNNER_OUTPUT:
             setattr(resolved, REPORT_ATTRIBUTE, report)
@@ -162,9 +175,11 @@ def install_worker_hooks() -> bool:
     return True
 
 
-def _wrap_execute(original: Any) -> Any:
+# Each wrapper below calls vLLM's method with the arguments vLLM passed and hands its result back as it
+# came: those it does not read are ``object``, the original and the wrapper ``Callable[..., object]``.
+def _wrap_execute(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+    def execute_model(self: Worker, scheduler_output: object, *args: object, **kwargs: object) -> object:
         runner = self.model_runner
         observer = current_observer()
         if observer is None and not observer_built():
@@ -182,9 +197,9 @@ def _wrap_execute(original: Any) -> Any:
     return execute_model
 
 
-def _wrap_sample(original: Any) -> Any:
+def _wrap_sample(original: Callable[..., StepOutput]) -> Callable[..., StepOutput]:
     @functools.wraps(original)
-    def sample_tokens(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def sample_tokens(self: object, *args: object, **kwargs: object) -> StepOutput:
         output = original(self, *args, **kwargs)
         observer = current_observer()
         if observer is not None:
@@ -194,9 +209,9 @@ def _wrap_sample(original: Any) -> Any:
     return sample_tokens
 
 
-def _wrap_v1_prepare(original: Any) -> Any:
+def _wrap_v1_prepare(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
-    def _prepare_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _prepare_inputs(self: ModelRunner, *args: object, **kwargs: object) -> object:
         result = original(self, *args, **kwargs)
         observer = current_observer()
         if observer is not None and observer.compactor is not None:
@@ -206,9 +221,9 @@ def _wrap_v1_prepare(original: Any) -> Any:
     return _prepare_inputs
 
 
-def _wrap_v2_prepare(original: Any) -> Any:
+def _wrap_v2_prepare(original: Callable[..., V2InputBatch]) -> Callable[..., V2InputBatch]:
     @functools.wraps(original)
-    def prepare_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def prepare_inputs(self: ModelRunner, *args: object, **kwargs: object) -> V2InputBatch:
         from growpage.vllm_plugin.runner_views import remember_v2_batch
 
         input_batch = original(self, *args, **kwargs)
