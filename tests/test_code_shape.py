@@ -98,3 +98,41 @@ def test_the_width_counts_self_assignments_and_fields_but_not_frozen_records(tmp
         f"import dataclasses\n@dataclasses.dataclass\nclass Wide:\n{fields}\n    def grow(self):\n"
         f"        self.extra = 1\n@dataclasses.dataclass(frozen=True)\nclass Record:\n{fields}\n    g: int = 0\n")
     assert wide_classes(tmp_path) == {"agent/wide.py Wide": MAX_INSTANCE_ATTRIBUTES + 1}
+
+
+# vLLM's objects are described by Protocols (growpage.vllm_plugin.vllm_types), so an ``Any`` in the
+# plugin is left only where a Protocol would lie; this bounds them (32 when it was set).
+MAX_PLUGIN_ANY = 40
+
+
+def annotation_anys(path: Path) -> int:
+    """``Any`` in a module's annotations: parameters, returns and annotated assignments."""
+    annotations: list[ast.expr] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+            annotations += [argument.annotation for argument in every if argument is not None and argument.annotation]
+            annotations += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+    count = 0
+    for annotation in annotations:
+        for element in ast.walk(annotation):
+            if isinstance(element, ast.Name) and element.id == "Any":
+                count += 1
+            elif isinstance(element, ast.Constant) and isinstance(element.value, str):
+                count += element.value.count("Any")
+    return count
+
+
+def test_the_vllm_plugin_names_vllms_objects_instead_of_any():
+    plugin = ROOT / "agent" / "growpage" / "vllm_plugin"
+    total = sum(annotation_anys(path) for path in plugin.glob("*.py"))
+    assert total <= MAX_PLUGIN_ANY, f"{total} Any in the plugin's annotations: describe the object in vllm_types.py"
+
+
+def test_an_any_is_counted_in_parameters_returns_and_fields(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f(a: Any, *b: Any) -> dict[str, Any]:\n    x: Any = 1\n    y: 'list[Any]' = []\n")
+    assert annotation_anys(module) == 5

@@ -13,9 +13,10 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 _Result = TypeVar("_Result")
+_Params = ParamSpec("_Params")
 
 
 class FaultGuard:
@@ -56,8 +57,8 @@ class FaultGuard:
         except Exception:  # GrowPage must never take the engine down
             self.fault(component, message, log_key=log_key)
 
-    def call(self, component: str, message: str, function: Callable[..., _Result], *args: Any,
-             **kwargs: Any) -> _Result | None:
+    def call(self, component: str, message: str, function: Callable[_Params, _Result], *args: _Params.args,
+             **kwargs: _Params.kwargs) -> _Result | None:
         """``function(*args, **kwargs)``, or None when it faults (counted, logged once)."""
         with self.guard(component, message):
             return function(*args, **kwargs)

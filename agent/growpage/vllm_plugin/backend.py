@@ -45,8 +45,10 @@ class ObservedAttentionImpl:
     after ``forward`` the observer reads the newest queries against the keys gathered from the cache.
     """
 
+    num_heads: int
     num_kv_heads: int
     head_size: int
+    scale: float
     attn_type: str  # vLLM's AttentionType: "decoder", "encoder", ...
 
     def __init__(self, *args: object, **kwargs: object) -> None:

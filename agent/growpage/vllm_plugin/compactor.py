@@ -48,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
 
 import torch
 
@@ -66,6 +65,7 @@ from growpage.vllm_plugin.compaction_plan import MoveOutcome
 from growpage.vllm_plugin.keys import BlockLayout, move_tokens_chunked, move_tokens_one_by_one, read_keys
 from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
 from growpage.vllm_plugin.token_scores import TokenScores
+from growpage.vllm_plugin.vllm_types import CompactingRunner
 from growpage.vllm_plugin.wire import (
     ENFORCE_LOG_ENV,
     PAYLOAD_ATTRIBUTE,
@@ -160,7 +160,7 @@ class WorkerCompactor:
         self.scores.forget(request_id)
 
     # ---- before _update_states -----------------------------------------------------------------
-    def begin_step(self, runner: Any, scheduler_output: Any, layout: BlockLayout | None) -> None:
+    def begin_step(self, runner: CompactingRunner, scheduler_output: object, layout: BlockLayout | None) -> None:
         """Forget restarted requests, apply this step's plans, adopt the scheduler's ``dropped``."""
         payload = getattr(scheduler_output, PAYLOAD_ATTRIBUTE, None)
         restarted = set(getattr(scheduler_output, "finished_req_ids", ()) or ())
@@ -189,7 +189,7 @@ class WorkerCompactor:
             raise CompactionError(f"compaction failed for {failed} (request: what it kept); their blocks were "
                                   f"cut like the scheduler's")
 
-    def _compact_or_recover(self, runner: Any, request_id: str, plan: CompactionPlan,
+    def _compact_or_recover(self, runner: CompactingRunner, request_id: str, plan: CompactionPlan,
                             layout: BlockLayout | None) -> str | None:
         """Apply one plan; on a failure, leave the request what the module docstring says.
 
@@ -208,7 +208,8 @@ class WorkerCompactor:
                                    error)
         return None
 
-    def _choose(self, runner: Any, request_id: str, plan: CompactionPlan, layout: BlockLayout | None) -> _Choice:
+    def _choose(self, runner: CompactingRunner, request_id: str,
+                plan: CompactionPlan, layout: BlockLayout | None) -> _Choice:
         """The survivors and the slot moves of one plan (reads only: a failure here moved nothing)."""
         if layout is None:
             raise CompactionError("the KV cache layout is unknown; cannot move tokens")
@@ -231,7 +232,7 @@ class WorkerCompactor:
         src, dst = self._moves(block_row, keep_index, keep)
         return _Choice(positions, keep_index, src, dst, 0 if scores is None else int(scores.shape[-1]), redundancy)
 
-    def _block_row(self, runner: Any, request_id: str, physical: int) -> torch.Tensor:
+    def _block_row(self, runner: CompactingRunner, request_id: str, physical: int) -> torch.Tensor:
         """The block ids holding the request's ``physical`` tokens, in order."""
         block_ids = runner.requests[request_id].block_ids[0]
         held_blocks = -(-physical // self.block_size)
@@ -250,7 +251,7 @@ class WorkerCompactor:
             return src[:, moving], dst[:, moving]
         return src[moving], dst[moving]
 
-    def _apply(self, runner: Any, request_id: str, plan: CompactionPlan, choice: _Choice,
+    def _apply(self, runner: CompactingRunner, request_id: str, plan: CompactionPlan, choice: _Choice,
                layout: BlockLayout | None) -> None:
         """Move the survivors (in chunks), record them, then cut the request's blocks."""
         assert layout is not None  # _choose checked
@@ -282,7 +283,8 @@ class WorkerCompactor:
         self.fallback_moves += outcome.tokens_copied_one_by_one > 0
 
     # ---- failed compactions (see the module docstring) -----------------------------------------------
-    def _recover_unmoved(self, runner: Any, request_id: str, plan: CompactionPlan, layout: BlockLayout | None,
+    def _recover_unmoved(self, runner: CompactingRunner, request_id: str,
+                         plan: CompactionPlan, layout: BlockLayout | None,
                          error: Exception) -> str:
         """After a failure before any move: keep sinks and recent tokens, or, when those cannot
         move, record the first ``keep_tokens`` (what the cut leaves)."""
@@ -300,7 +302,7 @@ class WorkerCompactor:
         self.kept_positions[request_id] = take_slots(positions, keep_index)
         return self._recovered(runner, request_id, plan, path, error)
 
-    def _move_recent(self, runner: Any, request_id: str, plan: CompactionPlan,
+    def _move_recent(self, runner: CompactingRunner, request_id: str, plan: CompactionPlan,
                      layout: BlockLayout | None) -> torch.Tensor:
         """Move the leading (sinks, shared prefix) and newest slots into place one slot at a time
         (nothing large allocated, no scores used); returns their slot indices."""
@@ -314,7 +316,8 @@ class WorkerCompactor:
         self._count_move(outcome, int(src.shape[-1]))
         return keep_index
 
-    def _recovered(self, runner: Any, request_id: str, plan: CompactionPlan, path: str, error: Exception) -> str:
+    def _recovered(self, runner: CompactingRunner, request_id: str,
+                   plan: CompactionPlan, path: str, error: Exception) -> str:
         """Count and log a failed compaction, forget its scores, and cut its blocks like the scheduler's."""
         self.failed_compactions += 1
         self.recoveries[path] = self.recoveries.get(path, 0) + 1
@@ -357,7 +360,7 @@ class WorkerCompactor:
             mixed[head, index] = mix_redundancy(scores[head, index], redundancy, self.redundancy_weight)
         return mixed
 
-    def _truncate(self, runner: Any, request_id: str, keep_tokens: int) -> None:
+    def _truncate(self, runner: CompactingRunner, request_id: str, keep_tokens: int) -> None:
         """Cut the request's cached ``block_ids`` and block-table row to ``keep_tokens`` (as the scheduler did)."""
         keep_blocks = -(-keep_tokens // self.block_size)
         for group_block_ids in runner.requests[request_id].block_ids:
@@ -368,7 +371,7 @@ class WorkerCompactor:
                 table.num_blocks_per_row[row] = min(int(table.num_blocks_per_row[row]), keep_blocks)
 
     # ---- after _prepare_inputs -----------------------------------------------------------------
-    def adjust_inputs(self, runner: Any) -> None:
+    def adjust_inputs(self, runner: CompactingRunner) -> None:
         """``seq_lens -= dropped`` and slots from ``positions - dropped`` for compacted requests."""
         if not self.dropped:
             return
@@ -396,7 +399,7 @@ class WorkerCompactor:
         return logical_length - self.dropped.get(request_id, 0)
 
 
-def _unique_caches(runner: Any) -> list[torch.Tensor]:
+def _unique_caches(runner: CompactingRunner) -> list[torch.Tensor]:
     seen: set[int] = set()
     caches = []
     for cache in runner.kv_caches:

@@ -27,8 +27,9 @@ import functools
 import logging
 import os
 import re
+import typing
 from collections.abc import Callable
-from typing import Any
+from typing import ParamSpec, TypeVar
 
 import torch
 
@@ -44,11 +45,14 @@ from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.runner_views import batch_view
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.support import ACTIVE
+from growpage.vllm_plugin.vllm_types import AttentionImpl, CompactingRunner, ModelRunner, NewRequestData
 from growpage.vllm_plugin.wire import PLUGIN_COMPONENT, WorkerReport, append_enforce_log
 from growpage.vllm_plugin.worker_requests import TrackedRequest, WorkerRequests
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 
@@ -212,6 +216,14 @@ def rotating_sample(count: int, limit: int, turn: int) -> list[int]:
     return sorted((start + n) % count for n in range(limit))
 
 
+def _v1(runner: ModelRunner) -> CompactingRunner:
+    """The runner as the compactor reads it: V1's (or the CPU runner's) persistent batch. Under
+    Model Runner V2 the scheduler does not enforce (:func:`~growpage.vllm_plugin.support.enforce_blocker`),
+    so no plan arrives and the compactor reads nothing of the runner (and V2's inputs are not
+    rewritten: only V1's ``_prepare_inputs`` is hooked for that)."""
+    return typing.cast("CompactingRunner", runner)
+
+
 def layer_index(layer_name: str) -> int | None:
     """``model.layers.7.self_attn.attn`` -> 7."""
     match = _LAYER_INDEX.search(layer_name)
@@ -244,7 +256,7 @@ class VllmObserver:
                                         "growpage_agent_errors_total, not logged")
         self.summaries = SummaryBank(config, max_requests)
         self.requests = WorkerRequests(max_requests)
-        self.runner: Any = None
+        self.runner: object = None  # vLLM's model runner of this step (its batch is read once per step)
         self.step = _StepState()
         self._layout: kv_keys.BlockLayout | None = None
         self._layout_failed = False
@@ -293,12 +305,13 @@ class VllmObserver:
         self.state = reason
         logger.error("growpage: attention observation is off in pid %d (%s): %s", os.getpid(), reason, why)
 
-    def guarded(self, what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def guarded(self, what: str, function: Callable[_Params, _Result], *args: _Params.args,
+                **kwargs: _Params.kwargs) -> _Result | None:
         """Run ``function``; a fault is counted, logged once, never raised (vLLM carries on)."""
         return self.faults.call(PLUGIN_COMPONENT, f"{what} failed in the worker", function, *args, **kwargs)
 
     # ---- request lifecycle (worker hook) ------------------------------------------------------------
-    def begin_step(self, runner: Any, scheduler_output: Any) -> None:
+    def begin_step(self, runner: object, scheduler_output: object) -> None:
         self.runner = runner
         self.step.begin(self.sampling.stride)
         self._collect_readings()
@@ -318,7 +331,7 @@ class VllmObserver:
         if self.requests and int(getattr(scheduler_output, "total_num_scheduled_tokens", 1) or 0) > 0:
             self.counts.steps_tracked += 1
 
-    def _ends_a_monitored_prompt(self, scheduler_output: Any) -> bool:
+    def _ends_a_monitored_prompt(self, scheduler_output: object) -> bool:
         """Whether this step computes the last prompt token of a monitored request."""
         scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
         computed = {new.req_id: int(getattr(new, "num_computed_tokens", 0) or 0)
@@ -333,15 +346,15 @@ class VllmObserver:
                 return True
         return False
 
-    def begin_compaction(self, runner: Any, scheduler_output: Any) -> None:
+    def begin_compaction(self, runner: ModelRunner, scheduler_output: object) -> None:
         """Enforce, before the runner updates its states: apply the scheduler's plans."""
         if self.compactor is not None:
-            self.compactor.begin_step(runner, scheduler_output, self._layout)
+            self.compactor.begin_step(_v1(runner), scheduler_output, self._layout)
 
-    def adjust_inputs(self, runner: Any) -> None:
+    def adjust_inputs(self, runner: ModelRunner) -> None:
         """Enforce, after the runner prepared its inputs: physical ``seq_lens`` and ``slot_mapping``."""
         if self.compactor is not None:
-            self.compactor.adjust_inputs(runner)
+            self.compactor.adjust_inputs(_v1(runner))
 
     @property
     def wants_eager_step(self) -> bool:
@@ -362,7 +375,7 @@ class VllmObserver:
         return WorkerReport(readings=readings, ready_to_compact=self.ready_to_compact, observer_state=self.state,
                             errors=errors, steps=steps, steps_observed=observed, attention_tokens=needs)
 
-    def _admit(self, new: Any) -> None:
+    def _admit(self, new: NewRequestData) -> None:
         if new.req_id in self.requests:
             self._release(new.req_id)
         extra = getattr(getattr(new, "sampling_params", None), "extra_args", None) or {}
@@ -424,7 +437,8 @@ class VllmObserver:
         if self.summaries.device != kv_cache.device:  # summaries live beside the cache (nothing observed yet)
             self.summaries = SummaryBank(self.config, self.summaries.max_requests, kv_cache.device)
 
-    def observe_layer(self, impl: Any, query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any) -> None:
+    def observe_layer(self, impl: AttentionImpl, query: torch.Tensor, kv_cache: torch.Tensor,
+                      metadata: object) -> None:
         """Observe the newest query of each sampling request in one layer.
 
         Args:
@@ -475,7 +489,7 @@ class VllmObserver:
         for layer in range(len(pending)):
             self.step.layers.append(_LayerObservation(plan.rows, scores.bin_mass[layer], scores.entropy[layer]))
 
-    def _step_rows(self, metadata: Any, query_device: torch.device) -> _StepRows | None:
+    def _step_rows(self, metadata: object, query_device: torch.device) -> _StepRows | None:
         """Who this step observes, and their index tensors, built at the step's first observed layer
         and reused by the others (the batch is the same in every layer)."""
         if self.step.planned:
@@ -513,7 +527,7 @@ class VllmObserver:
             wants_token_mass=any(self._keeps_scores(t) for t in observed))
         return self.step.plan
 
-    def _batch_view(self, metadata: Any) -> StepBatch:
+    def _batch_view(self, metadata: object) -> StepBatch:
         """This step's request ids, query starts, physical ``seq_lens`` and block table, read once
         per step from the runner (either model runner: :mod:`~growpage.vllm_plugin.runner_views`)."""
         if self.step.batch is None:

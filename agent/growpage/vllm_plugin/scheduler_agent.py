@@ -31,7 +31,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController, Reading
@@ -51,6 +51,8 @@ from growpage.vllm_plugin.settings import PluginSettings, honours
 from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
 
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
 ACTIVE = "active"
@@ -158,7 +160,8 @@ class SchedulerAgent:
     def degraded_total(self) -> dict[tuple[str, str], int]:
         return dict(self.enforcer.degraded_total) if self.enforcer is not None else {}
 
-    def guarded(self, what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def guarded(self, what: str, function: Callable[_Params, _Result], *args: _Params.args,
+                **kwargs: _Params.kwargs) -> _Result | None:
         """Run ``function``; a fault is counted (``component="plugin"``), logged once, never raised."""
         return self.controller.faults.call(PLUGIN_COMPONENT, f"{what} failed in the scheduler; vLLM carries on",
                                            function, *args, **kwargs)

@@ -242,6 +242,109 @@ class V2InputBatch(Protocol):
     def num_scheduled_tokens(self) -> np.ndarray: ...
 
 
+class NewRequestData(Protocol):
+    """``vllm.v1.core.sched.output.NewRequestData``: a request the worker sees for the first time."""
+
+    @property
+    def req_id(self) -> str: ...
+
+    @property
+    def prompt_token_ids(self) -> list[int] | None: ...
+
+    @property
+    def sampling_params(self) -> SamplingParams | None: ...
+
+
+class AttentionImpl(Protocol):
+    """An attention backend's impl as the observer reads it (``vllm.v1.attention.backend.AttentionImpl``)."""
+
+    @property
+    def num_heads(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def scale(self) -> float: ...
+
+
+class HostDeviceBuffer(Protocol):
+    """``vllm.v1.utils.CpuGpuBuffer``: a host tensor and its device copy."""
+
+    @property
+    def cpu(self) -> torch.Tensor: ...
+
+    @property
+    def gpu(self) -> torch.Tensor: ...
+
+
+class CachedRequestState(Protocol):
+    """``vllm.v1.worker.gpu_input_batch.CachedRequestState``: a request's block ids per KV cache group."""
+
+    @property
+    def block_ids(self) -> tuple[list[int], ...]: ...
+
+
+class GroupBlockTable(Protocol):
+    """One KV cache group's ``BlockTable`` as a compaction rewrites it (host rows, device slots)."""
+
+    @property
+    def num_blocks_per_row(self) -> np.ndarray: ...
+
+    @property
+    def block_table(self) -> HostDeviceBuffer: ...
+
+    @property
+    def slot_mapping(self) -> HostDeviceBuffer: ...
+
+
+class GroupBlockTables(Protocol):
+    @property
+    def block_tables(self) -> Sequence[GroupBlockTable]: ...
+
+
+class CompactionInputBatch(Protocol):
+    """V1's persistent batch as a compaction reads and rewrites it."""
+
+    @property
+    def num_reqs(self) -> int: ...
+
+    @property
+    def req_ids(self) -> Sequence[str]: ...
+
+    @property
+    def req_id_to_index(self) -> dict[str, int]: ...
+
+    @property
+    def num_computed_tokens_cpu(self) -> np.ndarray: ...
+
+    @property
+    def block_table(self) -> GroupBlockTables: ...
+
+
+class CompactingRunner(Protocol):
+    """V1 ``GPUModelRunner`` (and the CPU runner) as the compactor moves a request's tokens and
+    rewrites its inputs to physical lengths (:mod:`~growpage.vllm_plugin.compactor`)."""
+
+    @property
+    def requests(self) -> dict[str, CachedRequestState]: ...
+
+    @property
+    def input_batch(self) -> CompactionInputBatch: ...
+
+    @property
+    def query_start_loc(self) -> HostDeviceBuffer: ...
+
+    @property
+    def seq_lens(self) -> torch.Tensor: ...
+
+    @property
+    def optimistic_seq_lens_cpu(self) -> torch.Tensor: ...
+
+    @property
+    def kv_caches(self) -> list[torch.Tensor]: ...
+
+
 class Worker(Protocol):
     """``vllm.v1.worker.gpu_worker.Worker`` (and the CPU worker): the model runner it drives."""
 
