@@ -51,6 +51,7 @@ def run_calibration_trace(model_dir: str, settings: CalibrationSettings, output:
                           progress: Callable[[str], None] = lambda _message: None,
                           loaded: harness.Loaded | None = None) -> dict:
     """Serve the trace in monitor mode and write the exposition to ``output``; returns a summary."""
+    # deferred: growpage.telemetry loads OpenTelemetry and prometheus_client; only this trace scrapes
     from growpage.telemetry import TelemetryAgent
 
     loaded, tasks, prompts = harness.prepare(model_dir, settings, loaded)

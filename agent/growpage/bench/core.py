@@ -37,6 +37,7 @@ from growpage.core.quantiles import percentile
 from growpage.core.summaries import summarize_attention
 from growpage.engine.kv import attention as attn
 from growpage.engine.kv.manager import GrowPageManager, SlotStatus
+from growpage.errors import GrowPageError
 from growpage.vllm_plugin.scoring import DEFAULT_CAP_BYTES
 
 
@@ -267,7 +268,6 @@ def bench_observation(settings: CoreBenchSettings) -> dict:
 def run_core_bench(settings: CoreBenchSettings) -> dict:
     """Run every core benchmark; returns a JSON-ready dict."""
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
-        from growpage.errors import GrowPageError
         raise GrowPageError("--device cuda was asked for but torch sees no CUDA device; use --device cpu")
     device_name = torch.cuda.get_device_name() if settings.device.startswith("cuda") else platform.processor() or "cpu"
     return {

@@ -23,10 +23,10 @@ from growpage import __version__
 from growpage.chat import chat_token_ids, user_turn
 from growpage.config import GrowPageConfig, Mode
 from growpage.engine.engine import EngineConfig, LLMEngine
+from growpage.engine.llama import LlamaModel
 from growpage.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from growpage.engine.llama import LlamaModel
     from growpage.telemetry import TelemetryAgent
 
 PROMPT = "Explain step by step how a bicycle converts pedalling into forward motion."
@@ -88,6 +88,7 @@ def bench_throughput(model: LlamaModel, tokenizer: Any, model_dir: str,
 
 def _telemetry_variant(engine: LLMEngine, sample_ratio: float | None) -> tuple[TelemetryAgent, Callable[[], None]]:
     """Attach a telemetry agent (and a tracer sampling at ``sample_ratio``); scrape once a second."""
+    # deferred: the OpenTelemetry SDK and growpage.telemetry load only for the telemetry variant
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -144,9 +145,8 @@ def bench_overheads(model: LlamaModel, tokenizer: Any, model_dir: str, settings:
 
 
 def run_engine_bench(model_dir: str, settings: EngineBenchSettings) -> dict[str, Any]:
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.engine.llama import LlamaModel
 
     if settings.threads:
         torch.set_num_threads(settings.threads)

@@ -31,12 +31,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from growpage.bench import harness
+from growpage.bench.workloads import reasoning_tasks
 from growpage.config import DEFAULT_ATTENTION_COVERAGE
+from growpage.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from growpage.engine.engine import LLMEngine
 
 
@@ -75,8 +77,6 @@ class FidelitySettings:
         return cls(methods=("growpage", "streaming_llm"), prompts=3, max_tokens=48)
 
     def tasks(self) -> list[Any]:
-        from growpage.bench.workloads import reasoning_tasks
-
         return reasoning_tasks(self.prompts, self.max_tokens, self.seed)
 
 
@@ -149,8 +149,6 @@ class _DistributionTap:
         setattr(engine, "_teacher_force", teacher_force)  # noqa: B010 (an instance hook, not a class patch)
 
     def _read(self, logits: torch.Tensor, chunks: list[Any]) -> None:
-        import torch
-
         for row, chunk in enumerate(chunks):
             request = chunk.request
             if request.teacher_token_ids is None:
@@ -197,8 +195,6 @@ def _forced_run(loaded: harness.Loaded, method: str, budget: int, prompts: dict[
 
 def _force(engine: LLMEngine, prompts: dict[str, list[int]], references: dict[str, list[int]],
            tap: _DistributionTap, clock: harness.StepClock) -> _Forced:
-    from growpage.engine.sampling import SamplingParams
-
     for key, prompt in prompts.items():
         engine.add_request(prompt, SamplingParams(max_tokens=len(references[key]), temperature=0.0,
                                                   ignore_eos=True),
@@ -222,8 +218,6 @@ def greedy_references(loaded: harness.Loaded, prompts: dict[str, list[int]], max
                       block_size: int, seed: int = 0) -> dict[str, list[int]]:
     """Full KV's greedy continuation of every prompt (``ignore_eos``: each ``max_tokens[key]`` long),
     with room for all of them."""
-    from growpage.engine.sampling import SamplingParams
-
     num_pages = sum(math.ceil((len(prompt) + max_tokens[key]) / block_size) + 1 for key, prompt in prompts.items())
     engine, _ = harness.build_engine(loaded, "full_kv", base_pages=16, block_size=block_size,
                                      max_num_seqs=len(prompts), seed=seed, num_pages=num_pages)

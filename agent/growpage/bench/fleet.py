@@ -38,9 +38,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from growpage.bench.goodput import round_order
 from growpage.bench.tasks import Task, is_correct, reasoning_tasks, retrieval_tasks
 from growpage.core.quantiles import percentile
+from growpage.tooling.fleet import Fleet, fleet_spec
 
 VARIANTS: dict[str, tuple[str, str]] = {  # name -> (router policy, replica mode)
     "round_robin": ("round_robin", "vllm"),
@@ -96,8 +99,6 @@ def skewed_trace(settings: FleetBenchSettings) -> list[Task]:
 
 def stream_request(url: str, task: Task, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """One streamed chat completion: time to first token, the gaps between tokens, the reply, correct?"""
-    import httpx
-
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": task.prompt}], "stream": True,
             "max_tokens": task.max_tokens, "temperature": 0}
     started, stamps, text = clock(), [], []
@@ -138,8 +139,6 @@ def run_trace(url: str, trace: Sequence[Task], gap_s: float) -> list[dict[str, A
 
 def vllm_counters(url: str) -> dict[str, float]:
     """vLLM's preemptions and finished requests on one replica (its own ``/metrics``)."""
-    import httpx
-
     wanted = {"vllm:num_preemptions_total": "preemptions", "vllm:request_success_total": "finished"}
     counters = dict.fromkeys(wanted.values(), 0.0)
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
@@ -170,8 +169,6 @@ def summarize(results: Sequence[dict[str, Any]], before: Sequence[dict[str, floa
 
 def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir: Path) -> dict[str, Any]:
     """Start the variant's fleet, send the trace through its router, stop it."""
-    from growpage.tooling.fleet import Fleet, fleet_spec
-
     policy, mode = VARIANTS[name]
     spec = fleet_spec(replicas=2, port=settings.port, router_port=settings.router_port,
                       metrics_port=settings.metrics_port, mode=mode, kv_blocks=list(settings.kv_blocks),

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from growpage.bench.workloads import reasoning_tasks
+
 if TYPE_CHECKING:
     from growpage.bench.vllm_settings import VllmBenchSettings
 
@@ -57,8 +59,8 @@ def compare(monitor: dict, enforce: dict) -> dict:
 
 def forecast_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Log, timeout_s: float) -> dict:
     """Monitor, then enforce, on the pressure trace of ``seed``; the forecast against enforce."""
+    # deferred: both import torch; compare() and the forecast's tables need none
     from growpage.bench import goodput
-    from growpage.bench.workloads import reasoning_tasks
     from growpage.tooling.vllm_runs import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]

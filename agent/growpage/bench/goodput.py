@@ -25,8 +25,13 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from growpage.bench.tasks import Task, accuracy_by_family, headline_families, is_correct
+from growpage.bench.fidelity import forced_spec, nll_increase
+from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS, Task, accuracy_by_family, headline_families, is_correct
+from growpage.bench.tasks import retrieval_tasks as generate
+from growpage.chat import chat_token_ids, user_turn
 from growpage.core.methods import VLLM_CAP_NAMES
+from growpage.errors import GrowPageError
+from growpage.tooling.vllm_runs import run_child
 
 if TYPE_CHECKING:
     from growpage.bench.vllm_settings import VllmBenchSettings
@@ -44,8 +49,6 @@ def spec(model_dir: str, block_size: int, prompts: list[str], max_tokens: int, k
 
 
 def prompt_tokens(tokenizer: Any, prompt: str) -> int:
-    from growpage.chat import chat_token_ids, user_turn
-
     return len(chat_token_ids(tokenizer, user_turn(prompt)))
 
 
@@ -112,17 +115,12 @@ def forced_nll(run_spec: dict, reference: dict, log: Log, timeout_s: float) -> d
     Raises:
         GrowPageError: the forced run did not emit the reference tokens.
     """
-    from growpage.bench.fidelity import forced_spec, nll_increase
-    from growpage.tooling.vllm_runs import run_child
-
     if log:
         log(f"vllm bench: {run_spec['variant']} forced through full KV's continuation (fidelity)")
     keys = [str(index) for index in range(len(run_spec["prompts"]))]
     forced = run_child(forced_spec(run_spec, [reference["outputs"][key] for key in keys]), lambda report: None,
                        timeout_s)
     if any(forced["outputs"][key] != reference["outputs"][key] for key in keys):
-        from growpage.errors import GrowPageError
-
         raise GrowPageError("the forced run did not emit the reference tokens: the forcing logits processor "
                             "was not applied (vLLM's logits_processors setting)")
     fidelity = nll_increase({key: reference["logprobs"][key] for key in keys},
@@ -135,8 +133,6 @@ def without_outputs(result: dict) -> dict:
 
 
 def retrieval_tasks(settings: VllmBenchSettings) -> list[Task]:
-    from growpage.bench.tasks import retrieval_tasks as generate
-
     return generate(settings.seeds[0], families=settings.retrieval_families,
                     context_tokens=settings.retrieval_context_tokens, depths=settings.retrieval_depths)
 
@@ -149,10 +145,8 @@ def blocks_needed(lengths: list[int], max_tokens: int, block_size: int) -> list[
 def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: Log, timeout_s: float) -> dict:
     """Every retrieval task at once, vLLM alone and GrowPage in a KV space for about
     ``retrieval_kv_share`` of them, the limit with room for all; interleaved repeats."""
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS
-    from growpage.tooling.vllm_runs import run_child
 
     tasks = retrieval_tasks(settings)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -206,11 +200,8 @@ def full_kv_accuracy(model_dir: str, settings: VllmBenchSettings, log: Log, time
     """Full KV (vLLM alone, room for all, greedy) on every retrieval family at every length and
     depth (``growpage.bench.tasks`` defaults, seed ``seeds[0]``): accuracy per family, and the
     families a benchmark may headline."""
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS
-    from growpage.bench.tasks import retrieval_tasks as generate
-    from growpage.tooling.vllm_runs import run_child
 
     tasks = generate(settings.seeds[0])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

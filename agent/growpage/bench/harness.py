@@ -13,15 +13,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
+
 from growpage.chat import chat_token_ids, user_turn
-from growpage.config import GrowPageConfig, Mode
-from growpage.core.methods import KVMethod, build_method
+from growpage.config import GrowPageConfig, Mode, load_config
+from growpage.core.methods import METHOD_NAMES, KVMethod, build_method
 from growpage.core.stats import StatsSnapshot
-from growpage.engine.engine import EngineConfig, LLMEngine
+from growpage.engine.engine import EngineConfig, LLMEngine, _load_tokenizer
+from growpage.engine.llama import LlamaModel
 
 if TYPE_CHECKING:
     from growpage.bench.workloads import Task
-    from growpage.engine.llama import LlamaModel
 
 
 class RunSettings(Protocol):
@@ -55,19 +57,12 @@ def check_pool(pool: str) -> None:
 
 
 def check_methods(methods: tuple[str, ...]) -> None:
-    from growpage.core.methods import METHOD_NAMES
-
     unknown = sorted(set(methods) - set(METHOD_NAMES))
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHOD_NAMES)}")
 
 
 def load(model_dir: str, threads: int | None = None) -> Loaded:
-    import torch
-
-    from growpage.engine.engine import _load_tokenizer
-    from growpage.engine.llama import LlamaModel
-
     if threads:
         torch.set_num_threads(threads)
     return Loaded(model_dir, LlamaModel.from_pretrained(model_dir, dtype=torch.float32, device="cpu"),
@@ -131,8 +126,6 @@ def thresholds_from(path: str | None) -> dict[str, float]:
 @functools.lru_cache(maxsize=8)
 def _calibrated(path: str) -> tuple[tuple[str, float], ...]:
     """Read once per run: every (method, budget, pool) engine of a benchmark asks for it."""
-    from growpage.config import load_config
-
     config = load_config(path, env={})
     return tuple((key, float(getattr(config, key))) for key in CALIBRATED_KEYS)
 

@@ -37,8 +37,15 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from growpage.bench import goodput
+from growpage.bench.forecast import compare
+from growpage.bench.tasks import with_truth
+from growpage.bench.workloads import reasoning_tasks
 from growpage.core.methods import VLLM_CAP_NAMES
 from growpage.errors import ConfigError
+from growpage.tooling.vllm_child import engine_arguments
+from growpage.tooling.vllm_runs import run_child
+from growpage.vllm_plugin.settings import resolved_settings
 
 if TYPE_CHECKING:
     from growpage.bench.vllm_settings import VllmBenchSettings
@@ -95,15 +102,8 @@ def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[
 
 def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Log, timeout_s: float) -> dict:
     """One seed's trace: the pilot, every variant's interleaved rounds, the forced NLLs, the verdict."""
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.bench import goodput
-    from growpage.bench.forecast import compare
-    from growpage.bench.tasks import with_truth
-    from growpage.bench.workloads import reasoning_tasks
-    from growpage.tooling.vllm_child import engine_arguments
-    from growpage.tooling.vllm_runs import run_child
-    from growpage.vllm_plugin.settings import resolved_settings
 
     tasks = reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)
     prompts = [task.prompt for task in tasks]

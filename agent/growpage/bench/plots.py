@@ -11,9 +11,11 @@ FAMILY_MARKERS = {"full": "*", "fixed_budget": "o", "quantization": "s", "growpa
 
 
 def _pyplot() -> Any:
+    # deferred: matplotlib (the bench extra) loads only when a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: pyplot only after the Agg backend is chosen
     import matplotlib.pyplot as plt
 
     return plt
@@ -27,6 +29,7 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
 
 
 def _family(method: str) -> str:
+    # deferred: growpage.core.methods imports torch; plotting saved results needs none
     from growpage.core.methods import build_method
 
     return build_method(method).family
@@ -133,6 +136,7 @@ def sweep_tradeoff(result: dict, path: Path) -> Path:
     """``gpctl bench vllm --part sweep``: tokens/s (median, range as error bars) against NLL increase
     over full KV, one line per method through its floors or budgets; vLLM alone and the limit as
     points. One panel per trace seed."""
+    # deferred: growpage.bench.sweep imports torch; plotting saved results needs none
     from growpage.bench.sweep import COVERAGE_AXIS
 
     plt = _pyplot()

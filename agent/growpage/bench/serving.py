@@ -21,7 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from growpage.bench import harness
+from growpage.bench.fidelity import forced_nll_increase, greedy_references
 from growpage.bench.goodput import round_order, spread
+from growpage.bench.tasks import is_correct, with_truth
+from growpage.bench.tasks import retrieval_tasks as generate
 from growpage.bench.workloads import (
     Arrival,
     Task,
@@ -78,8 +81,6 @@ class ServingSettings:
                 + summary_tasks(self.summaries, self.summary_max_tokens) + self._retrieval_tasks())
 
     def _retrieval_tasks(self) -> list[Task]:
-        from growpage.bench.tasks import retrieval_tasks as generate
-
         tasks = generate(self.seed, families=("code", "multikey", "passkey"), context_tokens=(512, 1024))
         return [Task(t.task_id, "retrieval", t.prompt, t.max_tokens, expected=t.answer) for t in tasks[:self.retrieval]]
 
@@ -160,8 +161,6 @@ def _serve(loaded: harness.Loaded, method: str, num_pages: int, arrivals: list[A
 def _truth_scores(loaded: harness.Loaded, engine: LLMEngine, requests: dict[str, Request], tasks: list[Task],
                   makespan_s: float) -> dict:
     """Accuracy against the true answers, per kind (reasoning apart), and correct answers per second."""
-    from growpage.bench.tasks import is_correct, with_truth
-
     correct: dict[str, list[bool]] = {}
     for task in tasks:
         truth = with_truth(task)
@@ -175,8 +174,6 @@ def _truth_scores(loaded: harness.Loaded, engine: LLMEngine, requests: dict[str,
 def _add_fidelity(loaded: harness.Loaded, runs: list[dict], tasks: list[Task], prompts: dict[str, list[int]],
                   settings: ServingSettings, progress: Callable[[str], None]) -> None:
     """Each run's NLL increase: its method at its pool, forced through full KV's continuation."""
-    from growpage.bench.fidelity import forced_nll_increase, greedy_references
-
     ids = {t.task_id: prompts[t.task_id] for t in tasks}
     progress("fidelity: full KV's continuation, then every method forced through it")
     references = greedy_references(loaded, ids, {t.task_id: t.max_tokens for t in tasks},

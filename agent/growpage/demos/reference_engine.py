@@ -24,6 +24,7 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core.quantiles import percentile
 from growpage.core.stats import StatsSnapshot
 from growpage.engine.engine import EngineConfig, LLMEngine
+from growpage.engine.llama import LlamaModel
 from growpage.engine.request import Request
 from growpage.engine.sampling import SamplingParams
 
@@ -155,7 +156,6 @@ def summarize(full: RunResult, growpage: RunResult, console: Console) -> dict:
 
 def run_demo(model_dir: str, settings: DemoSettings, console: Console | None = None, live: bool = True) -> dict:
     console = console or Console()
-    from growpage.engine.llama import LlamaModel
 
     console.print(f"[bold]GrowPage demo[/bold]: model {model_dir}")
     model = LlamaModel.from_pretrained(model_dir)

@@ -31,9 +31,16 @@ from rich.console import Console
 from rich.table import Table
 
 from growpage.agreement import token_agreement
+from growpage.bench import goodput
+from growpage.bench.fidelity import forced_spec, nll_increase
+from growpage.bench.goodput import answer_texts
 from growpage.bench.prompts import REASONING_ANSWERS, REASONING_PROMPTS
+from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS, Task, is_correct, retrieval_tasks
 from growpage.errors import GrowPageError
+from growpage.provenance import host_facts
+from growpage.tooling.vllm_child import engine_arguments
 from growpage.tooling.vllm_runs import run_engine
+from growpage.vllm_plugin.settings import resolved_settings
 
 VARIANTS = ("vllm", "growpage")
 LABELS = {"vllm": "vLLM alone", "growpage": "vLLM + GrowPage"}
@@ -92,10 +99,9 @@ def run_vllm_demo(model_dir: str, settings: VllmDemoSettings, console: Console |
     Raises:
         GrowPageError: vLLM is not importable here, or a run failed (with the child's last error).
     """
-    from growpage.bench.fidelity import forced_spec, nll_increase
-
     console = console or Console()
     try:
+        # deferred: vLLM takes seconds to import; a missing install fails here, before any run
         import vllm  # noqa: F401
     except ImportError as error:
         raise GrowPageError(f"vLLM is not installed in {sys.executable} ({error}); run `make setup`, which "
@@ -143,10 +149,8 @@ def _retrieval_plan(model_dir: str, settings: VllmDemoSettings) -> dict:
     Raises:
         GrowPageError: one question alone does not fit the KV space (the message says how large it must be).
     """
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.bench import goodput
-    from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS, retrieval_tasks
 
     tasks = retrieval_tasks(0, families=settings.retrieval_families,
                             context_tokens=(settings.retrieval_context_tokens,), depths=settings.retrieval_depths)
@@ -163,9 +167,8 @@ def _retrieval_plan(model_dir: str, settings: VllmDemoSettings) -> dict:
 
 def _retrieval_results(model_dir: str, plan: dict, runs: dict[str, dict]) -> dict:
     """Each variant's retrieval run with its correct answers, as the summary reads them."""
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.bench import goodput
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     variants = {}
@@ -178,10 +181,8 @@ def _retrieval_results(model_dir: str, plan: dict, runs: dict[str, dict]) -> dic
 
 def _correct(model_dir: str, settings: VllmDemoSettings, result: dict) -> tuple[int, int]:
     """(correct final answers, prompts with a single true answer) of one run."""
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.bench.goodput import answer_texts
-    from growpage.bench.tasks import Task, is_correct
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = answer_texts(tokenizer, result, settings.requests)
@@ -192,6 +193,7 @@ def _correct(model_dir: str, settings: VllmDemoSettings, result: dict) -> tuple[
 
 
 def _vllm_version() -> str:
+    # deferred: vLLM takes seconds to import; only the summary reads its version
     import vllm
 
     return vllm.__version__
@@ -263,9 +265,6 @@ def summarize(results: dict[str, dict], settings: VllmDemoSettings, console: Con
                       "correct: true results, where a prompt has one.", highlight=False)
     if retrieval is not None:
         console.print("retrieval: the codes asked for, answered in the same KV space.", highlight=False)
-    from growpage.provenance import host_facts
-    from growpage.tooling.vllm_child import engine_arguments
-    from growpage.vllm_plugin.settings import resolved_settings
 
     engine = engine_arguments({"model_dir": "", "block_size": settings.block_size, "kv_blocks": settings.kv_blocks,
                                "max_model_len": demo_max_model_len(settings)}, settings.requests)

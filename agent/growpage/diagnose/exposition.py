@@ -57,7 +57,7 @@ class Exposition:
 
 def parse_exposition(text: str, origin: str, time_s: float, content_type: str = "") -> Exposition:
     """Parse ``text``; raises :class:`DiagnoseError` naming ``origin`` when it is not Prometheus data."""
-    # Imported here: prometheus_client is the telemetry extra; only parsing needs it.
+    # deferred: gpctl imports this module at start-up; prometheus_client loads only to parse
     from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
     from prometheus_client.parser import text_string_to_metric_families as parse_text
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -22,12 +22,10 @@ from growpage.config import GrowPageConfig
 from growpage.core.methods import GROWPAGE, KVMethod
 from growpage.engine.kv.kv_store import DTYPES
 from growpage.engine.kv.manager import GrowPageManager
+from growpage.engine.llama import LlamaModel
 from growpage.engine.request import FinishReason, Request
 from growpage.engine.sampling import InvalidRequest, SamplingFault, SamplingParams, make_generator, sample
 from growpage.engine.scheduler import ScheduledChunk, Scheduler
-
-if TYPE_CHECKING:
-    from growpage.engine.llama import LlamaModel
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +86,6 @@ class LLMEngine:
                  method: KVMethod = GROWPAGE, clock: Callable[[], float] = time.monotonic):
         """``method`` and ``clock`` exist for benchmarks: a baseline KV method in place of
         GrowPage's contract, and a deterministic clock for the growth throttle."""
-        from growpage.engine.llama import LlamaModel  # heavy imports only when an engine is built
-
         self.config = config
         self.growpage_config = growpage
         self.model = model or LlamaModel.from_pretrained(config.model_dir, dtype=DTYPES[config.dtype],
@@ -329,6 +325,7 @@ class LLMEngine:
 
 
 def _load_tokenizer(model_dir: str) -> Any:
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)

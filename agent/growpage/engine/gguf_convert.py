@@ -38,6 +38,7 @@ def convert_gguf(gguf_path: Path, output_dir: Path, log: Callable[[str], None]) 
         GrowPageError: transformers or gguf is not installed, or the file can't be read.
     """
     try:
+        # deferred: gpctl imports this module; torch, transformers and gguf load only to convert
         import gguf  # noqa: F401  (transformers needs it to read the file; fail here with the fix)
         import torch
         import transformers

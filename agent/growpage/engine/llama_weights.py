@@ -71,6 +71,7 @@ def _read_all(files: list[Path]) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         if path.suffix == ".safetensors":
+            # deferred: safetensors is the engine extra's; only a .safetensors folder needs it
             from safetensors.torch import load_file
 
             tensors.update(load_file(path, device="cpu"))

@@ -64,6 +64,7 @@ def build_stack(engine_config: EngineConfig, growpage_config: GrowPageConfig, *,
     engine_lock = threading.Lock()  # the engine thread holds it per step; scrapes may refresh under it
     agent = None
     if telemetry:
+        # deferred: OpenTelemetry and prometheus_client load only when telemetry is on
         from growpage.telemetry import TelemetryAgent
 
         agent = TelemetryAgent.from_env(engine.manager, model=engine_config.model_name, engine="reference",

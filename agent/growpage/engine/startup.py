@@ -48,6 +48,7 @@ def available_memory_mib(device: str) -> int | None:
     """Memory a new allocation can use on ``device`` (None when unknown)."""
     if device.startswith("cuda"):
         try:
+            # deferred: gpctl serve imports this module at start-up; torch loads only to ask CUDA
             import torch
 
             free, _ = torch.cuda.mem_get_info(torch.device(device))

@@ -43,6 +43,7 @@ def starlette_endpoint(registry: Collector) -> Any:
     It is a plain (sync) function on purpose: Starlette runs it in its thread pool, so a scrape
     never blocks the event loop the engine may share.
     """
+    # deferred: Starlette (the engine extra's) loads only when a route is served
     from starlette.responses import Response
 
     def metrics_endpoint(request: Request) -> Response:
@@ -59,6 +60,7 @@ def add_metrics_route(app: Any, registry: Collector, path: str = catalog.METRICS
     NOTE: first, not appended: vLLM mounts its own registry at ``/metrics``, whose pattern also
     matches ``/metrics/growpage`` and would shadow a route added after it.
     """
+    # deferred: Starlette (the engine extra's) loads only when a route is added
     from starlette.routing import Route
 
     app.router.routes.insert(0, Route(path, starlette_endpoint(registry), methods=["GET"]))

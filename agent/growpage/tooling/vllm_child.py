@@ -22,7 +22,9 @@ import time
 import unittest.mock
 from typing import Any
 
+from growpage.chat import chat_text, user_turn
 from growpage.core.policy import Reason
+from growpage.core.quantiles import percentile
 from growpage.vllm_plugin.scheduler_hooks import agent_of, existing_agent
 
 PROGRESS_PREFIX = "GROWPAGE_DEMO_PROGRESS "
@@ -40,6 +42,7 @@ def _timed_allocations(latencies: list[float]) -> contextlib.AbstractContextMana
     """While entered, ``KVCacheManager.allocate_slots`` is wrapped (outermost, both variants) to time
     each call that grants new blocks: the same grant-latency measurement for vLLM alone and with
     GrowPage. Leaving restores the method, whatever happened."""
+    # deferred: vLLM loads after main() sets its environment, and not in the parents importing this
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     original = KVCacheManager.allocate_slots
@@ -62,6 +65,7 @@ def _sampling(spec: dict, index: int) -> Any:
     """Greedy; ``ignore_eos`` unless ``spec["ignore_eos"]`` is false; with ``spec["logprobs"]`` each
     emitted token's raw log-probability; with ``spec["forced"]`` (one token list per prompt) the
     request emits that list (:mod:`growpage.tooling.forced_decoding`)."""
+    # deferred: vLLM (forced_decoding imports it) loads after main() sets its environment
     from vllm import SamplingParams
 
     from growpage.tooling.forced_decoding import REFERENCE_KEY
@@ -90,6 +94,7 @@ def _engine(spec: dict, num_prompts: int) -> Any:
     """The engine every run of ``spec`` shares. The forcing logits processor is always loaded (it
     leaves requests without references alone), so forced and free runs, and every variant, run on
     the same engine configuration."""
+    # deferred: vLLM (forced_decoding imports it) loads after main() sets its environment
     from vllm import LLM
 
     from growpage.tooling.forced_decoding import FORCE_PROCESSOR
@@ -114,9 +119,8 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
 
     Counters the engine keeps across runs (GrowPage's decisions and compressed bytes) are reported
     as this run's increase; ``latencies`` holds this run's grant latencies only."""
+    # deferred: vLLM loads after main() sets its environment, and not in the parents importing this
     from vllm.v1.engine.core_client import InprocClient
-
-    from growpage.core.quantiles import percentile
 
     variant = spec["variant"]
     engine = llm.llm_engine
@@ -169,6 +173,7 @@ class _Run:
         self.peak_running = self.steps = self.running_steps = self.held_blocks = 0
 
     def step_to_the_end(self, engine: Any, scheduler: Any, report_interval_s: float) -> None:
+        # deferred: vLLM loads after main() sets its environment, and not in the parents importing this
         from vllm import RequestOutput
 
         pool = scheduler.kv_cache_manager.block_pool
@@ -303,9 +308,8 @@ def main(spec: dict) -> None:
     """Start the engine of ``spec``, then run each of ``spec["runs"]`` (run keys over the spec's;
     just the spec when there are none), one result line each, the prefix cache reset between runs."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler is read between steps
+    # deferred: transformers takes seconds to import; only a run that tokenizes loads it
     from transformers import AutoTokenizer
-
-    from growpage.chat import chat_text, user_turn
 
     if spec.get("growpage") is None:  # vLLM alone: no plugin is loaded, no GrowPage code runs
         os.environ["VLLM_PLUGINS"] = ""

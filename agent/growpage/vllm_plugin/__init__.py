@@ -82,6 +82,7 @@ def register() -> None:
         logger.warning("growpage: this vLLM is not one GrowPage supports and GROWPAGE_MODE=off: the plugin "
                        "stays inactive in pid %d (no /metrics/growpage)", pid)
         return
+    # deferred: vLLM loads this entry point in every process; the hooks (and torch) load when it registers
     from growpage.vllm_plugin.scheduler_hooks import install_scheduler_hooks
 
     install_scheduler_hooks()  # the scheduler agent: metrics from start-up, in every mode
@@ -90,6 +91,7 @@ def register() -> None:
     else:
         _install_backend()
         try:  # the front-end's llm_request span gets the id GrowPage's spans name as their parent
+            # deferred: like the hooks above, loaded when the plugin registers
             from growpage.vllm_plugin.trace_join import install_front_end_hook
 
             install_front_end_hook()
@@ -110,6 +112,7 @@ def _install_backend() -> None:
     Elsewhere, or when vLLM selects another backend, the worker's runner hook reports the observer
     inactive with ``reason="unsupported_backend"`` instead of running silently unobserved.
     """
+    # deferred: vLLM's modules and the backend (torch) load when the plugin registers, not with this entry point
     from vllm.platforms import current_platform
 
     from growpage.vllm_plugin.backend import CUDA_BACKENDS, class_path
@@ -123,6 +126,7 @@ def _install_backend() -> None:
         names = ()
         logger.warning("growpage: no observed attention backend for %s; the agent reports itself inactive "
                        "(reason unsupported_backend) and vLLM runs unchanged", current_platform.device_name)
+    # deferred: vLLM's registry loads when the plugin registers, not with this entry point
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     for name in names:

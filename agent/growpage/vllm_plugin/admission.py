@@ -235,6 +235,7 @@ class AdmissionCollector:
         self.source, self.model = source, model
 
     def collect(self) -> Iterator[Any]:
+        # deferred: prometheus_client (and its exposition server) load with the exporter, not with this module
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         gate = getattr(self.source, "admission", None)

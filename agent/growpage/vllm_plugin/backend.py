@@ -11,11 +11,13 @@ costs one attribute test per call.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 from typing import TYPE_CHECKING
 
 import torch
 
+from growpage.vllm_plugin.support import QUANTIZED_KV_CACHE, REMEDIES
 from growpage.vllm_plugin.worker_hooks import observer_for
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ class ObservedAttentionImpl:
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
+        # deferred: vLLM's config loads when vLLM builds the impl, not when this module loads
         from vllm.config import get_current_vllm_config
 
         self._growpage = observer_for(get_current_vllm_config())
@@ -60,8 +63,6 @@ class ObservedAttentionImpl:
         quantized = stores_quantized_kv(self)
         self._growpage_reads = self.attn_type == "decoder" and not quantized
         if quantized and self._growpage is not None and self.attn_type == "decoder":
-            from growpage.vllm_plugin.support import QUANTIZED_KV_CACHE, REMEDIES
-
             # never silent: a cache GrowPage cannot read turns observation (and compaction) off, visibly
             self._growpage.disable(QUANTIZED_KV_CACHE, f"the KV cache stores {getattr(self, 'kv_cache_dtype', '?')}; "
                                                        f"{REMEDIES[QUANTIZED_KV_CACHE]}")
@@ -126,8 +127,6 @@ def class_path(backend_name: str) -> str:
 
 
 def __getattr__(attribute: str) -> type:
-    import importlib
-
     for module_name, class_name, ours in OBSERVED_BACKENDS.values():
         if attribute in (ours, ours.removesuffix("Backend") + "Impl"):
             base = getattr(importlib.import_module(module_name), class_name)

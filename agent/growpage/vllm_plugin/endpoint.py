@@ -15,12 +15,14 @@ It also adds :class:`~growpage.vllm_plugin.namespaces.NamespaceMiddleware`, whic
 
 from __future__ import annotations
 
+import json
 import logging
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING
 
 from growpage import catalog
+from growpage.vllm_plugin.headroom import load_from_exposition
 
 if TYPE_CHECKING:  # the API server's (vLLM depends on FastAPI), imported lazily below
     from fastapi import FastAPI
@@ -44,6 +46,7 @@ class GrowPageEndpoint:
         self.upstream_url: str | None = None
 
     def attach_router(self, app: FastAPI) -> None:
+        # deferred: Starlette loads when vLLM's API server attaches the routes, not when it finds the plugin
         from starlette.responses import Response
         from starlette.routing import Route
 
@@ -55,6 +58,7 @@ class GrowPageEndpoint:
 
         app.router.routes.insert(0, Route(catalog.METRICS_PATH, metrics, methods=["GET"]))
         app.router.routes.insert(0, Route(catalog.LOAD_PATH, load, methods=["GET"]))
+        # deferred: namespaces imports torch; this entry point stays torch-free until the server starts
         from growpage.vllm_plugin.namespaces import NamespaceMiddleware
 
         try:
@@ -66,18 +70,18 @@ class GrowPageEndpoint:
     async def init_state(self, engine_client: object, state: object, args: object) -> None:
         """Read GrowPage's settings from the server's arguments (``additional_config``, ``block_size``,
         read with ``getattr`` fallbacks); vLLM's engine client and app state are not used."""
+        # deferred: resolve and settings import torch; this entry point stays torch-free until the server starts
         from growpage.vllm_plugin.resolve import resolve_settings
         from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY
 
         additional = getattr(args, "additional_config", None) or {}
         if isinstance(additional, str):
-            import json
-
             additional = json.loads(additional)
         # never raises: settings GrowPage cannot honour are reported (and logged) by the engine core
         resolved = resolve_settings(additional.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional, dict) else None,
                                     block_size=getattr(args, "block_size", None))
         config, settings = resolved.config, resolved.settings
+        # deferred: namespaces and settings import torch (see init_state above)
         from growpage.vllm_plugin.namespaces import CURRENT_POLICY, ClientPolicy
         from growpage.vllm_plugin.settings import honours
 
@@ -94,10 +98,6 @@ class GrowPageEndpoint:
 
     def load_response(self, response_class: type[Response]) -> Response:
         """``{"load": N}`` from the exporter's ``growpage_router_load``, or a 503 saying why not."""
-        import json
-
-        from growpage.vllm_plugin.headroom import load_from_exposition
-
         def unavailable(reason: str) -> Response:
             return response_class(json.dumps({"error": reason}), status_code=503, media_type="application/json")
 

@@ -310,6 +310,7 @@ class ForecastCollector:
         self.source, self.model = source, model
 
     def collect(self) -> Iterator[Any]:
+        # deferred: prometheus_client (and its exposition server) load with the exporter, not with this module
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         forecast = getattr(self.source, "forecast", None)

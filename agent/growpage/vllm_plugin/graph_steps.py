@@ -71,6 +71,7 @@ def without_full(invalid_modes: AbstractSet[CUDAGraphMode] | None, valid_modes: 
 
 
 def _wrap_v1_dispatch(original: Callable[..., object], observer_of: ObserverOf) -> Callable[..., object]:
+    # deferred: vLLM's modules load when the hooks install, not with the plugin's modules
     from vllm.config import CUDAGraphMode
 
     @functools.wraps(original)
@@ -85,6 +86,7 @@ def _wrap_v1_dispatch(original: Callable[..., object], observer_of: ObserverOf) 
 
 def _wrap_v2_dispatch(original: Callable[..., BatchExecutionDescriptor],
                       observer_of: ObserverOf) -> Callable[..., BatchExecutionDescriptor]:
+    # deferred: vLLM's modules load when the hooks install, not with the plugin's modules
     from vllm.config import CUDAGraphMode
 
     @functools.wraps(original)
@@ -104,12 +106,14 @@ def install(observer_of: ObserverOf) -> list[str]:
     process's observer. Returns what was wrapped (qualified names)."""
     targets: list[WrapTarget] = []
     try:
+        # deferred: vLLM's modules load when the hooks install, not with the plugin's modules
         from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
         targets.append((CudagraphDispatcher, "dispatch", functools.partial(_wrap_v1_dispatch, observer_of=observer_of)))
     except Exception:
         logger.debug("growpage: vLLM's V1 graph dispatcher is not importable here", exc_info=True)
     try:
+        # deferred: vLLM's modules load when the hooks install, not with the plugin's modules
         from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
         targets.append((CudaGraphManager, "dispatch", functools.partial(_wrap_v2_dispatch, observer_of=observer_of)))

@@ -14,18 +14,28 @@ frozen :class:`Headroom`, so a scrape never walks vLLM's structures while a step
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.headroom import Floors, Headroom, RunningKV, headroom
+from growpage.core.stats import StatsRecorder
 from growpage.vllm_plugin.blocks import leading_shared_blocks, owns_tail, physical_tokens
 from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
 
-if TYPE_CHECKING:  # for annotations only: the agent imports this module
+if TYPE_CHECKING:  # for annotations only
     from prometheus_client.metrics_core import Metric
 
-    from growpage.vllm_plugin.scheduler_agent import SchedulerAgent
+
+class HeadroomSource(Protocol):
+    """The scheduler agent as the headroom collector reads it (a Protocol, not the class: the
+    agent imports this module)."""
+
+    @property
+    def headroom(self) -> Headroom: ...
+
+    @property
+    def stats(self) -> StatsRecorder: ...
 
 
 def floors_of(config: GrowPageConfig) -> Floors:
@@ -90,11 +100,12 @@ class HeadroomCollector:
     """``growpage_kv_headroom_pages``, ``growpage_kv_reclaimable_pages`` and ``growpage_router_load``
     from the agent's last :class:`Headroom` (``agent.headroom``)."""
 
-    def __init__(self, agent: SchedulerAgent, model: str):
+    def __init__(self, agent: HeadroomSource, model: str):
         self._agent = agent
         self._model = model
 
     def collect(self) -> Iterator[Metric]:
+        # deferred: prometheus_client (and its exposition server) load with the exporter, not with this module
         from prometheus_client.core import GaugeMetricFamily
 
         families = {spec.name: GaugeMetricFamily(spec.name, spec.help, labels=[catalog.MODEL_LABEL])

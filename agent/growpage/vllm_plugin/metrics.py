@@ -14,14 +14,43 @@ series. Scraping them never raises.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from growpage import catalog
+from growpage.core.stats import StatsRecorder
 
-if TYPE_CHECKING:  # for annotations only: the agent imports this module
+if TYPE_CHECKING:  # for annotations only
     from prometheus_client.metrics_core import Metric
 
-    from growpage.vllm_plugin.scheduler_agent import SchedulerAgent
+
+class ObservedWorkTotals(Protocol):
+    """The agent's totals of the work the workers saw (``scheduler_agent.ObservedWork``)."""
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def steps_observed(self) -> int: ...
+
+    @property
+    def requests(self) -> int: ...
+
+    @property
+    def requests_observed(self) -> int: ...
+
+
+class AgentCounts(Protocol):
+    """The scheduler agent as these collectors read it (a Protocol, not the class: the agent
+    imports this module)."""
+
+    @property
+    def degraded_total(self) -> dict[tuple[str, str], int]: ...
+
+    @property
+    def observed(self) -> ObservedWorkTotals: ...
+
+    @property
+    def stats(self) -> StatsRecorder: ...
 
 
 def _family(spec: catalog.MetricSpec) -> str:
@@ -40,11 +69,12 @@ OBSERVED_REQUESTS_METRIC = _family(catalog.VLLM_OBSERVED_REQUESTS)
 class DegradedDecisionsCollector:
     """A ``prometheus_client`` collector over ``observer.degraded_total`` (``{(decided, enforced): n}``)."""
 
-    def __init__(self, agent: SchedulerAgent, model: str):
+    def __init__(self, agent: AgentCounts, model: str):
         self._agent = agent
         self._model = model
 
     def collect(self) -> Iterator[Metric]:
+        # deferred: prometheus_client (and its exposition server) load with the exporter, not with this module
         from prometheus_client.core import CounterMetricFamily
 
         family = CounterMetricFamily(DEGRADED_METRIC, catalog.VLLM_DEGRADED_DECISIONS.help,
@@ -66,11 +96,12 @@ class ObservationCollector:
     without Python; a request decoded entirely in replayed steps is never observed) or with
     ``observe_every_steps`` > 1."""
 
-    def __init__(self, agent: SchedulerAgent, model: str):
+    def __init__(self, agent: AgentCounts, model: str):
         self._agent = agent
         self._model = model
 
     def collect(self) -> Iterator[Metric]:
+        # deferred: prometheus_client (and its exposition server) load with the exporter, not with this module
         from prometheus_client.core import CounterMetricFamily
 
         steps, observed, requests, observed_requests = (
@@ -105,7 +136,7 @@ class StartupCollector:
         self._states = dict(component_states)
 
     def collect(self) -> Iterator[Metric]:
-        from growpage import catalog
+        # deferred: growpage.telemetry loads OpenTelemetry and prometheus_client; only a scrape needs it
         from growpage.telemetry.collector import empty_family, label_slug
 
         # Any: both are gauges, but empty_family's union includes histograms, whose add_metric differs

@@ -26,8 +26,19 @@ import logging
 import time
 from collections.abc import Callable
 
+from growpage.config import Mode
 from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
+from growpage.vllm_plugin.resolve import settings_from_vllm_config
 from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, SchedulerView
+from growpage.vllm_plugin.startup import close_early, deployment_device, rank_exporter_port, served_model, start_early
+from growpage.vllm_plugin.support import (
+    INVALID_CONFIG,
+    REMEDIES,
+    enforce_blocker,
+    start_up_states,
+    uses_model_runner_v2,
+)
+from growpage.vllm_plugin.versions import check_vllm_version
 from growpage.vllm_plugin.vllm_types import KVCacheManager, Request, Scheduler, VllmConfig
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE
 
@@ -45,8 +56,6 @@ def agent_of(scheduler: Scheduler) -> SchedulerAgent | None:
             agent = build_agent(scheduler)
         except Exception:
             logger.exception("growpage: cannot start the scheduler agent; vLLM's own paging runs, unobserved")
-            from growpage.vllm_plugin.startup import close_early
-
             close_early()
         scheduler.__dict__[_AGENT_ATTRIBUTE] = agent
         manager = getattr(scheduler, "kv_cache_manager", None)
@@ -67,18 +76,6 @@ def build_agent(scheduler: Scheduler, *, start_telemetry: bool = True) -> Schedu
     Settings GrowPage cannot honour never stop vLLM: the agent then runs ``off``, serves
     ``growpage_agent_active{reason="invalid_config"}`` = 0 and logs one line saying what to fix.
     """
-    from growpage.config import Mode
-    from growpage.vllm_plugin.resolve import settings_from_vllm_config
-    from growpage.vllm_plugin.startup import deployment_device, rank_exporter_port, served_model
-    from growpage.vllm_plugin.support import (
-        INVALID_CONFIG,
-        REMEDIES,
-        enforce_blocker,
-        start_up_states,
-        uses_model_runner_v2,
-    )
-    from growpage.vllm_plugin.versions import check_vllm_version
-
     vllm_config = scheduler.vllm_config
     resolved = settings_from_vllm_config(vllm_config)
     config = resolved.config
@@ -130,6 +127,7 @@ def _new_blocks(result: object) -> int:
 
 def install_scheduler_hooks() -> bool:
     """Wrap the executor, scheduler and KV cache manager once per process. Returns False when already done."""
+    # deferred: vLLM's modules load when the hooks install; vllm_child's parents import this module too
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.executor.abstract import Executor
@@ -154,8 +152,6 @@ def install_scheduler_hooks() -> bool:
 def _wrap_executor_init(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def __init__(self: object, vllm_config: VllmConfig, *args: object, **kwargs: object) -> None:
-        from growpage.vllm_plugin.startup import start_early
-
         start_early(vllm_config)  # before the executor loads the model; never raises
         original(self, vllm_config, *args, **kwargs)
 

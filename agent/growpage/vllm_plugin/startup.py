@@ -22,14 +22,15 @@ import os
 from typing import TYPE_CHECKING, Any, cast
 
 from growpage.config import GrowPageConfig, Mode
+from growpage.vllm_plugin.metrics import StartupCollector
 from growpage.vllm_plugin.resolve import ResolvedSettings, settings_from_vllm_config
 from growpage.vllm_plugin.support import ACTIVE, start_up_states
+from growpage.vllm_plugin.versions import check_vllm_version
 
 if TYPE_CHECKING:  # for annotations only: each is imported where it is used (the exporter only when enabled)
     from prometheus_client.registry import CollectorRegistry
 
     from growpage.telemetry.exporter import MetricsExporter
-    from growpage.vllm_plugin.metrics import StartupCollector
     from growpage.vllm_plugin.vllm_types import VllmConfig
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
@@ -89,12 +90,11 @@ def start_early(vllm_config: VllmConfig) -> EarlyExporter | None:
 
 
 def _start(vllm_config: VllmConfig) -> EarlyExporter | None:
+    # deferred: prometheus_client and growpage.telemetry (OpenTelemetry) load when the exporter starts
     from prometheus_client.registry import CollectorRegistry
 
     from growpage.telemetry.agent import build_info_labels
     from growpage.telemetry.exporter import start_exporter
-    from growpage.vllm_plugin.metrics import StartupCollector
-    from growpage.vllm_plugin.versions import check_vllm_version
 
     resolved = settings_from_vllm_config(vllm_config)
     settings = resolved.settings

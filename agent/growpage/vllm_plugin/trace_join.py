@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from growpage import __version__
 from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
 
 if TYPE_CHECKING:  # for annotations only: OpenTelemetry is imported where it is used (tracing is optional)
@@ -52,6 +53,7 @@ def _client_span_context(trace_headers: Mapping[str, str] | None) -> SpanContext
     """The client's span context from ``traceparent``, or None when there is none (or it is invalid)."""
     if not trace_headers:
         return None
+    # deferred: OpenTelemetry loads only where tracing is on
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -66,6 +68,7 @@ def parent_context_for(trace_headers: Mapping[str, str] | None, request_id: str)
     client = _client_span_context(trace_headers)
     if client is None:
         return None
+    # deferred: OpenTelemetry loads only where tracing is on
     from opentelemetry import trace
 
     parent = trace.SpanContext(trace_id=client.trace_id, span_id=request_span_id(client.trace_id, request_id),
@@ -80,6 +83,7 @@ def pin_span_ids() -> bool:
     The class is patched, not one provider's generator: the SDK caches its tracers with the
     generator they were made with, and vLLM's tracer may exist before the first traced request.
     """
+    # deferred: OpenTelemetry's SDK loads only where tracing is on
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
     if is_wrapped(RandomIdGenerator.generate_span_id):
@@ -102,6 +106,7 @@ def _pinning_span_ids(original: Callable[[RandomIdGenerator], int]) -> Callable[
 
 def install_front_end_hook() -> bool:
     """Wrap ``OutputProcessor.do_tracing`` once per process. Returns False when already done."""
+    # deferred: vLLM's modules load when the hook installs, not with the plugin's modules
     from vllm.v1.engine.output_processor import OutputProcessor
 
     if is_wrapped(OutputProcessor.do_tracing):
@@ -134,12 +139,11 @@ def _pinning_request_span(original: Callable[..., object]) -> Callable[..., obje
 def vllm_tracer_provider(endpoint: str, service_name: str = "growpage") -> TracerProvider:
     """A tracer provider exporting to vLLM's own OTLP endpoint with vLLM's exporter (same protocol:
     ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, grpc unless set)."""
+    # deferred: OpenTelemetry's SDK and vLLM's exporter load only where tracing is on
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from vllm.tracing.otel import get_span_exporter
-
-    from growpage import __version__
 
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name,
                                                         "service.version": __version__}))

@@ -40,6 +40,7 @@ def check_vllm_version(version: str | None = None) -> str:
         RuntimeError: unsupported version (a plain RuntimeError so vLLM's start-up fails loudly).
     """
     if version is None:
+        # deferred: this module loads with the plugin's entry point, inside vLLM's own import
         import vllm
 
         version = str(getattr(vllm, "__version__", "unknown"))

@@ -29,8 +29,10 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from growpage.config import Mode
 from growpage.vllm_plugin import graph_steps
 from growpage.vllm_plugin.patching import WrapTarget, is_wrapped, wrap_methods
+from growpage.vllm_plugin.support import REMEDIES, UNSUPPORTED_BACKEND, observer_blocker
 from growpage.vllm_plugin.wire import REPORT_ATTRIBUTE
 
 if TYPE_CHECKING:  # for annotations only: vLLM's outputs and the observer are imported where they are used
@@ -76,10 +78,9 @@ def observer_for(vllm_config: VllmConfig) -> VllmObserver | None:
 
 
 def _build_observer(vllm_config: VllmConfig) -> VllmObserver | None:
-    from growpage.config import Mode
+    # deferred: observer and resolve import torch; this module stays torch-free until a worker builds one
     from growpage.vllm_plugin.observer import VllmObserver
     from growpage.vllm_plugin.resolve import settings_from_vllm_config
-    from growpage.vllm_plugin.support import REMEDIES, observer_blocker
 
     resolved = settings_from_vllm_config(vllm_config)
     config, settings = resolved.config, resolved.settings
@@ -92,6 +93,7 @@ def _build_observer(vllm_config: VllmConfig) -> VllmObserver | None:
         return None
     rank = 0
     try:
+        # deferred: vLLM's modules load when a worker runs the hook, not with the plugin's modules
         from vllm.distributed import get_tensor_model_parallel_rank
 
         rank = get_tensor_model_parallel_rank()
@@ -115,8 +117,6 @@ def _adopt_unobserved_worker(runner: ModelRunner) -> VllmObserver | None:
     loaded. Build one now, off but reporting why (``unsupported_backend``), so the agent is never
     silently inert. Faults here are swallowed: vLLM must run."""
     try:
-        from growpage.vllm_plugin.support import REMEDIES, UNSUPPORTED_BACKEND
-
         observer = observer_for(runner.vllm_config)
         if observer is not None:
             backends = sorted({group.backend.get_name() for groups in getattr(runner, "attn_groups", ())
@@ -136,6 +136,7 @@ def attach_report(output: StepOutput, report: WorkerReport) -> None:
     later (in this process, before it is sent): the report is attached to what it resolves to.
     vLLM's shared empty output is never written.
     """
+    # deferred: vLLM's modules load when a worker runs the hook, not with the plugin's modules
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
     if output is None or output is EMPTY_MODEL_RUNNER_OUTPUT:
@@ -156,6 +157,7 @@ def attach_report(output: StepOutput, report: WorkerReport) -> None:
 
 def install_worker_hooks() -> bool:
     """Wrap the worker's and the runners' methods once. Returns False when they already were."""
+    # deferred: vLLM's modules load when the hooks install, not with the plugin's modules
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -165,6 +167,7 @@ def install_worker_hooks() -> bool:
         (Worker, "execute_model", _wrap_execute), (Worker, "sample_tokens", _wrap_sample),
         (GPUModelRunner, "_prepare_inputs", _wrap_v1_prepare)]
     try:
+        # deferred: vLLM's modules load when the hooks install, not with the plugin's modules
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner as ModelRunnerV2
 
         targets.append((ModelRunnerV2, "prepare_inputs", _wrap_v2_prepare))
@@ -224,6 +227,7 @@ def _wrap_v1_prepare(original: Callable[..., object]) -> Callable[..., object]:
 def _wrap_v2_prepare(original: Callable[..., V2InputBatch]) -> Callable[..., V2InputBatch]:
     @functools.wraps(original)
     def prepare_inputs(self: ModelRunner, *args: object, **kwargs: object) -> V2InputBatch:
+        # deferred: runner_views imports torch; this module stays torch-free until a worker steps
         from growpage.vllm_plugin.runner_views import remember_v2_batch
 
         input_batch = original(self, *args, **kwargs)

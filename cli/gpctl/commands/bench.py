@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from growpage.bench.plots import sweep_tradeoff
 from growpage.config import DEFAULT_ATTENTION_COVERAGE
+from growpage.engine.model_prep import resolve_model_dir
+from growpage.errors import ConfigError, GrowPageError
+
+# Deferred imports, by design: each command imports its work (torch, vLLM, the engine, the benchmarks)
+# inside itself, so `gpctl --help` and every other command start without it
+# (tests/test_layers.py: DEFERRED_BY_DESIGN).
 
 COVERAGE_HELP = (f"GrowPage's floor keeps this share of each request's observed attention (default "
                  f"{DEFAULT_ATTENTION_COVERAGE:g}, as inside vLLM; 0: the floor alone).")
@@ -88,10 +96,7 @@ def engine(
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
 ) -> None:
     """Reference engine: decode tokens/s at batch 1/8/32, peak RSS, monitor and telemetry overheads."""
-    import dataclasses
-
     from growpage.bench.engine import EngineBenchSettings, run_engine_bench
-    from growpage.engine.model_prep import resolve_model_dir
 
     settings = EngineBenchSettings.quick() if quick else EngineBenchSettings()
     settings = dataclasses.replace(settings, threads=threads)
@@ -117,15 +122,12 @@ def _flags(overrides: dict) -> str:
 
 def _comparison(which: str, quick: bool, model: Path | None, threads: int | None, output_dir: Path,
                 methods: list[str] | None, overrides: dict | None = None) -> dict:
-    import dataclasses
-
     import torch
 
     from growpage.bench import harness, plots
     from growpage.bench.quality import QualitySettings, run_quality_bench
     from growpage.bench.serving import ServingSettings, run_serving_bench
     from growpage.core.methods import METHOD_NAMES
-    from growpage.engine.model_prep import resolve_model_dir
 
     unknown = sorted(set(methods or ()) - set(METHOD_NAMES))
     if unknown:
@@ -257,7 +259,6 @@ def _comparison_command(which: str) -> Callable[..., None]:
                      "attention_coverage": attention_coverage}
         if config is not None:
             from growpage.bench.harness import thresholds_from
-            from growpage.errors import ConfigError
 
             try:
                 thresholds_from(str(config))  # a bad file fails now, in one line, not minutes in
@@ -292,10 +293,7 @@ def fidelity(
 ) -> None:
     """Reference engine: per-token NLL increase and KL over full KV of full KV's own continuation,
     teacher-forced under each method's cache (inside vLLM: gpctl bench vllm --part pressure)."""
-    import dataclasses
-
     from growpage.bench.fidelity import FidelitySettings, run_fidelity
-    from growpage.engine.model_prep import resolve_model_dir
 
     settings = FidelitySettings.quick() if quick else FidelitySettings()
     overrides: dict[str, Any] = {"methods": tuple(method) if method else None,
@@ -331,10 +329,7 @@ def calibration_trace(
 ) -> None:
     """Monitor mode over a calibration trace on the reference engine; saves /metrics/growpage for
     gpctl calibrate (the rollout's monitoring phase, reproducible)."""
-    import dataclasses
-
     from growpage.bench.calibration import CalibrationSettings, run_calibration_trace
-    from growpage.engine.model_prep import resolve_model_dir
 
     settings = dataclasses.replace(CalibrationSettings(), threads=threads, seed=seed)
     console = Console(stderr=True)
@@ -407,7 +402,6 @@ def vllm(
 ) -> None:
     """vLLM alone vs GrowPage inside vLLM: tokens/s, correct answers/s, accuracy, NLL increase, overhead."""
     from growpage.bench.vllm import run_vllm_bench
-    from growpage.errors import GrowPageError
 
     listed = {"seeds": seed, "sweep_pages": sweep_pages, "sweep_coverage": sweep_coverage,
               "tuned_max_num_seqs": max_num_seqs, "headline_skip": headline_skip}
@@ -451,10 +445,7 @@ def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, met
                    setting: list[str] | None, overrides: dict[str, Any], sweep_methods: list[str] | None = None,
                    sweep_variants: list[str] | None = None) -> Any:
     """``gpctl bench vllm``'s settings from its options; a bad choice exits 2 with one line."""
-    import dataclasses
-
     from growpage.bench.vllm_settings import PARTS, SWEEP_METHODS, SweepVariant, VllmBenchSettings
-    from growpage.errors import ConfigError
     from growpage.vllm_plugin.settings import VLLM_METHODS
 
     settings = VllmBenchSettings.quick() if quick else VllmBenchSettings()
@@ -488,8 +479,6 @@ def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, met
 def _growpage_settings(pairs: list[str], settings: Any, method: str | None) -> dict[str, Any]:
     """``KEY=VALUE`` pairs as GrowPage settings (values read as JSON where they parse: 2, 0.5, true),
     checked the way the plugin will read them, so a typo fails here and not in the first engine."""
-    import json
-
     extra: dict[str, Any] = {"method": method} if method else {}
     for pair in pairs:
         key, separator, text = pair.partition("=")
@@ -527,8 +516,6 @@ def _print_sweep(result: dict, console: Console, output: Path | None) -> None:
     for sweep in result["sweeps"]:
         console.print(f"seed {sweep['seed']}: {json.dumps(sweep['verdict'])}")
     if output is not None:
-        from growpage.bench.plots import sweep_tradeoff
-
         plot = sweep_tradeoff(result, output.with_name(f"{output.stem}-sweep.png"))
         console.print(f"plot: {plot}")
 

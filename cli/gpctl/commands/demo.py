@@ -9,6 +9,12 @@ from typing import Annotated
 
 import typer
 
+from growpage.engine.model_prep import prepare_model
+
+# Deferred imports, by design: each command imports its work (torch, vLLM, the engine, the benchmarks)
+# inside itself, so `gpctl --help` and every other command start without it
+# (tests/test_layers.py: DEFERRED_BY_DESIGN).
+
 
 class DemoEngine(str, enum.Enum):
     vllm = "vllm"
@@ -27,8 +33,6 @@ def demo(
     live: Annotated[bool, typer.Option(help="Show live progress (reference engine).")] = True,
 ) -> None:
     """Run one workload twice, without and with GrowPage; show live pool state, then a side-by-side table."""
-    from growpage.engine.model_prep import prepare_model
-
     model_dir = prepare_model(model=model, log=lambda line: typer.echo(line, err=True))
     if engine is DemoEngine.vllm:
         from growpage.demos.vllm_engine import VllmDemoSettings, run_vllm_demo

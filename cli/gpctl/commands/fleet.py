@@ -7,6 +7,8 @@ then stops every process group it started.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import signal
 import threading
 from pathlib import Path
@@ -14,7 +16,12 @@ from typing import Annotated, Any
 
 import typer
 
+from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import ConfigError
+
+# Deferred imports, by design: each command imports its work (torch, vLLM, the engine, the benchmarks)
+# inside itself, so `gpctl --help` and every other command start without it
+# (tests/test_layers.py: DEFERRED_BY_DESIGN).
 
 
 def _int_list(text: str) -> list[int]:
@@ -93,11 +100,7 @@ def bench_fleet(
 ) -> None:
     """Two replicas (one with a third of the other's KV) behind vLLM's router, the same skewed trace per
     variant: preemptions, p99 TTFT and ITL, correct answers per second (docs/FLEET.md)."""
-    import dataclasses
-    import json
-
     from growpage.bench.fleet import VARIANTS, FleetBenchSettings, run_fleet_bench, table
-    from growpage.engine.model_prep import resolve_model_dir
     from growpage.tooling.fleet import router_executable
     from growpage.tooling.serve import check_vllm_installed
 

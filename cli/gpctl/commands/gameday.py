@@ -16,6 +16,10 @@ import typer
 
 from growpage.errors import ConfigError
 
+# Deferred imports, by design: each command imports its work (torch, vLLM, the engine, the benchmarks)
+# inside itself, so `gpctl --help` and every other command start without it
+# (tests/test_layers.py: DEFERRED_BY_DESIGN).
+
 
 def gameday(
     output: Annotated[Path | None, typer.Option(help="Write the result (verdicts, summary, settings, host) "

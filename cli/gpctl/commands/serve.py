@@ -12,17 +12,26 @@ SIGINT to it, so stopping ``gpctl`` stops vLLM.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from growpage.config import GrowPageConfig as Defaults
+from growpage.config import load_config
+from growpage.engine.model_prep import resolve_model_dir
+from growpage.engine.server_settings import ServerSettings
+from growpage.engine.startup import available_memory_mib, check_serving
 from growpage.errors import ConfigError, GrowPageError
 
 if TYPE_CHECKING:  # the engine's modules load torch: imported only when a server starts
     from growpage.config import GrowPageConfig
     from growpage.engine.engine import EngineConfig
-    from growpage.engine.server_settings import ServerSettings
+
+# Deferred imports, by design: each command imports its work (torch, vLLM, the engine, the benchmarks)
+# inside itself, so `gpctl --help` and every other command start without it
+# (tests/test_layers.py: DEFERRED_BY_DESIGN).
 
 PUBLIC_HELP = ("Endpoints open without the API key: health, metrics, both (health,metrics) or none.")
 
@@ -113,10 +122,7 @@ def serve(
     if engine != "reference":
         raise GrowPageError(f"--engine {engine} is unknown; use --engine reference or --engine vllm")
 
-    from growpage.config import load_config
     from growpage.engine.engine import EngineConfig
-    from growpage.engine.model_prep import resolve_model_dir
-    from growpage.engine.server_settings import ServerSettings
 
     overrides = {key: value for key, value in (("mode", mode), ("base_pages", base_pages),
                                                 ("block_size", block_size)) if value is not None}
@@ -141,7 +147,6 @@ def _checked_num_pages(engine_config: EngineConfig, growpage_config: GrowPageCon
     request, a grant larger than the pool, or memory the machine lacks.
     """
     from growpage.engine.llama_config import LlamaConfig
-    from growpage.engine.startup import available_memory_mib, check_serving
 
     geometry = LlamaConfig.from_folder(Path(engine_config.model_dir))
     plan = check_serving(growpage_config, num_layers=geometry.num_layers, num_kv_heads=geometry.num_kv_heads,
@@ -197,11 +202,6 @@ def _serve_vllm(model: Path | None, host: str, port: int, mode: str | None, conf
                 shutdown_timeout: float, client_choices: dict[str, str] | None = None,
                 kv_blocks: int | None = None) -> int:
     """Start vLLM's OpenAI server with the GrowPage plugin as a child; returns its exit status."""
-    import sys
-
-    from growpage.config import GrowPageConfig as Defaults
-    from growpage.config import load_config
-    from growpage.engine.model_prep import resolve_model_dir
     from growpage.tooling.serve import check_vllm_installed, serve
 
     python = sys.executable

@@ -47,7 +47,7 @@ def get(client: httpx.Client, url: str, what: str, params: dict[str, str] | None
     a byte a second hold diagnose forever, and an unbounded body can exhaust its memory: diagnose
     must survive the agent it diagnoses.
     """
-    import httpx  # noqa: PLC0415
+    import httpx  # noqa: PLC0415 (deferred: see make_client)
 
     deadline_s = client.timeout.read or 10.0
     started = time.perf_counter()
