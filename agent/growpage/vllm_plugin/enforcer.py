@@ -231,9 +231,7 @@ class SchedulerEnforcer:
         self._had_requests = True
         if entry.mode is not Mode.ENFORCE or entry.enforced is not None:
             return entry.enforced
-        if request.request_id not in self.controller.requests:  # the scheduler agent admits it first
-            self.controller.admit(request.request_id, prompt_tokens=entry.prompt_tokens, namespace=entry.namespace,
-                                  mode=entry.mode)
+        self.requests.admit(request)  # no-op where the scheduler agent admitted it first
         entry.enforced = EnforcedRequest(request.request_id, entry.namespace, allowed_blocks=entry.grant_pages)
         return entry.enforced
 

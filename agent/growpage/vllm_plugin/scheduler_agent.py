@@ -221,14 +221,11 @@ class SchedulerAgent:
     def _admit(self, request: Request, held: int, new_blocks: int, latency_s: float) -> None:
         """A run starts: the request's entry (made now at its first run) and its admission to the
         controller, unless it is not observed or the enforcer admitted it this step."""
-        entry = self.requests.track(request)
-        entry.pages_held = held
-        if entry.mode is Mode.OFF or request.request_id in self.controller.requests:
+        self.requests.track(request).pages_held = held
+        admitted = self.requests.admit(request, cached_tokens=int(getattr(request, "num_cached_tokens", 0) or 0),
+                                       pages_granted=new_blocks, latency_s=latency_s)
+        if not admitted:  # not observed, or the enforcer admitted it this step: the grant is counted here
             self.stats.record_grant(new_blocks, latency_s)
-            return
-        self.controller.admit(request.request_id, prompt_tokens=entry.prompt_tokens, namespace=entry.namespace,
-                              mode=entry.mode, cached_tokens=int(getattr(request, "num_cached_tokens", 0) or 0),
-                              pages_granted=new_blocks, latency_s=latency_s)
 
     def _forecast_step(self, scheduler: Scheduler, output: Any, req_to_blocks: dict[str, list[KVBlock]]) -> None:
         assert self.forecast is not None

@@ -88,6 +88,19 @@ class SchedulerRequests:
                 prompt_tokens, self.controller.grant_pages(prompt_tokens))
         return entry
 
+    def admit(self, request: Request, *, cached_tokens: int = 0, pages_granted: int = 0,
+              latency_s: float = 0.0) -> bool:
+        """Start the controller's growth state for the request's run (the one admission path of this
+        side): False when it is not observed (mode off) or already admitted. The agent admits at a
+        run's first step with its grant; the enforcer when it plans for a request first."""
+        entry = self.track(request)
+        if entry.mode is Mode.OFF or request.request_id in self.controller.requests:
+            return False
+        self.controller.admit(request.request_id, prompt_tokens=entry.prompt_tokens, namespace=entry.namespace,
+                              mode=entry.mode, cached_tokens=cached_tokens, pages_granted=pages_granted,
+                              latency_s=latency_s)
+        return True
+
     def enforced(self, request_id: str) -> EnforcedRequest | None:
         """What enforcement did to the request, if it is enforced and was planned for."""
         entry = self._entries.get(request_id)
