@@ -31,13 +31,12 @@ class _RequestScores:
     folded: torch.Tensor  # [(kv_heads,) P] every observation so far, weighted and faded as the method says
 
 
-def _grown(current: torch.Tensor | None, length: int, like: torch.Tensor) -> torch.Tensor:
+def _grown(current: torch.Tensor, length: int) -> torch.Tensor:
     """``current`` zero-padded to ``length`` slots on its last axis (a new tensor when it must grow)."""
-    if current is not None and current.shape[-1] >= length:
+    if current.shape[-1] >= length:
         return current
-    grown = torch.zeros(*like.shape[:-1], length, dtype=torch.float32, device=like.device)
-    if current is not None:
-        grown[..., :current.shape[-1]] = current
+    grown = torch.zeros(*current.shape[:-1], length, dtype=torch.float32, device=current.device)
+    grown[..., :current.shape[-1]] = current
     return grown
 
 
@@ -77,7 +76,7 @@ class TokenScores:
             self._requests[request_id] = _RequestScores(folded=attention * weight)
             return
         length = attention.shape[-1]
-        folded = _grown(entry.folded, length, attention)
+        folded = _grown(entry.folded, length)
         if self.method.step_decay < 1.0:
             folded.mul_(self.method.step_decay)
         folded[..., :length] += attention * self.method.observation_weight(Observation.DECODE)

@@ -19,11 +19,10 @@ from growpage.core.methods.base import (
 from growpage.core.methods.growpage import PROMPT_PRIOR_STEPS, PUBLISHED_THRESHOLDS
 
 METHOD_NAMES = registered()
+_IN_VLLM = {name: method.family for name in METHOD_NAMES if (method := build_method(name)).in_vllm}
 # the methods the vLLM plugin runs (its ``method`` setting): GrowPage's first, then the fixed caps
-VLLM_CAP_NAMES = tuple(name for name in METHOD_NAMES
-                       if build_method(name).in_vllm and build_method(name).family == "fixed_budget")
-VLLM_METHOD_NAMES = tuple(name for name in METHOD_NAMES
-                          if build_method(name).in_vllm and name not in VLLM_CAP_NAMES) + VLLM_CAP_NAMES
+VLLM_CAP_NAMES = tuple(name for name, family in _IN_VLLM.items() if family == "fixed_budget")
+VLLM_METHOD_NAMES = tuple(name for name in _IN_VLLM if name not in VLLM_CAP_NAMES) + VLLM_CAP_NAMES
 GROWPAGE = build_method("growpage")
 
 __all__ = ["GROWPAGE", "METHOD_NAMES", "PROMPT_PRIOR_STEPS", "PUBLISHED_THRESHOLDS", "VLLM_CAP_NAMES",
