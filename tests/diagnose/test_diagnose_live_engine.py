@@ -223,7 +223,7 @@ def test_console_script_json_and_bundle_replayed_as_a_snapshot(runner, agent, ov
 def test_prometheus_that_scraped_the_live_agent(runner, over_granting):
     over_granting.assert_still_loaded()
     prometheus = over_granting.prometheus
-    wait_until(lambda: prometheus.query_value(f"count_over_time({catalog.UTILIZATION.name}[2m])") >= 10, 30,
+    wait_until(lambda: (prometheus.query_value(f"count_over_time({catalog.UTILIZATION.name}[2m])") or 0) >= 10, 30,
                what="10 scrapes of the over-granting traffic")
     exit_code, document = diagnose_json(runner, "--prometheus", prometheus.url, "--since", "2m")
     assert (document["status"], exit_code) == ("warning", 1), by_id(document)

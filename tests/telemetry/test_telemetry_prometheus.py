@@ -54,8 +54,9 @@ def test_prometheus_scrapes_every_contract_metric_from_a_live_engine(live_engine
     with run_prometheus(tmp_path, [scrape], extra_args=["--enable-feature=exemplar-storage"]) as prom:
         wait_until(prom.targets_up, 20, what="the exporter's target to be up")
         # Several scrapes, and a compression seen, before judging the values.
-        wait_until(lambda: prom.query_value(
-            f"count_over_time({selector(catalog.ALLOCATIONS.name)}[1m])") >= 4, 30, what="4 scrapes")
+        # No sample yet reads as None: count it as zero scrapes, not a TypeError.
+        wait_until(lambda: (prom.query_value(
+            f"count_over_time({selector(catalog.ALLOCATIONS.name)}[1m])") or 0) >= 4, 30, what="4 scrapes")
         wait_until(lambda: prom.query(selector(catalog.INTRA_PAGE_COMPRESS_RATIO.name)), 30,
                    what="a compression")
         assert_every_series_with_its_labels_and_metadata(prom)

@@ -11,7 +11,6 @@ the subscriber believes, what the engine's prefix cache really holds (EngineCore
 
 import json
 import os
-import socket
 import sys
 import threading
 
@@ -31,12 +30,12 @@ QUIET_POLLS = 20  # 100 ms polls without a message: the publisher has drained
 class RouterView:
     """The block hashes a ``kv_aware`` router would believe the engine has cached."""
 
-    def __init__(self, port: int):
+    def __init__(self, endpoint: str):
         import zmq
 
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.SUB)
-        self.socket.connect(f"tcp://127.0.0.1:{port}")
+        self.socket.connect(endpoint)
         self.socket.setsockopt_string(zmq.SUBSCRIBE, TOPIC)
         self.live: set[str] = set()
         self.counts = {"stored": 0, "removed": 0, "cleared": 0, "removed_unknown": 0}
@@ -94,17 +93,18 @@ def engine_cached_hashes(llm) -> set[str]:
 def main(model: str, tmp: str) -> None:
     from vllm import LLM, SamplingParams
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # A socket file in this run's own directory, not a TCP port: a port found free and bound later by the
+    # engine can be taken in between by another test's engine (CI saw "Address already in use").
+    # ZeroMQ's PUB/SUB behaves the same over ipc:// as over tcp://.
+    endpoint = f"ipc://{os.path.join(tmp, 'kv-events.sock')}"
     enforce_log = os.path.join(tmp, "enforce.log")
     os.environ["GROWPAGE_VLLM_ENFORCE_LOG"] = enforce_log
-    view = RouterView(port)  # connected before the engine binds: it sees every event
+    view = RouterView(endpoint)  # connected before the engine binds: it sees every event
     llm = LLM(model=model, additional_config={"growpage": GROWPAGE}, dtype="float32", gpu_memory_utilization=0.3,
               enforce_eager=True, block_size=32, max_model_len=512, max_num_seqs=8, max_num_batched_tokens=512,
               num_gpu_blocks_override=64, seed=0, enable_prefix_caching=True,
               kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
-                                "endpoint": f"tcp://*:{port}", "topic": TOPIC})
+                                "endpoint": endpoint, "topic": TOPIC})
     prompts = PREFIX_PROMPTS + PROMPTS
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
