@@ -16,6 +16,10 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
 * ``growpage@vllm``, ``growpage@projected`` and ``growpage@after_preemption``: the same with each
   ``admission`` (the shipped default is ``vllm``: skip its duplicate with ``headline_skip``): what
   holding a start until the batch's projected KV fits buys, or costs, beside compression;
+* ``growpage_when_it_pays@projected``: growth-aware admission with the contract compressing only
+  when that buys something (a preemption avoided, a waiting request admitted): with admission
+  holding the queue and room in the pool, a boundary grows, so a batch that fits pays for no
+  compaction (the "leave the cache alone" candidate for never-worse-than-vLLM);
 * ``CAP@eq``: each fixed cap (``streaming_llm``, ``h2o``, ``snapkv``) at *equal memory*: a budget
   of GrowPage's measured mean KV per running request (blocks in use per running request,
   step-weighted), rounded up to whole blocks, taken from a pilot GrowPage run that also warms the
@@ -55,6 +59,7 @@ CAPS = VLLM_CAP_NAMES  # every fixed cap vLLM runs, as registered
 TUNED_PREFIX = "vllm@seqs"
 # growpage@<admission>: each admission beside the shipped default (vllm)
 ADMISSION_VARIANTS = ("vllm", "projected", "after_preemption")
+WHEN_IT_PAYS = "growpage_when_it_pays"  # the contract compressing only when it buys something
 ALWAYS_RUN = ("vllm", "growpage", "limit")  # what the verdict reads
 # Targets (issue "enforce that never loses to vLLM alone"): GrowPage's speed at least this share of
 # tuned vLLM alone's; at least this share of the attainable gain (limit over tuned vLLM alone) at no
@@ -82,6 +87,7 @@ def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[
     configs["growpage"] = {"growpage": growpage}
     for admission in ADMISSION_VARIANTS:  # the same with growth-aware admission: what it buys or costs
         configs[f"growpage@{admission}"] = {"growpage": {**growpage, "admission": admission}}
+    configs[f"{WHEN_IT_PAYS}@projected"] = {"growpage": {**growpage, "admission": "projected", "method": WHEN_IT_PAYS}}
     at_floor = settings.headline_caps_at_floor and settings.floor_pages != budget
     budgets = {"eq": budget} | ({"floor": settings.floor_pages} if at_floor else {})
     for label, pages in budgets.items():
