@@ -21,7 +21,10 @@ vLLM's logical ``num_computed_tokens`` (see :mod:`~growpage.vllm_plugin.compacti
    never hashes a compacted request's blocks again (their content no longer matches the hash chain).
 3. ``after_schedule``: the plans and the ``dropped`` of every compacted running request ride to the
    workers on ``SchedulerOutput.growpage`` (:mod:`~growpage.vllm_plugin.wire`).
-4. Preemption (recompute from scratch) and finish reset the request's physical accounting.
+4. Preemption (recompute from scratch) and finish reset the request's physical accounting: the
+   scheduler side's owner of requests does that
+   (:class:`~growpage.vllm_plugin.scheduler_requests.SchedulerRequests`), with its admission and
+   this step's plans; this module only plans steps over its entries.
 
 Never touched: blocks with ``ref_cnt > 1`` (shared through the prefix cache; they are a leading run
 and stay in place, protected). Blocks the request alone holds lose their prefix-cache hash before
@@ -47,7 +50,6 @@ from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
 from growpage.core.pressure import Reclaim, protected_tokens
 from growpage.core.step_control import BoundaryPlan, RequestView, StepPool
-from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
 from growpage.vllm_plugin.blocks import blocks_by_request, leading_shared_blocks, owns_tail, physical_tokens
 from growpage.vllm_plugin.scheduler_requests import EnforcedRequest, SchedulerRequests
 from growpage.vllm_plugin.vllm_types import Request, Scheduler
@@ -109,37 +111,24 @@ class SchedulerEnforcer:
         controller: the scheduler's growth controller, shared with
             :class:`~growpage.vllm_plugin.scheduler_agent.SchedulerAgent` (admission, readings,
             decisions and their stats are its).
-        admission: growth-aware admission (None: vLLM admits on its own); it learns from the
-            requests that finish here.
-        requests: the scheduler side's table of requests, shared with the agent (a new one when the
-            enforcer runs alone, as in tests).
+        requests: the scheduler side's owner of requests, shared with the agent: their entries,
+            growth-aware admission, this step's plans and the enforce log (a new one, admitting as
+            vLLM does, when the enforcer runs alone, as in tests).
     """
 
-    def __init__(self, controller: GrowthController, admission: AdmissionGate | None = None,
-                 requests: SchedulerRequests | None = None):
+    def __init__(self, controller: GrowthController, requests: SchedulerRequests | None = None):
         self.controller = controller
-        self.admission = admission
         self.config: GrowPageConfig = controller.config
         self.block_size = self.config.block_size
-        self.requests = requests if requests is not None else SchedulerRequests(controller)
-        self._plans: dict[str, CompactionPlan] = {}
+        self.requests = (requests if requests is not None
+                         else SchedulerRequests(controller, log_path=os.environ.get(ENFORCE_LOG_ENV) or None))
         # {(decided, enforced): count}: decisions vLLM could not carry out as decided
         self.degraded_total: collections.Counter[tuple[str, str]] = collections.Counter()
         self.start_free_blocks: int | None = None
-        self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
         self._had_requests = False
         self.worker_ready = False  # no compaction before the worker says it can move tokens
 
     # ---- per step -------------------------------------------------------------------------------
-    def gate_admission(self, scheduler: Scheduler) -> bool:
-        """Set this step's admission limit (growth-aware admission); True when the oldest waiting
-        request is held back this step."""
-        if self.admission is None:
-            return False
-        return self.admission.before_schedule(
-            scheduler, blocks_by_request(scheduler.kv_cache_manager),
-            lambda request: compression_of(self.controller, request, Mode.ENFORCE))
-
     def before_schedule(self, scheduler: Scheduler, *, admission_held: bool = False) -> None:
         """One controller call for the step (boundaries and pressure relief, with the pool's pressure
         in view), carried out before vLLM's scheduling (and preemption) runs. ``admission_held``: the
@@ -286,14 +275,14 @@ class SchedulerEnforcer:
         tracked.compactions += 1
         if tracked.first_compaction_at is None:
             tracked.first_compaction_at = request.num_computed_tokens
-        if self.log_path:  # every compaction, as it happens (a finished request's record may come late)
+        if self.requests.log_path:  # every compaction, as it happens (a finished request's record may come late)
             self._log({"compaction": request.request_id, "namespace": tracked.namespace,
                        "decode_step": request.num_computed_tokens - request.num_prompt_tokens})
         tracked.tokens_evicted += physical - target
-        self._plans[request.request_id] = CompactionPlan(
+        self.requests.plan_compaction(request.request_id, CompactionPlan(
             physical_tokens=physical, keep_tokens=target, logical_length=request.num_computed_tokens,
             shared_prefix_tokens=running.shared_blocks * self.block_size, dropped=dropped,
-            prompt_tokens=request.num_prompt_tokens)
+            prompt_tokens=request.num_prompt_tokens))
 
     def after_schedule(self, scheduler: Scheduler, output: Any) -> None:
         """Record block peaks and attach this step's plans for the workers."""
@@ -309,9 +298,8 @@ class SchedulerEnforcer:
             value = getattr(request, DROPPED_ATTRIBUTE, 0)
             if value:
                 dropped[request.request_id] = value
-        setattr(output, PAYLOAD_ATTRIBUTE, step_payload(self._plans, dropped))
-        self._plans = {}
-        if self.log_path and self._had_requests and not scheduler.running and not scheduler.waiting:
+        setattr(output, PAYLOAD_ATTRIBUTE, step_payload(self.requests.take_plans(), dropped))
+        if self.requests.log_path and self._had_requests and not scheduler.running and not scheduler.waiting:
             self._had_requests = False
             self._log({"idle": True, "free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
                        "start_free_blocks": self.start_free_blocks})
@@ -320,37 +308,8 @@ class SchedulerEnforcer:
         """The worker said whether it can move tokens (no compaction before it can)."""
         self.worker_ready = bool(ready)
 
-    def on_preempt(self, request: Request) -> None:
-        """vLLM freed the request's blocks and will recompute it from scratch: physical = logical."""
-        setattr(request, DROPPED_ATTRIBUTE, 0)
-        if self.admission is not None:
-            self.admission.on_preempt()
-        tracked = self.requests.enforced(request.request_id)
-        if tracked is not None:
-            tracked.blocks_at_last_step = 0
-            tracked.prompt_settled = False  # recomputed whole: a cap compresses it again
-        self._plans.pop(request.request_id, None)
-
-    def on_free(self, request: Request) -> None:
-        """The request finished or was aborted; its blocks are back in the pool, and its entry goes."""
-        setattr(request, DROPPED_ATTRIBUTE, 0)
-        entry = self.requests.release(request.request_id)
-        tracked = entry.enforced if entry is not None else None
-        self._plans.pop(request.request_id, None)
-        if self.admission is not None:
-            self.admission.on_finish(request, need_share_at_end(self.controller, request))
-        if tracked is not None and self.log_path:
-            self._log({"request_id": request.request_id, "namespace": tracked.namespace,
-                       "peak_blocks": tracked.peak_blocks, "allowed_blocks": tracked.allowed_blocks,
-                       "compactions": tracked.compactions, "first_compaction_at": tracked.first_compaction_at,
-                       "tokens_evicted": tracked.tokens_evicted, "num_tokens": request.num_tokens,
-                       "num_prompt_tokens": request.num_prompt_tokens,
-                       "prompt_token_ids": list(request.prompt_token_ids or ()),
-                       "num_preemptions": getattr(request, "num_preemptions", 0),
-                       "max_shared_blocks": tracked.max_shared_blocks})
-
     def _log(self, record: dict) -> None:
-        append_enforce_log(self.log_path, record)
+        append_enforce_log(self.requests.log_path, record)
 
 
 def _token_bytes(scheduler: Scheduler) -> int:

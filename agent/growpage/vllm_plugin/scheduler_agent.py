@@ -40,16 +40,19 @@ from growpage.core.methods import build_method
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView
-from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionGate
+from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionCollector, AdmissionGate
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
-from growpage.vllm_plugin.forecast import EnforceForecast, step_requests
-from growpage.vllm_plugin.headroom import idle_headroom, read_headroom
+from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, step_requests
+from growpage.vllm_plugin.headroom import HeadroomCollector, idle_headroom, read_headroom
+from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
 from growpage.vllm_plugin.scheduler_requests import SchedulerRequests
 from growpage.vllm_plugin.settings import PluginSettings, honours
+from growpage.vllm_plugin.startup import take_over
+from growpage.vllm_plugin.trace_join import parent_context_for, vllm_tracer_provider
 from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
-from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
+from growpage.vllm_plugin.wire import ENFORCE_LOG_ENV, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
 
 _Params = ParamSpec("_Params")
 _Result = TypeVar("_Result")
@@ -116,19 +119,21 @@ class SchedulerAgent:
         self._clock = clock
         for component, state in view.component_states.items():
             self.stats.set_component_state(component, state)
-        self.requests = SchedulerRequests(self.controller)  # every request this side knows, one entry each
-        self.enforcer: SchedulerEnforcer | None = None
         admission = settings.admission_on(view.device)
-        self.admission: AdmissionGate | None = None  # growth-aware admission, where GrowPage enforces
-        if config.mode is Mode.ENFORCE:
-            if enforcer_blocker is None:
-                if admission != "vllm":
-                    self.admission = AdmissionGate(config.block_size, view.num_pages,
-                                                   after_preemption=admission == "after_preemption")
-                self.enforcer = SchedulerEnforcer(self.controller, admission=self.admission, requests=self.requests)
-                self.stats.set_component_state("enforcer", "waiting_for_worker")
-            else:
-                self.stats.set_component_state("enforcer", enforcer_blocker)
+        enforcing = config.mode is Mode.ENFORCE and enforcer_blocker is None
+        # every request this side knows, one entry each, and what happens to each as a whole; growth-aware
+        # admission where GrowPage enforces with it
+        self.requests = SchedulerRequests(
+            self.controller,
+            AdmissionGate(config.block_size, view.num_pages, after_preemption=admission == "after_preemption")
+            if enforcing and admission != "vllm" else None,
+            log_path=os.environ.get(ENFORCE_LOG_ENV) or None)
+        self.enforcer: SchedulerEnforcer | None = None
+        if enforcing:
+            self.enforcer = SchedulerEnforcer(self.controller, requests=self.requests)
+            self.stats.set_component_state("enforcer", "waiting_for_worker")
+        elif enforcer_blocker is not None and config.mode is Mode.ENFORCE:
+            self.stats.set_component_state("enforcer", enforcer_blocker)
         # monitor's forecast of enforce, over the requests GrowPage monitors: none where no request can
         # be monitored (off, or enforce for every namespace with clients unable to ask for less), so an
         # enforcing deployment's steps carry no forecast work
@@ -147,6 +152,11 @@ class SchedulerAgent:
         self._exporter_retry: ExporterRetry | None = None  # binding again while the port is taken
         # the router's view (growpage.core.headroom), replaced whole on the engine thread, read by scrapes
         self.headroom: Headroom = idle_headroom(view.num_pages, self.config)
+
+    @property
+    def admission(self) -> AdmissionGate | None:
+        """Growth-aware admission (None: vLLM admits on its own); the table of requests owns it."""
+        return self.requests.admission
 
     # ---- StatsSource ----------------------------------------------------------------------------
     @property
@@ -171,7 +181,7 @@ class SchedulerAgent:
         self.scheduler = scheduler
         if self.enforcer is not None:
             # guarded apart: a fault in admission leaves vLLM's own admission and the step's boundaries
-            held = self.guarded("growth-aware admission", self.enforcer.gate_admission, scheduler)
+            held = self.guarded("growth-aware admission", self.requests.gate_admission, scheduler)
             self.enforcer.before_schedule(scheduler, admission_held=bool(held))
         if self.forecast is not None:  # after the gate: it reads vLLM's configured limit, not this step's
             limit = (self.admission.configured_limit if self.admission is not None
@@ -254,26 +264,19 @@ class SchedulerAgent:
         self.stats.record_oom()
         if self.forecast is not None:
             self.guarded("forecasting enforce", self.forecast.on_preempt, request.request_id)
-        if self.enforcer is not None:
-            self.enforcer.on_preempt(request)
-        else:
-            setattr(request, DROPPED_ATTRIBUTE, 0)
+        self.requests.preempted(request)
         self._release(request, "preempted")
 
     def on_free(self, request: Request) -> None:
         """``request`` finished or was aborted; its blocks are back in the pool."""
         if self.forecast is not None:
             self.guarded("forecasting enforce", self.forecast.on_finish, request)
-        if self.enforcer is not None:
-            self.enforcer.on_free(request)
+        self.requests.finished(request)  # before the controller lets go: admission learns its attention need
         self._release(request, "finished")
 
     def _release(self, request: Request, reason: str) -> None:
-        """The request's run ends (preempted) or the request does (finished or aborted)."""
-        if reason == "preempted":
-            self.requests.end_run(request.request_id)
-        else:
-            self.requests.release(request.request_id)
+        """The request's run ends (preempted) or the request does (finished or aborted): the
+        forecast's shadow and the controller's growth state go."""
         if self.forecast is not None:
             self.forecast.forget(request.request_id)
         self._allocations.pop(request.request_id, None)
@@ -353,8 +356,6 @@ class SchedulerAgent:
     def parent_context(self, request_id: str) -> Any:
         """The trace context ``growpage.request`` continues: vLLM's ``llm_request`` span for the
         request when it carries trace headers (:mod:`~growpage.vllm_plugin.trace_join`)."""
-        from growpage.vllm_plugin.trace_join import parent_context_for
-
         request = getattr(self.scheduler, "requests", {}).get(request_id) if self.scheduler is not None else None
         return parent_context_for(getattr(request, "trace_headers", None), request_id)
 
@@ -363,14 +364,10 @@ class SchedulerAgent:
         process's start-up exporter already serves when there is one (:mod:`~growpage.vllm_plugin.startup`;
         it keeps serving, now the agent's series), else a new one. A port that cannot be bound is
         counted (``growpage_agent_errors_total{component="plugin"}``) and logged; vLLM carries on."""
+        # deferred: telemetry brings OpenTelemetry's SDK and prometheus_client, loaded when the agent
+        # starts serving, not wherever this module is imported (the hooks, tests with stand-ins)
         from growpage.telemetry import TelemetryAgent
         from growpage.telemetry.tracing import tracing_enabled
-        from growpage.vllm_plugin.admission import AdmissionCollector
-        from growpage.vllm_plugin.forecast import ForecastCollector
-        from growpage.vllm_plugin.headroom import HeadroomCollector
-        from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
-        from growpage.vllm_plugin.startup import take_over
-        from growpage.vllm_plugin.trace_join import vllm_tracer_provider
 
         port, host = self.settings.exporter_port, self.settings.exporter_host
         early = take_over(port, host) if self.settings.exporter_enabled else None
