@@ -13,20 +13,30 @@ from growpage.config import Mode
 from growpage.errors import ConfigError
 from growpage.vllm_plugin import graph_steps
 from growpage.vllm_plugin.observer import VllmObserver, rotating_sample
-from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings, split_settings
+from growpage.vllm_plugin.settings import (
+    GROWTH_AWARE_OBSERVE_EVERY_STEPS,
+    MONITOR_OBSERVE_EVERY_STEPS,
+    PluginSettings,
+    split_settings,
+)
 
 LAYER = "model.layers.0.self_attn.attn"
 
 
-def _observer(mode: str = "monitor", **plugin) -> VllmObserver:
+def _observer(mode: str = "monitor", device_type: str = "cpu", **plugin) -> VllmObserver:
     config, settings = split_settings({"mode": mode, "base_pages": 2, "recent_window_tokens": 8,
                                        "observed_layers": 1, **plugin}, env={}, block_size=32)
-    return VllmObserver(config, settings, num_layers=1, max_requests=8)
+    return VllmObserver(config, settings, num_layers=1, max_requests=8, device_type=device_type)
 
 
 def test_monitor_observes_one_step_in_four_and_enforce_every_step_unless_told():
     assert _observer("monitor").sampling.stride == MONITOR_OBSERVE_EVERY_STEPS == 4
     assert _observer("enforce").sampling.stride == 1  # keep sets accumulate every step's attention
+    # growth-aware admission keeps the batch inside what compression holds: enforce samples as monitor does
+    assert _observer("enforce", admission="projected").sampling.stride == GROWTH_AWARE_OBSERVE_EVERY_STEPS == 4
+    assert _observer("enforce", admission="auto").sampling.stride == 4  # auto is projected on the CPU build
+    assert _observer("enforce", "cuda", admission="auto").sampling.stride == 1  # and vLLM's admission on a GPU
+    assert _observer("enforce", admission="after_preemption").sampling.stride == 1
     assert _observer("monitor", observe_every_steps=1).sampling.stride == 1  # the user's choice wins
     _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_EVERY_STEPS": "2"})
     assert settings.observation_stride(Mode.MONITOR) == 2

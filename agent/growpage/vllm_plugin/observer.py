@@ -240,10 +240,12 @@ class VllmObserver:
         max_requests: summary rows (vLLM's ``max_num_seqs``).
         rank: this worker's tensor-parallel rank. Every rank observes its own heads and compacts;
             the output rank's report is the one the scheduler receives.
+        device_type: vLLM's ``device_type`` (``admission: auto`` resolves by it, and enforce's
+            observation stride follows admission).
     """
 
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, *, num_layers: int,
-                 max_requests: int, rank: int = 0):
+                 max_requests: int, rank: int = 0, device_type: str = "unknown"):
         self.config = config
         self.settings = settings
         self.rank = rank
@@ -269,7 +271,7 @@ class VllmObserver:
         # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
         per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"
         self.sampling = _Sampling(observed_layer_indices(num_layers, config.observed_layers), settings.observed_heads,
-                                  per_kv_head, settings.observation_stride(config.mode))
+                                  per_kv_head, settings.observation_stride(config.mode, device_type))
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
         # monitor's forecast of enforce (vllm_plugin.forecast) needs what enforce's floors follow: each
         # monitored request's attention need, from the same scores enforce keeps (no compaction here)

@@ -44,6 +44,13 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
 # Monitor observes one step in this many unless observe_every_steps says otherwise: measured on an
 # AVX2 host, observing every step cost 4-5 % of vLLM alone's tokens/s; see docs/BENCHMARKS.md.
 MONITOR_OBSERVE_EVERY_STEPS = 4
+# Enforce under growth-aware admission (``projected``) observes one step in this many too: admission
+# keeps the batch inside what compression can hold, so the cheaper observer and the smaller
+# attention need a sampled maximum gives (a wider admitted batch) pay; measured on decode-heavy
+# work, 1.01x tuned vLLM alone at +0.008 nats/token where every step gave 0.95x (docs/BENCHMARKS.md,
+# "Never worse"). Under vLLM's admission the same sampling cut what requests still needed (+0.032
+# nats/token), so there enforce observes every step.
+GROWTH_AWARE_OBSERVE_EVERY_STEPS = 4
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
 # admission under enforce: by the device, vLLM's own, growth-aware always, or once vLLM preempts
@@ -70,11 +77,13 @@ class PluginSettings:
         observe_every_steps: observe attention on one step in this many (1: every step); None:
             :data:`MONITOR_OBSERVE_EVERY_STEPS` when the deployment runs ``monitor`` (its cost
             stays within 2 %; ``gpctl bench vllm --part overhead`` measures the cost and what it
-            does to the decisions), every step under ``enforce`` (keep sets accumulate every step's
-            attention). The summaries' windows count observed steps, so they span this many times
-            more decode steps; boundaries are still counted every step. Under vLLM's
-            ``FULL_AND_PIECEWISE`` (or ``FULL_DECODE_ONLY``) CUDA graphs the due step runs without
-            its full graph (:mod:`~growpage.vllm_plugin.graph_steps`), so decode steps are observed too.
+            does to the decisions); under ``enforce``
+            :data:`GROWTH_AWARE_OBSERVE_EVERY_STEPS` where admission is ``projected`` (``auto`` on
+            CPU), else every step (keep sets accumulate every step's attention). The summaries'
+            windows count observed steps, so they span this many times more decode steps;
+            boundaries are still counted every step. Under vLLM's ``FULL_AND_PIECEWISE`` (or
+            ``FULL_DECODE_ONLY``) CUDA graphs the due step runs without its full graph
+            (:mod:`~growpage.vllm_plugin.graph_steps`), so decode steps are observed too.
         observe_max_requests: requests one observed step scores at most; with more in the batch,
             a rotating subset (every request in turn), so a step's cost stops growing with the batch.
         observe_chunk_mib: transient device memory (MiB) one chunk of a step's observation may hold
@@ -188,11 +197,16 @@ class PluginSettings:
             return self.admission
         return AUTO_ADMISSION_BY_DEVICE.get(device, "vllm")
 
-    def observation_stride(self, mode: Mode) -> int:
-        """Steps per observed step in a deployment running ``mode`` (see ``observe_every_steps``)."""
+    def observation_stride(self, mode: Mode, device: str = "unknown") -> int:
+        """Steps per observed step in a deployment running ``mode`` on ``device`` (vLLM's
+        ``device_type``; see ``observe_every_steps``)."""
         if self.observe_every_steps is not None:
             return self.observe_every_steps
-        return MONITOR_OBSERVE_EVERY_STEPS if mode is Mode.MONITOR else 1
+        if mode is Mode.MONITOR:
+            return MONITOR_OBSERVE_EVERY_STEPS
+        if mode is Mode.ENFORCE and self.admission_on(device) == "projected":
+            return GROWTH_AWARE_OBSERVE_EVERY_STEPS
+        return 1
 
     def _check_selection(self) -> None:
         """What enforce keeps: the method, keep sets and R-KV's term."""
