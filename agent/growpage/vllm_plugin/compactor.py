@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
 import torch
 
@@ -67,12 +66,12 @@ from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
 from growpage.vllm_plugin.token_scores import TokenScores
 from growpage.vllm_plugin.vllm_types import CompactingRunner
 from growpage.vllm_plugin.wire import (
-    ENFORCE_LOG_ENV,
     PAYLOAD_ATTRIBUTE,
     PAYLOAD_VERSION,
     CompactionPlan,
     StepPayload,
     append_enforce_log,
+    enforce_log_path,
 )
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
@@ -133,7 +132,7 @@ class WorkerCompactor:
         self.redundancy_weight = redundancy_weight
         self.shared_keep_fraction = shared_keep_fraction
         self.key_caches: list[torch.Tensor] = []  # the observed layers' cache views (redundancy's keys)
-        self.log_path = os.environ.get(ENFORCE_LOG_ENV) or None
+        self.log_path = enforce_log_path()
         self.block_size = config.block_size
         self.dropped: dict[str, int] = {}
         self.kept_positions: dict[str, torch.Tensor] = {}

@@ -41,7 +41,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import os
 import time
 from typing import Any
 
@@ -55,10 +54,10 @@ from growpage.vllm_plugin.scheduler_requests import EnforcedRequest, SchedulerRe
 from growpage.vllm_plugin.vllm_types import Request, Scheduler
 from growpage.vllm_plugin.wire import (
     DROPPED_ATTRIBUTE,
-    ENFORCE_LOG_ENV,
     PAYLOAD_ATTRIBUTE,
     CompactionPlan,
     append_enforce_log,
+    enforce_log_path,
     step_payload,
 )
 
@@ -121,7 +120,7 @@ class SchedulerEnforcer:
         self.config: GrowPageConfig = controller.config
         self.block_size = self.config.block_size
         self.requests = (requests if requests is not None
-                         else SchedulerRequests(controller, log_path=os.environ.get(ENFORCE_LOG_ENV) or None))
+                         else SchedulerRequests(controller, log_path=enforce_log_path()))
         # {(decided, enforced): count}: decisions vLLM could not carry out as decided
         self.degraded_total: collections.Counter[tuple[str, str]] = collections.Counter()
         self.start_free_blocks: int | None = None

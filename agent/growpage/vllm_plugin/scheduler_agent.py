@@ -52,7 +52,7 @@ from growpage.vllm_plugin.settings import PluginSettings, honours
 from growpage.vllm_plugin.startup import take_over
 from growpage.vllm_plugin.trace_join import parent_context_for, vllm_tracer_provider
 from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
-from growpage.vllm_plugin.wire import ENFORCE_LOG_ENV, PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport
+from growpage.vllm_plugin.wire import PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport, enforce_log_path
 
 _Params = ParamSpec("_Params")
 _Result = TypeVar("_Result")
@@ -127,7 +127,7 @@ class SchedulerAgent:
             self.controller,
             AdmissionGate(config.block_size, view.num_pages, after_preemption=admission == "after_preemption")
             if enforcing and admission != "vllm" else None,
-            log_path=os.environ.get(ENFORCE_LOG_ENV) or None)
+            log_path=enforce_log_path())
         self.enforcer: SchedulerEnforcer | None = None
         if enforcing:
             self.enforcer = SchedulerEnforcer(self.controller, requests=self.requests)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 
 logger = logging.getLogger("vllm.growpage")
 
@@ -97,6 +98,11 @@ class WorkerReport:
     steps: int = 0
     steps_observed: int = 0
     attention_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def enforce_log_path() -> str | None:
+    """Where ``$GROWPAGE_VLLM_ENFORCE_LOG`` asks for the enforce log (None: unset or empty)."""
+    return os.environ.get(ENFORCE_LOG_ENV) or None
 
 
 def append_enforce_log(path: str | None, record: dict) -> None:
