@@ -56,6 +56,8 @@ NAMESPACE = "gameday"
 # Alertmanager batches for seconds, not minutes: a game day waits on it at every step.
 TIMING = RouteTiming(group_wait="1s", group_interval="1s", page_repeat_interval="1h", ticket_repeat_interval="1h")
 
+DIAGNOSE_TIMEOUT_S = 30.0  # per query of the game day's diagnose runs (see GameDay.diagnose)
+
 
 @dataclasses.dataclass(frozen=True)
 class GamedaySettings:
@@ -158,12 +160,16 @@ class _Day:
     def diagnose(self, scenario: Scenario, pod: VllmPod) -> DiagnoseOutcome | None:
         if not scenario.diagnose_source:
             return None
+        # The storm loads the one host that also runs Prometheus and the pod: a query can take longer than
+        # diagnose's default 10 s there (a full test run saw it), so the game day waits as an on-call
+        # passing --timeout would.
         if scenario.diagnose_source == "endpoint":
-            request = DiagnoseRequest(endpoint=f"{pod.spec.url}{catalog.METRICS_PATH}", duration_s=5.0)
+            request = DiagnoseRequest(endpoint=f"{pod.spec.url}{catalog.METRICS_PATH}", duration_s=5.0,
+                                      timeout_s=DIAGNOSE_TIMEOUT_S)
         else:  # the window an on-call would pass, at the game day's scale
             request = DiagnoseRequest(prometheus=self.prometheus.url, namespace=NAMESPACE,
                                       since_s=max(60.0, 1800 * self.settings.time_scale),
-                                      config=self.settings.mixin)
+                                      config=self.settings.mixin, timeout_s=DIAGNOSE_TIMEOUT_S)
         try:
             report, _ = run_diagnosis(request)
         except DiagnoseError as error:
