@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from growpage.bench.vllm import _summary
 from growpage.bench.vllm_settings import VARIANTS, VllmBenchSettings
+from growpage.errors import ConfigError
 
 
 def test_variants_are_vllm_alone_growpage_and_the_attainable_limit():
@@ -97,3 +100,42 @@ def test_retrieval_compares_growpage_with_the_most_accurate_fixed_cap():
     assert comparison["growpage_accuracy_minus_best_cap"] == 0.125
     assert comparison["growpage_correct_per_s_vs_best_cap"] == 1.2
     assert comparison["growpage_accuracy_share_of_vllm"] == 0.5 and comparison["growpage_wall_vs_vllm"] == 0.8
+
+
+def test_retrieval_judges_growpage_against_tuned_vllm_alone():
+    from growpage.bench.goodput import _retrieval_comparison
+
+    def variant(accuracy: float, correct_per_s: float) -> dict:
+        return {"accuracy": {"median": accuracy}, "correct_per_s": {"median": correct_per_s},
+                "elapsed_s": {"median": 16 / correct_per_s}}
+
+    variants = {"vllm": variant(1.0, 0.50), "vllm@seqs4": variant(1.0, 0.60), "growpage": variant(1.0, 0.55),
+                "growpage@projected": variant(1.0, 0.59), "limit": variant(1.0, 0.8)}
+    comparison = _retrieval_comparison(variants)
+    assert comparison["tuned_vllm"] == "vllm@seqs4"  # the faster of vLLM alone's batch sizes
+    verdicts = comparison["against_tuned_vllm"]
+    assert verdicts["growpage"] == {"correct_per_s_vs_tuned": 0.917, "accuracy_share_of_tuned": 1.0,
+                                    "never_worse": False}
+    assert verdicts["growpage@projected"]["never_worse"]  # 0.983x at the same accuracy
+    fewer_answers = {**variants, "growpage@projected": variant(0.875, 0.62)}
+    assert not _retrieval_comparison(fewer_answers)["against_tuned_vllm"]["growpage@projected"]["never_worse"]
+
+
+def test_retrieval_variants_can_be_left_out_except_what_the_comparison_reads():
+    from growpage.bench.goodput import retrieval_configs
+
+    settings = VllmBenchSettings()
+    floor = settings.floor_pages
+    configs = retrieval_configs(settings)
+    assert list(configs)[:5] == ["vllm", "vllm@seqs4", "vllm@seqs6", "growpage", "growpage@projected"]
+    assert configs["growpage@projected"]["growpage"]["admission"] == "projected"
+    assert configs["vllm@seqs4"] == {"growpage": None, "max_num_seqs": 4}
+    assert f"h2o@{floor}" in configs and list(configs)[-1] == "limit"
+    caps = tuple(name for name in configs if "@" in name and name.split("@")[0] in ("streaming_llm", "h2o",
+                                                                                    "snapkv", "tova"))
+    shorter = retrieval_configs(dataclasses.replace(settings, retrieval_skip=(*caps, "vllm@seqs6")))
+    assert list(shorter) == ["vllm", "vllm@seqs4", "growpage", "growpage@projected", "limit"]
+    with pytest.raises(ConfigError, match="retrieval_skip names no variant: h2o@99; choose among vllm,"):
+        retrieval_configs(dataclasses.replace(settings, retrieval_skip=("h2o@99",)))
+    with pytest.raises(ConfigError, match="retrieval_skip cannot leave out growpage"):
+        retrieval_configs(dataclasses.replace(settings, retrieval_skip=("growpage",)))

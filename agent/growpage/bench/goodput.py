@@ -6,11 +6,14 @@ always favour the same variant), after a discarded warm-up; results are medians 
 every repeat kept in the JSON. Parts:
 
 * ``retrieval``: retrieval tasks (``growpage.bench.tasks``) all at once under KV pressure (a KV
-  space for about ``retrieval_kv_share`` of them) with vLLM alone, with GrowPage, with each fixed
-  cap at GrowPage's floor under the same machinery (``streaming_llm@N``, ``h2o@N``,
-  ``snapkv@N``: the plugin's ``method`` setting), and with room for all (the limit): accuracy
-  against ground truth per family, correct answers per second, wall
-  time. Prompt-heavy work: compression can only cost answers here, unless it avoids waiting.
+  space for about ``retrieval_kv_share`` of them) with vLLM alone (untuned, and with each
+  ``tuned_max_num_seqs``: ``vllm@seqsN``), with GrowPage at the shipped defaults, with GrowPage
+  under growth-aware admission (``growpage@projected``, what ``admission: auto`` runs on CPU), with
+  each fixed cap at GrowPage's floor under the same machinery (``streaming_llm@N``, ``h2o@N``,
+  ``snapkv@N``, ``tova@N``: the plugin's ``method`` setting), and with room for all (the limit):
+  accuracy against ground truth per family, correct answers per second, wall time.
+  ``retrieval_skip`` leaves variants out. Prompt-heavy work: compression can only cost answers
+  here, unless it avoids waiting.
 * ``accuracy``: full KV's accuracy on every retrieval family (48 tasks by default), with room for
   all: which families are headlined (full KV >= 80 %).
 * on the pressure traces (reasoning, decode-heavy): reasoning accuracy against true results,
@@ -30,7 +33,7 @@ from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS, Task, accuracy_by_family,
 from growpage.bench.tasks import retrieval_tasks as generate
 from growpage.chat import chat_token_ids, user_turn
 from growpage.core.methods import VLLM_CAP_NAMES
-from growpage.errors import GrowPageError
+from growpage.errors import ConfigError, GrowPageError
 from growpage.tooling.vllm_runs import run_child
 
 if TYPE_CHECKING:
@@ -38,6 +41,10 @@ if TYPE_CHECKING:
 
 Log = Callable[[str], None] | None
 RETRIEVAL_CAPS = VLLM_CAP_NAMES  # fixed caps at GrowPage's floor, same machinery
+TUNED_PREFIX = "vllm@seqs"  # vLLM alone with a smaller max_num_seqs (as the headline names it)
+NEVER_WORSE_SHARE = 0.98  # GrowPage's correct answers/s at least this share of tuned vLLM alone's
+GROWTH_AWARE = "growpage@projected"  # enforce with growth-aware admission (auto on CPU)
+RETRIEVAL_ALWAYS_RUN = ("vllm", "growpage")  # what the comparison reads
 
 
 def spec(model_dir: str, block_size: int, prompts: list[str], max_tokens: int, kv_blocks: int, variant: str,
@@ -142,6 +149,32 @@ def blocks_needed(lengths: list[int], max_tokens: int, block_size: int) -> list[
     return [math.ceil((length + max_tokens) / block_size) for length in lengths]
 
 
+def retrieval_configs(settings: VllmBenchSettings) -> dict[str, dict[str, Any]]:
+    """Every retrieval variant's run settings, in run order: ``growpage`` (None: vLLM alone) and
+    ``max_num_seqs`` (None: every request), less ``retrieval_skip``.
+
+    Raises:
+        ConfigError: ``retrieval_skip`` names no variant, or one the comparison reads.
+    """
+    growpage = settings.growpage_config()
+    configs: dict[str, dict[str, Any]] = {"vllm": {"growpage": None}}
+    for seqs in settings.tuned_max_num_seqs:
+        configs[f"{TUNED_PREFIX}{seqs}"] = {"growpage": None, "max_num_seqs": seqs}
+    configs["growpage"] = {"growpage": growpage}
+    configs[GROWTH_AWARE] = {"growpage": {**growpage, "admission": "projected"}}
+    for cap in RETRIEVAL_CAPS:
+        configs[f"{cap}@{settings.floor_pages}"] = {"growpage": {**growpage, "method": cap}}
+    configs["limit"] = {"growpage": None}
+    unknown = sorted(set(settings.retrieval_skip) - set(configs))
+    if unknown:
+        raise ConfigError(f"retrieval_skip names no variant: {', '.join(unknown)}; choose among {', '.join(configs)}")
+    kept = [name for name in settings.retrieval_skip if name in RETRIEVAL_ALWAYS_RUN]
+    if kept:
+        raise ConfigError(f"retrieval_skip cannot leave out {', '.join(kept)}: the comparison reads "
+                          f"{', '.join(RETRIEVAL_ALWAYS_RUN)}")
+    return {name: config for name, config in configs.items() if name not in settings.retrieval_skip}
+
+
 def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: Log, timeout_s: float) -> dict:
     """Every retrieval task at once, vLLM alone and GrowPage in a KV space for about
     ``retrieval_kv_share`` of them, the limit with room for all; interleaved repeats."""
@@ -153,15 +186,15 @@ def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: L
     lengths = [prompt_tokens(tokenizer, task.prompt) for task in tasks]
     needed = blocks_needed(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
     tight = max(max(needed) + 1, round(sum(needed) * settings.retrieval_kv_share) + 1)
-    caps = {f"{cap}@{settings.floor_pages}": {**settings.growpage_config(), "method": cap} for cap in RETRIEVAL_CAPS}
-    configs = {"vllm": None, "growpage": settings.growpage_config(), **caps, "limit": None}
+    configs = retrieval_configs(settings)
     blocks = {variant: tight for variant in configs} | {"limit": sum(needed) + 1}
     max_model_len = max(needed) * settings.block_size
 
     def run(variant: str) -> dict:
         run_spec = spec(model_dir, settings.block_size, [task.prompt for task in tasks], RETRIEVAL_MAX_TOKENS,
-                        blocks[variant], variant, configs[variant], max_model_len)
-        return run_child({**run_spec, "ignore_eos": False}, lambda report: None, timeout_s)
+                        blocks[variant], variant, configs[variant]["growpage"], max_model_len)
+        return run_child({**run_spec, "ignore_eos": False, "max_num_seqs": configs[variant].get("max_num_seqs")},
+                         lambda report: None, timeout_s)
 
     results = repeated(run, tuple(configs), settings.repeats, log, "retrieval under KV pressure")
     variants = {variant: {"kv_blocks": blocks[variant], **scored(tokenizer, tasks, runs),
@@ -193,7 +226,26 @@ def _retrieval_comparison(variants: dict[str, dict]) -> dict:
             "growpage_wall_vs_vllm": round(grow["elapsed_s"]["median"] / base["elapsed_s"]["median"], 3),
             "growpage_correct_per_s_vs_vllm": round(grow["correct_per_s"]["median"]
                                                     / max(base["correct_per_s"]["median"], 1e-9), 3),
-            "targets": {"accuracy_share_of_vllm": 0.95, "wall_vs_vllm": 1.05}}
+            **_against_tuned(variants),
+            "targets": {"accuracy_share_of_vllm": 0.95, "wall_vs_vllm": 1.05,
+                        "correct_per_s_vs_tuned_vllm": NEVER_WORSE_SHARE}}
+
+
+def _against_tuned(variants: dict[str, dict]) -> dict:
+    """Each GrowPage variant against *tuned vLLM alone* (whichever of ``vllm`` and ``vllm@seqsN``
+    answers the most per second): its correct answers/s ratio, its accuracy share, and whether it
+    is never worse (at least ``NEVER_WORSE_SHARE`` of the answers/s at >= 95 % of the accuracy)."""
+    alone = [name for name in variants if name == "vllm" or name.startswith(TUNED_PREFIX)]
+    tuned = max(alone, key=lambda name: variants[name]["correct_per_s"]["median"])
+    reference = variants[tuned]
+    verdicts = {}
+    for name in (name for name in ("growpage", GROWTH_AWARE) if name in variants):
+        ratio = round(variants[name]["correct_per_s"]["median"] / max(reference["correct_per_s"]["median"], 1e-9), 3)
+        share = (round(variants[name]["accuracy"]["median"] / reference["accuracy"]["median"], 3)
+                 if reference["accuracy"]["median"] else None)
+        verdicts[name] = {"correct_per_s_vs_tuned": ratio, "accuracy_share_of_tuned": share,
+                          "never_worse": ratio >= NEVER_WORSE_SHARE and (share is None or share >= 0.95)}
+    return {"tuned_vllm": tuned, "against_tuned_vllm": verdicts}
 
 
 def full_kv_accuracy(model_dir: str, settings: VllmBenchSettings, log: Log, timeout_s: float) -> dict:

@@ -79,6 +79,8 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
         os.environ["OMP_NUM_THREADS"] = str(settings.threads)
     started = time.monotonic()
     host = host_facts()  # at the start: the commit whose code the engines run, not HEAD when it ends
+    if "retrieval" in settings.parts:
+        goodput.retrieval_configs(settings)  # a bad retrieval_skip fails now, not after the other parts
     if {"pressure", "retrieval", "sweep", "headline"} & set(settings.parts):
         _warm_up(model_dir, settings, log, timeout_s)
     traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]

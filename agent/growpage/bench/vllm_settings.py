@@ -104,6 +104,8 @@ class VllmBenchSettings:
         headline_skip: variants the ``headline`` part leaves out (``monitor``, ``growpage@room``, a
             ``CAP@eq``...: a shorter run when their answer is already known); ``vllm``, ``growpage``
             and ``limit`` always run, as the verdict reads them.
+        retrieval_skip: variants the ``retrieval`` part leaves out (each ``CAP@N``,
+            ``vllm@seqsN``, ``growpage@projected``, ``limit``); ``vllm`` and ``growpage`` always run.
     """
 
     requests: int = 16
@@ -129,6 +131,7 @@ class VllmBenchSettings:
     tuned_max_num_seqs: tuple[int, ...] = (4, 6)
     headline_caps_at_floor: bool = False
     headline_skip: tuple[str, ...] = ()
+    retrieval_skip: tuple[str, ...] = ()
 
     @classmethod
     def quick(cls) -> VllmBenchSettings:

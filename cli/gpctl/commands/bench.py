@@ -393,6 +393,9 @@ def vllm(
     headline_skip: Annotated[list[str] | None, typer.Option(
         help="A variant --part headline leaves out (repeatable), e.g. monitor or growpage@room; vllm, "
              "growpage and limit always run.")] = None,
+    retrieval_skip: Annotated[list[str] | None, typer.Option(
+        help="A variant --part retrieval leaves out (repeatable), e.g. h2o@4 or limit; vllm and growpage "
+             "always run.")] = None,
     trace: Annotated[str | None, typer.Option(help=_TRACE_HELP)] = None,
     setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
                                                             "plugin's additional_config keys; repeatable), e.g. "
@@ -404,7 +407,8 @@ def vllm(
     from growpage.bench.vllm import run_vllm_bench
 
     listed = {"seeds": seed, "sweep_pages": sweep_pages, "sweep_coverage": sweep_coverage,
-              "tuned_max_num_seqs": max_num_seqs, "headline_skip": headline_skip}
+              "tuned_max_num_seqs": max_num_seqs, "headline_skip": headline_skip,
+              "retrieval_skip": retrieval_skip}
     settings = _vllm_settings(quick, threads, part, method, setting, {
         "base_pages": base_pages, "repeats": repeats, **{k: tuple(v) if v else None for k, v in listed.items()},
         **_trace_size(trace)}, sweep_method or [], sweep_variant or [])
