@@ -20,6 +20,7 @@ CAP_BLOCKS = 2
 CAPPED = "capped"
 TP_RANKS = 3
 TP_THREADS_BIND = "0|1|0"
+TP_FAULTY_RANK_INJECTION = "report@rank2"
 PREEMPT_BLOCKS = 12  # 8 requests x 2 blocks do not fit: vLLM preempts
 # Every boundary evicts: no growth past base_pages, low LTS is always "narrow demand", and no
 # attention need raises the floor (vLLM's default attention_coverage would keep these short prompts whole).
@@ -90,8 +91,11 @@ def phases(which: str | None = None) -> list[dict]:
     # divide them); vLLM's CPU build binds one CPU per worker, and this machine has 2, so two share.
     gpus = _cuda_devices()
     if gpus == 0 or gpus >= TP_RANKS:
+        # rank 2's reports fail (a report the scheduler never receives: nothing else changes), so its
+        # faults must reach the scheduler's metrics another way
         engines.append({"name": "enforce_tp3", "batches": [batch], "scrape": True,
-                        "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()},
+                        "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port(),
+                                     "fault_injection": TP_FAULTY_RANK_INJECTION},
                         "engine": {"tensor_parallel_size": TP_RANKS},
                         "env": {} if gpus else {"VLLM_CPU_OMP_THREADS_BIND": TP_THREADS_BIND}})
     if gpus:  # CUDA graphs: vLLM's default mode, then piecewise (what gpctl serve and deploy/ pass)

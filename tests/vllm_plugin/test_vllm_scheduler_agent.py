@@ -401,3 +401,25 @@ def test_a_fault_in_admission_is_counted_and_leaves_vllms_admission_and_the_step
     del scheduler.waiting[0].max_tokens, scheduler.waiting[0].num_output_tokens
     agent.before_schedule(scheduler)
     assert scheduler.max_num_active_reqs == 8 and agent.stats.agent_errors_total["plugin"] == 1
+
+
+def test_faults_of_a_rank_whose_report_never_returns_are_counted_by_the_scheduler():
+    """Tensor parallelism 3: rank 2 publishes its faults on the engine's board; the scheduler's agent
+    counts them in growpage_agent_errors_total{component="plugin"} on the next step's output."""
+    from growpage.vllm_plugin.rank_faults import RankFaultPublisher, board_for
+
+    scheduler = _scheduler({"mode": "monitor"})
+    scheduler.vllm_config.parallel_config.tensor_parallel_size = 3
+    scheduler.vllm_config.instance_id = f"test-{id(scheduler)}"
+    agent = build_agent(scheduler, start_telemetry=False)
+    assert agent.rank_faults is not None
+    board = board_for(scheduler.vllm_config)
+    assert board is not None and board.path == agent.rank_faults.board.path
+    publisher = RankFaultPublisher(board, rank=2)
+    publisher()
+    publisher()
+    agent.on_output(types.SimpleNamespace())  # rank 0's output, without a report
+    assert agent.stats.agent_errors_total["plugin"] == 2
+    agent.close()
+    assert not board.path.exists()  # the engine's board goes with it
+    board.close()

@@ -113,6 +113,17 @@ class _Counts:
     steps_observed: int = 0
     errors: int = 0  # faults caught in this worker
     reported: tuple[int, int, int] = (0, 0, 0)  # (steps_tracked, steps_observed, errors) at the last report
+    # a rank other than the output rank: its report never reaches the scheduler, so each fault is
+    # also published where the scheduler reads it (vllm_plugin.rank_faults)
+    publish: Callable[[int], None] | None = None
+
+    def count_error(self) -> None:
+        self.errors += 1
+        if self.publish is not None:
+            try:
+                self.publish(1)
+            except OSError:  # the fault is caught and logged already; a board that fails drops the count only
+                logger.debug("growpage: cannot publish a fault to the scheduler", exc_info=True)
 
     def since_report(self) -> tuple[int, int, int]:
         """The counts' increases since the last call, which becomes the new last report."""
@@ -242,17 +253,20 @@ class VllmObserver:
             the output rank's report is the one the scheduler receives.
         device_type: vLLM's ``device_type`` (``admission: auto`` resolves by it, and enforce's
             observation stride follows admission).
+        publish_faults: called with each new fault on a rank whose report the scheduler never
+            receives (:class:`~growpage.vllm_plugin.rank_faults.RankFaultPublisher`; None: rank 0).
     """
 
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, *, num_layers: int,
-                 max_requests: int, rank: int = 0, device_type: str = "unknown"):
+                 max_requests: int, rank: int = 0, device_type: str = "unknown",
+                 publish_faults: Callable[[int], None] | None = None):
         self.config = config
         self.settings = settings
         self.rank = rank
         self.device = torch.device("cpu")  # the KV cache's, once seen
         # "active" until the first write shows the cache layout cannot be read (note_kv_write)
         self.state = ACTIVE
-        self.counts = _Counts()
+        self.counts = _Counts(publish=publish_faults)
         self.faults = FaultGuard(self._count_fault, logger,
                                  suffix="vLLM carries on unchanged; further faults are counted in "
                                         "growpage_agent_errors_total, not logged")
@@ -297,8 +311,13 @@ class VllmObserver:
         """Count a caught fault (reported to the scheduler); log the first one with its traceback."""
         self.faults.fault(PLUGIN_COMPONENT, f"{what} failed in the worker", log_key="worker")
 
+    def _fault_injected(self, site: str) -> bool:
+        """The test hook (``fault_injection``): ``site`` on every rank, or ``site@rankN`` on rank N only."""
+        what, _, rank = self.settings.fault_injection.partition("@rank")
+        return what == site and (not rank or rank == str(self.rank))
+
     def _count_fault(self, _component: str) -> None:
-        self.counts.errors += 1
+        self.counts.count_error()
 
     def disable(self, reason: str, why: str) -> None:
         """Stop observing in this process for good, and say so (``growpage_agent_active`` = 0 with
@@ -371,6 +390,8 @@ class VllmObserver:
 
     def take_report(self) -> WorkerReport:
         """What the scheduler learns from this worker since its last report."""
+        if self.settings.fault_injection and self._fault_injected("report"):
+            raise RuntimeError("growpage fault injection: report")
         self._collect_readings()
         readings, needs = self.requests.take_pending()
         steps, observed, errors = self.counts.since_report()
@@ -427,7 +448,7 @@ class VllmObserver:
                 layout = None
         if layout is None:
             self._layout_failed = True
-            self.counts.errors += 1
+            self.counts.count_error()
             self.state = "unsupported_cache_layout"
             logger.error("growpage: this attention backend's KV cache layout (dtype %s, shape %s) does not "
                          "round-trip; attention observation and compaction are off in pid %d (vLLM runs "
@@ -450,7 +471,7 @@ class VllmObserver:
             metadata: the backend's attention metadata (read only where the runner's host-side
                 batch state is missing; see :meth:`_batch_view`).
         """
-        if self.settings.fault_injection == "observe":
+        if self.settings.fault_injection and self._fault_injected("observe"):
             raise RuntimeError("growpage fault injection: observe")
         if self._layout is None:
             return

@@ -47,6 +47,7 @@ from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
 from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, step_requests
 from growpage.vllm_plugin.headroom import HeadroomCollector, idle_headroom, read_headroom
 from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
+from growpage.vllm_plugin.rank_faults import RankFaultReader
 from growpage.vllm_plugin.scheduler_requests import SchedulerRequests
 from growpage.vllm_plugin.settings import PluginSettings, honours
 from growpage.vllm_plugin.startup import take_over
@@ -106,10 +107,13 @@ class SchedulerAgent:
         view: the deployment as read at start-up.
         enforcer_blocker: why a deployment that runs ``enforce`` cannot (None: it can, or does not enforce).
         clock: monotonic seconds (growth throttle, telemetry pacing).
+        rank_faults: under tensor parallelism, the faults the ranks whose reports never come back
+            caught (:mod:`~growpage.vllm_plugin.rank_faults`; None: one rank).
     """
 
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, view: SchedulerView, *,
-                 enforcer_blocker: str | None = None, clock: Callable[[], float] = time.monotonic):
+                 enforcer_blocker: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 rank_faults: RankFaultReader | None = None):
         self.controller = GrowthController(config, num_layers=None, clock=clock, logger=logger,
                                            method=build_method(settings.method))
         self.config = self.controller.config
@@ -152,6 +156,7 @@ class SchedulerAgent:
         self._exporter_retry: ExporterRetry | None = None  # binding again while the port is taken
         # the router's view (growpage.core.headroom), replaced whole on the engine thread, read by scrapes
         self.headroom: Headroom = idle_headroom(view.num_pages, self.config)
+        self.rank_faults = rank_faults
 
     @property
     def admission(self) -> AdmissionGate | None:
@@ -291,6 +296,14 @@ class SchedulerAgent:
         report = getattr(model_runner_output, REPORT_ATTRIBUTE, None)
         if isinstance(report, WorkerReport):
             self.take_report(report)
+        if self.rank_faults is not None:
+            self.count_rank_faults(self.rank_faults)
+
+    def count_rank_faults(self, rank_faults: RankFaultReader) -> None:
+        """Faults caught on ranks whose reports never come back, counted as the output rank's are."""
+        for faults in rank_faults.new_faults().values():
+            for _ in range(faults):
+                self.stats.record_error(PLUGIN_COMPONENT)
 
     def take_report(self, report: WorkerReport) -> None:
         for request_id, (density, entropy) in report.readings.items():
@@ -417,6 +430,9 @@ class SchedulerAgent:
             self._adopted_exporter.close()
             self._adopted_exporter = None
         self.exporter = None
+        if self.rank_faults is not None:
+            self.rank_faults.close()
+            self.rank_faults = None
 
 
 def may_monitor(config: GrowPageConfig, settings: PluginSettings) -> bool:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from growpage.config import Mode
 from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
+from growpage.vllm_plugin.rank_faults import RankFaultReader, board_for
 from growpage.vllm_plugin.resolve import settings_from_vllm_config
 from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, SchedulerView
 from growpage.vllm_plugin.startup import close_early, deployment_device, rank_exporter_port, served_model, start_early
@@ -102,7 +103,9 @@ def build_agent(scheduler: Scheduler, *, start_telemetry: bool = True) -> Schedu
                                          enforce_requested=resolved.requested_mode == Mode.ENFORCE.value),
         otlp_traces_endpoint=getattr(getattr(vllm_config, "observability_config", None), "otlp_traces_endpoint",
                                      None))
-    agent = SchedulerAgent(config, settings, view, enforcer_blocker=blocker)
+    board = board_for(vllm_config) if config.mode is not Mode.OFF else None  # workers observe only when on
+    agent = SchedulerAgent(config, settings, view, enforcer_blocker=blocker,
+                           rank_faults=RankFaultReader(board) if board is not None else None)
     if start_telemetry:
         agent.start_telemetry()
     logger.info("growpage: scheduler agent started (mode=%s, base_pages=%d, block_size=%d, admission=%s)",

@@ -98,7 +98,8 @@ class PluginSettings:
             question usually is, says which of its tokens matter), causally; decode steps score the
             newest query. 1: the newest query only. Costs scores, not key reads: keys are gathered
             once per head whatever the window.
-        fault_injection: test hook; ``"observe"`` makes every observation raise (fault isolation).
+        fault_injection: test hook (fault isolation): ``"observe"`` makes every observation raise,
+            ``"report"`` every worker report; ``"report@rank2"`` only tensor-parallel rank 2's.
         client_mode: honour a request's ``vllm_xargs.growpage_mode`` (which can only lower the
             mode): ``honour``, ``ignore``, or ``auto`` (ignore when the deployment enforces).
         client_namespaces: honour a namespace the client chose (``vllm_xargs.growpage_namespace``

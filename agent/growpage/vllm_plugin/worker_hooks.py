@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from growpage.config import Mode
 from growpage.vllm_plugin import graph_steps
 from growpage.vllm_plugin.patching import WrapTarget, is_wrapped, wrap_methods
+from growpage.vllm_plugin.rank_faults import OUTPUT_RANK, RankFaultPublisher, board_for
 from growpage.vllm_plugin.support import REMEDIES, UNSUPPORTED_BACKEND, observer_blocker
 from growpage.vllm_plugin.wire import REPORT_ATTRIBUTE
 
@@ -74,7 +75,38 @@ def observer_for(vllm_config: VllmConfig) -> VllmObserver | None:
         except Exception:
             logger.exception("growpage: cannot start the observer in pid %d; vLLM runs unobserved", pid)
             _OBSERVERS[pid] = None
+            _publish_start_fault(vllm_config)
     return _OBSERVERS[pid]
+
+
+def _tensor_parallel_rank() -> int:
+    try:
+        # deferred: vLLM's modules load when a worker runs the hook, not with the plugin's modules
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # no parallel state (tests): a single worker
+        return 0
+
+
+def _fault_publisher(vllm_config: VllmConfig, rank: int) -> RankFaultPublisher | None:
+    """Where a rank other than the output rank publishes its faults (its report never reaches the
+    scheduler); None on the output rank or under one rank."""
+    if rank == OUTPUT_RANK:
+        return None
+    board = board_for(vllm_config)
+    return RankFaultPublisher(board, rank) if board is not None else None
+
+
+def _publish_start_fault(vllm_config: VllmConfig) -> None:
+    """An observer that failed to start on a rank other than the output rank: one fault, counted."""
+    try:
+        publisher = _fault_publisher(vllm_config, _tensor_parallel_rank())
+        if publisher is not None:
+            publisher()
+            publisher.board.close()
+    except Exception:  # the fault is already logged; GrowPage must never take the worker down
+        logger.debug("growpage: cannot publish the start-up fault", exc_info=True)
 
 
 def _build_observer(vllm_config: VllmConfig) -> VllmObserver | None:
@@ -92,18 +124,12 @@ def _build_observer(vllm_config: VllmConfig) -> VllmObserver | None:
     if config.mode is Mode.OFF:
         logger.info("growpage: mode=off; attention is not observed in pid %d", os.getpid())
         return None
-    rank = 0
-    try:
-        # deferred: vLLM's modules load when a worker runs the hook, not with the plugin's modules
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        rank = get_tensor_model_parallel_rank()
-    except Exception:  # no parallel state (tests): a single worker
-        pass
+    rank = _tensor_parallel_rank()
     observer = VllmObserver(
         config, settings, num_layers=vllm_config.model_config.get_num_layers(vllm_config.parallel_config),
         max_requests=vllm_config.scheduler_config.max_num_seqs, rank=rank,
-        device_type=deployment_device(vllm_config))  # admission, hence the observation stride, follow it
+        device_type=deployment_device(vllm_config),  # admission, hence the observation stride, follow it
+        publish_faults=_fault_publisher(vllm_config, rank))
     install_worker_hooks()
     blocker = observer_blocker(getattr(vllm_config, "compilation_config", None))
     if blocker is not None:
