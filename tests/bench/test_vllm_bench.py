@@ -85,7 +85,7 @@ def test_reasoning_prompts_are_scored_only_where_they_have_a_true_result():
 
 
 def test_retrieval_compares_growpage_with_the_most_accurate_fixed_cap():
-    from growpage.bench.goodput import RETRIEVAL_CAPS, _retrieval_comparison
+    from growpage.bench.goodput import RETRIEVAL_CAPS, answers_comparison
 
     def variant(accuracy: float, correct_per_s: float, elapsed_s: float = 10.0) -> dict:
         return {"accuracy": {"median": accuracy}, "correct_per_s": {"median": correct_per_s},
@@ -94,7 +94,7 @@ def test_retrieval_compares_growpage_with_the_most_accurate_fixed_cap():
     variants = {"vllm": variant(1.0, 0.5), "growpage": variant(0.5, 0.3, 8.0), "streaming_llm@4": variant(0.25, 0.2),
                 "h2o@4": variant(0.375, 0.2), "snapkv@4": variant(0.375, 0.25),
                 "tova@4": variant(0.25, 0.3), "limit": variant(1.0, 0.6)}
-    comparison = _retrieval_comparison(variants)
+    comparison = answers_comparison(variants)
     assert set(RETRIEVAL_CAPS) == {"streaming_llm", "h2o", "snapkv", "tova"}
     assert comparison["best_cap"] == "snapkv@4"  # h2o ties on accuracy; snapkv answers faster
     assert comparison["growpage_accuracy_minus_best_cap"] == 0.125
@@ -103,7 +103,7 @@ def test_retrieval_compares_growpage_with_the_most_accurate_fixed_cap():
 
 
 def test_retrieval_judges_growpage_against_tuned_vllm_alone():
-    from growpage.bench.goodput import _retrieval_comparison
+    from growpage.bench.goodput import answers_comparison
 
     def variant(accuracy: float, correct_per_s: float) -> dict:
         return {"accuracy": {"median": accuracy}, "correct_per_s": {"median": correct_per_s},
@@ -111,14 +111,14 @@ def test_retrieval_judges_growpage_against_tuned_vllm_alone():
 
     variants = {"vllm": variant(1.0, 0.50), "vllm@seqs4": variant(1.0, 0.60), "growpage": variant(1.0, 0.55),
                 "growpage@projected": variant(1.0, 0.59), "limit": variant(1.0, 0.8)}
-    comparison = _retrieval_comparison(variants)
+    comparison = answers_comparison(variants)
     assert comparison["tuned_vllm"] == "vllm@seqs4"  # the faster of vLLM alone's batch sizes
     verdicts = comparison["against_tuned_vllm"]
     assert verdicts["growpage"] == {"correct_per_s_vs_tuned": 0.917, "accuracy_share_of_tuned": 1.0,
                                     "never_worse": False}
     assert verdicts["growpage@projected"]["never_worse"]  # 0.983x at the same accuracy
     fewer_answers = {**variants, "growpage@projected": variant(0.875, 0.62)}
-    assert not _retrieval_comparison(fewer_answers)["against_tuned_vllm"]["growpage@projected"]["never_worse"]
+    assert not answers_comparison(fewer_answers)["against_tuned_vllm"]["growpage@projected"]["never_worse"]
 
 
 def test_retrieval_variants_can_be_left_out_except_what_the_comparison_reads():

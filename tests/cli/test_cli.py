@@ -216,6 +216,15 @@ def test_bench_vllm_checks_growpage_settings_as_the_plugin_will(runner, setting,
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("part", ["retrieval", "mixed"])
+def test_bench_vllm_refuses_a_retrieval_skip_that_names_no_variant_before_starting_an_engine(runner, part):
+    result = runner.invoke(app, ["bench", "vllm", "--part", part, "--retrieval-skip", "h2o@99"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == ("error: retrieval_skip names no variant: h2o@99; choose among vllm, vllm@seqs4, "
+                                     "vllm@seqs6, growpage, growpage@projected, streaming_llm@4, h2o@4, snapkv@4, "
+                                     "tova@4, limit")
+
+
 def test_bench_vllm_settings_reach_growpages_runs():
     from gpctl.commands.bench import _vllm_settings
 

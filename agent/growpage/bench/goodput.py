@@ -47,7 +47,7 @@ GROWTH_AWARE = "growpage@projected"  # enforce with growth-aware admission (auto
 RETRIEVAL_ALWAYS_RUN = ("vllm", "growpage")  # what the comparison reads
 
 
-def spec(model_dir: str, block_size: int, prompts: list[str], max_tokens: int, kv_blocks: int, variant: str,
+def spec(model_dir: str, block_size: int, prompts: list[str], max_tokens: int | list[int], kv_blocks: int, variant: str,
          growpage: dict | None, max_model_len: int | None = None) -> dict:
     """One vLLM run (:mod:`growpage.tooling.vllm_child`): ``growpage`` None is vLLM alone."""
     return {"model_dir": model_dir, "prompts": prompts, "variant": variant, "growpage": growpage,
@@ -144,9 +144,10 @@ def retrieval_tasks(settings: VllmBenchSettings) -> list[Task]:
                     context_tokens=settings.retrieval_context_tokens, depths=settings.retrieval_depths)
 
 
-def blocks_needed(lengths: list[int], max_tokens: int, block_size: int) -> list[int]:
-    """Each request's blocks at full length (prompt plus ``max_tokens``)."""
-    return [math.ceil((length + max_tokens) / block_size) for length in lengths]
+def blocks_needed(lengths: Sequence[int], max_tokens: int | Sequence[int], block_size: int) -> list[int]:
+    """Each request's blocks at full length (prompt plus ``max_tokens``: one for all, or one each)."""
+    limits = [max_tokens] * len(lengths) if isinstance(max_tokens, int) else list(max_tokens)
+    return [math.ceil((length + limit) / block_size) for length, limit in zip(lengths, limits, strict=True)]
 
 
 def retrieval_configs(settings: VllmBenchSettings) -> dict[str, dict[str, Any]]:
@@ -183,32 +184,57 @@ def retrieval_under_pressure(model_dir: str, settings: VllmBenchSettings, log: L
 
     tasks = retrieval_tasks(settings)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    lengths = [prompt_tokens(tokenizer, task.prompt) for task in tasks]
-    needed = blocks_needed(lengths, RETRIEVAL_MAX_TOKENS, settings.block_size)
+    pressure = answers_under_pressure(model_dir, settings, tokenizer, tasks, [task.prompt for task in tasks],
+                                      [RETRIEVAL_MAX_TOKENS] * len(tasks), "retrieval under KV pressure", log,
+                                      timeout_s)
+    return {"tasks": [{"task": t.task_id, "family": t.family, "answer": t.answer, "prompt_tokens": n}
+                      for t, n in zip(tasks, pressure["prompt_tokens"], strict=True)],
+            "variants": pressure["variants"], "comparison": answers_comparison(pressure["variants"])}
+
+
+def answers_under_pressure(model_dir: str, settings: VllmBenchSettings, tokenizer: Any, tasks: Sequence[Task | None],
+                           prompts: list[str], max_tokens: list[int], label: str, log: Log, timeout_s: float, *,
+                           fidelity: bool = False) -> dict:
+    """``prompts`` all at once (replies end at their end of sequence or ``max_tokens``), every
+    :func:`retrieval_configs` variant in a KV space for about ``retrieval_kv_share`` of what they
+    need at full length, the limit with room for all; interleaved repeats. Each variant scored
+    against ``tasks`` (None: a prompt without a true answer). With ``fidelity`` the limit also
+    records log-probabilities and every compressed variant is forced once through its continuation
+    (the NLL increase over full KV, ``nll``).
+
+    Returns:
+        ``prompt_tokens`` (each prompt's) and ``variants`` (name: scores, spreads, runs).
+    """
+    lengths = [prompt_tokens(tokenizer, prompt) for prompt in prompts]
+    needed = blocks_needed(lengths, max_tokens, settings.block_size)
     tight = max(max(needed) + 1, round(sum(needed) * settings.retrieval_kv_share) + 1)
     configs = retrieval_configs(settings)
     blocks = {variant: tight for variant in configs} | {"limit": sum(needed) + 1}
     max_model_len = max(needed) * settings.block_size
 
-    def run(variant: str) -> dict:
-        run_spec = spec(model_dir, settings.block_size, [task.prompt for task in tasks], RETRIEVAL_MAX_TOKENS,
-                        blocks[variant], variant, configs[variant]["growpage"], max_model_len)
-        return run_child({**run_spec, "ignore_eos": False, "max_num_seqs": configs[variant].get("max_num_seqs")},
-                         lambda report: None, timeout_s)
+    def run_spec(variant: str) -> dict:
+        made = spec(model_dir, settings.block_size, prompts, max_tokens, blocks[variant], variant,
+                    configs[variant]["growpage"], max_model_len)
+        return {**made, "ignore_eos": False, "max_num_seqs": configs[variant].get("max_num_seqs"),
+                "logprobs": fidelity and variant == "limit"}
 
-    results = repeated(run, tuple(configs), settings.repeats, log, "retrieval under KV pressure")
+    results = repeated(lambda variant: run_child(run_spec(variant), lambda report: None, timeout_s), tuple(configs),
+                       settings.repeats, log, label)
     variants = {variant: {"kv_blocks": blocks[variant], **scored(tokenizer, tasks, runs),
                           "elapsed_s": spread([r["elapsed_s"] for r in runs]),
                           "tokens_per_s": spread([r["tokens_per_s"] for r in runs]),
                           "preemptions": [r["preemptions"] for r in runs], "decisions": runs[0]["decisions"],
                           "runs": [without_outputs(r) for r in runs]}
                 for variant, runs in results.items()}
-    return {"tasks": [{"task": t.task_id, "family": t.family, "answer": t.answer, "prompt_tokens": n}
-                      for t, n in zip(tasks, lengths, strict=True)],
-            "variants": variants, "comparison": _retrieval_comparison(variants)}
+    if fidelity and "limit" in results:
+        for variant, config in configs.items():
+            if config["growpage"] is not None:
+                nll = forced_nll(run_spec(variant), results["limit"][0], log, timeout_s)
+                variants[variant] |= {"nll_increase": nll["mean"], "nll": nll}
+    return {"prompt_tokens": lengths, "variants": variants}
 
 
-def _retrieval_comparison(variants: dict[str, dict]) -> dict:
+def answers_comparison(variants: dict[str, dict]) -> dict:
     """GrowPage against vLLM alone (accuracy share and wall-time ratio, medians) and against the
     most accurate fixed cap (its accuracy and correct answers/s; ties go to the faster cap)."""
     base, grow = variants["vllm"], variants["growpage"]
@@ -306,7 +332,11 @@ def goodput_rows(result: dict) -> list[tuple[str, ...]]:
             rows.append((f"reasoning seed {trace['seed']} (apart)", variant, _cell(trace["tokens_per_s"][variant], 1),
                          _cell(scores.get("accuracy"), 0, percent=True), _cell(scores.get("correct_per_s"), 3),
                          "0 (ref)" if variant == "limit" else f"{nll['mean']:+.4f}" if nll else "-"))
-    for variant, scores in result.get("retrieval", {}).get("variants", {}).items():
-        rows.append(("retrieval under KV pressure", variant, _cell(scores["tokens_per_s"], 1),
-                     _cell(scores.get("accuracy"), 0, percent=True), _cell(scores.get("correct_per_s"), 3), "-"))
+    for part, workload in (("retrieval", "retrieval under KV pressure"), ("mixed", "mixed under KV pressure")):
+        for variant, scores in result.get(part, {}).get("variants", {}).items():
+            nll = scores.get("nll_increase")
+            rows.append((workload, variant, _cell(scores["tokens_per_s"], 1),
+                         _cell(scores.get("accuracy"), 0, percent=True), _cell(scores.get("correct_per_s"), 3),
+                         f"{nll:+.4f}" if nll is not None else "0 (ref)" if part == "mixed" and variant == "limit"
+                         else "-"))
     return rows

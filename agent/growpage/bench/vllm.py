@@ -52,6 +52,7 @@ from growpage.bench.decisions import ENFORCE_OBSERVATION, FULL_OBSERVATION, deci
 from growpage.bench.forecast import forecast_trace
 from growpage.bench.goodput import prompt_tokens, spec
 from growpage.bench.headline import headline_trace
+from growpage.bench.mixed import mixed_under_pressure
 from growpage.bench.tasks import with_truth
 from growpage.bench.vllm_settings import VARIANTS, VllmBenchSettings
 from growpage.bench.workloads import final_answer, reasoning_tasks
@@ -79,9 +80,9 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
         os.environ["OMP_NUM_THREADS"] = str(settings.threads)
     started = time.monotonic()
     host = host_facts()  # at the start: the commit whose code the engines run, not HEAD when it ends
-    if "retrieval" in settings.parts:
+    if {"retrieval", "mixed"} & set(settings.parts):
         goodput.retrieval_configs(settings)  # a bad retrieval_skip fails now, not after the other parts
-    if {"pressure", "retrieval", "sweep", "headline"} & set(settings.parts):
+    if {"pressure", "retrieval", "sweep", "headline", "mixed"} & set(settings.parts):
         _warm_up(model_dir, settings, log, timeout_s)
     traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
               if "pressure" in settings.parts else [])
@@ -98,6 +99,7 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
                  if "forecast" in settings.parts else [])
     retrieval = goodput.retrieval_under_pressure(model_dir, settings, log, timeout_s) \
         if "retrieval" in settings.parts else {}
+    mixed = mixed_under_pressure(model_dir, settings, log, timeout_s) if "mixed" in settings.parts else {}
     accuracy = goodput.full_kv_accuracy(model_dir, settings, log, timeout_s) if "accuracy" in settings.parts else {}
     # deferred: vLLM takes seconds to import; its version is read once the runs (in children) are done
     import vllm
@@ -108,7 +110,7 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
             "resolved_growpage": resolved_settings(settings.growpage_config(), settings.block_size),
             "traces": traces, "headlines": headlines, "forecasts": forecasts, "overhead": overhead,
             "sampling_fidelity": sampling,
-            "retrieval": retrieval, "accuracy": accuracy, "sweeps": sweeps,
+            "retrieval": retrieval, "mixed": mixed, "accuracy": accuracy, "sweeps": sweeps,
             "summary": _summary(traces, overhead) | goodput.summary(traces, retrieval, accuracy)
             | {"sweep_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in sweeps},
                "headline_verdict_by_seed": {entry["seed"]: entry["verdict"] for entry in headlines},

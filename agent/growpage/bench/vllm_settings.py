@@ -64,7 +64,7 @@ class SweepVariant:
 
 
 VARIANTS = ("vllm", "growpage", "limit")
-PARTS = ("pressure", "overhead", "sampling", "retrieval", "accuracy", "sweep", "headline", "forecast")
+PARTS = ("pressure", "overhead", "sampling", "retrieval", "accuracy", "sweep", "headline", "forecast", "mixed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +90,10 @@ class VllmBenchSettings:
         repeats: also the interleaved rounds of every pressure and retrieval variant.
         retrieval_families, retrieval_context_tokens, retrieval_depths: the retrieval workload
             (``growpage.bench.tasks``; one request per family, length and depth, seed ``seeds[0]``).
-        retrieval_kv_share: its KV space as a share of what every request needs at once.
+        retrieval_kv_share: its KV space as a share of what every request needs at once (the
+            ``mixed`` part's too).
+        mixed_reasoning: reasoning prompts (``max_tokens`` each) the ``mixed`` part sends among the
+            retrieval questions (:mod:`growpage.bench.mixed`).
         sweep_pages: the floors of GrowPage and the fixed caps' budgets of the ``sweep`` part
             (:mod:`growpage.bench.sweep`), in blocks.
         sweep_coverage: ``attention_coverage`` values run as more GrowPage points of the ``sweep``
@@ -104,7 +107,7 @@ class VllmBenchSettings:
         headline_skip: variants the ``headline`` part leaves out (``monitor``, ``growpage@room``, a
             ``CAP@eq``...: a shorter run when their answer is already known); ``vllm``, ``growpage``
             and ``limit`` always run, as the verdict reads them.
-        retrieval_skip: variants the ``retrieval`` part leaves out (each ``CAP@N``,
+        retrieval_skip: variants the ``retrieval`` and ``mixed`` parts leave out (each ``CAP@N``,
             ``vllm@seqsN``, ``growpage@projected``, ``limit``); ``vllm`` and ``growpage`` always run.
     """
 
@@ -124,6 +127,7 @@ class VllmBenchSettings:
     retrieval_context_tokens: tuple[int, ...] = (512, 1024)
     retrieval_depths: tuple[float, ...] = (0.1, 0.35, 0.65, 0.9)
     retrieval_kv_share: float = 0.25
+    mixed_reasoning: int = 8
     sweep_pages: tuple[int, ...] = (2, 4, 6)
     sweep_coverage: tuple[float, ...] = ()
     sweep_methods: tuple[str, ...] = SWEEP_METHODS
@@ -137,7 +141,7 @@ class VllmBenchSettings:
     def quick(cls) -> VllmBenchSettings:
         return cls(requests=6, max_tokens=80, kv_blocks=14, seeds=(0,), overhead_batch=2,
                    overhead_tokens=16, repeats=1, retrieval_families=("code",), retrieval_context_tokens=(512,),
-                   sweep_pages=(2,), tuned_max_num_seqs=(2,))
+                   sweep_pages=(2,), tuned_max_num_seqs=(2,), mixed_reasoning=2)
 
     def growpage_config(self, mode: str = "enforce") -> dict:
         """``additional_config["growpage"]`` of a GrowPage run: the shipped defaults in ``mode``, with

@@ -62,7 +62,8 @@ def _timed_allocations(latencies: list[float]) -> contextlib.AbstractContextMana
 
 
 def _sampling(spec: dict, index: int) -> Any:
-    """Greedy; ``ignore_eos`` unless ``spec["ignore_eos"]`` is false; with ``spec["logprobs"]`` each
+    """Greedy; ``spec["max_tokens"]`` (one for all, or a list: one per prompt); ``ignore_eos`` unless
+    ``spec["ignore_eos"]`` is false; with ``spec["logprobs"]`` each
     emitted token's raw log-probability; with ``spec["forced"]`` (one token list per prompt) the
     request emits that list (:mod:`growpage.tooling.forced_decoding`)."""
     # deferred: vLLM (forced_decoding imports it) loads after main() sets its environment
@@ -75,8 +76,9 @@ def _sampling(spec: dict, index: int) -> Any:
     if forced:
         return SamplingParams(temperature=0, max_tokens=len(forced[index]), ignore_eos=True, logprobs=logprobs,
                               extra_args={REFERENCE_KEY: forced[index]})
-    return SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=spec.get("ignore_eos", True),
-                          logprobs=logprobs)
+    max_tokens = spec["max_tokens"]  # one for every prompt, or one per prompt (a mixed trace)
+    return SamplingParams(temperature=0, max_tokens=max_tokens[index] if isinstance(max_tokens, list) else max_tokens,
+                          ignore_eos=spec.get("ignore_eos", True), logprobs=logprobs)
 
 
 def engine_arguments(spec: dict, num_prompts: int) -> dict[str, Any]:

@@ -359,7 +359,8 @@ _PART_HELP = ("pressure (the traces under KV pressure), overhead (monitor and id
               "accuracy, correct answers/s), accuracy (full KV on every retrieval family), sweep (GrowPage's "
               "floor and each fixed cap's budget: tokens/s against NLL increase), headline (GrowPage at its "
               "shipped defaults against tuned vLLM alone, every cap at equal memory and the limit), forecast "
-              "(monitor's forecast against enforce); default pressure, overhead and sampling.")
+              "(monitor's forecast against enforce), mixed (retrieval questions and long generations at once under "
+              "KV pressure: accuracy, correct answers/s, NLL increase); default pressure, overhead and sampling.")
 _MAX_NUM_SEQS_HELP = ("max_num_seqs values vLLM alone also runs with in --part headline; the fastest is tuned "
                       "vLLM alone (repeatable; default 4 and 6).")
 
@@ -394,8 +395,8 @@ def vllm(
         help="A variant --part headline leaves out (repeatable), e.g. monitor or growpage@room; vllm, "
              "growpage and limit always run.")] = None,
     retrieval_skip: Annotated[list[str] | None, typer.Option(
-        help="A variant --part retrieval leaves out (repeatable), e.g. h2o@4 or limit; vllm and growpage "
-             "always run.")] = None,
+        help="A variant --part retrieval and --part mixed leave out (repeatable), e.g. h2o@4 or limit; vllm "
+             "and growpage always run.")] = None,
     trace: Annotated[str | None, typer.Option(help=_TRACE_HELP)] = None,
     setting: Annotated[list[str] | None, typer.Option(help="KEY=VALUE: a setting of GrowPage's runs (the "
                                                             "plugin's additional_config keys; repeatable), e.g. "
