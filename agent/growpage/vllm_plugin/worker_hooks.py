@@ -94,7 +94,12 @@ def _fault_publisher(vllm_config: VllmConfig, rank: int) -> RankFaultPublisher |
     scheduler); None on the output rank or under one rank."""
     if rank == OUTPUT_RANK:
         return None
-    board = board_for(vllm_config)
+    try:
+        board = board_for(vllm_config)
+    except Exception:  # never a reason not to observe: this rank's faults then stay in its log
+        logger.warning("growpage: no tensor-parallel fault board on rank %d; its faults are logged, not counted",
+                       rank, exc_info=True)
+        return None
     return RankFaultPublisher(board, rank) if board is not None else None
 
 
