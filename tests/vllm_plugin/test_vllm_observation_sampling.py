@@ -194,3 +194,27 @@ def test_a_fault_while_asking_the_observer_leaves_vllms_choice():
     dispatcher = _dispatcher()
     dispatch = graph_steps._wrap_v1_dispatch(type(dispatcher).dispatch, broken)
     assert dispatch(dispatcher, 4, uniform_decode=True)[0] == CUDAGraphMode.FULL
+
+
+@pytest.mark.parametrize(("mode", "method", "forced"), [
+    ("enforce", "growpage", True), ("monitor", "growpage", True),
+    ("enforce", "streaming_llm", False)])  # a recency cap keeps no scores: nothing to anchor
+def test_the_step_that_ends_a_prompt_is_observed_whatever_the_stride(mode, method, forced):
+    """Prompt-anchored scores start at the prompt's last token: a compaction of a prompt whose end
+    went unobserved would keep its newest tokens, not what the question looked at (measured: growth-
+    aware admission observing one step in four answered 11 of 16 retrieval questions where every
+    other variant answered 16)."""
+    observer = _observer(mode, admission="projected", method=method)
+    assert observer.sampling.stride == 4
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r0"]))
+    step = types.SimpleNamespace
+    chunks = [(_requests(1, 40), step(req_ids=[], num_computed_tokens=[]), 24),  # the prompt's first chunk
+              ([], step(req_ids=["r0"], num_computed_tokens=[24]), 16),  # its last 16 tokens
+              ([], step(req_ids=["r0"], num_computed_tokens=[40]), 1)]  # a decode step
+    observed = []
+    for new, cached, tokens in chunks:
+        observer.begin_step(runner, step(finished_req_ids=set(), scheduled_new_reqs=new, scheduled_cached_reqs=cached,
+                                         num_scheduled_tokens={"r0": tokens}))
+        observed.append(observer.step.observed)
+        observer.end_step()
+    assert observed == [False, forced, False]  # steps 1-3 of 4: only the prompt's end, and only when scored

@@ -345,15 +345,26 @@ class VllmObserver:
         cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
         for request_id in getattr(cached, "resumed_req_ids", None) or ():
             self._resume(request_id)
-        if not self.step.observed and self.forecast_scores is not None:
-            # a monitored prompt's end is always observed: prompt-anchored scores (and so the
-            # forecast's attention need) start from it, as they do under enforce
-            self.step.observed = self._ends_a_monitored_prompt(scheduler_output)
+        scored_modes = self._scored_modes
+        if not self.step.observed and scored_modes:
+            # a scored prompt's end is always observed, whatever the stride: prompt-anchored scores
+            # start from it (what enforce's keep sets rank by, and the forecast's attention need); a
+            # compaction of a prompt whose end went unobserved keeps its newest tokens, not its needle
+            self.step.observed = self._ends_a_scored_prompt(scheduler_output, scored_modes)
         if self.requests and int(getattr(scheduler_output, "total_num_scheduled_tokens", 1) or 0) > 0:
             self.counts.steps_tracked += 1
 
-    def _ends_a_monitored_prompt(self, scheduler_output: object) -> bool:
-        """Whether this step computes the last prompt token of a monitored request."""
+    @property
+    def _scored_modes(self) -> frozenset[Mode]:
+        """The modes whose requests keep prompt-anchored scores: enforce's (ranked by the compactor)
+        and monitor's (the forecast's attention need)."""
+        enforce = self.compactor is not None and self.compactor.scores.scored
+        return frozenset({Mode.ENFORCE} if enforce else ()) | frozenset(
+            {Mode.MONITOR} if self.forecast_scores is not None else ())
+
+    def _ends_a_scored_prompt(self, scheduler_output: object, modes: frozenset[Mode]) -> bool:
+        """Whether this step computes the last prompt token of a request in ``modes``, whose scores
+        start there."""
         scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
         computed = {new.req_id: int(getattr(new, "num_computed_tokens", 0) or 0)
                     for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ()}
@@ -362,7 +373,7 @@ class VllmObserver:
                             (int(n) for n in getattr(cached, "num_computed_tokens", None) or ()), strict=False))
         for request_id, tokens in scheduled.items():
             tracked = self.requests.get(request_id)
-            if (tracked is not None and tracked.mode is Mode.MONITOR and request_id in computed
+            if (tracked is not None and tracked.mode in modes and request_id in computed
                     and computed[request_id] < tracked.prompt_tokens <= computed[request_id] + int(tokens)):
                 return True
         return False
