@@ -52,6 +52,10 @@ def test_rotating_sample_covers_every_request_in_turn():
     assert all(len(turn) == 4 and turn == sorted(set(turn)) for turn in turns)
     assert set().union(*turns[:3]) == set(range(10))  # ceil(10 / 4) turns see everyone
     assert turns[0] == [0, 1, 2, 3] and turns[2] == [0, 1, 8, 9]  # wraps around
+    # requests whose prompt ends this step come first (their scores start there), the rest rotate
+    assert rotating_sample(10, 4, 0, first=[7, 9]) == [0, 1, 7, 9]
+    assert rotating_sample(10, 4, 1, first=[7, 9]) == [2, 3, 7, 9]
+    assert rotating_sample(10, 2, 0, first=[1, 5, 7]) == [1, 5]  # never more than the limit
 
 
 def _requests(count: int, prompt: int) -> list[types.SimpleNamespace]:

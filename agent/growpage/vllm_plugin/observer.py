@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 import torch
@@ -218,13 +218,18 @@ def sampled_heads(num_heads: int, num_kv_heads: int, count: int, every_kv_head: 
     return sorted(heads)
 
 
-def rotating_sample(count: int, limit: int, turn: int) -> list[int]:
-    """``limit`` of ``count`` positions (ascending), starting at ``turn * limit`` and wrapping, so
-    successive turns cover every position in turn (``observe_max_requests``)."""
+def rotating_sample(count: int, limit: int, turn: int, first: Sequence[int] = ()) -> list[int]:
+    """``limit`` of ``count`` positions (ascending): ``first`` (up to ``limit`` of them: requests
+    whose prompt ends this step, whose scores start there), then the others from ``turn * limit``
+    on, wrapping, so successive turns cover every position in turn (``observe_max_requests``)."""
     if count <= limit:
         return list(range(count))
-    start = (turn * limit) % count
-    return sorted((start + n) % count for n in range(limit))
+    chosen = list(dict.fromkeys(first))[:limit]
+    others = [position for position in range(count) if position not in set(chosen)]
+    slots = min(limit - len(chosen), len(others))
+    start = (turn * slots) % len(others) if others else 0
+    chosen += [others[(start + n) % len(others)] for n in range(slots)]
+    return sorted(chosen)
 
 
 def _v1(runner: ModelRunner) -> CompactingRunner:
@@ -533,12 +538,15 @@ class VllmObserver:
         req_ids, starts, seq_lens, block_table = self._batch_view(metadata)
         num_rows = min(len(req_ids), len(seq_lens), len(starts) - 1)
         dropped = self.compactor.dropped if self.compactor is not None else {}
-        batch_rows, rows, lengths, observed = [], [], [], []
+        batch_rows, rows, lengths, observed, prompt_ends = [], [], [], [], []
         for i in range(num_rows):
             tracked = self.requests.get(req_ids[i])
             seq_len = int(seq_lens[i])
-            if tracked is None or seq_len + dropped.get(req_ids[i], 0) < tracked.prompt_tokens:
+            logical = seq_len + dropped.get(req_ids[i], 0)
+            if tracked is None or logical < tracked.prompt_tokens:
                 continue  # a non-final prefill chunk
+            if logical - (starts[i + 1] - starts[i]) < tracked.prompt_tokens:
+                prompt_ends.append(len(rows))  # its prompt's last token is in this step
             batch_rows.append(i)
             rows.append(tracked.row)
             lengths.append(seq_len)
@@ -546,7 +554,8 @@ class VllmObserver:
         if not rows:
             return None
         if len(rows) > self.settings.observe_max_requests:
-            keep = rotating_sample(len(rows), self.settings.observe_max_requests, self.counts.steps_observed)
+            keep = rotating_sample(len(rows), self.settings.observe_max_requests, self.counts.steps_observed,
+                                   first=prompt_ends)
             batch_rows, rows, lengths = ([values[n] for n in keep] for values in (batch_rows, rows, lengths))
             observed = [observed[n] for n in keep]
         max_len = max(lengths)
