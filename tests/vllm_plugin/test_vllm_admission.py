@@ -177,8 +177,7 @@ def test_the_gate_exports_its_holds_and_projection():
 
 def test_admission_is_a_setting_with_a_fix_in_its_error():
     _, plugin = split_settings({"mode": "enforce"}, env={}, block_size=BLOCK)
-    assert plugin.admission == "vllm" and plugin.admission_on("cpu") == "vllm"
-    _, plugin = split_settings({"mode": "enforce", "admission": "auto"}, env={}, block_size=BLOCK)
+    assert plugin.admission == "auto"  # the default
     assert (plugin.admission_on("cpu"), plugin.admission_on("cuda"), plugin.admission_on("unknown")) == \
         ("projected", "vllm", "vllm")  # growth-aware on the CPU build, vLLM's own on a GPU
     for choice in ("vllm", "projected", "after_preemption"):

@@ -381,8 +381,8 @@ def _crowded(scheduler, running: int = 2, waiting: int = 4):
 
 
 @pytest.mark.parametrize(("growpage", "limit"), [
-    ({"mode": "enforce", "admission": "projected"}, 2), ({"mode": "enforce"}, 8),
-    ({"mode": "enforce", "admission": "auto"}, 2),  # projected on a CPU
+    ({"mode": "enforce", "admission": "projected"}, 2), ({"mode": "enforce", "admission": "vllm"}, 8),
+    ({"mode": "enforce"}, 2),  # the default, auto: projected on a CPU
     ({"mode": "enforce", "admission": "after_preemption"}, 8),  # nothing preempted yet
     ({"mode": "monitor", "admission": "projected"}, 8), ({"mode": "off", "admission": "projected"}, 8)])
 def test_only_enforce_holds_admission_and_only_where_it_is_asked_to(growpage, limit):
@@ -390,8 +390,7 @@ def test_only_enforce_holds_admission_and_only_where_it_is_asked_to(growpage, li
     agent = build_agent(scheduler, start_telemetry=False)
     agent.before_schedule(scheduler)  # two requests at 10 pages each fill the pool of 20
     assert scheduler.max_num_active_reqs == limit
-    assert (agent.admission is not None) == (growpage["mode"] == "enforce" and "admission" in growpage
-                                             and growpage["admission"] != "vllm")
+    assert (agent.admission is not None) == (growpage["mode"] == "enforce" and growpage.get("admission") != "vllm")
 
 
 def test_a_fault_in_admission_is_counted_and_leaves_vllms_admission_and_the_step():

@@ -14,7 +14,8 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
 * ``growpage``: enforce at the shipped defaults
   (:meth:`~growpage.bench.vllm.VllmBenchSettings.growpage_config`);
 * ``growpage@vllm``, ``growpage@projected`` and ``growpage@after_preemption``: the same with each
-  ``admission`` (the shipped default is ``vllm``: skip its duplicate with ``headline_skip``): what
+  ``admission`` (the shipped default is ``auto``: ``projected`` on CPU, ``vllm`` on a GPU; skip
+  the duplicate with ``headline_skip``): what
   holding a start until the batch's projected KV fits buys, or costs, beside compression;
 * ``growpage_when_it_pays@projected``: growth-aware admission with the contract compressing only
   when that buys something (a preemption avoided, a waiting request admitted): with admission
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 Log = Callable[[str], None] | None
 CAPS = VLLM_CAP_NAMES  # every fixed cap vLLM runs, as registered
 TUNED_PREFIX = "vllm@seqs"
-# growpage@<admission>: each admission beside the shipped default (vllm)
+# growpage@<admission>: each admission beside the shipped default (auto: projected on CPU)
 ADMISSION_VARIANTS = ("vllm", "projected", "after_preemption")
 WHEN_IT_PAYS = "growpage_when_it_pays"  # the contract compressing only when it buys something
 ALWAYS_RUN = ("vllm", "growpage", "limit")  # what the verdict reads

@@ -128,15 +128,15 @@ class PluginSettings:
             R-KV uses 0.9-0.93): a compaction ranks a request's generated tokens (past its prompt,
             before the recent window) by R-KV's mix of attention and key redundancy, so repeated
             phrases of a long decode give way first (:mod:`~growpage.vllm_plugin.redundancy`).
-        admission: under enforce, when a waiting request may start. ``vllm`` (the default): vLLM's
+        admission: under enforce, when a waiting request may start. ``vllm``: vLLM's
             own (a waiting request starts when its prompt fits now). ``projected``: only while the
             running requests' projected KV at their ends, with it, fits the pool, each compressed to
             its floor (GrowPage's) or whole (requests it does not compress), with output and
             attention-need shares learned from finished requests
             (:mod:`~growpage.vllm_plugin.admission`), so a batch admitted on its prompts does not
             outgrow the pool and thrash in preemptions. ``after_preemption``: the same, only within
-            a few hundred steps of a vLLM preemption. ``auto``: ``projected`` where KV lives in host
-            memory (vLLM's CPU build), ``vllm`` elsewhere (:meth:`admission_on`). A trade: fewer
+            a few hundred steps of a vLLM preemption. ``auto`` (the default): ``projected`` where KV
+            lives in host memory (vLLM's CPU build), ``vllm`` elsewhere (:meth:`admission_on`). A trade: fewer
             preemptions (recomputes) for a narrower batch, and a held request is not made room for
             by compressing the others; which pays depends on the traffic and the hardware
             (docs/BENCHMARKS.md has the table). Monitor and off never change admission.
@@ -158,7 +158,7 @@ class PluginSettings:
     keep_sets: str = "request"
     shared_keep_fraction: float = 0.0
     redundancy_weight: float = 0.0
-    admission: str = "vllm"
+    admission: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.exporter_port, int) or not -1 <= self.exporter_port <= 65535:
