@@ -538,7 +538,9 @@ class VllmObserver:
         req_ids, starts, seq_lens, block_table = self._batch_view(metadata)
         num_rows = min(len(req_ids), len(seq_lens), len(starts) - 1)
         dropped = self.compactor.dropped if self.compactor is not None else {}
-        batch_rows, rows, lengths, observed, prompt_ends = [], [], [], [], []
+        batch_rows, lengths, observed = [], [], []
+        rows: list[int] = []
+        prompt_ends: list[int] = []  # positions in rows whose prompt's last token is in this step
         for i in range(num_rows):
             tracked = self.requests.get(req_ids[i])
             seq_len = int(seq_lens[i])
@@ -546,7 +548,7 @@ class VllmObserver:
             if tracked is None or logical < tracked.prompt_tokens:
                 continue  # a non-final prefill chunk
             if logical - (starts[i + 1] - starts[i]) < tracked.prompt_tokens:
-                prompt_ends.append(len(rows))  # its prompt's last token is in this step
+                prompt_ends.append(len(rows))
             batch_rows.append(i)
             rows.append(tracked.row)
             lengths.append(seq_len)

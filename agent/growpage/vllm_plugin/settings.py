@@ -47,9 +47,10 @@ MONITOR_OBSERVE_EVERY_STEPS = 4
 # Enforce under growth-aware admission (``projected``) observes one step in this many too: admission
 # keeps the batch inside what compression can hold, so the cheaper observer and the smaller
 # attention need a sampled maximum gives (a wider admitted batch) pay; measured on decode-heavy
-# work, 1.01x tuned vLLM alone at +0.008 nats/token where every step gave 0.95x (docs/BENCHMARKS.md,
-# "Never worse"). Under vLLM's admission the same sampling cut what requests still needed (+0.032
-# nats/token), so there enforce observes every step.
+# work, 1.007x tuned vLLM alone at +0.011 nats/token where every step gave 0.95x, and 16 of 16
+# retrieval answers as vLLM alone (docs/BENCHMARKS.md, "Never worse"). The step that ends a prompt is
+# observed whatever the stride (prompt-anchored scores start there). Under vLLM's admission the
+# same sampling cut what requests still needed (+0.032 nats/token), so there enforce observes every step.
 GROWTH_AWARE_OBSERVE_EVERY_STEPS = 4
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
