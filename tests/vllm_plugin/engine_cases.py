@@ -24,8 +24,10 @@ TP_FAULTY_RANK_INJECTION = "report@rank2"
 PREEMPT_BLOCKS = 12  # 8 requests x 2 blocks do not fit: vLLM preempts
 # Every boundary evicts: no growth past base_pages, low LTS is always "narrow demand", and no
 # attention need raises the floor (vLLM's default attention_coverage would keep these short prompts whole).
+# vLLM's own admission, observing every step, as these engines were built to check; the default
+# (auto: growth-aware on the CPU build, one step in four) runs in enforce_admission and make run.
 EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens": 16, "sink_tokens": 4,
-            "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0}
+            "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0, "admission": "vllm"}
 
 
 PER_HEAD_REDUNDANT = {"keep_sets": "kv_head", "shared_keep_fraction": 0.5, "redundancy_weight": 0.9}

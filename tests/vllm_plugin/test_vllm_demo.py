@@ -78,7 +78,9 @@ def test_retrieval_in_the_same_kv_space_keeps_the_answers_vllm_alone_gives(demo_
     base, grow = retrieval["variants"]["vllm"], retrieval["variants"]["growpage"]
     assert tuple(base["correct"]) == (2, 2)  # the packaged model finds both codes
     assert tuple(grow["correct"]) == (2, 2)  # GrowPage's default floor follows the question's attention
-    assert sum(grow["decisions"].values()) > 0 and grow["blocks_total"] == grow["blocks_free_at_end"]
+    # at the default (admission auto: growth-aware on the CPU build) GrowPage may start the second
+    # question once it fits rather than compress a prompt; either way every block comes back
+    assert grow["blocks_total"] == grow["blocks_free_at_end"]
 
 
 def test_a_run_on_a_shared_engine_cannot_change_the_engine():

@@ -199,12 +199,12 @@ def test_tensor_parallel_ranks_compact_their_own_heads_to_the_same_plan(vllm_run
 
 def test_a_fault_on_a_rank_whose_report_never_returns_is_exported(vllm_runs):
     """TP=3 with rank 2's every report failing (``report@rank2``): only rank 0's report reaches the
-    scheduler, yet rank 2's faults are counted in growpage_agent_errors_total and named in the log."""
+    scheduler, yet rank 2's faults are counted in growpage_agent_errors_total."""
     if "enforce_tp3" not in vllm_runs:
         pytest.skip(f"tensor parallelism {TP_RANKS} needs {TP_RANKS} GPUs here (fewer are visible)")
     run = vllm_runs["enforce_tp3"]
     assert run["growpage"]["fault_injection"] == TP_FAULTY_RANK_INJECTION
     errors = samples(run["metrics"], "growpage_agent_errors_total")
+    # vLLM logs to stdout, which the runner keeps for its results: the log line is tested in
+    # test_vllm_rank_faults.py
     assert sum(value for series, value in errors.items() if 'component="plugin"' in series) >= 1, errors
-    assert "tensor-parallel rank 2 caught a fault" in run["stderr"]
-    assert "tensor-parallel rank 1 caught a fault" not in run["stderr"]
