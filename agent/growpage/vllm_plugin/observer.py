@@ -220,12 +220,14 @@ def sampled_heads(num_heads: int, num_kv_heads: int, count: int, every_kv_head: 
 
 def rotating_sample(count: int, limit: int, turn: int, first: Sequence[int] = ()) -> list[int]:
     """``limit`` of ``count`` positions (ascending): ``first`` (up to ``limit`` of them: requests
-    whose prompt ends this step, whose scores start there), then the others from ``turn * limit``
-    on, wrapping, so successive turns cover every position in turn (``observe_max_requests``)."""
+    whose prompt ends this step, whose scores start there), then the others from ``turn`` times
+    the slots left on, wrapping, so successive turns cover every position in turn
+    (``observe_max_requests``)."""
     if count <= limit:
         return list(range(count))
     chosen = list(dict.fromkeys(first))[:limit]
-    others = [position for position in range(count) if position not in set(chosen)]
+    taken = set(chosen)
+    others = [position for position in range(count) if position not in taken]
     slots = min(limit - len(chosen), len(others))
     start = (turn * slots) % len(others) if others else 0
     chosen += [others[(start + n) % len(others)] for n in range(slots)]
