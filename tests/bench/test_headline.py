@@ -50,6 +50,9 @@ def test_variants_are_vllm_alone_untuned_and_tuned_growpage_each_cap_at_equal_me
     assert not any(name.endswith("@floor") for name in variant_configs(
         dataclasses.replace(settings, headline_caps_at_floor=True), settings.floor_pages))
     assert "headline" in PARTS
+    covered = variant_configs(dataclasses.replace(settings, headline_coverage=(0.8, 0.5)), budget=6)
+    assert covered["growpage@coverage0.8"]["growpage"] == {"mode": "enforce", "attention_coverage": 0.8}
+    assert "growpage@coverage0.5" in covered and not any("coverage" in name for name in configs)
     shorter = variant_configs(dataclasses.replace(settings, headline_skip=("monitor", "growpage@room")), budget=6)
     assert "monitor" not in shorter and "growpage@room" not in shorter and "growpage" in shorter
     with pytest.raises(ConfigError, match="headline_skip names no variant: montor; choose among vllm,"):
@@ -79,6 +82,13 @@ def test_the_verdict_measures_against_the_fastest_vllm_alone_not_the_untuned_one
     assert result["admission_vs_tuned_vllm"] == {}  # not run: nothing to say
     admitting = verdict({**variants, "growpage@projected": _point(126.0)})
     assert admitting["admission_vs_tuned_vllm"] == {"growpage@projected": 1.05}
+    covered = verdict({**variants, "growpage": _point(124.0, nll=0.01), "growpage@coverage0.8": _point(142.0, 0.04),
+                       "growpage@coverage0.5": _point(150.0, 0.09)})
+    assert not covered["gain_target_met"]  # the shipped default captures 10 % of the gain
+    assert covered["coverage_points"] == {  # a lower coverage buys half at +0.04; lower still costs too much NLL
+        "0.8": {"vs_tuned_vllm": pytest.approx(142 / 120, 1e-3), "captured_gain_share": 0.55,
+                "nll_increase": 0.04, "gain_target_met": True},
+        "0.5": {"vs_tuned_vllm": 1.25, "captured_gain_share": 0.75, "nll_increase": 0.09, "gain_target_met": False}}
     slower = verdict({**variants, "growpage": _point(117.0, nll=0.01)})
     assert not slower["never_worse_met"] and not slower["gain_target_met"]  # 117 < 0.98 x 120
     assert slower["equal_memory_nll_met"]

@@ -17,6 +17,9 @@ Variants, all in the same KV space (``kv_blocks``) except the limit:
   ``admission`` (the shipped default is ``auto``: ``projected`` on CPU, ``vllm`` on a GPU; skip
   the duplicate with ``headline_skip``): what
   holding a start until the batch's projected KV fits buys, or costs, beside compression;
+* ``growpage@coverageC``: the shipped defaults at ``attention_coverage`` C, for each of
+  ``headline_coverage``: a lower coverage lowers every request's floor, so admission starts more
+  and relief compresses further; the operator's table of speed against NLL increase;
 * ``growpage_when_it_pays@projected``: growth-aware admission with the contract compressing only
   when that buys something (a preemption avoided, a waiting request admitted): with admission
   holding the queue and room in the pool, a boundary grows, so a batch that fits pays for no
@@ -60,6 +63,7 @@ CAPS = VLLM_CAP_NAMES  # every fixed cap vLLM runs, as registered
 TUNED_PREFIX = "vllm@seqs"
 # growpage@<admission>: each admission beside the shipped default (auto: projected on CPU)
 ADMISSION_VARIANTS = ("vllm", "projected", "after_preemption")
+COVERAGE_PREFIX = "growpage@coverage"  # the shipped defaults at another attention_coverage
 WHEN_IT_PAYS = "growpage_when_it_pays"  # the contract compressing only when it buys something
 ALWAYS_RUN = ("vllm", "growpage", "limit")  # what the verdict reads
 # Targets (issue "enforce that never loses to vLLM alone"): GrowPage's speed at least this share of
@@ -88,6 +92,8 @@ def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[
     configs["growpage"] = {"growpage": growpage}
     for admission in ADMISSION_VARIANTS:  # the same with growth-aware admission: what it buys or costs
         configs[f"growpage@{admission}"] = {"growpage": {**growpage, "admission": admission}}
+    for coverage in settings.headline_coverage:
+        configs[f"{COVERAGE_PREFIX}{coverage:g}"] = {"growpage": {**growpage, "attention_coverage": coverage}}
     configs[f"{WHEN_IT_PAYS}@projected"] = {"growpage": {**growpage, "admission": "projected", "method": WHEN_IT_PAYS}}
     at_floor = settings.headline_caps_at_floor and settings.floor_pages != budget
     budgets = {"eq": budget} | ({"floor": settings.floor_pages} if at_floor else {})
@@ -169,7 +175,15 @@ def verdict(variants: dict[str, dict]) -> dict:
     tuned_name = max(alone, key=lambda name: _speed(alone[name]))
     tuned, grow, limit = _speed(alone[tuned_name]), _speed(variants["growpage"]), _speed(variants["limit"])
     gain = limit - tuned
-    captured = (grow - tuned) / gain if gain > 0 else None
+
+    def captured_share(point: dict) -> float | None:
+        return (_speed(point) - tuned) / gain if gain > 0 else None
+
+    def meets_gain(point: dict) -> bool:
+        share = captured_share(point)
+        return share is not None and share >= GAIN_SHARE_TARGET and float(point["nll_increase"]) <= GAIN_NLL_LIMIT
+
+    captured = captured_share(variants["growpage"])
     nll = float(variants["growpage"]["nll_increase"])
     equal = {name: point for name, point in variants.items() if name.endswith("@eq")}
     best_cap = min(equal, key=lambda name: equal[name]["nll_increase"]) if equal else None
@@ -180,9 +194,9 @@ def verdict(variants: dict[str, dict]) -> dict:
         "growpage_vs_tuned_vllm": round(grow / tuned, 3) if tuned else None,
         "growpage_vs_untuned_vllm": round(grow / _speed(variants["vllm"]), 3),
         "limit_vs_tuned_vllm": round(limit / tuned, 3) if tuned else None,
-        "captured_gain_share": round(captured, 3) if captured is not None else None,
+        "captured_gain_share": _rounded(captured),
         "never_worse_met": grow >= NEVER_WORSE_SHARE * tuned,
-        "gain_target_met": captured is not None and captured >= GAIN_SHARE_TARGET and nll <= GAIN_NLL_LIMIT,
+        "gain_target_met": meets_gain(variants["growpage"]),
         "best_cap_at_equal_memory": best_cap, "best_cap_nll_increase": cap_nll,
         "growpage_nll_increase": nll,
         "equal_memory_nll_met": (cap_nll is not None and nll <= (1 - EQUAL_MEMORY_NLL_MARGIN) * cap_nll),
@@ -196,8 +210,18 @@ def verdict(variants: dict[str, dict]) -> dict:
         "admission_vs_tuned_vllm": {name: round(_speed(variants[name]) / tuned, 3)
                                     for name in (f"growpage@{a}" for a in ADMISSION_VARIANTS)
                                     if name in variants and tuned},
+        # GrowPage at each other attention_coverage: the share of the gain it captures, at what NLL
+        "coverage_points": {name[len(COVERAGE_PREFIX):]: {
+            "vs_tuned_vllm": round(_speed(point) / tuned, 3) if tuned else None,
+            "captured_gain_share": _rounded(captured_share(point)),
+            "nll_increase": float(point["nll_increase"]), "gain_target_met": meets_gain(point)}
+            for name, point in variants.items() if name.startswith(COVERAGE_PREFIX)},
         "targets": {"never_worse_share": NEVER_WORSE_SHARE, "gain_share": GAIN_SHARE_TARGET,
                     "gain_nll_limit": GAIN_NLL_LIMIT, "equal_memory_nll_margin": EQUAL_MEMORY_NLL_MARGIN}}
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 3) if value is not None else None
 
 
 def headline_rows(result: dict) -> list[tuple[str, ...]]:

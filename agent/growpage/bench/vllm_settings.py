@@ -104,6 +104,9 @@ class VllmBenchSettings:
         tuned_max_num_seqs: the ``max_num_seqs`` values vLLM alone also runs with in the
             ``headline`` part (:mod:`growpage.bench.headline`); the best is *tuned vLLM alone*.
         headline_caps_at_floor: the ``headline`` part also runs each fixed cap at GrowPage's floor.
+        headline_coverage: ``attention_coverage`` values the ``headline`` part also runs GrowPage at
+            (``growpage@coverageC``, the shipped defaults otherwise): the operator's table of speed
+            against NLL increase, and where half the attainable gain is bought (none by default).
         headline_skip: variants the ``headline`` part leaves out (``monitor``, ``growpage@room``, a
             ``CAP@eq``...: a shorter run when their answer is already known); ``vllm``, ``growpage``
             and ``limit`` always run, as the verdict reads them.
@@ -134,6 +137,7 @@ class VllmBenchSettings:
     sweep_variants: tuple[SweepVariant, ...] = ()
     tuned_max_num_seqs: tuple[int, ...] = (4, 6)
     headline_caps_at_floor: bool = False
+    headline_coverage: tuple[float, ...] = ()
     headline_skip: tuple[str, ...] = ()
     retrieval_skip: tuple[str, ...] = ()
 

@@ -391,6 +391,9 @@ def vllm(
              "these settings, named <point>/LABEL (repeatable), e.g. heads:keep_sets=kv_head or "
              "rkv@growpage:redundancy_weight=0.9.")] = None,
     max_num_seqs: Annotated[list[int] | None, typer.Option(min=1, help=_MAX_NUM_SEQS_HELP)] = None,
+    headline_coverage: Annotated[list[float] | None, typer.Option(
+        min=0.01, max=1.0, help="attention_coverage values --part headline also runs GrowPage at, the "
+                                "shipped defaults otherwise (repeatable; default none), e.g. 0.8.")] = None,
     headline_skip: Annotated[list[str] | None, typer.Option(
         help="A variant --part headline leaves out (repeatable), e.g. monitor or growpage@room; vllm, "
              "growpage and limit always run.")] = None,
@@ -409,6 +412,7 @@ def vllm(
 
     listed = {"seeds": seed, "sweep_pages": sweep_pages, "sweep_coverage": sweep_coverage,
               "tuned_max_num_seqs": max_num_seqs, "headline_skip": headline_skip,
+              "headline_coverage": headline_coverage,
               "retrieval_skip": retrieval_skip}
     settings = _vllm_settings(quick, threads, part, method, setting, {
         "base_pages": base_pages, "repeats": repeats, **{k: tuple(v) if v else None for k, v in listed.items()},
