@@ -173,9 +173,10 @@ def test_growth_aware_admission_runs_the_same_pressure_without_a_preemption(vllm
     assert sum(samples(metrics, "growpage_agent_errors_total").values()) == 0
 
 
-def test_tensor_parallel_ranks_compact_their_own_heads_to_the_same_plan(vllm_runs):
-    """TP=3: every rank applies every plan; capped rows stay identical to the same prompts monitored
-    in the same engine until the first compaction, hold the cap, stay coherent, and leak nothing."""
+def test_tensor_parallel_ranks_keep_the_same_tokens_ranked_by_every_ranks_heads(vllm_runs):
+    """TP=3: every rank applies every plan and keeps the same tokens (the keep board sums the ranks'
+    rankings); capped rows stay identical to the same prompts monitored in the same engine until the
+    first compaction, hold the cap, stay coherent, and leak nothing."""
     if "enforce_tp3" not in vllm_runs:
         pytest.skip(f"tensor parallelism {TP_RANKS} needs {TP_RANKS} GPUs here (fewer are visible)")
     run = vllm_runs["enforce_tp3"]
@@ -185,6 +186,12 @@ def test_tensor_parallel_ranks_compact_their_own_heads_to_the_same_plan(vllm_run
     assert plans, run["enforce_log"]
     by_rank = {rank: sorted(r["worker_compaction"] for r in applied if r["rank"] == rank) for rank in range(TP_RANKS)}
     assert all(by_rank[rank] == by_rank[0] for rank in by_rank) and len(by_rank[0]) >= len(PROMPTS), by_rank
+    kept: dict[tuple[str, int], dict[int, list[int]]] = {}
+    for record in applied:
+        kept.setdefault((record["worker_compaction"], record["logical"]), {})[record["rank"]] = record["kept_positions"]
+    differing = {key: by for key, by in kept.items() if len(by) != TP_RANKS or len({tuple(v) for v in by.values()}) > 1}
+    assert not differing, differing  # one keep set, though each rank observes only its own heads
+    assert any(record["scored"] for record in applied)  # ranked by attention, not only by recency
     capped, monitored = rows(run, "A_capped"), rows(run, "A")  # A = the first two prompts, not enforced
     must_match = _strictly_identical_tokens(run)
     for got, ref in zip(capped[:2], monitored, strict=True):

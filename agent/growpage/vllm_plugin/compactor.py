@@ -7,9 +7,11 @@ worker:
 
 1. chooses the survivors (:func:`~growpage.vllm_plugin.compaction.choose_keep`): sinks, the recent
    window, shared-prefix tokens, then the highest attention accumulated by the observer (recency
-   when nothing was observed), one set per request or one per KV head (``keep_sets``; per head,
-   optionally with a common share chosen by the request's ranking: ``shared_keep_fraction``), generated
-   tokens optionally discounted by R-KV's redundancy (:mod:`~growpage.vllm_plugin.redundancy`);
+   when nothing was observed; under tensor parallelism every rank's attention, summed through the
+   keep board so that every rank keeps the same tokens), one set per request or one per KV head
+   (``keep_sets``; per head, optionally with a common share chosen by the request's ranking:
+   ``shared_keep_fraction``), generated tokens optionally discounted by R-KV's redundancy
+   (:mod:`~growpage.vllm_plugin.redundancy`);
 2. moves their K and V to the front of the request's blocks in every layer (before any write of
    this step, and before a freed block can be reused: the worker runs steps in order);
 3. truncates the request's block-table row and its cached ``block_ids`` like the scheduler did.
@@ -41,6 +43,9 @@ Every failed compaction is counted (``failed_compactions``, by what it kept in `
 the cache holds, the request's scores are forgotten (recency ranks it until it is observed again),
 and :meth:`WorkerCompactor.begin_step` raises :class:`CompactionError` once the step's other plans
 are applied, which the observer counts in ``growpage_agent_errors_total{component="plugin"}``.
+A step whose keep sets may differ between tensor-parallel ranks (a rank's rankings missed the
+keep board's wait, or the exchange itself failed) compacts all the same, by the rankings it has,
+and is counted the same way (:class:`KeepSetsNotShared`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from growpage.vllm_plugin.compaction import (
     take_slots,
 )
 from growpage.vllm_plugin.compaction_plan import MoveOutcome
+from growpage.vllm_plugin.keep_board import KeepBoard, Ranking, Shared, positions_digest, step_key
 from growpage.vllm_plugin.keys import BlockLayout, move_tokens_chunked, move_tokens_one_by_one, read_keys
 from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
 from growpage.vllm_plugin.token_scores import TokenScores
@@ -89,6 +95,21 @@ class _MoveFault(CompactionError):
     """The move itself raised past its own fallbacks: the destinations are undefined."""
 
 
+class KeepSetsNotShared(CompactionError):
+    """Tensor parallelism: some rank's rankings did not arrive (or ranked other positions), so the
+    ranks' keep sets of this step may differ (their slots still agree)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ranked:
+    """One planned request read and ranked on this rank (reads only: nothing has moved)."""
+
+    positions: torch.Tensor  # [P] or [kv_heads, P]: the logical position of each physical slot
+    block_row: torch.Tensor  # the blocks holding its physical tokens
+    scores: torch.Tensor | None  # this rank's ranking (None: not observed, recency)
+    redundancy: bool  # R-KV's term was mixed in
+
+
 @dataclasses.dataclass(frozen=True)
 class _Choice:
     """One compaction, chosen but not applied yet (nothing has moved)."""
@@ -106,8 +127,8 @@ class WorkerCompactor:
 
     With tensor parallelism every rank holds a compactor and applies the same plans to its own KV
     heads: the number of survivors and their slots are the plan's, so every rank's block table and
-    ``slot_mapping`` agree; which tokens survive is chosen from the heads that rank observed (keys
-    carry their RoPE position, so per-rank keep sets are as exact as per-head ones).
+    ``slot_mapping`` agree; which tokens survive is ranked by every rank's heads, summed through the
+    keep board (:mod:`~growpage.vllm_plugin.keep_board`), so every rank keeps the same ones.
 
     Args:
         config: GrowPage's config (``block_size``, ``sink_tokens``, ``recent_window_tokens``).
@@ -121,11 +142,14 @@ class WorkerCompactor:
             common by the request's ranking (:func:`~growpage.vllm_plugin.compaction.choose_keep`).
         max_chunk_bytes: transient device memory one chunk of a move may hold
             (``compaction_chunk_mib``); None: each move is one chunk.
+        keep_board: under tensor parallelism, where the ranks share their rankings so that every
+            rank keeps the same tokens (:mod:`~growpage.vllm_plugin.keep_board`); None: this
+            rank's own heads choose.
     """
 
     def __init__(self, config: GrowPageConfig, rank: int = 0, scores: TokenScores | None = None,
                  redundancy_weight: float = 0.0, shared_keep_fraction: float = 0.0,
-                 max_chunk_bytes: int | None = None):
+                 max_chunk_bytes: int | None = None, keep_board: KeepBoard | None = None):
         self.config = config
         self.rank = rank
         self.scores = scores if scores is not None else TokenScores(build_method("h2o"))
@@ -137,6 +161,7 @@ class WorkerCompactor:
         self.dropped: dict[str, int] = {}
         self.kept_positions: dict[str, torch.Tensor] = {}
         self.max_chunk_bytes = max_chunk_bytes
+        self.keep_board = keep_board
         self.compactions = 0
         self.tokens_moved = 0
         self.bytes_moved = 0
@@ -178,25 +203,62 @@ class WorkerCompactor:
         dropped = payload.dropped
         for request_id in [r for r in self.dropped if r not in dropped]:
             self.forget(request_id)  # the scheduler reset it (preempted, recomputed)
+        ranked = {request_id: self._ranked(runner, request_id, plan, layout)
+                  for request_id, plan in payload.plans.items()}
+        shared = self._share(payload.plans, ranked)
         failed: dict[str, str] = {}
         for request_id, plan in payload.plans.items():
-            failed_path = self._compact_or_recover(runner, request_id, plan, layout)
+            failed_path = self._compact_or_recover(runner, request_id, plan, layout, ranked[request_id], shared)
             if failed_path is not None:
                 failed[request_id] = failed_path
         self.dropped = {k: int(v) for k, v in dropped.items()}
         if failed:
             raise CompactionError(f"compaction failed for {failed} (request: what it kept); their blocks were "
                                   f"cut like the scheduler's")
+        if isinstance(shared, Exception) or (shared is not None and (shared.late or shared.unaligned)):
+            raise KeepSetsNotShared(f"rank {self.rank}: the ranks' keep sets of this step may differ "
+                                    f"({shared!r})")
+
+    def _ranked(self, runner: CompactingRunner, request_id: str, plan: CompactionPlan,
+                layout: BlockLayout | None) -> _Ranked | Exception:
+        """The request read and ranked, or what failed (its compaction then recovers: nothing moved)."""
+        try:
+            return self._rank(runner, request_id, plan, layout)
+        except Exception as error:
+            return error
+
+    def _share(self, plans: dict[str, CompactionPlan],
+               ranked: dict[str, _Ranked | Exception]) -> Shared | Exception | None:
+        """Every rank's rankings of this step's requests, summed (None: no board, or a method that
+        ranks by recency; an exception: the exchange failed, each rank keeps its own)."""
+        if self.keep_board is None or not self.scores.scored:
+            return None
+        shareable = {request_id: r for request_id, r in ranked.items()
+                     if isinstance(r, _Ranked) and r.positions.dim() == 1}  # per-KV-head sets stay per head
+        try:
+            return self.keep_board.exchange(
+                step_key(plans),
+                {request_id: Ranking(positions_digest(r.positions), r.scores)
+                 for request_id, r in shareable.items() if r.scores is not None},
+                {request_id: positions_digest(r.positions) for request_id, r in shareable.items()})
+        except Exception as error:  # never a reason not to compact: this rank's own heads choose
+            return error
 
     def _compact_or_recover(self, runner: CompactingRunner, request_id: str, plan: CompactionPlan,
-                            layout: BlockLayout | None) -> str | None:
+                            layout: BlockLayout | None, ranked: _Ranked | Exception,
+                            shared: Shared | Exception | None) -> str | None:
         """Apply one plan; on a failure, leave the request what the module docstring says.
 
         Returns:
             None when the compaction succeeded, else what the request kept (a ``recoveries`` key).
         """
         try:
-            choice = self._choose(runner, request_id, plan, layout)
+            if isinstance(ranked, Exception):
+                raise ranked
+            scores = ranked.scores
+            if isinstance(shared, Shared) and request_id in shared.scores:
+                scores = shared.scores[request_id]
+            choice = self._choose(request_id, plan, ranked, scores)
         except Exception as error:  # nothing moved yet
             return self._recover_unmoved(runner, request_id, plan, layout, error)
         try:
@@ -207,9 +269,9 @@ class WorkerCompactor:
                                    error)
         return None
 
-    def _choose(self, runner: CompactingRunner, request_id: str,
-                plan: CompactionPlan, layout: BlockLayout | None) -> _Choice:
-        """The survivors and the slot moves of one plan (reads only: a failure here moved nothing)."""
+    def _rank(self, runner: CompactingRunner, request_id: str,
+              plan: CompactionPlan, layout: BlockLayout | None) -> _Ranked:
+        """The request's slots and this rank's ranking of them (reads only: a failure here moved nothing)."""
         if layout is None:
             raise CompactionError("the KV cache layout is unknown; cannot move tokens")
         physical, keep = plan.physical_tokens, plan.keep_tokens
@@ -223,13 +285,21 @@ class WorkerCompactor:
         redundancy = False
         if scores is not None and self.redundancy_weight > 0 and self.key_caches:
             scores, redundancy = self._discount_redundant(scores, positions, block_row, plan, layout), True
-        keep_index = choose_keep(positions, scores, keep, plan.logical_length,
+        return _Ranked(positions, block_row, scores, redundancy)
+
+    def _choose(self, request_id: str, plan: CompactionPlan, ranked: _Ranked,
+                scores: torch.Tensor | None) -> _Choice:
+        """The survivors (ranked by ``scores``: this rank's, or every rank's summed) and the slot
+        moves of one plan (reads only: a failure here moved nothing)."""
+        keep = plan.keep_tokens
+        keep_index = choose_keep(ranked.positions, scores, keep, plan.logical_length,
                                  plan.shared_prefix_tokens, self.config.sink_tokens,
                                  self.config.recent_window_tokens, self.shared_keep_fraction, self.scores.method)
         if keep_index is None:
             raise CompactionError(f"request {request_id}: protected tokens exceed {keep}")
-        src, dst = self._moves(block_row, keep_index, keep)
-        return _Choice(positions, keep_index, src, dst, 0 if scores is None else int(scores.shape[-1]), redundancy)
+        src, dst = self._moves(ranked.block_row, keep_index, keep)
+        return _Choice(ranked.positions, keep_index, src, dst, 0 if scores is None else int(scores.shape[-1]),
+                       ranked.redundancy)
 
     def _block_row(self, runner: CompactingRunner, request_id: str, physical: int) -> torch.Tensor:
         """The block ids holding the request's ``physical`` tokens, in order."""
@@ -253,7 +323,7 @@ class WorkerCompactor:
     def _apply(self, runner: CompactingRunner, request_id: str, plan: CompactionPlan, choice: _Choice,
                layout: BlockLayout | None) -> None:
         """Move the survivors (in chunks), record them, then cut the request's blocks."""
-        assert layout is not None  # _choose checked
+        assert layout is not None  # _rank checked
         try:
             outcome = move_tokens_chunked(_unique_caches(runner), choice.src, choice.dst, layout,
                                           self.max_chunk_bytes)

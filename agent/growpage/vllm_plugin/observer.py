@@ -42,6 +42,7 @@ from growpage.core.summaries import SummaryBank, readings_from, summarize_attent
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring, token_scores
 from growpage.vllm_plugin.compactor import WorkerCompactor
+from growpage.vllm_plugin.keep_board import KeepBoard
 from growpage.vllm_plugin.runner_views import batch_view
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.support import ACTIVE
@@ -262,11 +263,13 @@ class VllmObserver:
             observation stride follows admission).
         publish_faults: called with each new fault on a rank whose report the scheduler never
             receives (:class:`~growpage.vllm_plugin.rank_faults.RankFaultPublisher`; None: rank 0).
+        keep_board: under tensor parallelism, where enforce's ranks share their token rankings
+            (:mod:`~growpage.vllm_plugin.keep_board`; None: each rank's own heads choose).
     """
 
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, *, num_layers: int,
                  max_requests: int, rank: int = 0, device_type: str = "unknown",
-                 publish_faults: Callable[[int], None] | None = None):
+                 publish_faults: Callable[[int], None] | None = None, keep_board: KeepBoard | None = None):
         self.config = config
         self.settings = settings
         self.rank = rank
@@ -287,7 +290,8 @@ class VllmObserver:
         method = build_method(settings.method)
         scores = token_scores.TokenScores(method)
         self.compactor = (WorkerCompactor(config, rank, scores, settings.redundancy_weight,
-                                          settings.shared_keep_fraction, settings.compaction_chunk_mib * 2 ** 20)
+                                          settings.shared_keep_fraction, settings.compaction_chunk_mib * 2 ** 20,
+                                          keep_board)
                           if config.mode is Mode.ENFORCE else None)
         # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
         per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"

@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # for annotations only: vLLM's outputs and the observer are i
 
     from vllm.v1.outputs import ModelRunnerOutput
 
+    from growpage.vllm_plugin.keep_board import KeepBoard
     from growpage.vllm_plugin.observer import VllmObserver
     from growpage.vllm_plugin.vllm_types import AsyncModelRunnerOutput, ModelRunner, V2InputBatch, VllmConfig, Worker
     from growpage.vllm_plugin.wire import WorkerReport
@@ -103,6 +104,20 @@ def _fault_publisher(vllm_config: VllmConfig, rank: int) -> RankFaultPublisher |
     return RankFaultPublisher(board, rank) if board is not None else None
 
 
+def _keep_board(vllm_config: VllmConfig, rank: int) -> KeepBoard | None:
+    """Where enforce's ranks share their token rankings (one keep set for every rank); None under
+    one rank, or when it cannot open (logged: each rank's own heads then choose)."""
+    try:
+        # deferred: the board imports torch; this module stays torch-free until a worker builds an observer
+        from growpage.vllm_plugin.keep_board import keep_board_for
+
+        return keep_board_for(vllm_config, rank)
+    except Exception:  # never a reason not to observe
+        logger.warning("growpage: no tensor-parallel keep board on rank %d; its own heads choose its keep sets",
+                       rank, exc_info=True)
+        return None
+
+
 def _publish_start_fault(vllm_config: VllmConfig) -> None:
     """An observer that failed to start on a rank other than the output rank: one fault, counted."""
     try:
@@ -134,7 +149,8 @@ def _build_observer(vllm_config: VllmConfig) -> VllmObserver | None:
         config, settings, num_layers=vllm_config.model_config.get_num_layers(vllm_config.parallel_config),
         max_requests=vllm_config.scheduler_config.max_num_seqs, rank=rank,
         device_type=deployment_device(vllm_config),  # admission, hence the observation stride, follow it
-        publish_faults=_fault_publisher(vllm_config, rank))
+        publish_faults=_fault_publisher(vllm_config, rank),
+        keep_board=_keep_board(vllm_config, rank) if config.mode is Mode.ENFORCE else None)
     install_worker_hooks()
     blocker = observer_blocker(getattr(vllm_config, "compilation_config", None))
     if blocker is not None:
