@@ -161,7 +161,9 @@ class KeepBoard:
         ``positions`` (``{request_id: positions_digest}`` of every request it can compact; see the
         module docstring)."""
         self.publish(key, rankings)
-        by_rank: dict[int, Mapping[str, Ranking]] = {self.rank: rankings}
+        # its own as the others read them (float32), so every rank sums exactly the same numbers
+        own = {request_id: Ranking(r.positions, r.scores.to(torch.float32)) for request_id, r in rankings.items()}
+        by_rank: dict[int, Mapping[str, Ranking]] = {self.rank: own}
         waiting = [rank for rank in range(self.ranks) if rank != self.rank]
         deadline = self._clock() + self.wait_s
         while waiting:
