@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_vllm_backend_layouts import HEADS
 from test_vllm_compaction_safety import SINKS, TOKENS, _compactor, _filled, _output, _runner
 
 from growpage.vllm_plugin import keep_board as keep_board_module
@@ -93,7 +94,9 @@ def test_every_rank_keeps_the_tokens_all_ranks_heads_attend_to(tmp_path):
 
 def test_a_rank_that_never_publishes_costs_one_wait_and_is_reported(tmp_path, monkeypatch, caplog):
     prefix = tmp_path / "growpage-keep-sets-engine-dp0"
-    _run_ranks(prefix, [1], wait_s=0.5)  # rank 1 published (and, waiting on the others, went on alone)
+    # rank 1 published (and, waiting on the others, went on alone); a forked worker leaves by
+    # os._exit, which runs no atexit, so its file stays for rank 0 to read
+    _run_ranks(prefix, [1], wait_s=0.5)
     sleeps = []
     monkeypatch.setattr(keep_board_module.time, "sleep", lambda seconds: sleeps.append(seconds))
     clock = iter(range(1000))
@@ -102,7 +105,7 @@ def test_a_rank_that_never_publishes_costs_one_wait_and_is_reported(tmp_path, mo
     compactor = _compactor(keep_board=board)
     compactor.add_scores("r", _rank_scores(0))
     with caplog.at_level(logging.WARNING, logger="vllm.growpage"), \
-            pytest.raises(KeepSetsNotShared, match=r"late=\(2,\)"):
+            pytest.raises(KeepSetsNotShared, match=r"late ranks \[2\]"):
         compactor.begin_step(_runner(caches, row), _output(compactor, keep=KEEP), layout)
     # rank 1's rankings of the same step arrived and were summed; rank 2's never did
     assert compactor.kept_positions["r"].tolist() == _expected(_rank_scores(0) + _rank_scores(1))
@@ -111,7 +114,26 @@ def test_a_rank_that_never_publishes_costs_one_wait_and_is_reported(tmp_path, mo
     sleeps.clear()
     KeepBoard(prefix, 1, RANKS).publish(b"nextstep", {})  # rank 1 keeps up; rank 2 still never publishes
     assert board.exchange(b"nextstep", {}, {}).late == (2,)
-    assert sleeps == []  # rank 2 is not waited for again
+    assert sleeps == []  # rank 2 is not waited for again (beyond a short grace)
+    for rank in (1, 2):  # once it keeps up, it is read again
+        KeepBoard(prefix, rank, RANKS).publish(b"stepnum3", {})
+    assert board.exchange(b"stepnum3", {}, {}).late == ()
+
+
+def test_per_kv_head_rankings_stay_each_heads_own(tmp_path):
+    """keep_sets: kv_head: a request's first compaction has one row of positions but a head axis of
+    scores; nothing of it goes on the board, and each head keeps its own heavy hitter."""
+    caches, _, _, row, layout = _filled()
+    board = KeepBoard(tmp_path / "growpage-keep-sets-engine-dp0", 0, 2, wait_s=0)
+    compactor = _compactor(keep_board=board)
+    scores = torch.zeros(HEADS, TOKENS)
+    scores[0, 10], scores[1, 20] = 5.0, 5.0
+    compactor.add_scores("r", scores)
+    with pytest.raises(KeepSetsNotShared, match=r"late ranks \[1\]"):  # rank 1 never runs here
+        compactor.begin_step(_runner(caches, row), _output(compactor, keep=KEEP), layout)
+    assert decode(board.path(0).read_bytes())[1] == {}
+    kept = compactor.kept_positions["r"]
+    assert kept.dim() == 2 and 10 in kept[0].tolist() and 20 in kept[1].tolist()
 
 
 def test_an_exchange_that_fails_leaves_each_rank_its_own_heads_choice_and_is_counted(tmp_path):

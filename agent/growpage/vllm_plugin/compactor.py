@@ -216,8 +216,9 @@ class WorkerCompactor:
             raise CompactionError(f"compaction failed for {failed} (request: what it kept); their blocks were "
                                   f"cut like the scheduler's")
         if isinstance(shared, Exception) or (shared is not None and (shared.late or shared.unaligned)):
-            raise KeepSetsNotShared(f"rank {self.rank}: the ranks' keep sets of this step may differ "
-                                    f"({shared!r})")
+            why = (repr(shared) if isinstance(shared, Exception) else
+                   f"late ranks {list(shared.late)}, requests ranked over other positions {list(shared.unaligned)}")
+            raise KeepSetsNotShared(f"rank {self.rank}: the ranks' keep sets of this step may differ ({why})")
 
     def _ranked(self, runner: CompactingRunner, request_id: str, plan: CompactionPlan,
                 layout: BlockLayout | None) -> _Ranked | Exception:
@@ -233,8 +234,10 @@ class WorkerCompactor:
         ranks by recency; an exception: the exchange failed, each rank keeps its own)."""
         if self.keep_board is None or not self.scores.scored:
             return None
-        shareable = {request_id: r for request_id, r in ranked.items()
-                     if isinstance(r, _Ranked) and r.positions.dim() == 1}  # per-KV-head sets stay per head
+        # per-KV-head sets stay per head (their scores have a head axis, even at a request's first
+        # compaction, where its positions are still one row)
+        shareable = {request_id: r for request_id, r in ranked.items() if isinstance(r, _Ranked)
+                     and r.positions.dim() == 1 and (r.scores is None or r.scores.dim() == 1)}
         try:
             return self.keep_board.exchange(
                 step_key(plans),

@@ -21,9 +21,11 @@ Step 3 waits at most :data:`WAIT_S` for a rank whose file does not show this ste
 a step's forward in lockstep, so a rank lags by its last step's bookkeeping: milliseconds). A rank
 that misses the wait is *late*: this step goes on with the rankings that arrived, its keep sets may
 differ from that rank's (the slots still agree), it is reported (:class:`Shared.late`), and later
-steps stop waiting for that rank until its file shows their step again, so a rank that never
-publishes (its observer never started) costs one wait, not one per compaction. A request whose
-positions differ between ranks (after such a step) sums only the rankings over the same positions.
+steps wait for that rank only :data:`LATE_GRACE_S` until its file shows their step again, so a rank
+that never publishes (its observer never started) costs one full wait, not one per compaction,
+and a rank that was late once is read again as soon as it keeps up. A request whose positions
+differ between ranks (after such a step) sums only the rankings over the same positions, for the
+rest of its life (reported as unaligned).
 
 Why a file can be overwritten safely: a rank writes step ``t+1``'s file only after step ``t``'s
 forward, whose collectives every rank enters only after reading step ``t``'s files.
@@ -52,6 +54,9 @@ from growpage.vllm_plugin.rank_faults import board_path
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
 WAIT_S = 2.0  # the longest a rank waits for another's rankings of one step (they lag by milliseconds)
+# how long a rank still waits for one that was late before: long enough for a rank a few
+# milliseconds behind to catch up (else it would never be read again), short enough to cost nothing
+LATE_GRACE_S = 0.05
 POLL_S = 0.0005
 _HEADER = struct.Struct("<8sI")  # step key, requests
 _ENTRY = struct.Struct("<H8sI")  # request id bytes, positions digest, scores
@@ -146,13 +151,22 @@ class KeepBoard:
         """This rank's rankings of the step ``key``, written whole, then renamed into place."""
         target = self.path(self.rank)
         staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        staging.write_bytes(encode(key, rankings))
-        os.replace(staging, target)
+        try:
+            staging.write_bytes(encode(key, rankings))
+            os.replace(staging, target)
+        finally:
+            staging.unlink(missing_ok=True)  # a write that failed (shared memory full) leaves nothing
 
     def _read(self, rank: int, key: bytes) -> dict[str, Ranking] | None:
+        """Rank ``rank``'s rankings of the step ``key``; None while its file shows another step (its
+        header is read first: a poll of another step's file reads 12 bytes, not the rankings)."""
         try:
-            found, rankings = decode(self.path(rank).read_bytes())
-        except (OSError, ValueError, struct.error):  # not written yet, or being replaced
+            with self.path(rank).open("rb") as handle:  # one file: a replacement does not change it
+                header = handle.read(_HEADER.size)
+                if header[:len(key)] != key:
+                    return None
+                found, rankings = decode(header + handle.read())
+        except (OSError, ValueError, struct.error):  # not written yet, or torn
             return None
         return rankings if found == key else None
 
@@ -165,7 +179,7 @@ class KeepBoard:
         own = {request_id: Ranking(r.positions, r.scores.to(torch.float32)) for request_id, r in rankings.items()}
         by_rank: dict[int, Mapping[str, Ranking]] = {self.rank: own}
         waiting = [rank for rank in range(self.ranks) if rank != self.rank]
-        deadline = self._clock() + self.wait_s
+        started = self._clock()
         while waiting:
             for rank in list(waiting):
                 found = self._read(rank, key)
@@ -173,14 +187,15 @@ class KeepBoard:
                     by_rank[rank] = found
                     waiting.remove(rank)
                     self._late.discard(rank)
-            if not waiting or all(rank in self._late for rank in waiting) or self._clock() >= deadline:
+            patience = LATE_GRACE_S if all(rank in self._late for rank in waiting) else self.wait_s
+            if not waiting or self._clock() - started >= min(patience, self.wait_s):
                 break
             time.sleep(POLL_S)
         for rank in waiting:
             if rank not in self._late:
                 logger.warning("growpage: tensor-parallel rank %d did not publish its token rankings within %.1f s; "
                                "this rank keeps tokens by the rankings that arrived, so the ranks' keep sets may "
-                               "differ (later steps do not wait for it until it catches up)", rank, self.wait_s)
+                               "differ (later steps wait for it only briefly until it catches up)", rank, self.wait_s)
             self._late.add(rank)
         return sum_rankings(positions, by_rank, tuple(waiting))
 
