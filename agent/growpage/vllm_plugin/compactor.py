@@ -239,11 +239,10 @@ class WorkerCompactor:
         shareable = {request_id: r for request_id, r in ranked.items() if isinstance(r, _Ranked)
                      and r.positions.dim() == 1 and (r.scores is None or r.scores.dim() == 1)}
         try:
+            digests = {request_id: positions_digest(r.positions) for request_id, r in shareable.items()}
             return self.keep_board.exchange(
-                step_key(plans),
-                {request_id: Ranking(positions_digest(r.positions), r.scores)
-                 for request_id, r in shareable.items() if r.scores is not None},
-                {request_id: positions_digest(r.positions) for request_id, r in shareable.items()})
+                step_key(plans), {request_id: Ranking(digests[request_id], r.scores)
+                                  for request_id, r in shareable.items() if r.scores is not None}, digests)
         except Exception as error:  # never a reason not to compact: this rank's own heads choose
             return error
 

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from growpage.vllm_plugin.rank_faults import board_path
+from growpage.vllm_plugin.rank_faults import board_path, engine_identity
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
@@ -231,8 +231,7 @@ def open_keep_board(instance_id: str, data_parallel_rank: int, rank: int, ranks:
     once: the ranks then keep their own sets, as without a board)."""
     if ranks <= 1:
         return None
-    base = board_path(instance_id, data_parallel_rank)
-    prefix = base.with_name(base.name.replace("rank-faults", "keep-sets"))
+    prefix = board_path(instance_id, data_parallel_rank, kind="keep-sets")
     try:
         probe = prefix.with_name(f"{prefix.name}-probe{rank}")
         probe.write_bytes(b"")
@@ -245,9 +244,7 @@ def open_keep_board(instance_id: str, data_parallel_rank: int, rank: int, ranks:
 
 
 def keep_board_for(vllm_config: object, rank: int) -> KeepBoard | None:
-    """The keep board of the engine ``vllm_config`` describes (read duck-typed), for ``rank``."""
-    parallel = getattr(vllm_config, "parallel_config", None)
-    ranks = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
-    data_parallel_rank = int(getattr(parallel, "data_parallel_rank_local", 0) or 0)
-    return open_keep_board(str(getattr(vllm_config, "instance_id", "") or ""), data_parallel_rank, rank, ranks)
+    """The keep board of the engine ``vllm_config`` describes, for ``rank``."""
+    instance_id, data_parallel_rank, ranks = engine_identity(vllm_config)
+    return open_keep_board(instance_id, data_parallel_rank, rank, ranks)
 

@@ -36,13 +36,15 @@ SHARED_MEMORY = Path("/dev/shm")
 OUTPUT_RANK = 0  # its faults ride on its WorkerReport; the board counts the others
 
 
-def board_path(instance_id: str, data_parallel_rank: int, directory: Path | None = None) -> Path:
-    """Where the board of one engine (``VllmConfig.instance_id``, its local data-parallel rank) lives."""
+def board_path(instance_id: str, data_parallel_rank: int, directory: Path | None = None,
+               kind: str = "rank-faults") -> Path:
+    """Where one engine's (``VllmConfig.instance_id``, its local data-parallel rank) board of
+    ``kind`` lives (this fault board; the keep board's files are named from its own kind)."""
     if directory is None:
         directory = SHARED_MEMORY if SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK) \
             else Path(tempfile.gettempdir())
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in instance_id) or "engine"
-    return directory / f"growpage-rank-faults-{safe}-dp{data_parallel_rank}"
+    return directory / f"growpage-{kind}-{safe}-dp{data_parallel_rank}"
 
 
 class RankFaultBoard:
@@ -147,10 +149,15 @@ def open_board(instance_id: str, data_parallel_rank: int, ranks: int) -> RankFau
         return None
 
 
-def board_for(vllm_config: object) -> RankFaultBoard | None:
-    """The board of the engine ``vllm_config`` describes (read duck-typed: its ``instance_id`` and
-    parallel config), or None under one tensor-parallel rank."""
+def engine_identity(vllm_config: object) -> tuple[str, int, int]:
+    """``(instance_id, local data-parallel rank, tensor-parallel size)`` of the engine ``vllm_config``
+    describes (read duck-typed): what names its boards and sizes them."""
     parallel = getattr(vllm_config, "parallel_config", None)
-    ranks = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
-    data_parallel_rank = int(getattr(parallel, "data_parallel_rank_local", 0) or 0)
-    return open_board(str(getattr(vllm_config, "instance_id", "") or ""), data_parallel_rank, ranks)
+    return (str(getattr(vllm_config, "instance_id", "") or ""),
+            int(getattr(parallel, "data_parallel_rank_local", 0) or 0),
+            int(getattr(parallel, "tensor_parallel_size", 1) or 1))
+
+
+def board_for(vllm_config: object) -> RankFaultBoard | None:
+    """The fault board of the engine ``vllm_config`` describes, or None under one tensor-parallel rank."""
+    return open_board(*engine_identity(vllm_config))
