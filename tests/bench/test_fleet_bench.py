@@ -7,9 +7,11 @@ from typer.testing import CliRunner
 
 from gpctl.main import app
 from growpage.bench.fleet import (
+    VARIANTS,
     FleetBenchSettings,
     medians,
     round_order,
+    setup_record,
     skewed_trace,
     summarize,
     table,
@@ -78,7 +80,40 @@ def test_the_verdict_needs_every_number_better_than_both_baselines():
 @pytest.mark.parametrize(("args", "message"), [
     (["--variant", "fastest"], "unknown"),
     (["--retrieval", "0", "--reasoning", "0"], "the trace is empty"),
+    (["--kv-blocks", "66"], "give it twice"),
+    (["--kv-blocks", "20", "--kv-blocks", "99"], "at least 33 blocks"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):
     result = CliRunner().invoke(app, ["bench", "fleet", *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def _engine_flags(argv: list[str]) -> dict[str, str]:
+    wanted = ("--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--served-model-name")
+    return {flag: argv[argv.index(flag) + 1] for flag in wanted if flag in argv}
+
+
+def test_every_arm_runs_vllm_with_the_same_engine_arguments(prepared_model_dir):
+    """vLLM alone's CPU server defaults to 2048 tokens a step against gpctl serve's 512: an arm that
+    differs in its prefill chunks would win or lose TTFT for a reason the table does not name."""
+    import inspect
+
+    from gpctl.commands.serve import serve
+
+    settings = FleetBenchSettings(kv_blocks=(66, 66))
+    flags = {name: [_engine_flags(replica["argv"]) for replica in replicas]
+             for name, replicas in setup_record(settings, str(prepared_model_dir))["replica_commands"].items()}
+    assert set(flags) == set(VARIANTS)
+    first = flags["round_robin"][0]
+    serve_default = inspect.signature(serve).parameters["max_num_batched_tokens"].default
+    assert first["--max-num-batched-tokens"] == str(serve_default)
+    assert all(replica == first for replicas in flags.values() for replica in replicas)
+
+
+def test_the_record_names_what_ran(prepared_model_dir):
+    record = setup_record(FleetBenchSettings(variants=("growpage_monitor", "growpage")), str(prepared_model_dir))
+    assert set(record["resolved_growpage"]) == {"enforce", "monitor"}
+    assert record["resolved_growpage"]["enforce"]["growpage"]["mode"] == "enforce"
+    assert record["vllm_version"] and record["router_version"]
+    kv = {replica["kv_blocks"] for replicas in record["replica_commands"].values() for replica in replicas}
+    assert kv == {33, 99}

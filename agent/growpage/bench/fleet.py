@@ -17,7 +17,9 @@ with equal replicas (``--kv-blocks 66 --kv-blocks 66``) checks that the win is n
 Per variant: vLLM's preemptions on both replicas (``vllm:num_preemptions_total``), p99 time to first
 token and inter-token latency seen by the client (streamed chat completions), correct answers and
 correct answers per second of the trace's span, and the requests each replica finished. Client-side
-times are wall-clock measurements of this machine, reported, never asserted.
+times are wall-clock measurements of this machine, reported, never asserted. Every replica of every
+variant gets the same engine arguments (``gpctl serve``'s, vLLM alone included), and the report
+records them with the host, the commit, the versions and the GrowPage settings the replicas resolve.
 
 Every variant runs ``repeats`` times, interleaved (the order reverses each round, so drift over the
 run does not always favour the same variant); each number is reported as the median of the rounds
@@ -43,7 +45,8 @@ import httpx
 from growpage.bench.goodput import round_order
 from growpage.bench.tasks import Task, is_correct, reasoning_tasks, retrieval_tasks
 from growpage.core.quantiles import percentile
-from growpage.tooling.fleet import Fleet, fleet_spec
+from growpage.provenance import host_facts
+from growpage.tooling.fleet import Fleet, FleetSpec, fleet_spec, replica_command
 
 VARIANTS: dict[str, tuple[str, str]] = {  # name -> (router policy, replica mode)
     "round_robin": ("round_robin", "vllm"),
@@ -52,6 +55,7 @@ VARIANTS: dict[str, tuple[str, str]] = {  # name -> (router policy, replica mode
     "growpage": ("power_of_two", "enforce"),
 }
 MODEL_NAME = "growpage-bench"
+CPU_BLOCK_SIZE = 32  # what gpctl serve gives vLLM's CPU build (growpage.tooling.serve.serve_command)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,14 +171,20 @@ def summarize(results: Sequence[dict[str, Any]], before: Sequence[dict[str, floa
     }
 
 
-def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir: Path) -> dict[str, Any]:
-    """Start the variant's fleet, send the trace through its router, stop it."""
+def variant_spec(name: str, settings: FleetBenchSettings, model_dir: str) -> FleetSpec:
+    """The fleet one variant runs: its router policy and replica mode, the rest the same for all."""
     policy, mode = VARIANTS[name]
-    spec = fleet_spec(replicas=2, port=settings.port, router_port=settings.router_port,
+    return fleet_spec(replicas=2, port=settings.port, router_port=settings.router_port,
                       metrics_port=settings.metrics_port, mode=mode, kv_blocks=list(settings.kv_blocks),
                       policy=policy, model=model_dir, base_pages=settings.base_pages,
                       max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
                       served_model_name=MODEL_NAME, load_poll_s=1, cpu_binds=settings.cpu_binds)
+
+
+def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir: Path) -> dict[str, Any]:
+    """Start the variant's fleet, send the trace through its router, stop it."""
+    policy, mode = VARIANTS[name]
+    spec = variant_spec(name, settings, model_dir)
     with Fleet(spec, log_dir / name) as fleet:
         fleet.start(startup_timeout_s=900)
         urls = [replica.url for replica in spec.replicas]
@@ -192,6 +202,7 @@ def run_fleet_bench(settings: FleetBenchSettings, model_dir: str, log_dir: Path,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """``repeats`` interleaved rounds of every variant of ``settings``; returns the settings, each
     variant's rounds and medians, and the verdict."""
+    host = host_facts()  # at the start: the commit whose code the replicas run
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in settings.variants}
     for repeat in range(settings.repeats):
         for name in round_order(settings.variants, repeat):
@@ -202,7 +213,35 @@ def run_fleet_bench(settings: FleetBenchSettings, model_dir: str, log_dir: Path,
             log(f"fleet bench: {name}: {json.dumps({k: v for k, v in result.items() if k != 'results'})}")
     variants = {name: {"policy": VARIANTS[name][0], "replica_mode": VARIANTS[name][1],
                        **medians(results), "rounds": results} for name, results in rounds.items()}
-    return {"settings": dataclasses.asdict(settings), "variants": variants, "verdict": verdict(variants)}
+    return {"benchmark": "fleet", **setup_record(settings, model_dir), "host": host,
+            "settings": dataclasses.asdict(settings), "variants": variants, "verdict": verdict(variants)}
+
+
+def setup_record(settings: FleetBenchSettings, model_dir: str) -> dict[str, Any]:
+    """What ran: the versions, each variant's replica commands, and the GrowPage settings its replicas
+    resolve (the shipped defaults at the CPU build's block size, ``base_pages`` where set)."""
+    # deferred: the plugin's settings import torch, vLLM takes seconds; read once the rounds are done
+    import importlib.metadata
+
+    import vllm
+
+    from growpage import __version__
+    from growpage.vllm_plugin.settings import resolved_settings
+
+    commands: dict[str, list[dict[str, Any]]] = {}
+    for name in settings.variants:
+        spec = variant_spec(name, settings, model_dir)
+        commands[name] = [{"mode": replica.mode, "kv_blocks": replica.kv_blocks,
+                           "argv": replica_command(spec, replica)[0]} for replica in spec.replicas]
+    modes = sorted({VARIANTS[name][1] for name in settings.variants} - {"vllm"})
+    floor = {"base_pages": settings.base_pages} if settings.base_pages is not None else {}
+    try:
+        router = importlib.metadata.version("vllm-router")
+    except importlib.metadata.PackageNotFoundError:
+        router = ""
+    return {"growpage_version": __version__, "vllm_version": vllm.__version__, "router_version": router,
+            "model_dir": model_dir, "replica_commands": commands,
+            "resolved_growpage": {mode: resolved_settings({"mode": mode, **floor}, CPU_BLOCK_SIZE) for mode in modes}}
 
 
 def medians(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -67,6 +67,9 @@ class FleetSpec:
     base_pages: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 8
+    # gpctl serve's own default, given to every replica, vLLM alone included: vLLM's CPU API server
+    # would otherwise take 2048, and the arms of a comparison would differ in their prefill chunks
+    max_num_batched_tokens: int = 512
     served_model_name: str = "growpage"
     load_poll_s: int = 1
     serve_args: tuple[str, ...] = ()
@@ -120,7 +123,9 @@ def fleet_spec(*, replicas: int, port: int, router_port: int, metrics_port: int,
 
 def replica_command(spec: FleetSpec, replica: ReplicaSpec) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of one replica: ``gpctl serve --engine vllm`` (vLLM alone in mode ``vllm``)."""
-    vllm_args = ["--max-num-seqs", str(spec.max_num_seqs), "--served-model-name", spec.served_model_name]
+    vllm_args = ["--max-num-seqs", str(spec.max_num_seqs),
+                 "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
+                 "--served-model-name", spec.served_model_name]
     if replica.mode == "vllm":
         # deferred: growpage.tooling.serve imports torch (the plugin's settings); gpctl fleet starts without
         from growpage.tooling.serve import serve_command

@@ -84,8 +84,8 @@ def fleet(
 def bench_fleet(
     quick: Annotated[bool, typer.Option("--quick", help="A shorter trace (8 requests, shorter generations).")]
     = False,
-    variant: Annotated[list[str] | None, typer.Option(help="round_robin, power_of_two_vllm or growpage "
-                                                            "(repeat; default: all three).")] = None,
+    variant: Annotated[list[str] | None, typer.Option(help="round_robin, power_of_two_vllm, growpage_monitor or "
+                                                            "growpage (repeat; default: all four).")] = None,
     model: Annotated[Path | None, typer.Option(help="Model folder (default: the packaged model).")] = None,
     repeats: Annotated[int | None, typer.Option(min=1, help="Interleaved rounds of every variant (default 2; "
                                                             "medians and ranges are reported).")] = None,
@@ -95,24 +95,35 @@ def bench_fleet(
     = None,
     reasoning: Annotated[int | None, typer.Option(min=0, help="Step-by-step generations in the trace (default 12).")]
     = None,
+    kv_blocks: Annotated[list[int] | None, typer.Option(min=1, help="KV blocks of replica A, then of B (give it "
+                                                         "twice; default 33 and 99; 66 and 66: equal replicas).")]
+    = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
     log_dir: Annotated[Path, typer.Option(help="One log file per process and variant.")] = Path("fleet-bench-logs"),
 ) -> None:
     """Two replicas (one with a third of the other's KV) behind vLLM's router, the same skewed trace per
     variant: preemptions, p99 TTFT and ITL, correct answers per second (docs/FLEET.md)."""
-    from growpage.bench.fleet import VARIANTS, FleetBenchSettings, run_fleet_bench, table
+    from growpage.bench.fleet import CPU_BLOCK_SIZE, VARIANTS, FleetBenchSettings, run_fleet_bench, table
     from growpage.tooling.fleet import router_executable
     from growpage.tooling.serve import check_vllm_installed
 
     unknown = sorted(set(variant or ()) - set(VARIANTS))
     if unknown:
         raise ConfigError(f"--variant {', '.join(unknown)} is unknown; choose from {', '.join(VARIANTS)}")
+    if kv_blocks is not None and len(kv_blocks) != 2:
+        raise ConfigError(f"--kv-blocks was given {len(kv_blocks)} time(s); give it twice, replica A's blocks then "
+                          "B's (e.g. --kv-blocks 66 --kv-blocks 66)")
     settings = FleetBenchSettings.quick() if quick else FleetBenchSettings()
     overrides: dict[str, Any] = {"variants": tuple(variant) if variant else None, "repeats": repeats,
-                                 "seed": seed, "retrieval": retrieval, "reasoning": reasoning}
+                                 "seed": seed, "retrieval": retrieval, "reasoning": reasoning,
+                                 "kv_blocks": tuple(kv_blocks) if kv_blocks else None}
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     if settings.retrieval + settings.reasoning == 0:
         raise ConfigError("the trace is empty: give --retrieval or --reasoning a count above 0")
+    smallest = -(-settings.max_model_len // CPU_BLOCK_SIZE) + 1  # one request at full length, and vLLM's null block
+    if min(settings.kv_blocks) < smallest:
+        raise ConfigError(f"--kv-blocks {min(settings.kv_blocks)} cannot hold one request of {settings.max_model_len} "
+                          f"tokens; give each replica at least {smallest} blocks")
     check_vllm_installed()
     router_executable()
     report = run_fleet_bench(settings, str(resolve_model_dir(model)), log_dir,
