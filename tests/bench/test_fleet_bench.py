@@ -10,6 +10,7 @@ from growpage.bench.fleet import (
     VARIANTS,
     FleetBenchSettings,
     medians,
+    refresh,
     round_order,
     setup_record,
     skewed_trace,
@@ -31,9 +32,9 @@ def test_the_trace_alternates_questions_with_true_answers_and_long_generations()
 
 def test_summary_counts_preemptions_on_every_replica_and_correct_answers_per_second():
     results = [{"family": "passkey", "correct": True, "ttft_s": 0.5, "gaps_s": [0.1, 0.2], "started_s": 10.0,
-                "finished_s": 12.0},
+                "finished_s": 12.0, "tokens": 3},
                {"family": "reasoning", "correct": False, "ttft_s": 1.5, "gaps_s": [0.3], "started_s": 11.0,
-                "finished_s": 14.0},
+                "finished_s": 14.0, "tokens": 2},
                {"family": "code", "error": "503", "correct": False}]
     before = [{"preemptions": 2.0, "finished": 5.0}, {"preemptions": 0.0, "finished": 1.0}]
     after = [{"preemptions": 5.0, "finished": 6.0}, {"preemptions": 1.0, "finished": 2.0}]
@@ -41,6 +42,7 @@ def test_summary_counts_preemptions_on_every_replica_and_correct_answers_per_sec
     assert summary["preemptions"] == 4.0 and summary["finished_per_replica"] == [1.0, 1.0]
     assert summary["errors"] == 1 and summary["correct"] == 1 and summary["retrieval_correct"] == 1
     assert summary["span_s"] == 4.0 and summary["correct_per_s"] == pytest.approx(0.25)
+    assert summary["tokens_per_s"] == pytest.approx(5 / 4.0) and summary["answer_p99_s"] == pytest.approx(2.0)
     # the one percentile of the project (linear between ranks): p99 of [0.5, 1.5] and of [0.1, 0.2, 0.3]
     assert summary["ttft_p99_s"] == pytest.approx(1.49) and summary["itl_p99_s"] == pytest.approx(0.298)
 
@@ -117,3 +119,20 @@ def test_the_record_names_what_ran(prepared_model_dir):
     assert record["vllm_version"] and record["router_version"]
     kv = {replica["kv_blocks"] for replicas in record["replica_commands"].values() for replica in replicas}
     assert kv == {33, 99}
+
+
+def test_a_report_gains_the_answer_latency_and_tokens_per_second_from_its_recorded_requests():
+    """A question's answer waits for its last token; the span (and correct answers per second) waits
+    for the longest generation, which the table must not pass off as the questions' latency."""
+    requests = [{"family": "passkey", "correct": True, "started_s": 0.0, "finished_s": 2.0, "tokens": 4},
+                {"family": "reasoning", "correct": False, "started_s": 0.5, "finished_s": 20.5, "tokens": 96},
+                {"family": "code", "correct": True, "started_s": 1.0, "finished_s": 5.0, "tokens": 6},
+                {"family": "code", "error": "503", "correct": False}]
+    old_round = {**_round(0, 3.0, 1.0, 2, 0.1), "span_s": 20.5, "results": requests}
+    old = {"variants": {"growpage": {"rounds": [old_round]}}}
+    variant = refresh(old)["variants"]["growpage"]
+    assert variant["answer_p99_s"] == pytest.approx(2.0 + 0.99 * 2.0)  # of 2 s and 4 s, the errored one left out
+    assert variant["tokens_per_s"] == pytest.approx(106 / 20.5)
+    assert variant["rounds"][0]["results"] == requests and variant["correct_per_s"] == 0.1
+    line = table({"variants": {"growpage": variant}}).splitlines()[1]
+    assert "3.98" in line and "5.2" in line

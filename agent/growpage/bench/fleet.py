@@ -168,7 +168,28 @@ def summarize(results: Sequence[dict[str, Any]], before: Sequence[dict[str, floa
         "correct": correct, "retrieval_correct": sum(1 for r in retrieval if r.get("correct")),
         "retrieval": len(retrieval), "span_s": span_s,
         "correct_per_s": correct / span_s if span_s > 0 else 0.0,
+        **reported(served, span_s),
     }
+
+
+def reported(served: Sequence[dict[str, Any]], span_s: float) -> dict[str, Any]:
+    """The numbers beside the target's (:data:`REPORTED`): a question's whole answer as its asker
+    waits for it (p99; the span, and so correct answers per second, is the longest generation's),
+    and every streamed token per second of the span."""
+    questions = [r["finished_s"] - r["started_s"] for r in served if r.get("family") != "reasoning"]
+    return {"answer_p99_s": percentile(questions, 0.99),
+            "tokens_per_s": sum(r["tokens"] for r in served) / span_s if span_s > 0 else 0.0}
+
+
+def refresh(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with :data:`REPORTED` computed again from every round's recorded requests, and the
+    medians and verdict taken again: a report written before a number was added gains it."""
+    variants = {}
+    for name, variant in report["variants"].items():
+        rounds = [{**r, **reported([x for x in r["results"] if "error" not in x], r["span_s"])}
+                  for r in variant["rounds"]]
+        variants[name] = {**variant, **medians(rounds), "rounds": rounds}
+    return {**report, "variants": variants, "verdict": verdict(variants)}
 
 
 def variant_spec(name: str, settings: FleetBenchSettings, model_dir: str) -> FleetSpec:
@@ -195,6 +216,7 @@ def run_variant(name: str, settings: FleetBenchSettings, model_dir: str, log_dir
 
 
 COMPARED = ("preemptions", "ttft_p99_s", "itl_p99_s", "correct", "correct_per_s")
+REPORTED = ("answer_p99_s", "tokens_per_s")  # beside the target's numbers, not read by the verdict
 BASELINES = ("round_robin", "power_of_two_vllm", "growpage_monitor")  # growpage_monitor: the routing alone
 
 
@@ -247,7 +269,7 @@ def setup_record(settings: FleetBenchSettings, model_dir: str) -> dict[str, Any]
 def medians(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Each compared number's median over the rounds, with its range (None where no round had one)."""
     summary: dict[str, Any] = {"requests": rounds[0]["requests"], "retrieval": rounds[0]["retrieval"]}
-    for key in (*COMPARED, "errors", "retrieval_correct", "span_s"):
+    for key in (*COMPARED, *REPORTED, "errors", "retrieval_correct", "span_s"):
         values = [r[key] for r in rounds if r.get(key) is not None]
         summary[key] = statistics.median(values) if values else None
         summary[f"{key}_range"] = [min(values), max(values)] if values else None
@@ -289,12 +311,14 @@ def _cell(value: float | None, value_range: list[float] | None, scale: float = 1
 def table(report: dict[str, Any]) -> str:
     """The variants side by side, one line each: medians of the rounds with their range."""
     lines = [f"{'variant':<18} {'preempt':>9} {'TTFT p99 s':>17} {'ITL p99 ms':>15} {'correct':>9} "
-             f"{'corr/s':>19} {'A/B finished':>12}"]
+             f"{'corr/s':>19} {'answer p99 s':>17} {'tokens/s':>17} {'A/B finished':>12}"]
     for name, v in report["variants"].items():
         finished = "/".join(f"{n:g}" for n in v["finished_per_replica"])
         lines.append(f"{name:<18} {_cell(v['preemptions'], v['preemptions_range'], digits=0):>9} "
                      f"{_cell(v['ttft_p99_s'], v['ttft_p99_s_range']):>17} "
                      f"{_cell(v['itl_p99_s'], v['itl_p99_s_range'], 1000, 0):>15} "
                      f"{_cell(v['correct'], None, digits=0):>4}/{v['requests']:<4} "
-                     f"{_cell(v['correct_per_s'], v['correct_per_s_range'], digits=3):>19} {finished:>12}")
+                     f"{_cell(v['correct_per_s'], v['correct_per_s_range'], digits=3):>19} "
+                     f"{_cell(v.get('answer_p99_s'), v.get('answer_p99_s_range')):>17} "
+                     f"{_cell(v.get('tokens_per_s'), v.get('tokens_per_s_range'), digits=1):>17} {finished:>12}")
     return "\n".join(lines)
