@@ -56,9 +56,11 @@ MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores gr
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
 # admission under enforce: by the device, vLLM's own, growth-aware always, or once vLLM preempts
 ADMISSION_CHOICES = ("auto", "vllm", "projected", "after_preemption")
-# auto: growth-aware where KV lives in host memory (a CPU build decodes a wide batch no faster and
-# pays a preemption's recompute in full; measured on decode-heavy work: docs/BENCHMARKS.md), vLLM's
-# own elsewhere (a GPU decodes a wide batch for about the cost of a narrow one; not measured here)
+# auto: growth-aware where KV lives in host memory (measured on an AVX2 CPU, which decodes a wide
+# batch little faster and pays a preemption's recompute in full; an AVX-512 one decodes it 1.3x
+# faster and loses 17 % to vLLM alone this way: docs/BENCHMARKS.md, so the device is a proxy for
+# what should be measured), vLLM's own elsewhere (a GPU decodes a wide batch for about the cost of
+# a narrow one; not measured here)
 AUTO_ADMISSION_BY_DEVICE = {"cpu": "projected"}
 VLLM_METHODS = VLLM_METHOD_NAMES
 """Methods enforce can run inside vLLM, as registered (quantizing ones cannot: ``kv_cache_dtype`` is
