@@ -45,7 +45,7 @@ from growpage.gameday.scenarios import (
     judge,
     summarize,
 )
-from growpage.gameday.storm import Storm
+from growpage.gameday.storm import PILOT_S, Storm, concurrency_for
 from growpage.monitoring.alertmanager import PAGER_RECEIVER, TICKET_RECEIVER, RouteTiming, alertmanager_config
 from growpage.monitoring.mixin import MixinConfig
 from growpage.monitoring.rules_file import rules_yaml
@@ -56,6 +56,7 @@ NAMESPACE = "gameday"
 # Alertmanager batches for seconds, not minutes: a game day waits on it at every step.
 TIMING = RouteTiming(group_wait="1s", group_interval="1s", page_repeat_interval="1h", ticket_repeat_interval="1h")
 
+STORM_MAX_REQUESTS = 5000  # the count bound; the storm's time limit (900 s) comes first on these hosts
 DIAGNOSE_TIMEOUT_S = 30.0  # per query of the game day's diagnose runs (see GameDay.diagnose)
 
 
@@ -68,7 +69,9 @@ class GamedaySettings:
         startup_timeout_s: how long a pod may take to load its model (a hung start fails the run).
         alert_timeout_s: how long a required delivery is waited for, once its cause is in place.
         idle_s: how long an idle scenario watches for deliveries that must not come.
-        storm_concurrency, storm_max_tokens: the storm's clients and each request's length.
+        storm_concurrency, storm_max_tokens: the storm's clients at the least (more on a host fast
+            enough that these would not queue past the TTFT threshold:
+            :func:`~growpage.gameday.storm.concurrency_for`) and each request's length.
         kv_blocks: the pods' KV cache in 32-token blocks (12: two of the storm's requests overflow it).
     """
 
@@ -224,10 +227,10 @@ def _exporter_failing_and_start(day: _Day, spec: PodSpec) -> VllmPod:
 def _storm_and_rollback(day: _Day, pod: VllmPod) -> VllmPod:
     """Scenarios 4 and 5: the storm on the monitor pod, then its replacement in mode off mid-storm."""
     settings = day.settings
-    with Storm(pod.spec.url, "gameday", concurrency=settings.storm_concurrency,
-               max_tokens=settings.storm_max_tokens) as storm:
+    with Storm(pod.spec.url, "gameday", concurrency=settings.storm_concurrency, max_tokens=settings.storm_max_tokens,
+               max_requests=STORM_MAX_REQUESTS) as storm:
         stormed = time.time()
-        day.note("storm starts")
+        _size_storm(day, storm)
         paged = day.wait_delivery(TTFT_FAST, "firing", stormed)
         outcome = day.diagnose(SCENARIOS_BY_NAME["kv-storm"], pod) if paged else None
         # The slow burn must be burning before the pod goes: it is what the replacement must not erase.
@@ -255,6 +258,20 @@ def _storm_and_rollback(day: _Day, pod: VllmPod) -> VllmPod:
         day.judge(SCENARIOS_BY_NAME["rollback-to-off"], replaced, new_pod, checks, outcome)
     day.note(f"storm over: {storm.counts}")
     return new_pod
+
+
+def _size_storm(day: _Day, storm: Storm) -> None:
+    """Grow the storm until a queued request waits past the TTFT threshold on this host (see
+    :mod:`growpage.gameday.storm`), from what the pod completes under the floor's clients."""
+    day.note(f"storm starts: {storm.clients} clients")
+    started, before = time.monotonic(), storm.counts.completed
+    time.sleep(PILOT_S)
+    completed_per_s = (storm.counts.completed - before) / (time.monotonic() - started)
+    clients = concurrency_for(completed_per_s, ttft_threshold_s=day.settings.mixin.thresholds.vllm_ttft_s,
+                              floor=day.settings.storm_concurrency)
+    storm.grow(clients)
+    day.note(f"storm sized to this host: {completed_per_s:.2f} requests/s completed under "
+             f"{day.settings.storm_concurrency} clients, so {storm.clients} clients")
 
 
 def _serving(pod: VllmPod, timeout_s: float) -> bool:
