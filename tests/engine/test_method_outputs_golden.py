@@ -4,8 +4,11 @@ compactions chose what to keep.
 
 Three prompts decode together on a tight pool (so every method compresses, and GrowPage's pressure
 relief runs), with the deterministic clock the benchmarks use. The golden file
-(``golden/method_outputs.json``) is rewritten by running this file with ``UPDATE_GOLDEN_TRACE=1``;
-a change to it is a change of behaviour, to be explained in its commit.
+(``golden/method_outputs.json``) holds one trace per CPU kind (``growpage.provenance.cpu_kind``):
+torch's CPU kernels round differently with AVX2 and with AVX-512, and a greedy decode follows the
+rounding at a near-tie (seen: one of 21 answers differed from its 16th token). Running this file
+with ``UPDATE_GOLDEN_TRACE=1`` rewrites this host's kind; a change to it is a change of behaviour,
+to be explained in its commit. A host whose kind has no trace skips, saying how to record one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from growpage.config import GrowPageConfig
 from growpage.core.methods import build_method
 from growpage.engine.engine import EngineConfig, LLMEngine
 from growpage.engine.sampling import SamplingParams
+from growpage.provenance import host_facts
 
 GOLDEN = Path(__file__).with_name("golden") / "method_outputs.json"
 METHODS = ("growpage", "h2o", "snapkv", "streaming_llm", "tova", "zipage", "uniform_int8")
@@ -60,11 +64,17 @@ def _outputs(method: str, llama_model, tokenizer, model_dir, prompt_ids) -> dict
 
 
 def test_every_methods_greedy_answers_are_unchanged(llama_model, tokenizer, prepared_model_dir, prompt_ids):
+    kind = host_facts()["cpu"] or "unknown"
+    recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    if kind not in recorded and not os.environ.get("UPDATE_GOLDEN_TRACE"):
+        pytest.skip(f"no golden answers recorded on a {kind} host (recorded: {', '.join(sorted(recorded))}); "
+                    "record them with UPDATE_GOLDEN_TRACE=1 on the code they must match")
     trace = {method: _outputs(method, llama_model, tokenizer, prepared_model_dir, prompt_ids) for method in METHODS}
     if os.environ.get("UPDATE_GOLDEN_TRACE"):
         GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(json.dumps(trace, indent=1, sort_keys=True) + "\n")
-    golden = json.loads(GOLDEN.read_text())
+        GOLDEN.write_text(json.dumps({**recorded, kind: trace}, indent=1, sort_keys=True) + "\n")
+        recorded = json.loads(GOLDEN.read_text())
+    golden = recorded[kind]
     for method in METHODS:
         assert method in golden, f"no golden answers for {method}: rerun with UPDATE_GOLDEN_TRACE=1"
         assert trace[method]["compressions"] > 0, f"{method} never compressed: the trace would test nothing"
