@@ -55,7 +55,6 @@ VARIANTS: dict[str, tuple[str, str]] = {  # name -> (router policy, replica mode
     "growpage": ("power_of_two", "enforce"),
 }
 MODEL_NAME = "growpage-bench"
-CPU_BLOCK_SIZE = 32  # what gpctl serve gives vLLM's CPU build (growpage.tooling.serve.serve_command)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +247,7 @@ def setup_record(settings: FleetBenchSettings, model_dir: str) -> dict[str, Any]
     import vllm
 
     from growpage import __version__
+    from growpage.tooling.serve import CPU_BLOCK_SIZE
     from growpage.vllm_plugin.settings import resolved_settings
 
     commands: dict[str, list[dict[str, Any]]] = {}

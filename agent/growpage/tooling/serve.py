@@ -31,6 +31,7 @@ from growpage.vllm_plugin.settings import ADDITIONAL_CONFIG_KEY, DEFAULT_EXPORTE
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+CPU_BLOCK_SIZE = 32  # vLLM's CPU build: tokens per KV block (the fleet benchmark sizes replicas in them)
 KILL_GRACE_S = 10.0  # after the shutdown timeout, before SIGKILL
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
     growpage = {"exporter_port": DEFAULT_EXPORTER_PORT, **(growpage or {})}
     if cpu is None:
         cpu = not _cuda_visible()
-    block_size = 32 if cpu else None
+    block_size = CPU_BLOCK_SIZE if cpu else None
     if "--block-size" in extra_args[:-1]:
         block_size = int(extra_args[list(extra_args).index("--block-size") + 1])
     split_settings(growpage, block_size=block_size)  # validate early, with the block size vLLM will use
@@ -71,7 +72,7 @@ def serve_command(model: str, *, host: str = "0.0.0.0", port: int = 8000,
             "--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: dict(growpage)})]
     env = dict(os.environ)
     if cpu:
-        argv += ["--gpu-memory-utilization", "0.3", "--enforce-eager", "--block-size", "32"]
+        argv += ["--gpu-memory-utilization", "0.3", "--enforce-eager", "--block-size", str(CPU_BLOCK_SIZE)]
     elif str(growpage.get("mode", "")).lower() == "enforce":
         flags, variables = enforce_cuda_settings(extra_args, env)
         argv += flags

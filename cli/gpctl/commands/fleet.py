@@ -103,9 +103,9 @@ def bench_fleet(
 ) -> None:
     """Two replicas (one with a third of the other's KV) behind vLLM's router, the same skewed trace per
     variant: preemptions, p99 TTFT and ITL, correct answers per second (docs/FLEET.md)."""
-    from growpage.bench.fleet import CPU_BLOCK_SIZE, VARIANTS, FleetBenchSettings, run_fleet_bench, table
+    from growpage.bench.fleet import VARIANTS, FleetBenchSettings, run_fleet_bench, table
     from growpage.tooling.fleet import router_executable
-    from growpage.tooling.serve import check_vllm_installed
+    from growpage.tooling.serve import CPU_BLOCK_SIZE, check_vllm_installed
 
     unknown = sorted(set(variant or ()) - set(VARIANTS))
     if unknown:
