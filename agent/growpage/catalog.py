@@ -258,7 +258,12 @@ ADMISSION_PROJECTED_PAGES = MetricSpec(
     "growpage_admission_projected_pages", MetricType.GAUGE,
     "KV pages the running requests are projected to hold when they end (learned output and kept shares), "
     "which growth-aware admission keeps within the pool.", "pages")
-ADMISSION_METRICS: tuple[MetricSpec, ...] = (ADMISSION_HOLDS, ADMISSION_PROJECTED_PAGES)
+ADMISSION_LOOKAHEAD = MetricSpec(
+    "growpage_admission_lookahead", MetricType.GAUGE,
+    "1 while growth-aware admission looks ahead (holds a start the pool cannot hold at the batch's end), "
+    "0 while vLLM admits on its own: admission auto looks ahead where this engine's measured step costs say "
+    "a preemption's recompute costs more than the batch width holding gives up.", "boolean")
+ADMISSION_METRICS: tuple[MetricSpec, ...] = (ADMISSION_HOLDS, ADMISSION_PROJECTED_PAGES, ADMISSION_LOOKAHEAD)
 
 # Series only the vLLM home serves, beside the contract: what it could not enforce as decided, and how
 # much of the work its observer saw (the shares of steps and of requests observed: below 1 with

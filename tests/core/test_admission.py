@@ -1,5 +1,5 @@
 """Growth-aware admission's arithmetic: projections to full KV or to GrowPage's floor, who starts,
-and the learned shares."""
+the learned shares, and the measured step costs that say whether looking ahead pays."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from growpage.core.admission import (
     CompletionHistory,
     Compression,
     KVDemand,
+    StepCostFit,
+    StepCosts,
     admissible,
     full_peak_tokens,
+    lookahead_pays,
     projected_demand,
     standing_need_share,
 )
@@ -85,3 +88,72 @@ def test_before_requests_finish_an_unobserved_request_is_planned_like_the_needie
                Compression(4, 4, 64, need_share=None)]
     assert standing_need_share(None, running) == 0.4
     assert standing_need_share(None, [None, Compression(4, 4, 64)]) == 1.0  # nothing observed: every token
+
+
+def _steps(fit: StepCostFit, *, fixed: float, per_request: float, per_token: float) -> None:
+    """Steps as an engine runs them: decode at widths 1-8, every fifth step prefilling a prompt."""
+    for step in range(64):
+        requests = 1 + step % 8
+        extra = 200 if step % 5 == 0 else 0
+        seconds = fixed + per_request * requests + per_token * extra
+        fit.record(requests=requests, tokens=requests + extra, seconds=seconds)
+
+
+def test_a_step_cost_fit_recovers_the_fixed_per_request_and_per_token_parts():
+    fit = StepCostFit()
+    _steps(fit, fixed=0.012, per_request=0.0029, per_token=0.0002)
+    costs = fit.costs()
+    assert costs is not None and costs.steps == 64
+    assert (round(costs.fixed_s, 6), round(costs.per_request_s, 6), round(costs.per_token_s, 6)) == \
+        (0.012, 0.0029, 0.0002)
+
+
+def test_a_fit_waits_until_the_steps_can_tell_the_parts_apart():
+    fit = StepCostFit()
+    for _ in range(100):  # one width, no prefill: the fixed and per-request parts are one number
+        fit.record(requests=4, tokens=4, seconds=0.03)
+    assert fit.costs() is None
+    fit.record(requests=0, tokens=0, seconds=1.0)  # an empty step teaches nothing
+    fit.record(requests=2, tokens=2, seconds=-1.0)  # nor a clock that went backwards
+    assert len(fit) == 100
+    widths = StepCostFit()
+    for step in range(40):
+        widths.record(requests=1 + step % 4, tokens=1 + step % 4, seconds=0.01 + 0.002 * (1 + step % 4))
+    assert widths.costs() is None  # widths vary, but no step prefilled: a recompute's price is unknown
+
+
+def test_the_fit_follows_the_newest_steps():
+    fit = StepCostFit(window=64)
+    _steps(fit, fixed=0.5, per_request=0.5, per_token=0.5)
+    _steps(fit, fixed=0.012, per_request=0.0029, per_token=0.0002)  # the host changed (or warmed up)
+    costs = fit.costs()
+    assert costs is not None and round(costs.fixed_s, 6) == 0.012
+
+
+def test_noise_below_zero_reads_as_no_cost():
+    fit = StepCostFit()
+    _steps(fit, fixed=-0.001, per_request=0.01, per_token=0.0001)
+    costs = fit.costs()
+    assert costs is not None and costs.fixed_s == 0.0 and costs.per_request_s > 0
+
+
+def test_holding_pays_where_a_recompute_costs_more_than_the_width():
+    # a step whose time grows with each request and prefill that costs what decode does per token
+    # (a CPU without wide vector units): a recompute of 180 tokens dwarfs what one more request saves
+    compute_bound = StepCosts(fixed_s=0.0135, per_request_s=0.0265, per_token_s=0.0265, steps=64)
+    assert lookahead_pays(compute_bound, width=5, output_tokens=160, recompute_tokens=180)
+    # a large fixed part and batched prefill (an AVX-512 CPU, a GPU): the width is worth more
+    fixed_dominated = StepCosts(fixed_s=0.012, per_request_s=0.0029, per_token_s=0.0002, steps=64)
+    assert not lookahead_pays(fixed_dominated, width=5, output_tokens=160, recompute_tokens=180)
+    # the same host with a wide batch already: one more request shares little, the recompute stays
+    assert lookahead_pays(fixed_dominated, width=64, output_tokens=160, recompute_tokens=180)
+    # short answers share few steps: holding their start costs little
+    assert lookahead_pays(fixed_dominated, width=5, output_tokens=4, recompute_tokens=180)
+
+
+def test_the_history_learns_how_long_answers_run():
+    history = CompletionHistory()
+    assert history.shares().output_tokens is None
+    for tokens in (100, 200):
+        history.record(output_tokens=tokens, max_tokens=256)
+    assert history.shares().output_tokens == 150

@@ -30,7 +30,7 @@ GAUGE_VALUES = {
     # monitor's forecast of enforce (catalog.FORECAST_METRICS)
     catalog.FORECAST_SPARE_PAGES.name: 150.0,
     # growth-aware admission under enforce (catalog.ADMISSION_METRICS)
-    catalog.ADMISSION_PROJECTED_PAGES.name: 3800.0,
+    catalog.ADMISSION_PROJECTED_PAGES.name: 3800.0, catalog.ADMISSION_LOOKAHEAD.name: 1.0,
 }
 POOL_PAGES = {"free": 1000.0, "reserved": 500.0, "used": 2500.0}
 AGENT_ACTIVE = {"observer": "active", "enforcer": "active"}

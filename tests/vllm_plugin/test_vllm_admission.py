@@ -9,13 +9,14 @@ import types
 import pytest
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.admission import MIN_FINISHED, Compression
+from growpage.core.admission import MIN_FINISHED, Compression, StepCostFit
 from growpage.core.controller import GrowthController
 from growpage.errors import ConfigError
 from growpage.vllm_plugin.admission import (
     PREEMPTION_MEMORY_STEPS,
     AdmissionCollector,
     AdmissionGate,
+    StepMeter,
     compression_of,
     need_share_at_end,
 )
@@ -46,7 +47,7 @@ def _held(scheduler, pages: int = 3) -> dict[str, list]:
 
 
 def _gate(total_pages: int = 39) -> AdmissionGate:
-    return AdmissionGate(BLOCK, total_pages, after_preemption=False)
+    return AdmissionGate(BLOCK, total_pages, policy="projected")
 
 
 def test_a_batch_that_would_outgrow_the_pool_takes_no_one_more():
@@ -89,7 +90,7 @@ def test_short_answers_learned_from_finished_requests_admit_a_wider_batch():
 
 
 def test_after_preemption_admission_looks_ahead_only_while_vllm_preempts():
-    gate = AdmissionGate(BLOCK, 39, after_preemption=True)
+    gate = AdmissionGate(BLOCK, 39, policy="after_preemption")
     scheduler = _scheduler(running=4, waiting=8)
     assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is False
     assert scheduler.max_num_active_reqs == CONFIGURED  # no preemption yet: vLLM's own admission
@@ -98,7 +99,57 @@ def test_after_preemption_admission_looks_ahead_only_while_vllm_preempts():
     assert scheduler.max_num_active_reqs == 4
     for _ in range(PREEMPTION_MEMORY_STEPS):
         gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL)
-    assert not gate.engaged and scheduler.max_num_active_reqs == CONFIGURED  # a quiet pool is vLLM's again
+    assert not gate.lookahead and scheduler.max_num_active_reqs == CONFIGURED  # a quiet pool is vLLM's again
+
+
+def _fitted(*, fixed: float, per_request: float, per_token: float) -> StepCostFit:
+    fit = StepCostFit()
+    for step in range(64):
+        requests, extra = 1 + step % 8, (200 if step % 5 == 0 else 0)
+        seconds = fixed + per_request * requests + per_token * extra
+        fit.record(requests=requests, tokens=requests + extra, seconds=seconds)
+    return fit
+
+
+def test_measured_admission_looks_ahead_only_where_a_recompute_costs_more_than_the_width():
+    scheduler = _scheduler(running=4, waiting=8)
+    # unmeasured: the device's prior (a CPU looks ahead, a GPU admits as vLLM does)
+    for prior in (True, False):
+        gate = AdmissionGate(BLOCK, 39, policy="measured", lookahead_unmeasured=prior)
+        assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is prior
+        assert gate.lookahead is prior
+        scheduler.max_num_active_reqs = CONFIGURED
+    # prefill costs what decode does per token: a preemption's recompute is dear, hold
+    dear = AdmissionGate(BLOCK, 39, policy="measured", lookahead_unmeasured=False,
+                         step_costs=_fitted(fixed=0.0135, per_request=0.0265, per_token=0.0265))
+    assert dear.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is True
+    assert scheduler.max_num_active_reqs == 4 and dear.lookahead
+    scheduler.max_num_active_reqs = CONFIGURED
+    # a step's fixed part dominates and prefill batches cheaply: the wider batch is worth the recompute
+    cheap = AdmissionGate(BLOCK, 39, policy="measured", lookahead_unmeasured=True,
+                          step_costs=_fitted(fixed=0.012, per_request=0.0029, per_token=0.0002))
+    assert cheap.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is False
+    assert scheduler.max_num_active_reqs == CONFIGURED and not cheap.lookahead and cheap.holds_total == 0
+
+
+def test_the_step_meter_times_each_output_from_schedule_to_update():
+    now = [0.0]
+    meter = StepMeter(lambda: now[0])
+    outputs = []
+    for step in range(40):
+        output = types.SimpleNamespace(num_scheduled_tokens={f"r{i}": 1 for i in range(1 + step % 4)}
+                                       | ({"p": 101} if step % 5 == 0 else {}))
+        meter.scheduled(output)
+        outputs.append(output)
+        width = len(output.num_scheduled_tokens)
+        now[0] += 0.01 + 0.002 * width + (0.0001 * 100 if step % 5 == 0 else 0.0)
+        meter.finished(output)
+    meter.finished(types.SimpleNamespace())  # an output it never saw scheduled: nothing recorded
+    meter.scheduled(types.SimpleNamespace(num_scheduled_tokens={}))  # an empty step: nothing to time
+    costs = meter.fit.costs()
+    assert costs is not None and costs.steps == 40
+    fitted = (round(costs.fixed_s, 6), round(costs.per_request_s, 6), round(costs.per_token_s, 6))
+    assert fitted == (0.01, 0.002, 0.0001)
 
 
 def test_aborted_requests_teach_nothing():
@@ -171,15 +222,17 @@ def test_the_gate_exports_its_holds_and_projection():
     gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL)
     source = types.SimpleNamespace(admission=gate, stats=None)
     families = {family.name: family.samples[0].value for family in AdmissionCollector(source, "m").collect()}
-    assert families == {"growpage_admission_holds": 1.0, "growpage_admission_projected_pages": 32.0}
+    assert families == {"growpage_admission_holds": 1.0, "growpage_admission_projected_pages": 32.0,
+                        "growpage_admission_lookahead": 1.0}
     assert list(AdmissionCollector(types.SimpleNamespace(admission=None), "m").collect()) == []
 
 
 def test_admission_is_a_setting_with_a_fix_in_its_error():
     _, plugin = split_settings({"mode": "enforce"}, env={}, block_size=BLOCK)
     assert plugin.admission == "auto"  # the default
-    assert (plugin.admission_on("cpu"), plugin.admission_on("cuda"), plugin.admission_on("unknown")) == \
-        ("projected", "vllm", "vllm")  # growth-aware on the CPU build, vLLM's own on a GPU
+    assert plugin.admission_on("cpu") == plugin.admission_on("cuda") == "measured"
+    # before the costs are measured: growth-aware on the CPU build, vLLM's own on a GPU
+    assert (plugin.lookahead_unmeasured("cpu"), plugin.lookahead_unmeasured("cuda")) == (True, False)
     for choice in ("vllm", "projected", "after_preemption"):
         _, plugin = split_settings({"mode": "enforce", "admission": choice}, env={}, block_size=BLOCK)
         assert plugin.admission == choice and plugin.admission_on("cpu") == plugin.admission_on("cuda") == choice

@@ -177,7 +177,7 @@ def test_a_preemption_of_a_request_admission_would_have_held_is_avoidable_whatev
     controller = _controller()
     for request_id in ("a", "b"):
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
-    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, after_preemption=False),
+    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, policy="projected"),
                                enforce_admits_so=enforce_admits_so)
     # a and b run; c and d wait: 3 x 16 pages would not fit 40, so admission starts neither
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
@@ -204,7 +204,7 @@ def test_without_growth_aware_admission_nothing_is_marked():
 
 def test_the_forecasts_admission_learns_monitored_requests_attention_need():
     controller = _controller()
-    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, after_preemption=False))
+    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, policy="projected"))
     for index in range(4):  # monitored requests whose attention needed 64 of their 256 tokens
         request_id = f"done{index}"
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)

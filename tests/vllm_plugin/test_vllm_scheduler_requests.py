@@ -49,10 +49,10 @@ def test_one_entry_per_request_and_one_admission_whoever_asks_first():
 
 
 def test_a_preemption_ends_the_run_but_keeps_the_record_and_undoes_the_compaction():
-    gate = AdmissionGate(BLOCK, 20, after_preemption=True)
+    gate = AdmissionGate(BLOCK, 20, policy="after_preemption")
     requests = SchedulerRequests(_controller(), gate)
     request = _request()
-    assert not gate.engaged  # after_preemption: vLLM's admission until vLLM preempts
+    assert not gate.lookahead  # after_preemption: vLLM's admission until vLLM preempts
     entry = requests.track(request)
     entry.pages_held = 4
     entry.enforced = EnforcedRequest("r", None, allowed_blocks=3, compactions=1, blocks_at_last_step=3,
@@ -65,7 +65,7 @@ def test_a_preemption_ends_the_run_but_keeps_the_record_and_undoes_the_compactio
     assert entry.pages_held is None and requests["r"] is entry  # the run ended, the request did not
     assert entry.enforced.compactions == 1 and entry.enforced.blocks_at_last_step == 0
     assert not entry.enforced.prompt_settled  # a cap compresses its recomputed prompt again
-    assert gate.engaged  # admission looks ahead again
+    assert gate.lookahead  # admission looks ahead again
 
 
 def test_a_finished_request_teaches_admission_and_leaves_its_record_in_the_enforce_log(tmp_path):

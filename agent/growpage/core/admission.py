@@ -25,7 +25,15 @@ recent ones, so a few short answers do not over-admit. Until enough have finishe
 may use its ``max_tokens``, and a request not observed yet is planned as needy as the neediest
 running one (every token when none is observed: :func:`standing_need_share`).
 
-Pure arithmetic and one small history; the vLLM home (:mod:`growpage.vllm_plugin.admission`) reads
+Whether to look ahead at all is a property of the host, measured (:class:`StepCostFit`,
+:func:`lookahead_pays`): holding a request keeps the batch narrower, which costs nothing where a
+step's time grows with every request in it (an AVX2 CPU) and much where a step's fixed part
+dominates (a GPU, an AVX-512 CPU); starting it costs a preemption's recompute, which is dear where
+prefill costs about what decode does per token (the AVX2 CPU again) and cheap where it is batched
+well. ``admission: auto`` fits a step's cost to what the engine's own steps took and looks ahead
+only where a recompute costs more than the width it buys.
+
+Pure arithmetic and small histories; the vLLM home (:mod:`growpage.vllm_plugin.admission`) reads
 its scheduler into these records and carries the answer out.
 """
 
@@ -39,6 +47,10 @@ from collections.abc import Sequence
 from growpage.core.pressure import floor_pages, protected_tokens
 from growpage.core.quantiles import percentile
 
+STEP_WINDOW = 512  # engine steps a step-cost fit is made from (the newest: the host's cost now)
+MIN_FIT_STEPS = 32  # steps before a fit is trusted
+# of them, steps that prefilled (their extra tokens price a recompute; a batch arriving at once prefills in few)
+MIN_PREFILL_STEPS = 2
 HISTORY_REQUESTS = 64  # finished requests the shares are learned from (the newest)
 MIN_FINISHED = 4  # finished requests before a learned share replaces the prior of 1
 SHARE_QUANTILE = 0.9  # a high quantile: an over-admitted batch preempts, an under-admitted one only waits
@@ -129,6 +141,91 @@ class Shares:
     output_share: float = 1.0
     need_share: float | None = None
     finished: int = 0
+    output_tokens: float | None = None  # mean tokens the newest finished requests generated (None: none yet)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+    """What one engine step costs, fitted: ``fixed_s + per_request_s * requests + per_token_s * extra``,
+    where ``extra`` counts the tokens beyond one per request (a prefill's, a recompute's).
+
+    Attributes:
+        fixed_s: seconds a step takes whatever it runs (reading the weights, the step's overheads).
+        per_request_s: seconds each request in the step adds (a decode token: attention, sampling).
+        per_token_s: seconds each further token adds (prefill and recompute).
+        steps: steps the fit was made from.
+    """
+
+    fixed_s: float
+    per_request_s: float
+    per_token_s: float
+    steps: int
+
+
+class StepCostFit:
+    """Least squares of step seconds on (1, requests, extra tokens) over the newest
+    :data:`STEP_WINDOW` steps; :meth:`costs` is None until the steps can tell the terms apart
+    (:data:`MIN_FIT_STEPS` of them, at two batch widths at least, :data:`MIN_PREFILL_STEPS` prefilling).
+    """
+
+    def __init__(self, window: int = STEP_WINDOW) -> None:
+        self._steps: collections.deque[tuple[int, int, float]] = collections.deque(maxlen=window)
+
+    def record(self, *, requests: int, tokens: int, seconds: float) -> None:
+        """One step ran ``requests`` requests and ``tokens`` tokens in all for ``seconds``."""
+        if requests <= 0 or seconds <= 0 or not math.isfinite(seconds):
+            return  # an empty step, or a clock that went backwards: nothing to learn
+        self._steps.append((requests, max(0, tokens - requests), seconds))
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def costs(self) -> StepCosts | None:
+        steps = list(self._steps)
+        if (len(steps) < MIN_FIT_STEPS or len({requests for requests, _, _ in steps}) < 2
+                or sum(1 for _, extra, _ in steps if extra) < MIN_PREFILL_STEPS):
+            return None
+        solved = _least_squares([(1.0, float(requests), float(extra)) for requests, extra, _ in steps],
+                                [seconds for _, _, seconds in steps])
+        if solved is None:
+            return None
+        fixed, per_request, per_token = (max(0.0, value) for value in solved)  # noise below zero means none
+        return StepCosts(fixed, per_request, per_token, len(steps))
+
+
+def lookahead_pays(costs: StepCosts, *, width: int, output_tokens: float, recompute_tokens: float) -> bool:
+    """Whether holding a waiting request that the pool cannot hold at the batch's end pays.
+
+    Holding it keeps the batch one narrower (``width`` running) while its ``output_tokens`` would
+    decode: done later, they take ``output_tokens / width`` more steps' fixed part than sharing the
+    running requests' steps would (each step's per-request part is paid either way). Starting it
+    costs, when the batch outgrows the pool, a preemption: about ``recompute_tokens`` prefilled again
+    (its prompt and the answer so far). Hold where the recompute costs at least the width."""
+    width_cost = costs.fixed_s * output_tokens / max(1, width)
+    recompute_cost = costs.per_token_s * recompute_tokens
+    return recompute_cost >= width_cost
+
+
+def _least_squares(rows: Sequence[tuple[float, float, float]], targets: Sequence[float]) -> tuple[float, ...] | None:
+    """Solve the 3x3 normal equations by Gaussian elimination with partial pivoting; None when singular."""
+    size = 3
+    matrix = [[sum(row[i] * row[j] for row in rows) for j in range(size)]
+              + [sum(row[i] * target for row, target in zip(rows, targets, strict=True))] for i in range(size)]
+    scale = max(abs(matrix[i][i]) for i in range(size)) or 1.0
+    for column in range(size):
+        pivot = max(range(column, size), key=lambda r: abs(matrix[r][column]))
+        if abs(matrix[pivot][column]) <= 1e-12 * scale:
+            return None
+        matrix[column], matrix[pivot] = matrix[pivot], matrix[column]
+        for row in range(column + 1, size):
+            factor = matrix[row][column] / matrix[column][column]
+            for k in range(column, size + 1):
+                matrix[row][k] -= factor * matrix[column][k]
+    solution = [0.0] * size
+    for row in reversed(range(size)):
+        known = sum(matrix[row][k] * solution[k] for k in range(row + 1, size))
+        solution[row] = (matrix[row][size] - known) / matrix[row][row]
+    return tuple(solution)
 
 
 class CompletionHistory:
@@ -140,6 +237,7 @@ class CompletionHistory:
     def __init__(self, history: int = HISTORY_REQUESTS) -> None:
         self._output: collections.deque[float] = collections.deque(maxlen=history)
         self._need: collections.deque[float] = collections.deque(maxlen=history)
+        self._output_tokens: collections.deque[int] = collections.deque(maxlen=history)
         self.finished = 0
 
     def record(self, *, output_tokens: int, max_tokens: int, need_share: float | None = None) -> None:
@@ -149,12 +247,14 @@ class CompletionHistory:
             return
         self.finished += 1
         self._output.append(_unit(output_tokens / max_tokens))
+        self._output_tokens.append(max(0, output_tokens))
         if need_share is not None:
             self._need.append(_unit(need_share))
 
     def shares(self) -> Shares:
         need = _learned(self._need) if len(self._need) >= MIN_FINISHED else None
-        return Shares(_learned(self._output), need, self.finished)
+        mean_output = sum(self._output_tokens) / len(self._output_tokens) if self._output_tokens else None
+        return Shares(_learned(self._output), need, self.finished, mean_output)
 
 
 def _unit(value: float) -> float:

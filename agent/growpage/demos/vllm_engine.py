@@ -208,7 +208,7 @@ def _progress_printer(console: Console) -> Callable[[dict], None]:
                       f"{report['elapsed_s']:>4.0f}s "
                       f"done {report['finished']:>2}/{report['requests']:<2} "
                       f"run {report['running']:>2} wait {report['waiting']:>2} "
-                      f"blocks {used:>3}/{report['blocks_total']:<3} "
+                      f"kv {used:>3}/{report['blocks_total']:<3} "
                       f"preempt {report['preemptions']:>2} {_decision_letters(report.get('decisions'))}",
                       highlight=False, soft_wrap=True)
 

@@ -158,10 +158,21 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
         # what enforce freed (its compactions, against growing) and what monitor forecast it would
         "pages_freed": freed.stop() if freed is not None else 0,
         "forecast": {key: after["forecast"][key] - before["forecast"].get(key, 0) for key in after["forecast"]},
+        "admission": _admission_delta(before["admission"], after["admission"]),
         "outputs": {rid.rsplit("-", 1)[1]: tokens for rid, tokens in run.outputs.items()},
         "logprobs": {rid.rsplit("-", 1)[1]: values for rid, values in run.logprobs.items() if values},
         **({"decision_trace": trace.stop()} if trace is not None else {}),
     }
+
+
+def _admission_delta(before: dict | None, after: dict | None) -> dict | None:
+    """This run's share of the steps enforce's admission looked ahead in, and the costs it weighed at the end."""
+    if after is None or before is None:
+        return None
+    steps = after["steps"] - before["steps"]
+    looked = after["lookahead_steps"] - before["lookahead_steps"]
+    return {"policy": after["policy"], "lookahead_share": round(looked / steps, 3) if steps else None,
+            "step_costs": after["step_costs"]}
 
 
 class _Run:
@@ -204,11 +215,17 @@ def _counters(scheduler: Any) -> dict:
     monitor would decide, what enforce decided) and compressed bytes."""
     agent = existing_agent(scheduler)
     if agent is None:
-        return {"decisions": {}, "bytes_in": 0, "bytes_out": 0, "forecast": {}}
+        return {"decisions": {}, "bytes_in": 0, "bytes_out": 0, "forecast": {}, "admission": None}
     stats = agent.stats
     forecast = dataclasses.asdict(agent.forecast.totals()) if agent.forecast is not None else {}
+    gate = agent.admission
+    costs = agent.steps.fit.costs()
+    # enforce's admission: its policy, steps it ran and looked ahead in, and the step costs it weighed
+    admission = None if gate is None else {
+        "policy": gate.policy, "steps": gate.steps, "lookahead_steps": gate.lookahead_steps,
+        "step_costs": dataclasses.asdict(costs) if costs is not None else None}
     return {"decisions": dict(stats.decisions_total), "bytes_in": stats.compress_input_bytes_total,
-            "bytes_out": stats.compress_output_bytes_total, "forecast": forecast}
+            "bytes_out": stats.compress_output_bytes_total, "forecast": forecast, "admission": admission}
 
 
 class _DecisionListener:

@@ -32,8 +32,10 @@ from growpage.core.admission import (
     Compression,
     KVDemand,
     Shares,
+    StepCostFit,
     admissible,
     full_peak_tokens,
+    lookahead_pays,
     projected_demand,
     standing_need_share,
 )
@@ -46,6 +48,10 @@ LIMIT_ATTRIBUTE = "max_num_active_reqs"  # vLLM 0.32's admission limit (Schedule
 # tens of steps a second, seconds: long enough to drain a thrashing batch, short enough to give a
 # quiet pool back to vLLM's own admission)
 PREEMPTION_MEMORY_STEPS = 256
+# how the gate decides whether to look ahead in a step: always; within PREEMPTION_MEMORY_STEPS of a
+# vLLM preemption; or where the host's measured step costs say a recompute costs more than the
+# width holding gives up (core.admission.lookahead_pays; admission: auto)
+GATE_POLICIES = ("projected", "after_preemption", "measured")
 CompressionOf = Callable[[Request], Compression | None]
 
 
@@ -108,12 +114,23 @@ class AdmissionGate:
     Args:
         block_size: vLLM's cache block size.
         total_pages: usable blocks in the pool (the null block excluded).
+        policy: when it looks ahead (:data:`GATE_POLICIES`).
+        step_costs: the engine's measured step costs (``measured``; the scheduler agent fits them).
+        lookahead_unmeasured: ``measured`` before the fit can tell the costs apart: look ahead
+            (the device's prior: a CPU) or not.
     """
 
-    def __init__(self, block_size: int, total_pages: int, *, after_preemption: bool = True):
+    def __init__(self, block_size: int, total_pages: int, *, policy: str = "projected",
+                 step_costs: StepCostFit | None = None, lookahead_unmeasured: bool = True):
+        if policy not in GATE_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(GATE_POLICIES)}, got {policy!r}")
         self.block_size = block_size
         self.total_pages = total_pages
-        self.after_preemption = after_preemption
+        self.policy = policy
+        self.step_costs = step_costs if step_costs is not None else StepCostFit()
+        self.lookahead_unmeasured = lookahead_unmeasured
+        self.lookahead = policy != "after_preemption"  # this step's answer (exported)
+        self.lookahead_steps = 0  # steps it looked ahead in
         self.history = CompletionHistory()
         self.configured_limit: int | None = None  # the deployment's own limit, read at the first step
         self.holds_total = 0
@@ -122,22 +139,42 @@ class AdmissionGate:
         self._last_preemption_step: int | None = None
 
     @property
-    def engaged(self) -> bool:
-        """Admission projects this step: always, or (``after_preemption``) within
-        :data:`PREEMPTION_MEMORY_STEPS` steps of a vLLM preemption."""
-        if not self.after_preemption:
-            return True
-        return (self._last_preemption_step is not None
-                and self.steps - self._last_preemption_step <= PREEMPTION_MEMORY_STEPS)
+    def after_preemption(self) -> bool:
+        return self.policy == "after_preemption"
 
-    def advance(self) -> bool:
-        """Count one engine step; whether admission projects in it (:attr:`engaged`)."""
+    def advance(self, scheduler: Scheduler | None = None) -> bool:
+        """Count one engine step; whether admission projects in it: always (``projected``), within
+        :data:`PREEMPTION_MEMORY_STEPS` steps of a vLLM preemption (``after_preemption``), or where
+        the measured costs say holding pays (``measured``: :meth:`holding_pays`)."""
         self.steps += 1
-        return self.engaged
+        if self.policy == "after_preemption":
+            self.lookahead = (self._last_preemption_step is not None
+                              and self.steps - self._last_preemption_step <= PREEMPTION_MEMORY_STEPS)
+        elif self.policy == "measured" and scheduler is not None:
+            self.lookahead = self.holding_pays(scheduler)
+        self.lookahead_steps += int(self.lookahead)
+        return self.lookahead
+
+    def holding_pays(self, scheduler: Scheduler) -> bool:
+        """``measured``: whether holding the oldest waiting request, were the pool short at the
+        batch's end, costs less than the preemption starting it would bring
+        (:func:`~growpage.core.admission.lookahead_pays` on the engine's fitted step costs; before
+        they can be told apart, :attr:`lookahead_unmeasured`)."""
+        costs = self.step_costs.costs()
+        waiting = next(iter(scheduler.waiting), None)
+        if costs is None or waiting is None:
+            return self.lookahead_unmeasured if costs is None else self.lookahead
+        shares = self.history.shares()
+        output = (shares.output_tokens if shares.output_tokens is not None
+                  else _max_tokens(waiting, scheduler) * shares.output_share)
+        return lookahead_pays(costs, width=len(scheduler.running), output_tokens=output,
+                              recompute_tokens=int(waiting.num_prompt_tokens) + output / 2)
 
     def on_preempt(self) -> None:
         """vLLM preempted a request: the batch outgrew the pool, so admission looks ahead again."""
         self._last_preemption_step = self.steps
+        if self.policy == "after_preemption":
+            self.lookahead = True
 
     def before_schedule(self, scheduler: Scheduler, blocks: Mapping[str, Sequence[KVBlock]],
                         compression: CompressionOf) -> bool:
@@ -151,7 +188,7 @@ class AdmissionGate:
         if self.configured_limit is None:
             self.configured_limit = int(getattr(scheduler, LIMIT_ATTRIBUTE))
         setattr(scheduler, LIMIT_ATTRIBUTE, self.configured_limit)  # vLLM's own, should anything below fail
-        if not self.advance():
+        if not self.advance(scheduler):
             self.projected_pages = 0
             return False
         plan = self.plan(scheduler, blocks, compression, self.configured_limit)
@@ -214,6 +251,39 @@ class AdmissionGate:
         return found
 
 
+class StepMeter:
+    """Times vLLM's steps into a :class:`~growpage.core.admission.StepCostFit`: from the end of
+    ``schedule()`` to ``update_from_output`` of the same ``SchedulerOutput`` (the model's run; where
+    vLLM schedules the next step while one runs, that overlap too: what a step costs the engine).
+
+    Args:
+        clock: monotonic seconds.
+    """
+
+    PENDING_MAX = 8  # steps in flight at most (vLLM's batch queue is 1-2 deep); more means lost outputs
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock = clock
+        self.fit = StepCostFit()
+        self._pending: dict[int, tuple[float, int, int]] = {}  # id(SchedulerOutput) -> start, requests, tokens
+
+    def scheduled(self, output: Any) -> None:
+        """``schedule()`` returned ``output``: what the step runs, and when it started."""
+        scheduled = getattr(output, "num_scheduled_tokens", None) or {}
+        if not scheduled:
+            return
+        if len(self._pending) >= self.PENDING_MAX:
+            self._pending.clear()
+        self._pending[id(output)] = (self.clock(), len(scheduled), int(sum(scheduled.values())))
+
+    def finished(self, output: Any) -> None:
+        """``update_from_output`` took ``output``'s results: the step's time goes into the fit."""
+        started = self._pending.pop(id(output), None)
+        if started is not None:
+            start, requests, tokens = started
+            self.fit.record(requests=requests, tokens=tokens, seconds=self.clock() - start)
+
+
 def _max_tokens(request: Request, scheduler: Scheduler | None) -> int:
     """The request's ``max_tokens``; unset, what the model's length leaves after its prompt."""
     value = getattr(request, "max_tokens", None)
@@ -243,6 +313,9 @@ class AdmissionCollector:
             return
         label = [catalog.MODEL_LABEL]
         try:
+            lookahead = GaugeMetricFamily(catalog.ADMISSION_LOOKAHEAD.name, catalog.ADMISSION_LOOKAHEAD.help,
+                                          labels=label)
+            lookahead.add_metric([self.model], float(gate.lookahead))
             holds = CounterMetricFamily(catalog.ADMISSION_HOLDS.name.removesuffix("_total"),
                                         catalog.ADMISSION_HOLDS.help, labels=label)
             holds.add_metric([self.model], float(gate.holds_total))
@@ -252,4 +325,4 @@ class AdmissionCollector:
         except Exception:  # a scrape never raises
             self.source.stats.record_error("plugin")
             return
-        yield from (holds, projected)
+        yield from (holds, projected, lookahead)

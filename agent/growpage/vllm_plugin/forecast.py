@@ -66,12 +66,15 @@ class ShadowKV:
         dropped: tokens its compactions would have dropped.
         prompt_settled: its first decode step has been seen (a prompt is compressed for admission once).
         over_projection: vLLM started it where growth-aware admission would have held it.
+        enforce_would_hold: ... and enforce's admission would have (``auto``: it looked ahead in
+            that step, the measured costs saying holding pays).
     """
 
     pages: int
     dropped: int = 0
     prompt_settled: bool = False
     over_projection: bool = False  # vLLM started it where growth-aware admission would have held it
+    enforce_would_hold: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +132,7 @@ class EnforceForecast:
         self.enforce_admits_so = enforce_admits_so
         self.preemptions_avoidable_by_admission_total = 0
         self._would_hold: frozenset[str] = frozenset()  # waiting requests admission holds this step
+        self._enforce_looks_ahead = False  # enforce's admission looks ahead this step
         self.shadows: dict[str, ShadowKV] = {}
         self.pages_freed_total = 0
         self.compactions_total = 0
@@ -146,7 +150,10 @@ class EnforceForecast:
         self._would_hold = frozenset()
         if self.admission is None or limit is None:
             return
-        if not self.admission.advance() or not scheduler.waiting:
+        # auto (measured) looks ahead only in some steps; what projected would hold is counted in every one
+        looks_ahead = self.admission.advance(scheduler)
+        self._enforce_looks_ahead = self.enforce_admits_so and looks_ahead
+        if not (looks_ahead or self.admission.policy == "measured") or not scheduler.waiting:
             return
         plan = self.admission.plan(scheduler, blocks_by_request(scheduler.kv_cache_manager),
                                    lambda request: compression_of(self.controller, request, Mode.MONITOR), limit)
@@ -165,8 +172,13 @@ class EnforceForecast:
             shadow = self.shadows.get(request.request_id)
             if shadow is None or not request.decoding:
                 # admitted or still in its prompt: enforce holds what vLLM holds
-                over = shadow.over_projection if shadow is not None else request.request_id in self._would_hold
-                self.shadows[request.request_id] = ShadowKV(pages=request.pages_held, over_projection=over)
+                if shadow is not None:
+                    over, enforced = shadow.over_projection, shadow.enforce_would_hold
+                else:
+                    over = request.request_id in self._would_hold
+                    enforced = over and self._enforce_looks_ahead
+                self.shadows[request.request_id] = ShadowKV(pages=request.pages_held, over_projection=over,
+                                                            enforce_would_hold=enforced)
                 continue
             if not shadow.prompt_settled:
                 shadow.prompt_settled = True
@@ -187,7 +199,7 @@ class EnforceForecast:
         shadow = self.shadows.get(request_id)
         if shadow is not None and shadow.over_projection:
             self.preemptions_avoidable_by_admission_total += 1  # admission would not have started it yet
-            if self.enforce_admits_so:
+            if shadow.enforce_would_hold:
                 self.preemptions_avoidable_total += 1
                 del self.shadows[request_id]
                 return

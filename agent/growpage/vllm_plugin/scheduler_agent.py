@@ -40,7 +40,7 @@ from growpage.core.methods import build_method
 from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView
-from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionCollector, AdmissionGate
+from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionCollector, AdmissionGate, StepMeter
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
@@ -125,13 +125,19 @@ class SchedulerAgent:
             self.stats.set_component_state(component, state)
         admission = settings.admission_on(view.device)
         enforcing = config.mode is Mode.ENFORCE and enforcer_blocker is None
+        # what this engine's steps cost (measured admission weighs a recompute against a wider batch by it)
+        self.steps = StepMeter(clock)
+
+        def gate() -> AdmissionGate:
+            return AdmissionGate(config.block_size, view.num_pages,
+                                 policy="projected" if admission == "vllm" else admission,
+                                 step_costs=self.steps.fit,
+                                 lookahead_unmeasured=settings.lookahead_unmeasured(view.device))
+
         # every request this side knows, one entry each, and what happens to each as a whole; growth-aware
         # admission where GrowPage enforces with it
-        self.requests = SchedulerRequests(
-            self.controller,
-            AdmissionGate(config.block_size, view.num_pages, after_preemption=admission == "after_preemption")
-            if enforcing and admission != "vllm" else None,
-            log_path=enforce_log_path())
+        self.requests = SchedulerRequests(self.controller, gate() if enforcing and admission != "vllm" else None,
+                                          log_path=enforce_log_path())
         self.enforcer: SchedulerEnforcer | None = None
         if enforcing:
             self.enforcer = SchedulerEnforcer(self.controller, requests=self.requests)
@@ -143,9 +149,7 @@ class SchedulerAgent:
         # enforcing deployment's steps carry no forecast work
         self.forecast: EnforceForecast | None = (
             # admission is always forecast (as configured, or as projected where enforce admits as vLLM)
-            EnforceForecast(self.controller, AdmissionGate(
-                config.block_size, view.num_pages, after_preemption=admission == "after_preemption"),
-                enforce_admits_so=admission != "vllm")
+            EnforceForecast(self.controller, gate(), enforce_admits_so=admission != "vllm")
             if may_monitor(config, settings) else None)
         self.scheduler: Scheduler | None = None
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time
@@ -204,6 +208,7 @@ class SchedulerAgent:
         """Admit requests that run for the first time, record this step's grants and monitored
         boundaries, attach the enforcer's payload, and let telemetry poll."""
         self.scheduler = scheduler
+        self.steps.scheduled(output)
         allocations, self._allocations = self._allocations, {}
         req_to_blocks = blocks_by_request(scheduler.kv_cache_manager)
         boundaries = []
@@ -291,8 +296,10 @@ class SchedulerAgent:
             self.observed.requests_observed += int(released.observed)
 
     # ---- the workers' reports ---------------------------------------------------------------------
-    def on_output(self, model_runner_output: Any) -> None:
-        """Take the worker's :class:`WorkerReport`; poll telemetry when the engine goes idle."""
+    def on_output(self, model_runner_output: Any, scheduler_output: Any = None) -> None:
+        """Take the worker's :class:`WorkerReport` for ``scheduler_output``'s step (which the step
+        meter times)."""
+        self.steps.finished(scheduler_output)
         report = getattr(model_runner_output, REPORT_ATTRIBUTE, None)
         if isinstance(report, WorkerReport):
             self.take_report(report)

@@ -244,7 +244,7 @@ def _wrap_update(original: Callable[..., object]) -> Callable[..., object]:
                            **kwargs: object) -> object:
         agent = agent_of(self)
         if agent is not None:
-            agent.guarded("worker report", agent.on_output, model_runner_output)
+            agent.guarded("worker report", agent.on_output, model_runner_output, scheduler_output)
         result = original(self, scheduler_output, model_runner_output, *args, **kwargs)
         if agent is not None:
             agent.guarded("idle poll", agent.after_output, self)

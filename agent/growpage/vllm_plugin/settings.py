@@ -44,24 +44,28 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
 # Monitor observes one step in this many unless observe_every_steps says otherwise: measured on an
 # AVX2 host, observing every step cost 4-5 % of vLLM alone's tokens/s; see docs/BENCHMARKS.md.
 MONITOR_OBSERVE_EVERY_STEPS = 4
-# Enforce under growth-aware admission (``projected``) observes one step in this many too: admission
-# keeps the batch inside what compression can hold, so the cheaper observer and the smaller
-# attention need a sampled maximum gives (a wider admitted batch) pay; measured on decode-heavy
-# work, 1.007x tuned vLLM alone at +0.011 nats/token where every step gave 0.95x, and 16 of 16
-# retrieval answers as vLLM alone (docs/BENCHMARKS.md, "Never worse"). The step that ends a prompt is
-# observed whatever the stride (prompt-anchored scores start there). Under vLLM's admission the
-# same sampling cut what requests still needed (+0.032 nats/token), so there enforce observes every step.
+# Enforce under growth-aware admission (``projected``, or ``auto``'s measured choice) observes one
+# step in this many too: admission keeps the batch inside what compression can hold, so the cheaper
+# observer and the smaller attention need a sampled maximum gives (a wider admitted batch) pay;
+# measured on decode-heavy work, 1.007x tuned vLLM alone at +0.011 nats/token where every step gave
+# 0.95x, and 16 of 16 retrieval answers as vLLM alone (docs/BENCHMARKS.md, "Never worse"). The step
+# that ends a prompt is observed whatever the stride (prompt-anchored scores start there). Under
+# vLLM's admission the same sampling cut what requests still needed (+0.032 nats/token on an AVX2
+# host), so there enforce observes every step; under ``auto`` it samples in the steps it admits as
+# vLLM too (every step cost 16 % of a step on an AVX-512 host).
 GROWTH_AWARE_OBSERVE_EVERY_STEPS = 4
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
-# admission under enforce: by the device, vLLM's own, growth-aware always, or once vLLM preempts
+# admission under enforce: measured on the host, vLLM's own, growth-aware always, or once vLLM preempts
 ADMISSION_CHOICES = ("auto", "vllm", "projected", "after_preemption")
-# auto: growth-aware where KV lives in host memory (measured on an AVX2 CPU, which decodes a wide
-# batch little faster and pays a preemption's recompute in full; an AVX-512 one decodes it 1.3x
-# faster and loses 17 % to vLLM alone this way: docs/BENCHMARKS.md, so the device is a proxy for
-# what should be measured), vLLM's own elsewhere (a GPU decodes a wide batch for about the cost of
-# a narrow one; not measured here)
-AUTO_ADMISSION_BY_DEVICE = {"cpu": "projected"}
+# auto looks ahead where the engine's own steps say a preemption's recompute costs more than the
+# batch width holding gives up (growpage.core.admission.lookahead_pays): an AVX2 CPU, whose prefill
+# costs about what decode does per token, looks ahead; an AVX-512 one, which batches a recompute
+# cheaply and decodes a wider batch 1.3x faster, lost 17 % to vLLM alone looking ahead always
+# (docs/BENCHMARKS.md). Until the fit can tell the costs apart (a few dozen steps), the device's
+# prior: look ahead where KV lives in host memory, not on a GPU (which decodes a wide batch for
+# about the cost of a narrow one; not measured here).
+LOOKAHEAD_UNMEASURED_BY_DEVICE = {"cpu": True}
 VLLM_METHODS = VLLM_METHOD_NAMES
 """Methods enforce can run inside vLLM, as registered (quantizing ones cannot: ``kv_cache_dtype`` is
 deployment-wide)."""
@@ -81,8 +85,9 @@ class PluginSettings:
             :data:`MONITOR_OBSERVE_EVERY_STEPS` when the deployment runs ``monitor`` (its cost
             stays within 2 %; ``gpctl bench vllm --part overhead`` measures the cost and what it
             does to the decisions); under ``enforce``
-            :data:`GROWTH_AWARE_OBSERVE_EVERY_STEPS` where admission is ``projected`` (``auto`` on
-            CPU), else every step (keep sets accumulate every step's attention). The summaries'
+            :data:`GROWTH_AWARE_OBSERVE_EVERY_STEPS` where admission is ``projected`` or ``auto``
+            (whichever it chooses in a step), else every step (keep sets accumulate every step's
+            attention). The summaries'
             windows count observed steps, so they span this many times more decode steps;
             boundaries are still counted every step. Under vLLM's ``FULL_AND_PIECEWISE`` (or
             ``FULL_DECODE_ONLY``) CUDA graphs the due step runs without its full graph
@@ -138,11 +143,12 @@ class PluginSettings:
             attention-need shares learned from finished requests
             (:mod:`~growpage.vllm_plugin.admission`), so a batch admitted on its prompts does not
             outgrow the pool and thrash in preemptions. ``after_preemption``: the same, only within
-            a few hundred steps of a vLLM preemption. ``auto`` (the default): ``projected`` where KV
-            lives in host memory (vLLM's CPU build), ``vllm`` elsewhere (:meth:`admission_on`). A trade: fewer
-            preemptions (recomputes) for a narrower batch, and a held request is not made room for
-            by compressing the others; which pays depends on the traffic and the hardware
-            (docs/BENCHMARKS.md has the table). Monitor and off never change admission.
+            a few hundred steps of a vLLM preemption. ``auto`` (the default): the same, in the steps
+            where the engine's measured step costs say a recompute costs more than the batch width
+            holding gives up (``measured``: :meth:`admission_on`; :data:`LOOKAHEAD_UNMEASURED_BY_DEVICE`
+            until they are measured). A trade: fewer preemptions (recomputes) for a narrower batch,
+            and a held request is not made room for by compressing the others; which pays depends
+            on the traffic and the hardware (docs/BENCHMARKS.md has the table). Monitor and off never change admission.
     """
 
     exporter_port: int = DEFAULT_EXPORTER_PORT
@@ -188,18 +194,23 @@ class PluginSettings:
         self._check_selection()
         if self.admission not in ADMISSION_CHOICES:
             raise ConfigError(f"admission must be one of {', '.join(ADMISSION_CHOICES)}, got {self.admission!r}; "
-                              "auto picks by device, vllm is vLLM's own, projected looks ahead always, "
-                              "after_preemption once vLLM preempts")
+                              "auto weighs a recompute against a wider batch on this host, vllm is vLLM's own, "
+                              "projected looks ahead always, after_preemption once vLLM preempts")
         for name in ("client_mode", "client_namespaces"):
             if getattr(self, name) not in CLIENT_CHOICES:
                 raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
                                   "auto ignores clients when the deployment enforces")
 
     def admission_on(self, device: str) -> str:
-        """The admission enforce runs on ``device`` (vLLM's ``device_type``): ``auto`` resolved."""
-        if self.admission != "auto":
-            return self.admission
-        return AUTO_ADMISSION_BY_DEVICE.get(device, "vllm")
+        """The admission enforce runs: ``auto`` resolved (``measured``, whatever the device: on
+        ``device``, vLLM's ``device_type``, only the prior before the costs are measured differs,
+        :meth:`lookahead_unmeasured`)."""
+        return "measured" if self.admission == "auto" else self.admission
+
+    @staticmethod
+    def lookahead_unmeasured(device: str) -> bool:
+        """Whether ``measured`` admission looks ahead on ``device`` before its step costs are fitted."""
+        return LOOKAHEAD_UNMEASURED_BY_DEVICE.get(device, False)
 
     def observation_stride(self, mode: Mode, device: str = "unknown") -> int:
         """Steps per observed step in a deployment running ``mode`` on ``device`` (vLLM's
@@ -208,7 +219,7 @@ class PluginSettings:
             return self.observe_every_steps
         if mode is Mode.MONITOR:
             return MONITOR_OBSERVE_EVERY_STEPS
-        if mode is Mode.ENFORCE and self.admission_on(device) == "projected":
+        if mode is Mode.ENFORCE and self.admission_on(device) in ("projected", "measured"):
             return GROWTH_AWARE_OBSERVE_EVERY_STEPS
         return 1
 

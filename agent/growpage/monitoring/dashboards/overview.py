@@ -205,19 +205,23 @@ def _forecast_row(t: catalog.MixinThresholds) -> list[Cell]:
 
 def _admission_row(t: catalog.MixinThresholds) -> list[Cell]:
     """Growth-aware admission under enforce (vLLM home): why requests queue while pages are free."""
-    holds, projected, pool = (metric(spec.name) for spec in (
-        catalog.ADMISSION_HOLDS, catalog.ADMISSION_PROJECTED_PAGES, catalog.POOL_PAGES))
+    holds, projected, pool, lookahead = (metric(spec.name) for spec in (
+        catalog.ADMISSION_HOLDS, catalog.ADMISSION_PROJECTED_PAGES, catalog.POOL_PAGES, catalog.ADMISSION_LOOKAHEAD))
     return [
         Cell(timeseries("Steps admission held a request", catalog.ADMISSION_HOLDS.help + " Requests then wait in "
                         f"vLLM's queue ({catalog.VLLM_REQUESTS_WAITING}) with pages still free: they are the room "
                         "the running requests will grow into.",
                         targets((f"sum by (namespace, pod) (rate({holds}[{RATE}]))", "{{namespace}}/{{pod}}")),
-                        "short"), 12),
+                        "short"), 8),
+        Cell(timeseries("Admission looks ahead", catalog.ADMISSION_LOOKAHEAD.help + " A pod at 0 admits as vLLM "
+                        "does: preemptions there are the price auto chose for a wider batch.",
+                        targets((f"max by (namespace, pod) ({lookahead})", "{{namespace}}/{{pod}}")),
+                        "short"), 8),
         Cell(timeseries("Projected pages against the pool", catalog.ADMISSION_PROJECTED_PAGES.help
                         + " Beside the pool's size: admission keeps the first under the second.",
                         targets((f"sum by (namespace, pod) ({projected})", "{{namespace}}/{{pod}} projected"),
                                 (f"sum by (namespace, pod) ({pool})", "{{namespace}}/{{pod}} pool")),
-                        "short"), 12),
+                        "short"), 8),
     ]
 
 
