@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from growpage.core.headroom import Floors, Headroom, RunningKV, headroom, reclaimable_pages
-from growpage.core.pressure import floor_pages, protected_tokens
+from growpage.core.step_control import floor_pages, protected_tokens
 
 FLOORS = Floors(base_pages=3, block_size=4, sink_tokens=1, recent_window_tokens=4)
 

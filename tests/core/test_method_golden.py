@@ -26,9 +26,8 @@ import torch
 
 from growpage.core.methods import METHOD_NAMES, build_method
 from growpage.engine.kv.manager import SlotStatus
-from growpage.vllm_plugin.compaction import choose_keep, slot_positions
+from growpage.vllm_plugin.compaction import TokenScores, choose_keep, slot_positions
 from growpage.vllm_plugin.settings import VLLM_METHODS
-from growpage.vllm_plugin.token_scores import TokenScores
 from support.factories import Driver, make_manager
 
 GOLDEN = Path(__file__).with_name("golden") / "method_trace.json"

@@ -11,8 +11,7 @@ from cache_layouts import probed, row_major_write, transposed_write
 from growpage.core.controller import GrowthController
 from growpage.core.methods import build_method
 from growpage.core.policy import Action
-from growpage.core.pressure import protected_tokens
-from growpage.core.step_control import enforceable_action
+from growpage.core.step_control import enforceable_action, protected_tokens
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin.compaction import (
     choose_keep,

@@ -11,7 +11,7 @@ still allows. What it *must* hold then depends on who manages its KV:
 
 - vLLM alone (a request GrowPage does not compress): every token, full KV;
 - GrowPage (enforced): its floor at that length, which pressure relief can always compress it to
-  (:func:`~growpage.core.pressure.floor_pages`: ``base_pages``, the protected sinks and recent
+  (:func:`~growpage.core.step_control.floor_pages`: ``base_pages``, the protected sinks and recent
   window, and the tokens holding ``attention_coverage`` of its attention), never more than full KV.
   The attention need is projected as the share of its tokens its observed attention needs now, or,
   before it was observed, the share finished requests needed.
@@ -44,11 +44,11 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from growpage.core.pressure import floor_pages, protected_tokens
 from growpage.core.quantiles import percentile
+from growpage.core.step_control import floor_pages, protected_tokens
 
 STEP_WINDOW = 512  # engine steps a step-cost fit is made from (the newest: the host's cost now)
-MIN_FIT_STEPS = 32  # steps before a fit is trusted
+MIN_FIT_STEPS = 16  # steps before a fit is trusted (its answer has a wide margin on the hosts measured)
 # of them, steps that prefilled (their extra tokens price a recompute; a batch arriving at once prefills in few)
 MIN_PREFILL_STEPS = 2
 HISTORY_REQUESTS = 64  # finished requests the shares are learned from (the newest)
@@ -166,31 +166,67 @@ class StepCostFit:
     """Least squares of step seconds on (1, requests, extra tokens) over the newest
     :data:`STEP_WINDOW` steps; :meth:`costs` is None until the steps can tell the terms apart
     (:data:`MIN_FIT_STEPS` of them, at two batch widths at least, :data:`MIN_PREFILL_STEPS` prefilling).
+
+    Runs on the scheduler's thread every step, so a step costs O(1): the normal equations' sums
+    are kept as steps come and go (rebuilt once a window against drift), and solved only when read.
     """
 
     def __init__(self, window: int = STEP_WINDOW) -> None:
         self._steps: collections.deque[tuple[int, int, float]] = collections.deque(maxlen=window)
+        self._widths: collections.Counter[int] = collections.Counter()
+        self._prefills = 0
+        self._sums = [0.0] * 9  # sum of x_i * x_j (i <= j, packed) and of x_i * y, x = (1, requests, extra)
+        self._since_rebuild = 0
+        self._solved: StepCosts | None = None
+        self._stale = True
 
     def record(self, *, requests: int, tokens: int, seconds: float) -> None:
         """One step ran ``requests`` requests and ``tokens`` tokens in all for ``seconds``."""
         if requests <= 0 or seconds <= 0 or not math.isfinite(seconds):
             return  # an empty step, or a clock that went backwards: nothing to learn
-        self._steps.append((requests, max(0, tokens - requests), seconds))
+        step = (requests, max(0, tokens - requests), seconds)
+        if len(self._steps) == self._steps.maxlen:
+            self._account(self._steps[0], -1)
+        self._steps.append(step)
+        self._account(step, 1)
+        self._since_rebuild += 1
+        if self._since_rebuild >= (self._steps.maxlen or 1):
+            self._rebuild()
+        self._stale = True
 
     def __len__(self) -> int:
         return len(self._steps)
 
     def costs(self) -> StepCosts | None:
-        steps = list(self._steps)
-        if (len(steps) < MIN_FIT_STEPS or len({requests for requests, _, _ in steps}) < 2
-                or sum(1 for _, extra, _ in steps if extra) < MIN_PREFILL_STEPS):
+        if self._stale:
+            self._solved, self._stale = self._solve(), False
+        return self._solved
+
+    def _solve(self) -> StepCosts | None:
+        if (len(self._steps) < MIN_FIT_STEPS or len(self._widths) < 2
+                or self._prefills < MIN_PREFILL_STEPS):
             return None
-        solved = _least_squares([(1.0, float(requests), float(extra)) for requests, extra, _ in steps],
-                                [seconds for _, _, seconds in steps])
+        n, r, e, rr, re, ee, y, ry, ey = self._sums
+        solved = _solve3([[n, r, e, y], [r, rr, re, ry], [e, re, ee, ey]])
         if solved is None:
             return None
         fixed, per_request, per_token = (max(0.0, value) for value in solved)  # noise below zero means none
-        return StepCosts(fixed, per_request, per_token, len(steps))
+        return StepCosts(fixed, per_request, per_token, len(self._steps))
+
+    def _account(self, step: tuple[int, int, float], sign: int) -> None:
+        requests, extra, seconds = step
+        for index, value in enumerate((1.0, requests, extra, requests * requests, requests * extra, extra * extra,
+                                       seconds, requests * seconds, extra * seconds)):
+            self._sums[index] += sign * value
+        self._widths[requests] += sign
+        if self._widths[requests] <= 0:
+            del self._widths[requests]
+        self._prefills += sign * (extra > 0)
+
+    def _rebuild(self) -> None:
+        self._sums, self._widths, self._prefills, self._since_rebuild = [0.0] * 9, collections.Counter(), 0, 0
+        for step in self._steps:
+            self._account(step, 1)
 
 
 def lookahead_pays(costs: StepCosts, *, width: int, output_tokens: float, recompute_tokens: float) -> bool:
@@ -206,11 +242,10 @@ def lookahead_pays(costs: StepCosts, *, width: int, output_tokens: float, recomp
     return recompute_cost >= width_cost
 
 
-def _least_squares(rows: Sequence[tuple[float, float, float]], targets: Sequence[float]) -> tuple[float, ...] | None:
-    """Solve the 3x3 normal equations by Gaussian elimination with partial pivoting; None when singular."""
+def _solve3(matrix: list[list[float]]) -> tuple[float, ...] | None:
+    """Solve a 3x3 system (rows ``[a, b, c, rhs]``) by Gaussian elimination with partial
+    pivoting; None when singular."""
     size = 3
-    matrix = [[sum(row[i] * row[j] for row in rows) for j in range(size)]
-              + [sum(row[i] * target for row, target in zip(rows, targets, strict=True))] for i in range(size)]
     scale = max(abs(matrix[i][i]) for i in range(size)) or 1.0
     for column in range(size):
         pivot = max(range(column, size), key=lambda r: abs(matrix[r][column]))

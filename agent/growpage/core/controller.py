@@ -35,13 +35,13 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core.faults import FaultGuard
 from growpage.core.methods import GROWPAGE, KVMethod
 from growpage.core.policy import Action, BoundaryState, Reason, capacity_boundary_pages, refill_growth_budget
-from growpage.core.pressure import Reclaim, floor_pages, measure_pressure, plan_reclaim
 from growpage.core.stats import AdmitEvent, DecisionEvent, FinishEvent, PoolGauges, StatsRecorder, StatsSnapshot
 from growpage.core.step_control import (
     ALL_ACTIONS,
     BoundaryCall,
     BoundaryPlan,
     ControlledRequest,
+    Reclaim,
     RequestView,
     StepControl,
     StepPool,
@@ -49,7 +49,10 @@ from growpage.core.step_control import (
     compression_pays,
     enforceable_action,
     evict_pages_after,
+    floor_pages,
     growth_reserve,
+    measure_pressure,
+    plan_reclaim,
     reclaim_candidates,
     request_floor,
 )

@@ -6,8 +6,8 @@ GrowPage replica has two kinds of room for it:
 
 - **free pages**: pages no request holds;
 - **reclaimable pages**: pages GrowPage could free by compressing the running requests it
-  enforces, each no lower than its floor (:func:`growpage.core.pressure.floor_pages`, over
-  :func:`growpage.core.pressure.protected_tokens`: the floor pressure relief and boundary evictions
+  enforces, each no lower than its floor (:func:`growpage.core.step_control.floor_pages`, over
+  :func:`growpage.core.step_control.protected_tokens`: the floor pressure relief and boundary evictions
   use, so the router is never promised pages GrowPage would refuse to free). A request in
   ``monitor`` or ``off``, or one whose blocks are shared past its leading prefix run, is never
   compressed, so it adds nothing.
@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from growpage.core.pressure import floor_pages, protected_tokens
+from growpage.core.step_control import floor_pages, protected_tokens
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,7 +66,7 @@ class Reason(str, enum.Enum):
     # the cached prompt compressed to its floor: a fixed budget's always, GrowPage's when a waiting
     # request cannot be admitted (core.step_control.admission_blocked)
     PROMPT_BUDGET = "prompt_budget"
-    POOL_PRESSURE = "pool_pressure"  # compressed outside its boundary so the pool holds the step (core.pressure)
+    POOL_PRESSURE = "pool_pressure"  # compressed outside its boundary so the pool holds the step (core.step_control)
     NO_PRESSURE = "no_pressure"  # grew although the contract would compress: nothing waits, the pool has room
 
 

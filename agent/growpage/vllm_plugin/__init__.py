@@ -27,7 +27,7 @@ worker side share only ``wire``)::
     scoring.py       the observed queries against the cached keys, in bounded chunks
     runner_views.py  a step's batch under Model Runner V1 or V2
     observer.py      per-worker attention observation and summaries; the worker's report
-    compaction.py    enforce arithmetic without vLLM: physical/logical lengths, keep sets
+    compaction.py    a compaction without vLLM: token scores, keep sets, physical/logical lengths
     compactor.py     enforce in the worker: applies plans, physical seq_lens and slot_mapping
     worker_hooks.py  the observer registry; wraps the worker and the runners
     backend.py       CPU_ATTN / FLASH_ATTN / FLASHINFER / TRITON_ATTN subclasses feeding the observer

@@ -129,7 +129,8 @@ class AdmissionGate:
         self.policy = policy
         self.step_costs = step_costs if step_costs is not None else StepCostFit()
         self.lookahead_unmeasured = lookahead_unmeasured
-        self.lookahead = policy != "after_preemption"  # this step's answer (exported)
+        # this step's answer (exported): projected always; after_preemption once vLLM preempts; measured by the prior
+        self.lookahead = {"projected": True, "after_preemption": False}.get(policy, lookahead_unmeasured)
         self.lookahead_steps = 0  # steps it looked ahead in
         self.history = CompletionHistory()
         self.configured_limit: int | None = None  # the deployment's own limit, read at the first step
@@ -160,10 +161,12 @@ class AdmissionGate:
         batch's end, costs less than the preemption starting it would bring
         (:func:`~growpage.core.admission.lookahead_pays` on the engine's fitted step costs; before
         they can be told apart, :attr:`lookahead_unmeasured`)."""
-        costs = self.step_costs.costs()
         waiting = next(iter(scheduler.waiting), None)
-        if costs is None or waiting is None:
-            return self.lookahead_unmeasured if costs is None else self.lookahead
+        if waiting is None:
+            return self.lookahead  # nothing to hold: the answer stands (and costs nothing to keep)
+        costs = self.step_costs.costs()
+        if costs is None:
+            return self.lookahead_unmeasured
         shares = self.history.shares()
         output = (shares.output_tokens if shares.output_tokens is not None
                   else _max_tokens(waiting, scheduler) * shares.output_share)

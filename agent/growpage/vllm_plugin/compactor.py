@@ -58,6 +58,7 @@ import torch
 from growpage.config import GrowPageConfig
 from growpage.core.methods import build_method
 from growpage.vllm_plugin.compaction import (
+    TokenScores,
     choose_keep,
     physical_slot_mapping,
     physical_slots,
@@ -69,7 +70,6 @@ from growpage.vllm_plugin.compaction_plan import MoveOutcome
 from growpage.vllm_plugin.keep_board import KeepBoard, Ranking, Shared, positions_digest, step_key
 from growpage.vllm_plugin.keys import BlockLayout, move_tokens_chunked, move_tokens_one_by_one, read_keys
 from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
-from growpage.vllm_plugin.token_scores import TokenScores
 from growpage.vllm_plugin.vllm_types import CompactingRunner
 from growpage.vllm_plugin.wire import (
     PAYLOAD_ATTRIBUTE,
@@ -133,7 +133,7 @@ class WorkerCompactor:
     Args:
         config: GrowPage's config (``block_size``, ``sink_tokens``, ``recent_window_tokens``).
         rank: this worker's tensor-parallel rank (for the enforce log).
-        scores: what compactions rank tokens by (:mod:`~growpage.vllm_plugin.token_scores`);
+        scores: what compactions rank tokens by (:class:`~growpage.vllm_plugin.compaction.TokenScores`);
             the default sums attention (H2O); a method that observes nothing keeps the newest
             (StreamingLLM). Scores with a KV-head axis give per-head keep sets.
         redundancy_weight: R-KV's ``1 - lambda`` for the request's generated tokens (0: off); needs

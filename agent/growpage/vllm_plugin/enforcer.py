@@ -47,8 +47,7 @@ from typing import Any
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
-from growpage.core.pressure import Reclaim, protected_tokens
-from growpage.core.step_control import BoundaryPlan, RequestView, StepPool
+from growpage.core.step_control import BoundaryPlan, Reclaim, RequestView, StepPool, protected_tokens
 from growpage.vllm_plugin.blocks import blocks_by_request, leading_shared_blocks, owns_tail, physical_tokens
 from growpage.vllm_plugin.scheduler_requests import EnforcedRequest, SchedulerRequests
 from growpage.vllm_plugin.vllm_types import Request, Scheduler
@@ -194,7 +193,7 @@ class SchedulerEnforcer:
     def _reclaim(self, scheduler: Scheduler, running: _Running, reclaim: Reclaim,
                  reason: Reason = Reason.POOL_PRESSURE) -> None:
         """Compress a running request to the controller's pages: under pool pressure so vLLM need not
-        preempt (core.pressure), or a fixed cap's cached prompt to its cap (``PROMPT_BUDGET``)."""
+        preempt (core.step_control), or a fixed cap's cached prompt to its cap (``PROMPT_BUDGET``)."""
         tracked = running.tracked
         target = (reclaim.pages_after - 1) * self.block_size
         if tracked is None or target >= running.physical:

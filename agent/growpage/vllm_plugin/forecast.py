@@ -50,8 +50,7 @@ from growpage import catalog
 from growpage.config import Mode
 from growpage.core.controller import GrowthController, ceil_div
 from growpage.core.policy import Action
-from growpage.core.pressure import floor_pages, protected_tokens
-from growpage.core.step_control import RequestView
+from growpage.core.step_control import RequestView, floor_pages, protected_tokens
 from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
 from growpage.vllm_plugin.blocks import blocks_by_request
 from growpage.vllm_plugin.vllm_types import Request, Scheduler

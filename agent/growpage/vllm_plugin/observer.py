@@ -40,7 +40,8 @@ from growpage.core.faults import FaultGuard
 from growpage.core.methods import build_method
 from growpage.core.summaries import SummaryBank, readings_from, summarize_attention
 from growpage.vllm_plugin import keys as kv_keys
-from growpage.vllm_plugin import scoring, token_scores
+from growpage.vllm_plugin import scoring
+from growpage.vllm_plugin.compaction import TokenScores
 from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.keep_board import KeepBoard
 from growpage.vllm_plugin.runner_views import batch_view
@@ -288,7 +289,7 @@ class VllmObserver:
         self._layout_failed = False
         # enforce: the worker's physical state (None unless the deployment runs enforce)
         method = build_method(settings.method)
-        scores = token_scores.TokenScores(method)
+        scores = TokenScores(method)
         self.compactor = (WorkerCompactor(config, rank, scores, settings.redundancy_weight,
                                           settings.shared_keep_fraction, settings.compaction_chunk_mib * 2 ** 20,
                                           keep_board)
@@ -300,7 +301,7 @@ class VllmObserver:
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
         # monitor's forecast of enforce (vllm_plugin.forecast) needs what enforce's floors follow: each
         # monitored request's attention need, from the same scores enforce keeps (no compaction here)
-        self.forecast_scores = (token_scores.TokenScores(method)
+        self.forecast_scores = (TokenScores(method)
                                 if config.mode is not Mode.OFF and self._attention_coverage > 0 and scores.scored
                                 else None)
 

@@ -37,9 +37,8 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core.controller import GrowthController, Reading
 from growpage.core.headroom import Headroom
 from growpage.core.methods import build_method
-from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
-from growpage.core.step_control import RequestView
+from growpage.core.step_control import RequestView, protected_tokens
 from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionCollector, AdmissionGate, StepMeter
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.enforcer import SchedulerEnforcer

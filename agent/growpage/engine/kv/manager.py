@@ -36,7 +36,6 @@ from growpage.core.devices import device_name
 from growpage.core.evict import protected_mask, tokens_to_drop
 from growpage.core.methods import GROWPAGE, KVMethod, Protection, observation_kind
 from growpage.core.policy import Action, Reason
-from growpage.core.pressure import protected_tokens
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import (
     BoundaryPlan,
@@ -46,6 +45,7 @@ from growpage.core.step_control import (
     StepPool,
     admission_blocked,
     compression_pays,
+    protected_tokens,
 )
 from growpage.core.summaries import SummaryBank, summarize_attention
 from growpage.engine.kv import attention as attn

@@ -1,6 +1,7 @@
 """What a compaction inside vLLM ranks tokens by, per method: the keep set a user's answer depends on.
 
-Pure torch: no vLLM needed (:mod:`growpage.vllm_plugin.token_scores`).
+Pure torch: no vLLM needed (:class:`growpage.vllm_plugin.compaction.TokenScores`; the keep sets themselves, and the
+physical accounting, are also tested in ``test_vllm_enforce_units.py`` and ``test_vllm_compaction_safety.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import pytest
 import torch
 
 from growpage.core.methods import build_method
-from growpage.vllm_plugin.compaction import choose_keep
-from growpage.vllm_plugin.token_scores import TokenScores
+from growpage.vllm_plugin.compaction import TokenScores, choose_keep
 
 PROMPT = 12
 NEEDLE = 5  # a prompt token the question looks at, and the answer's preamble does not
