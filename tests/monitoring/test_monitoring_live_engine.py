@@ -73,6 +73,7 @@ NO_DATA_ON_THIS_MACHINE = {
     # Growth-aware admission is the vLLM plugin's scheduler agent's (test_vllm_enforce scrapes it).
     (_OVERVIEW, "Steps admission held a request", "A"),
     (_OVERVIEW, "Projected pages against the pool", "A"),
+    (_OVERVIEW, "Admission looks ahead", "A"),
     # The observer's shares are the vLLM plugin's own series.
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "A"),
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "B"),

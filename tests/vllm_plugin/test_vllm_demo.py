@@ -62,7 +62,7 @@ def test_growpage_decides_inside_vllm_and_preempts_no_more_than_vllm_alone(demo_
 def test_progress_and_table_read_well_in_80_columns_without_a_tty(demo_run):
     _, output = demo_run
     lines = output.splitlines()
-    assert any(line.startswith("vLLM alone") and "blocks" in line for line in lines)
+    assert any(line.startswith("vLLM alone") and " kv " in line for line in lines)
     assert any(line.startswith("+GrowPage") for line in lines)
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     assert "…" not in output  # no truncated header or cell
@@ -86,3 +86,14 @@ def test_retrieval_in_the_same_kv_space_keeps_the_answers_vllm_alone_gives(demo_
 def test_a_run_on_a_shared_engine_cannot_change_the_engine():
     with pytest.raises(ValueError, match="'kv_blocks' needs an engine of its own"):
         run_engine({"variant": "vllm"}, [{"prompts": ["hi"]}, {"kv_blocks": 3}], lambda report: None, 10.0)
+
+
+def test_the_default_admission_measured_the_engine_it_ran_in(demo_run):
+    # auto times vLLM's own steps and fits their cost; the run records what it read and how often it looked ahead
+    summary, _ = demo_run
+    admission = summary["variants"]["growpage"]["admission"]
+    assert admission["policy"] == "measured"
+    costs = admission["step_costs"]
+    assert costs is not None and costs["steps"] >= 16 and costs["fixed_s"] + costs["per_request_s"] > 0, costs
+    assert 0.0 <= admission["lookahead_share"] <= 1.0
+    assert summary["variants"]["vllm"]["admission"] is None  # vLLM alone: no agent, nothing measured

@@ -169,6 +169,7 @@ def test_growth_aware_admission_runs_the_same_pressure_without_a_preemption(vllm
     _assert_no_leak(run)
     metrics = run["metrics"]
     assert sum(samples(metrics, "growpage_admission_holds_total").values()) >= 1, metrics
+    assert set(samples(metrics, "growpage_admission_lookahead").values()) == {1.0}  # projected: always
     assert sum(samples(metrics, "growpage_oom_events_total").values()) == 0
     assert sum(samples(metrics, "growpage_agent_errors_total").values()) == 0
 

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 Log = Callable[[str], None] | None
 CAPS = VLLM_CAP_NAMES  # every fixed cap vLLM runs, as registered
 TUNED_PREFIX = "vllm@seqs"
-# growpage@<admission>: each admission beside the shipped default (auto: projected on CPU)
+# growpage@<admission>: each admission beside the shipped default (auto: measured on the host)
 ADMISSION_VARIANTS = ("vllm", "projected", "after_preemption")
 COVERAGE_PREFIX = "growpage@coverage"  # the shipped defaults at another attention_coverage
 WHEN_IT_PAYS = "growpage_when_it_pays"  # the contract compressing only when it buys something
