@@ -274,6 +274,7 @@ class CompletionHistory:
         self._need: collections.deque[float] = collections.deque(maxlen=history)
         self._output_tokens: collections.deque[int] = collections.deque(maxlen=history)
         self.finished = 0
+        self._shares: Shares | None = None  # read every step (twice under measured admission), changed per finish
 
     def record(self, *, output_tokens: int, max_tokens: int, need_share: float | None = None) -> None:
         """A request finished with ``output_tokens`` of its ``max_tokens``; one whose attention was
@@ -281,15 +282,18 @@ class CompletionHistory:
         if max_tokens <= 0:
             return
         self.finished += 1
+        self._shares = None
         self._output.append(_unit(output_tokens / max_tokens))
         self._output_tokens.append(max(0, output_tokens))
         if need_share is not None:
             self._need.append(_unit(need_share))
 
     def shares(self) -> Shares:
-        need = _learned(self._need) if len(self._need) >= MIN_FINISHED else None
-        mean_output = sum(self._output_tokens) / len(self._output_tokens) if self._output_tokens else None
-        return Shares(_learned(self._output), need, self.finished, mean_output)
+        if self._shares is None:
+            need = _learned(self._need) if len(self._need) >= MIN_FINISHED else None
+            mean_output = sum(self._output_tokens) / len(self._output_tokens) if self._output_tokens else None
+            self._shares = Shares(_learned(self._output), need, self.finished, mean_output)
+        return self._shares
 
 
 def _unit(value: float) -> float:

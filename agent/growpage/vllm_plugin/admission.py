@@ -139,11 +139,7 @@ class AdmissionGate:
         self.steps = 0
         self._last_preemption_step: int | None = None
 
-    @property
-    def after_preemption(self) -> bool:
-        return self.policy == "after_preemption"
-
-    def advance(self, scheduler: Scheduler | None = None) -> bool:
+    def advance(self, scheduler: Scheduler) -> bool:
         """Count one engine step; whether admission projects in it: always (``projected``), within
         :data:`PREEMPTION_MEMORY_STEPS` steps of a vLLM preemption (``after_preemption``), or where
         the measured costs say holding pays (``measured``: :meth:`holding_pays`)."""
@@ -151,7 +147,7 @@ class AdmissionGate:
         if self.policy == "after_preemption":
             self.lookahead = (self._last_preemption_step is not None
                               and self.steps - self._last_preemption_step <= PREEMPTION_MEMORY_STEPS)
-        elif self.policy == "measured" and scheduler is not None:
+        elif self.policy == "measured":
             self.lookahead = self.holding_pays(scheduler)
         self.lookahead_steps += int(self.lookahead)
         return self.lookahead

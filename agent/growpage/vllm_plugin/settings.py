@@ -59,10 +59,11 @@ KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV he
 # admission under enforce: measured on the host, vLLM's own, growth-aware always, or once vLLM preempts
 ADMISSION_CHOICES = ("auto", "vllm", "projected", "after_preemption")
 # auto looks ahead where the engine's own steps say a preemption's recompute costs more than the
-# batch width holding gives up (growpage.core.admission.lookahead_pays): an AVX2 CPU, whose prefill
-# costs about what decode does per token, looks ahead; an AVX-512 one, which batches a recompute
-# cheaply and decodes a wider batch 1.3x faster, lost 17 % to vLLM alone looking ahead always
-# (docs/BENCHMARKS.md). Until the fit can tell the costs apart (a few dozen steps), the device's
+# batch width holding gives up (growpage.core.admission.lookahead_pays). An AVX-512 CPU batches a
+# recompute cheaply and decodes a wider batch faster, so it admits as vLLM does there (0.97-0.98x
+# vLLM alone where looking ahead always ran 0.75-0.85x); an AVX2 CPU's step times put a recompute
+# above the width (predicted, not run with the fit: docs/BENCHMARKS.md). Until the fit can tell
+# the costs apart (16 steps at two widths, two prefilling), the device's
 # prior: look ahead where KV lives in host memory, not on a GPU (which decodes a wide batch for
 # about the cost of a narrow one; not measured here).
 LOOKAHEAD_UNMEASURED_BY_DEVICE = {"cpu": True}
