@@ -18,8 +18,8 @@ from test_vllm_backend_layouts import BLOCK, CASES, HEAD_DIM, HEADS, IDS, _obser
 from growpage.vllm_plugin import compactor as compactor_module
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin.compaction import choose_keep, recency_keep, slot_positions
-from growpage.vllm_plugin.compaction_plan import move_bytes_per_token
 from growpage.vllm_plugin.compactor import CompactionError, WorkerCompactor
+from growpage.vllm_plugin.keys import move_bytes_per_token
 from growpage.vllm_plugin.settings import split_settings
 from growpage.vllm_plugin.wire import CompactionPlan, StepPayload
 

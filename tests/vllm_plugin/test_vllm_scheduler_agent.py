@@ -257,7 +257,7 @@ def test_model_runner_v2_batch_is_read_from_its_own_input_batch():
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
     input_batch_module = pytest.importorskip("vllm.v1.worker.gpu.input_batch")
-    from growpage.vllm_plugin.runner_views import batch_view, remember_v2_batch
+    from growpage.vllm_plugin.observer import batch_view, remember_v2_batch
 
     fields = {f.name: None for f in dataclasses.fields(input_batch_module.InputBatch)}
     fields.update(req_ids=["a", "b", "pad"], num_reqs=2, num_scheduled_tokens=np.array([5, 1, 0]),

@@ -23,10 +23,10 @@ worker side share only ``wire``)::
     trace_join.py       GrowPage's spans as children of vLLM's llm_request span (both sides derive its id)
     metrics.py          series only the vLLM home has (degraded decisions, observed steps)
     -- worker side --
-    keys.py          any backend's paged KV layout, probed; reading keys and moving tokens
+    keys.py          any backend's paged KV layout, probed; reading keys, moving tokens in capped chunks
     scoring.py       the observed queries against the cached keys, in bounded chunks
-    runner_views.py  a step's batch under Model Runner V1 or V2
-    observer.py      per-worker attention observation and summaries; the worker's report
+    observer.py      per-worker attention observation and summaries; the step's batch (V1 or V2
+                     runner); the worker's report
     compaction.py    a compaction without vLLM: token scores, keep sets, physical/logical lengths
     compactor.py     enforce in the worker: applies plans, physical seq_lens and slot_mapping
     worker_hooks.py  the observer registry; wraps the worker and the runners

@@ -3,8 +3,8 @@
 This module owns how a worker's compaction ranks a request's tokens (:class:`TokenScores`), chooses
 the survivors (:func:`choose_keep`, or :func:`recency_keep` after a failure) and addresses them in
 the cache (:func:`slot_positions`, :func:`physical_slots`). How the survivors' moves are cut into
-chunks is :mod:`~growpage.vllm_plugin.compaction_plan`'s: it stays apart, without torch or the
-configuration, because :mod:`~growpage.vllm_plugin.keys` (run by the torch-only GPU checks) imports it.
+chunks is :mod:`~growpage.vllm_plugin.keys`'s, beside the moves: it loads with torch alone (the
+torch-only GPU checks run it), where this module reaches the configuration through the methods.
 
 Enforcement inside vLLM keeps two lengths per request. The *logical* length is vLLM's own
 ``num_computed_tokens``: it drives RoPE positions, token ids, ``max_model_len`` and stop checks, and

@@ -21,7 +21,7 @@ from ``positions - dropped`` for compacted requests; ``positions`` stay logical,
 
 Moves run in chunks whose transient device memory (the gathered K and V of every layer and their
 indices) stays under ``max_chunk_bytes`` (the plugin's ``compaction_chunk_mib``), outside vLLM's
-profiled KV budget (:mod:`~growpage.vllm_plugin.compaction_plan`).
+profiled KV budget (:mod:`~growpage.vllm_plugin.keys`, which plans the chunks).
 
 What a failed compaction leaves (the scheduler has already cut the blocks and freed the tail, so
 the worker always cuts its own the same way):
@@ -66,9 +66,8 @@ from growpage.vllm_plugin.compaction import (
     slot_positions,
     take_slots,
 )
-from growpage.vllm_plugin.compaction_plan import MoveOutcome
 from growpage.vllm_plugin.keep_board import KeepBoard, Ranking, Shared, positions_digest, step_key
-from growpage.vllm_plugin.keys import BlockLayout, move_tokens_chunked, move_tokens_one_by_one, read_keys
+from growpage.vllm_plugin.keys import BlockLayout, MoveOutcome, move_tokens_chunked, move_tokens_one_by_one, read_keys
 from growpage.vllm_plugin.redundancy import key_redundancy, mix_redundancy
 from growpage.vllm_plugin.vllm_types import CompactingRunner
 from growpage.vllm_plugin.wire import (

@@ -8,7 +8,7 @@ Runner-independent (the worker drives both of vLLM's runners through the same tw
   back to the scheduler on the step's ``ModelRunnerOutput`` (with async scheduling, on the output
   the async wrapper resolves to).
 
-Runner-specific, one seam each (:mod:`~growpage.vllm_plugin.runner_views` reads the batch):
+Runner-specific, one seam each (:func:`~growpage.vllm_plugin.observer.batch_view` reads the batch):
 
 - V1 ``GPUModelRunner._prepare_inputs`` (the CPU runner inherits it): in ``enforce``, physical
   ``seq_lens`` and ``slot_mapping`` right after the runner built them;
@@ -276,8 +276,8 @@ def _wrap_v1_prepare(original: Callable[..., object]) -> Callable[..., object]:
 def _wrap_v2_prepare(original: Callable[..., V2InputBatch]) -> Callable[..., V2InputBatch]:
     @functools.wraps(original)
     def prepare_inputs(self: ModelRunner, *args: object, **kwargs: object) -> V2InputBatch:
-        # deferred: runner_views imports torch; this module stays torch-free until a worker steps
-        from growpage.vllm_plugin.runner_views import remember_v2_batch
+        # deferred: the observer imports torch; this module stays torch-free until a worker steps
+        from growpage.vllm_plugin.observer import remember_v2_batch
 
         input_batch = original(self, *args, **kwargs)
         if current_observer() is not None:

@@ -1,10 +1,11 @@
-"""How a compaction's moves are cut into chunks: pure arithmetic, so a GPU-sized cap can be checked here."""
+"""``growpage.vllm_plugin.keys``: how a compaction's moves are cut into chunks (pure arithmetic, so a
+GPU-sized cap can be checked here)."""
 
 from __future__ import annotations
 
 import pytest
 
-from growpage.vllm_plugin.compaction_plan import MIB, MoveOutcome, move_bytes_per_token, plan_move_chunks
+from growpage.vllm_plugin.keys import MIB, MoveOutcome, move_bytes_per_token, plan_move_chunks
 
 
 @pytest.mark.parametrize("num_tokens", [1, 2, 7, 64, 1000])
