@@ -9,6 +9,7 @@ import pytest
 
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
+from growpage.core.admission import StepCostFit
 from growpage.core.controller import GrowthController, Reading
 from growpage.vllm_plugin.admission import AdmissionGate
 from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, StepRequest
@@ -83,28 +84,57 @@ def test_a_fresh_prompt_is_forecast_compressed_only_when_a_waiting_request_canno
         assert forecast.totals().pages_freed == freed, (free, waiting)
 
 
-def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page():
+@pytest.mark.parametrize("growth_aware", [True, False])
+def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page(growth_aware):
     controller = _controller()
     for request_id in ("a", "b"):
         controller.admit(request_id, prompt_tokens=40, mode=Mode.MONITOR)
         controller.update_reading(request_id, Reading(sts_density=0.2, lts_entropy=5.0))  # grow: no spare
-    forecast = EnforceForecast(controller)
+    forecast = EnforceForecast(controller, enforce_admits_so=growth_aware)
     steps = [StepRequest(r, 3, 40, 40, 40) for r in ("a", "b")]
     forecast.on_step(steps, free_pages=0, waiting_prompt_tokens=None)
     forecast.on_preempt("b")
     assert forecast.totals().preemptions == 1 and forecast.totals().preemptions_avoidable == 0
-    # "a" has decoded past its floor: relief could compress it, so the next preemption is avoidable, once
+    # "a" has decoded past its floor: pressure relief takes a page off it, so the next preemption is
+    # avoidable, and the forecast counts the compaction that made the room
     forecast.on_step([StepRequest("a", 8, 120, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
     forecast.shadows["a"].prompt_settled = True
     forecast.on_step([StepRequest("a", 8, 121, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
     controller.admit("c", prompt_tokens=40, mode=Mode.MONITOR)
     forecast.on_preempt("c")
-    assert forecast.totals().preemptions == 2 and forecast.totals().preemptions_avoidable == 1
-    # with a request waiting, enforce's freed room would go to admitting it: the pool runs as full
-    forecast.on_step([StepRequest("a", 8, 122, 1, 40)], free_pages=0, waiting_prompt_tokens=100)
+    totals = forecast.totals()
+    assert (totals.preemptions, totals.preemptions_avoidable) == (2, 1)
+    assert (totals.pages_freed, totals.compactions, forecast.shadows["a"].pages) == (1, 1, 7)
+    # while requests wait, relief counts where enforce runs growth-aware admission (its batch keeps the
+    # room), down to the floor (4 pages: 4 sinks + 16 recent tokens need 3) and no further; admitting
+    # as vLLM does, the room goes to the waiting requests and the pool runs as full
+    for index in range(4):
+        forecast.on_step([StepRequest("a", 8, 122 + index, 1, 40)], free_pages=0, waiting_prompt_tokens=100)
+        controller.admit(f"w{index}", prompt_tokens=40, mode=Mode.MONITOR)
+        forecast.on_preempt(f"w{index}")
+    totals = forecast.totals()
+    assert totals.preemptions == 6
+    assert (totals.preemptions_avoidable, forecast.shadows["a"].pages) == ((4, 4) if growth_aware else (1, 7))
+
+
+def test_pages_the_shadows_spare_go_to_admission_while_requests_wait():
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)
+    _decode(forecast, "a", 40, 100, free=10)  # enforce would hold 5 pages where vLLM holds 9
+    controller.update_attention_need("a", 64)  # its floor is now 5 pages: relief can take nothing
+    forecast.on_step([StepRequest("a", 9, 141, 1, 40)], free_pages=0, waiting_prompt_tokens=100)
+    assert forecast.totals().spare_pages == 4
+    controller.admit("c", prompt_tokens=40, mode=Mode.MONITOR)
+    forecast.on_preempt("c")  # a request waits: vLLM admits into those 4 pages first, the pool runs full
+    assert forecast.totals().preemptions_avoidable == 0
+    forecast.on_step([StepRequest("a", 9, 142, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
     controller.admit("d", prompt_tokens=40, mode=Mode.MONITOR)
-    forecast.on_preempt("d")
-    assert forecast.totals().preemptions == 3 and forecast.totals().preemptions_avoidable == 1
+    forecast.on_preempt("d")  # none waits: enforce would have grown into one of them
+    totals = forecast.totals()
+    assert totals.preemptions_avoidable == 1 and totals.compactions == totals.pages_freed == 4  # no relief ran
 
 
 def test_enforced_and_unknown_requests_are_left_out():
@@ -191,6 +221,37 @@ def test_a_preemption_of_a_request_admission_would_have_held_is_avoidable_whatev
     assert (totals.preemptions, totals.preemptions_avoidable_by_admission) == (2, 1)
     # among what enforce avoids only where enforce runs that admission
     assert totals.preemptions_avoidable == (1 if enforce_admits_so else 0)
+
+
+def _step_costs(*, fixed: float, per_token: float) -> StepCostFit:
+    """A fit of ``fixed + 0.001 x requests + per_token x extra tokens`` seconds a step."""
+    fit = StepCostFit()
+    for step in range(64):
+        requests, extra = 1 + step % 8, (200 if step % 5 == 0 else 0)
+        fit.record(requests=requests, tokens=requests + extra, seconds=fixed + 0.001 * requests + per_token * extra)
+    return fit
+
+
+@pytest.mark.parametrize(("step_costs", "counted"), [
+    (None, False),  # unmeasured: enforce looks ahead on its prior only until its own fit is ready
+    (_step_costs(fixed=0.001, per_token=0.01), True),  # a recompute is dear: enforce holds the start
+    (_step_costs(fixed=0.03, per_token=0.0002), False),  # the width is dear: enforce admits as vLLM does
+])
+def test_under_measured_admission_a_start_counts_as_held_only_where_the_measured_costs_say_enforce_holds_it(
+        step_costs, counted):
+    controller = _controller()
+    for request_id in ("a", "b"):
+        controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
+    gate = AdmissionGate(BLOCK, 40, policy="measured", step_costs=step_costs, lookahead_unmeasured=True)
+    forecast = EnforceForecast(controller, gate, enforce_admits_so=True)
+    forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
+    for request_id in ("c", "d"):
+        controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
+    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting_prompt_tokens=200)
+    forecast.on_preempt("d")
+    totals = forecast.totals()
+    assert totals.preemptions_avoidable_by_admission == 1  # what growth-aware admission would buy, always
+    assert totals.preemptions_avoidable == int(counted)
 
 
 def test_without_growth_aware_admission_nothing_is_marked():

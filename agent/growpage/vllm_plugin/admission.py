@@ -152,6 +152,13 @@ class AdmissionGate:
         self.lookahead_steps += int(self.lookahead)
         return self.lookahead
 
+    @property
+    def decides_on_evidence(self) -> bool:
+        """This step's answer follows the policy's own rule: always for ``projected`` and
+        ``after_preemption``; for ``measured`` once the fit can tell the costs apart (before, it is
+        the device's prior)."""
+        return self.policy != "measured" or self.step_costs.costs() is not None
+
     def holding_pays(self, scheduler: Scheduler) -> bool:
         """``measured``: whether holding the oldest waiting request, were the pool short at the
         batch's end, costs less than the preemption starting it would bring
