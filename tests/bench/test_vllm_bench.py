@@ -139,3 +139,15 @@ def test_retrieval_variants_can_be_left_out_except_what_the_comparison_reads():
         retrieval_configs(dataclasses.replace(settings, retrieval_skip=("h2o@99",)))
     with pytest.raises(ConfigError, match="retrieval_skip cannot leave out growpage"):
         retrieval_configs(dataclasses.replace(settings, retrieval_skip=("growpage",)))
+
+
+@pytest.mark.parametrize(("parts", "skip"), [(("headline",), {"headline_skip": ("limit",)}),
+                                             (("retrieval",), {"retrieval_skip": ("growpage",)})])
+def test_a_bad_skip_fails_before_any_engine_starts(tmp_path, parts, skip):
+    """A skip the comparison cannot do without fails at once: the warm-up alone takes minutes, and a
+    model directory that holds no model would fail it (so reaching it would raise something else)."""
+    from growpage.bench.vllm import run_vllm_bench
+
+    settings = dataclasses.replace(VllmBenchSettings(), parts=parts, **skip)
+    with pytest.raises(ConfigError, match="cannot leave out"):
+        run_vllm_bench(str(tmp_path), settings)

@@ -51,7 +51,7 @@ from growpage.bench import goodput, sweep
 from growpage.bench.decisions import ENFORCE_OBSERVATION, FULL_OBSERVATION, decision_agreement
 from growpage.bench.forecast import forecast_trace
 from growpage.bench.goodput import prompt_tokens, spec
-from growpage.bench.headline import headline_trace
+from growpage.bench.headline import headline_trace, variant_configs
 from growpage.bench.mixed import mixed_under_pressure
 from growpage.bench.tasks import with_truth
 from growpage.bench.vllm_settings import VARIANTS, VllmBenchSettings
@@ -82,6 +82,8 @@ def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | N
     host = host_facts()  # at the start: the commit whose code the engines run, not HEAD when it ends
     if {"retrieval", "mixed"} & set(settings.parts):
         goodput.retrieval_configs(settings)  # a bad retrieval_skip fails now, not after the other parts
+    if "headline" in settings.parts:
+        variant_configs(settings, settings.floor_pages)  # a bad headline_skip fails now, not after the warm-up
     if {"pressure", "retrieval", "sweep", "headline", "mixed"} & set(settings.parts):
         _warm_up(model_dir, settings, log, timeout_s)
     traces = ([_trace(model_dir, settings, seed, log, timeout_s) for seed in settings.seeds]
