@@ -302,7 +302,7 @@ class EnforceForecast:
         first (:func:`~growpage.core.step_control.plan_reclaim`: lowest long-term entropy, above its
         floor); the pages it frees (0: every shadow is at its floor)."""
         config = self.controller.config
-        candidates, cached_tokens = [], {}
+        candidates = []
         for request in monitored:
             shadow = self.shadows.get(request.request_id)
             control = self.controller.requests.get(request.request_id)
@@ -315,13 +315,12 @@ class EnforceForecast:
             if shadow.pages > floor:
                 candidates.append(ReclaimCandidate(request.request_id, shadow.pages, floor, control.lts_entropy,
                                                    needs_page=False))
-                cached_tokens[request.request_id] = cached
         reclaim = next(iter(plan_reclaim(1, candidates)), None)
         if reclaim is None:
             return 0
         shadow = self.shadows[reclaim.request_id]
-        cut = shadow.pages - reclaim.pages_after
-        shadow.dropped += min(cut * self.block_size, cached_tokens[reclaim.request_id])
+        # whole pages off a shadow above its floor (>= base_pages): its tokens fill more than those
+        shadow.dropped += (shadow.pages - reclaim.pages_after) * self.block_size
         shadow.pages = reclaim.pages_after
         self.pages_freed_total += reclaim.pages_gained
         self.compactions_total += 1
