@@ -19,5 +19,8 @@ def test_host_facts_name_this_checkout_and_this_cpu():
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=Path(__file__).parent).stdout.strip()
     assert facts["commit"] == head
+    changed = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent).stdout.splitlines()
+    assert facts["uncommitted_paths"] == len(changed)  # a run from a changed checkout says so
     assert facts["cpu"] == cpu_kind(Path("/proc/cpuinfo").read_text())
     assert facts["machine"] and facts["python"].count(".") == 2

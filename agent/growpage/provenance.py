@@ -20,15 +20,21 @@ def cpu_kind(cpuinfo: str) -> str:
 
 
 def host_facts() -> dict[str, str]:
-    """The machine, its CPU kind and model name, Python, and the commit GrowPage runs from ("" when unknown)."""
+    """The machine, its CPU kind and model name, Python, the commit GrowPage runs from ("" when unknown)
+    and how many paths its checkout had changed beyond it (0: the commit's code; -1 when unknown)."""
     kind = model = ""
     with contextlib.suppress(OSError):
         text = Path("/proc/cpuinfo").read_text()
         kind = cpu_kind(text)
         model = next((row.split(":", 1)[1].strip() for row in text.splitlines() if row.startswith("model name")), "")
-    commit = ""
+    commit, uncommitted = "", -1
+    here = Path(__file__).resolve().parent
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).resolve().parent).stdout.strip()
+                                cwd=here).stdout.strip()
+        # a run from a checkout with changes ran code no commit holds: say so beside the commit
+        status = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
+                                cwd=here)
+        uncommitted = len(status.stdout.splitlines()) if status.returncode == 0 else -1
     return {"machine": platform.machine(), "cpu": kind, "cpu_model": model, "python": platform.python_version(),
-            "commit": commit}
+            "commit": commit, "uncommitted_paths": uncommitted}
