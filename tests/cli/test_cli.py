@@ -252,6 +252,8 @@ def test_bench_vllm_sweep_coverage_reaches_the_sweep():
     ("--sweep-variant", "heads@h2o2:keep_sets=kv_head", "names 'h2o2'"),
     ("--sweep-variant", "heads:keep_sets=every_head", "keep_sets must be one of request, kv_head"),
     ("--sweep-method", "zipage", "--sweep-method zipage is unknown"),
+    ("--headline-variant", "stale:readings_every_steps=0", "readings_every_steps must be an int >= 1"),
+    ("--headline-variant", "stale@h2o:readings_every_steps=32", "--headline-variant takes no @METHOD"),
 ])
 def test_bench_vllm_refuses_a_bad_sweep_variant_or_method_with_the_form_to_use(runner, option, value, said):
     result = runner.invoke(app, ["bench", "vllm", "--quick", "--part", "sweep", option, value])
@@ -267,3 +269,12 @@ def test_bench_vllm_sweep_variants_and_methods_reach_the_sweep():
     heads, rkv = settings.sweep_variants
     assert (heads.label, dict(heads.settings), heads.methods) == ("heads", {"keep_sets": "kv_head"}, ())
     assert dict(rkv.settings) == {"keep_sets": "kv_head", "redundancy_weight": 0.9} and rkv.methods == ("growpage",)
+
+
+def test_bench_vllm_headline_variants_run_growpage_again_with_their_settings():
+    from gpctl.commands.bench import _vllm_settings
+    from growpage.bench.headline import variant_configs
+
+    settings = _vllm_settings(True, 1, ["headline"], None, [], {}, headline_variants=["stale:readings_every_steps=32"])
+    configs = variant_configs(settings, budget=6)
+    assert configs["growpage/stale"]["growpage"] == {**configs["growpage"]["growpage"], "readings_every_steps": 32}

@@ -94,6 +94,8 @@ def variant_configs(settings: VllmBenchSettings, budget: int) -> dict[str, dict[
         configs[f"growpage@{admission}"] = {"growpage": {**growpage, "admission": admission}}
     for coverage in settings.headline_coverage:
         configs[f"{COVERAGE_PREFIX}{coverage:g}"] = {"growpage": {**growpage, "attention_coverage": coverage}}
+    for variant in settings.headline_variants:
+        configs[f"growpage/{variant.label}"] = {"growpage": {**growpage, **variant.settings}}
     configs[f"{WHEN_IT_PAYS}@projected"] = {"growpage": {**growpage, "admission": "projected", "method": WHEN_IT_PAYS}}
     at_floor = settings.headline_caps_at_floor and settings.floor_pages != budget
     budgets = {"eq": budget} | ({"floor": settings.floor_pages} if at_floor else {})

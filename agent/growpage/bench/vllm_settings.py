@@ -107,6 +107,9 @@ class VllmBenchSettings:
         headline_coverage: ``attention_coverage`` values the ``headline`` part also runs GrowPage at
             (``growpage@coverageC``, the shipped defaults otherwise): the operator's table of speed
             against NLL increase, and where half the attainable gain is bought (none by default).
+        headline_variants: more settings the ``headline`` part also runs GrowPage with
+            (``growpage/<label>``, the shipped defaults otherwise), interleaved with the rest: an
+            A/B of a setting against the defaults in the same rounds.
         headline_skip: variants the ``headline`` part leaves out (``monitor``, ``growpage@room``, a
             ``CAP@eq``...: a shorter run when their answer is already known); ``vllm``, ``growpage``
             and ``limit`` always run, as the verdict reads them.
@@ -138,6 +141,7 @@ class VllmBenchSettings:
     tuned_max_num_seqs: tuple[int, ...] = (4, 6)
     headline_caps_at_floor: bool = False
     headline_coverage: tuple[float, ...] = ()
+    headline_variants: tuple[SweepVariant, ...] = ()
     headline_skip: tuple[str, ...] = ()
     retrieval_skip: tuple[str, ...] = ()
 

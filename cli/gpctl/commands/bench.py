@@ -394,6 +394,9 @@ def vllm(
     headline_coverage: Annotated[list[float] | None, typer.Option(
         min=0.01, max=1.0, help="attention_coverage values --part headline also runs GrowPage at, the "
                                 "shipped defaults otherwise (repeatable; default none), e.g. 0.8.")] = None,
+    headline_variant: Annotated[list[str] | None, typer.Option(
+        help="LABEL:KEY=VALUE[,KEY=VALUE]: --part headline also runs GrowPage with these settings, named "
+             "growpage/LABEL, interleaved with the rest (repeatable), e.g. stale:readings_every_steps=32.")] = None,
     headline_skip: Annotated[list[str] | None, typer.Option(
         help="A variant --part headline leaves out (repeatable), e.g. monitor or growpage@room; vllm, "
              "growpage and limit always run.")] = None,
@@ -416,7 +419,7 @@ def vllm(
               "retrieval_skip": retrieval_skip}
     settings = _vllm_settings(quick, threads, part, method, setting, {
         "base_pages": base_pages, "repeats": repeats, **{k: tuple(v) if v else None for k, v in listed.items()},
-        **_trace_size(trace)}, sweep_method or [], sweep_variant or [])
+        **_trace_size(trace)}, sweep_method or [], sweep_variant or [], headline_variant or [])
     console = Console(stderr=True)
     try:
         result = run_vllm_bench(str(model) if model else None, settings, log=lambda line: console.log(line))
@@ -452,7 +455,7 @@ def _print_headline(result: dict, console: Console) -> None:
 
 def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, method: str | None,
                    setting: list[str] | None, overrides: dict[str, Any], sweep_methods: list[str] | None = None,
-                   sweep_variants: list[str] | None = None) -> Any:
+                   sweep_variants: list[str] | None = None, headline_variants: list[str] | None = None) -> Any:
     """``gpctl bench vllm``'s settings from its options; a bad choice exits 2 with one line."""
     from growpage.bench.vllm_settings import PARTS, SWEEP_METHODS, SweepVariant, VllmBenchSettings
     from growpage.vllm_plugin.settings import VLLM_METHODS
@@ -475,13 +478,17 @@ def _vllm_settings(quick: bool, threads: int | None, part: list[str] | None, met
     try:
         extra = _growpage_settings(setting or [], settings, method)
         variants = tuple(SweepVariant.parse(text) for text in sweep_variants or ())
-        for variant in variants:  # a typo fails here, not in the first engine
+        headlined = tuple(SweepVariant.parse(text) for text in headline_variants or ())
+        for variant in (*variants, *headlined):  # a typo fails here, not in the first engine
             _check_growpage_settings(settings, {**extra, **variant.settings})
+        if any(variant.methods for variant in headlined):
+            raise ValueError("--headline-variant takes no @METHOD: it runs GrowPage's method with other "
+                             "settings; e.g. stale:readings_every_steps=32")
     except (ConfigError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
     chosen = {**overrides, "growpage": extra or None, "sweep_methods": tuple(sweep_methods or ()) or None,
-              "sweep_variants": variants or None}
+              "sweep_variants": variants or None, "headline_variants": headlined or None}
     return dataclasses.replace(settings, **{k: v for k, v in chosen.items() if v is not None})
 
 
