@@ -128,8 +128,11 @@ def _compaction_scores(observer: VllmObserver, request_id: str) -> torch.Tensor:
 
 
 def _observer() -> VllmObserver:
+    # every step observed: these steps are driven by hand, without the scheduler output that says a
+    # prompt ends (the step that ends one is observed whatever the stride)
     config, plugin = split_settings({"mode": "enforce", "base_pages": 2, "recent_window_tokens": 8,
-                                     "observed_layers": 1, "observed_heads": 9, "exporter_port": -1},
+                                     "observed_layers": 1, "observed_heads": 9, "exporter_port": -1,
+                                     "observe_every_steps": 1},
                                     env={}, block_size=BLOCK)
     return VllmObserver(config, plugin, num_layers=1, max_requests=4)
 

@@ -48,6 +48,22 @@ def test_monitor_observes_one_step_in_four_and_enforce_every_step_unless_told():
         PluginSettings(observe_max_requests=0)
 
 
+def test_enforce_scores_the_skipped_steps_queries_and_monitor_only_when_told():
+    assert _observer("enforce").skipped.max_steps == 3  # a stride of 4: up to three skipped steps
+    assert _observer("monitor").skipped.max_steps == 0  # monitor's price is the point
+    assert _observer("monitor", observe_skipped_steps=True).skipped.max_steps == 3
+    assert _observer("enforce", observe_skipped_steps=False).skipped.max_steps == 0
+    assert _observer("enforce", admission="vllm").skipped.max_steps == 0  # every step observed: none skipped
+    _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_SKIPPED_STEPS": "yes"})
+    assert settings.scores_skipped_steps(Mode.MONITOR)
+    with pytest.raises(ConfigError, match="OBSERVE_SKIPPED_STEPS must be true or false"):
+        split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_SKIPPED_STEPS": "sometimes"})
+    with pytest.raises(ConfigError, match="observe_skipped_steps must be true or false"):
+        PluginSettings(observe_skipped_steps="on")
+    with pytest.raises(ConfigError, match="readings_every_steps must be an int >= 1"):
+        PluginSettings(readings_every_steps=0)
+
+
 def test_rotating_sample_covers_every_request_in_turn():
     assert rotating_sample(3, 8, 0) == [0, 1, 2]  # fewer than the limit: all of them
     turns = [rotating_sample(10, 4, turn) for turn in range(5)]
@@ -87,7 +103,7 @@ def _observed_rows(observer: VllmObserver, steps: int, num_requests: int = 3) ->
         if observer.wants_layer(LAYER):
             observer.observe_layer(impl, torch.randn(num_requests, 2, head_dim), cache, metadata)
         plan = observer.step.plan
-        seen.append(sorted(t.row for t in plan.observed) if plan is not None else [])
+        seen.append(sorted(t.row for t in plan.observed) if plan is not None and observer.step.observed else [])
         observer.end_step()
     return seen
 
@@ -224,3 +240,97 @@ def test_the_step_that_ends_a_prompt_is_observed_whatever_the_stride(mode, metho
         observed.append(observer.step.observed)
         observer.end_step()
     assert observed == [False, forced, False]  # steps 1-3 of 4: only the prompt's end, and only when scored
+
+
+def _decode_with_skipped_steps(observer: VllmObserver, queries: list[torch.Tensor], keys: torch.Tensor,
+                               prompt: int) -> list[torch.Tensor | None]:
+    """One request ``r0``: the step that ends its ``prompt`` (its last query, ``queries[0]``), then a
+    decode step per further query, each seeing one more key of ``keys``; each step's compaction
+    scores (``[keys]``), None where the step scored nothing."""
+    head_dim = keys.shape[-1]
+    cache = transposed_cache(keys, 32, 2)
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r0"]))
+    impl = types.SimpleNamespace(num_heads=queries[0].shape[1], num_kv_heads=1, scale=head_dim ** -0.5)
+    scores = []
+    for step, query in enumerate(queries):
+        new = _requests(1, prompt) if step == 0 else []
+        cached = types.SimpleNamespace(req_ids=["r0"] if step else [], num_computed_tokens=[prompt + step - 1])
+        observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new,
+                                                          scheduled_cached_reqs=cached,
+                                                          num_scheduled_tokens={"r0": prompt if step == 0 else 1}))
+        observer.note_kv_write(cache, keys[:1], torch.tensor([0]), transposed_write, num_kv_heads=1, block_size=32,
+                               head_dim=head_dim)
+        metadata = types.SimpleNamespace(query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([prompt + step]),
+                                         block_table=torch.tensor([[0, 1]]))
+        if observer.wants_layer(LAYER):
+            observer.observe_layer(impl, query, cache, metadata)
+        observer.flush_observations()
+        plan = observer.step.plan
+        scores.append(plan.token_mass[0].clone() if plan is not None and plan.token_mass is not None else None)
+        observer.end_step()
+    return scores
+
+
+def _attention(query: torch.Tensor, keys: torch.Tensor, seen: int) -> torch.Tensor:
+    """``[len(keys)]`` one query's attention over the first ``seen`` keys, mean over its heads."""
+    logits = query[0] @ keys[:seen, 0].T * keys.shape[-1] ** -0.5  # [heads, seen]
+    return torch.nn.functional.pad(torch.softmax(logits, -1).mean(0), (0, len(keys) - seen))
+
+
+@pytest.mark.parametrize("mode", ["monitor", "enforce"])
+def test_the_observed_step_scores_the_skipped_steps_queries_each_over_the_keys_it_saw(mode):
+    """One step in four is scored, but the keep sets (and the forecast's needs) rank by every step's
+    attention: the skipped steps' newest queries join the observed step's window, each causal at
+    its own position (a query taken two steps back does not see the two newest keys)."""
+    torch.manual_seed(3)
+    prompt, heads, head_dim = 12, 2, 8
+    keys = torch.randn(prompt + 3, 1, head_dim)
+    queries = [torch.randn(1, heads, head_dim) for _ in range(4)]  # the prompt's end, then three decodes
+    # enforce scores them by default (its keep sets decide what a request keeps); monitor when told
+    observer = _observer(mode, admission="projected", **({"observe_skipped_steps": True} if mode == "monitor" else {}))
+    assert observer.sampling.stride == 4 and observer.skipped.max_steps == 3
+    scores = _decode_with_skipped_steps(observer, queries, keys, prompt)
+    assert [s is not None for s in scores] == [True, False, False, True]  # the prompt's end, then one in four
+    expected = torch.stack([_attention(queries[n], keys, prompt + n) for n in (1, 2, 3)]).mean(0)
+    assert torch.allclose(scores[3][:len(keys)], expected, atol=1e-5)
+    assert torch.all(scores[3][prompt + 1:] < expected[prompt + 1:] + 1e-6)  # the newest keys: the newest query alone
+
+    blind = _observer(mode, admission="projected", **({"observe_skipped_steps": False} if mode == "enforce" else {}))
+    unseen = _decode_with_skipped_steps(blind, queries, keys, prompt)
+    assert torch.allclose(unseen[3][:len(keys)], _attention(queries[3], keys, prompt + 3), atol=1e-5)
+    assert not blind.wants_layer(LAYER)  # between steps nothing is asked of the attention layers
+
+
+
+@pytest.mark.parametrize(("stride", "readings_every_steps", "refreshed_at"), [
+    (4, 8, [4, 8, 16, 24, 32]),  # every other observed step: 8 engine steps apart, as when every step is
+    (1, 8, [1, 8, 16, 24, 32]),  # observed
+    (4, 32, [4, 32]),  # the old cadence at a stride of 4: once in 8 observed steps, 32 engine steps
+])
+def test_attention_needs_reach_the_scheduler_every_readings_every_steps_engine_steps(stride, readings_every_steps,
+                                                                                     refreshed_at):
+    """A floor follows its request's attention need, which grows as the request decodes: the need
+    is read again every ``readings_every_steps`` engine steps whatever the stride (the first
+    observation's need is sent at once)."""
+    observer = _observer(observe_every_steps=stride, readings_every_steps=readings_every_steps)
+    torch.manual_seed(0)
+    head_dim, seq_len = 8, 40
+    keys = torch.randn(seq_len, 1, head_dim)
+    cache = transposed_cache(keys, 32, 4)
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r0"]))
+    metadata = types.SimpleNamespace(query_start_loc=torch.arange(2), seq_lens=torch.tensor([seq_len]),
+                                     block_table=torch.tensor([[0, 1, 2, 3]]))
+    impl = types.SimpleNamespace(num_heads=2, num_kv_heads=1, scale=head_dim ** -0.5)
+    new = _requests(1, seq_len - 1)
+    refreshed = []
+    for step in range(1, 33):
+        observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new))
+        new = []
+        observer.note_kv_write(cache, keys[-1:], torch.tensor([seq_len - 1]), transposed_write, num_kv_heads=1,
+                               block_size=32, head_dim=head_dim)
+        if observer.wants_layer(LAYER):
+            observer.observe_layer(impl, torch.randn(1, 2, head_dim), cache, metadata)
+        observer.end_step()
+        if observer.take_report().attention_tokens:
+            refreshed.append(step)
+    assert refreshed == refreshed_at

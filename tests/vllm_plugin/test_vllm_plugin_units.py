@@ -413,15 +413,17 @@ def test_observing_one_step_in_two_reports_every_step_and_half_of_them_observed(
         req_ids=["r"], block_table=types.SimpleNamespace(block_tables=[types.SimpleNamespace(
             get_device_tensor=lambda n: torch.zeros(n, 4, dtype=torch.long))])),
         query_start_loc=types.SimpleNamespace(cpu=torch.tensor([0, 1])), optimistic_seq_lens_cpu=lengths)
-    observed = []
+    observed, asked = [], []
     scheduled = [new]
     for seq_len in range(30, 40):
         lengths[0] = seq_len
         observer.begin_step(runner, types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=scheduled))
         scheduled = []
-        observed.append(observer.wants_layer("model.layers.0.self_attn.attn"))
+        observed.append(observer.step.observed)
+        asked.append(observer.wants_layer("model.layers.0.self_attn.attn"))
         observer.end_step()
     assert observed == [False, True] * 5  # one step in two
+    assert asked == observed  # monitor asks nothing of the attention layers between (observe_skipped_steps)
     report = observer.take_report()
     assert report.steps == 10  # the scheduler sees every step; with no cache layout known yet none was scored
     with pytest.raises(ConfigError, match="observe_every_steps"):

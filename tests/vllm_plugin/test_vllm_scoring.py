@@ -201,3 +201,28 @@ def test_window_offsets_must_match_the_window():
                                       layer.scale, layer.kv_heads) for layer in layers]
     with pytest.raises(ValueError, match="2 offsets per request"):
         scoring.score_step(windowed, rows, [20], layout, query_offsets=[[0]])
+
+
+def test_a_window_of_skipped_steps_queries_can_leave_the_summaries_to_the_newest_query():
+    """The skipped steps' queries feed the token mass; the summaries stay the observed step's own
+    (its newest query's), as they were before those queries were kept: same entropy and bins as
+    scoring the newest query alone, the token mass still the window's."""
+    lengths = [40, 23]
+    layers, rows, layout, _ = _step("LBNHC", lengths)
+    generator = torch.Generator().manual_seed(2)
+    windowed = []
+    for layer in layers:
+        query = torch.randn(2, 4, 3, HEAD_DIM, generator=generator).to(layer.query.dtype)
+        query[:, :, -1] = layer.query  # the newest query last
+        windowed.append(scoring.ObservedLayer(layer.cache, query, layer.scale, layer.kv_heads))
+    offsets = [[2, 1, 0], [2, 1, 0]]
+    summarize = partial(summarize_attention, num_bins=8)
+    newest = scoring.score_step(windowed, rows, lengths, layout, summarize=summarize, token_mass=True,
+                                query_offsets=offsets, summarize_newest=True)
+    whole = scoring.score_step(windowed, rows, lengths, layout, summarize=summarize, token_mass=True,
+                               query_offsets=offsets)
+    one = scoring.score_step(layers, rows, lengths, layout, summarize=summarize, token_mass=True)
+    assert torch.allclose(newest.entropy, one.entropy, atol=1e-5)
+    assert torch.allclose(newest.bin_mass, one.bin_mass, atol=1e-5)
+    assert not torch.allclose(whole.entropy, one.entropy, atol=1e-3)  # the window's mean differs
+    assert torch.allclose(newest.token_mass, whole.token_mass, atol=1e-6)

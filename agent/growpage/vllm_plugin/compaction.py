@@ -235,8 +235,13 @@ class TokenScores:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
 
-    def add(self, request_id: str, attention: torch.Tensor) -> None:
-        """Fold one observation in: the request's first is its prompt's, the rest are decode steps'."""
+    def add(self, request_id: str, attention: torch.Tensor, steps: int = 1) -> None:
+        """Fold one observation in: the request's first is its prompt's, the rest are decode steps'.
+
+        ``steps``: decode steps the observation stands for (a window of that many steps' queries,
+        ``attention`` their mean): it weighs, and its scores fade, as that many observations
+        would, so the prompt's prior (``observation_weight``, counted in decode steps) keeps its
+        strength whatever share of the steps is scored."""
         if not self.scored:
             return
         attention = attention.float()
@@ -248,8 +253,8 @@ class TokenScores:
         length = attention.shape[-1]
         folded = _grown(entry.folded, length)
         if self.method.step_decay < 1.0:
-            folded.mul_(self.method.step_decay)
-        folded[..., :length] += attention * self.method.observation_weight(Observation.DECODE)
+            folded.mul_(self.method.step_decay ** steps)
+        folded[..., :length] += attention * (self.method.observation_weight(Observation.DECODE) * steps)
         entry.folded = folded
 
     def ranking(self, request_id: str, positions: torch.Tensor) -> torch.Tensor | None:

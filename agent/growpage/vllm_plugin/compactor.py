@@ -171,11 +171,11 @@ class WorkerCompactor:
         self.recoveries: dict[str, int] = {}  # failed compactions by what they left (RECENCY, CHOSEN, TRUNCATED)
 
     # ---- scores (from the observer) ----------------------------------------------------------------
-    def add_scores(self, request_id: str, attention: torch.Tensor) -> None:
+    def add_scores(self, request_id: str, attention: torch.Tensor, steps: int = 1) -> None:
         """Fold one observation in: ``[P]`` attention mass per physical slot (mean over heads; or
         ``[kv_heads, P]``, each KV head's), kept on the attention's device (no host copy per step);
-        a request's first is its prompt's."""
-        self.scores.add(request_id, attention)
+        a request's first is its prompt's; ``steps``: decode steps it stands for (:meth:`TokenScores.add`)."""
+        self.scores.add(request_id, attention, steps)
 
     def forget(self, request_id: str) -> None:
         self.dropped.pop(request_id, None)

@@ -61,6 +61,7 @@ from growpage.vllm_plugin.compaction import TokenScores
 from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.keep_board import KeepBoard
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
+from growpage.vllm_plugin.skipped_queries import SkippedQueries, TakenQuery
 from growpage.vllm_plugin.support import ACTIVE
 from growpage.vllm_plugin.vllm_types import (
     AttentionImpl,
@@ -167,9 +168,13 @@ class _StepRows:
     max_len: int
     query_tokens: torch.Tensor  # [R * W] each request's window of query tokens in the batch, newest last
     query_offsets: list[list[int]]  # [R][W] positions before the request's newest (0: newest, or a repeat)
-    block_rows: torch.Tensor  # [R, M] block-table rows, cut to the longest request
+    block_rows: torch.Tensor | None  # [R, M] block-table rows, cut to the longest request (observed steps)
     wants_token_mass: bool  # compaction scores (enforced requests) or the forecast's needs (monitored ones)
     token_mass: torch.Tensor | None = None  # [R, max_len] attention summed over observed layers
+    # [R * W] rows of the skipped steps' pool forming each window (None: the step's own queries alone)
+    window_sources: torch.Tensor | None = None
+    # [R] decode steps each request's observation stands for (its window's distinct queries)
+    window_steps: list[int] | None = None
     pending: list[_PendingLayer] = dataclasses.field(default_factory=list)  # layers observed, not yet scored
 
 
@@ -235,13 +240,16 @@ class _Sampling:
         observed_heads: query heads sampled per layer.
         per_kv_head: sample at least one query head per KV head (per-head keep sets).
         stride: steps per observed step.
+        readings_every_steps: engine steps between two readings of the observed requests.
     """
 
-    def __init__(self, observed_layers: frozenset[int], observed_heads: int, per_kv_head: bool, stride: int):
+    def __init__(self, observed_layers: frozenset[int], observed_heads: int, per_kv_head: bool, stride: int,
+                 readings_every_steps: int = 8):
         self.observed_layers = observed_layers
         self.observed_heads = observed_heads
         self.per_kv_head = per_kv_head
         self.stride = stride
+        self.readings_every = max(1, readings_every_steps // stride)  # in observed steps
         self._wanted_layers: dict[str, bool] = {}
         self._heads_by_count: dict[int, torch.Tensor] = {}
         self._heads_on_device: dict[tuple[int, str], torch.Tensor] = {}
@@ -270,10 +278,6 @@ class _Sampling:
         if cached is None:
             cached = self._heads_on_device[key] = heads.to(device)
         return cached
-
-
-# Observed steps between two readings of every observed request's summaries (see _queue_readings).
-READINGS_EVERY_STEPS = 8
 
 
 def query_window(spans: list[tuple[int, int]], window_tokens: int) -> tuple[list[int], list[list[int]]]:
@@ -389,7 +393,10 @@ class VllmObserver:
         # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
         per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"
         self.sampling = _Sampling(observed_layer_indices(num_layers, config.observed_layers), settings.observed_heads,
-                                  per_kv_head, settings.observation_stride(config.mode, device_type))
+                                  per_kv_head, settings.observation_stride(config.mode, device_type),
+                                  settings.readings_every_steps)
+        # the newest queries of the steps the stride skips, scored at the next observed step
+        self.skipped = SkippedQueries(self.sampling.stride - 1 if settings.scores_skipped_steps(config.mode) else 0)
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
         # monitor's forecast of enforce (vllm_plugin.forecast) needs what enforce's floors follow: each
         # monitored request's attention need, from the same scores enforce keeps (no compaction here)
@@ -542,7 +549,9 @@ class VllmObserver:
 
     # ---- attention (backend hook) -------------------------------------------------------------------
     def wants_layer(self, layer_name: str) -> bool:
-        if not self.step.running or not self.requests or self._layout_failed or not self.step.observed:
+        if not self.step.running or not self.requests or self._layout_failed:
+            return False
+        if not self.step.observed and not self.skipped.max_steps:
             return False
         return self.sampling.wants(layer_name)
 
@@ -598,6 +607,11 @@ class VllmObserver:
         # Only the newest queries are taken now (a copy: the next layer reuses vLLM's buffers); the
         # keys stay in the cache, and every observed layer is scored at once at the end of the step.
         query_rows = query.index_select(0, plan.query_tokens).index_select(1, self.sampling.on(heads, query.device))
+        if not self.step.observed:  # a skipped step: its newest queries wait for the next observed one
+            self.skipped.take(kv_cache.data_ptr(), query_rows)
+            return
+        if plan.window_sources is not None:
+            query_rows = self.skipped.pool(kv_cache.data_ptr(), query_rows).index_select(0, plan.window_sources)
         window = len(plan.query_offsets[0])
         if window > 1:  # [R * W, H, hd] -> [R, H, W, hd]
             query_rows = query_rows.view(len(plan.rows), window, *query_rows.shape[1:]).transpose(1, 2)
@@ -613,12 +627,13 @@ class VllmObserver:
         if not isinstance(plan, _StepRows) or not plan.pending or self._layout is None:
             return
         pending, plan.pending = plan.pending, []
+        assert plan.block_rows is not None  # built for every observed step
         scores = scoring.score_step(
             pending, plan.block_rows, plan.lengths, self._layout,
             cap_bytes=self.settings.observe_chunk_mib * 2 ** 20, token_mass=plan.wants_token_mass,
             mass_by_kv_head=self.sampling.per_kv_head,
             summarize=functools.partial(summarize_attention, num_bins=self.config.sts_num_bins),
-            query_offsets=plan.query_offsets)
+            query_offsets=plan.query_offsets, summarize_newest=plan.window_sources is not None)
         # compaction scores: per token (and KV head), head mean, summed over layers
         plan.token_mass = scores.token_mass
         if self.compactor is not None and len(self.compactor.key_caches) != len(pending):
@@ -660,15 +675,29 @@ class VllmObserver:
             batch_rows, rows, lengths = ([values[n] for n in keep] for values in (batch_rows, rows, lengths))
             observed = [observed[n] for n in keep]
         max_len = max(lengths)
+        # logical lengths and tokens compacted away: whether a skipped step's query still sees its keys
+        cut = [dropped.get(t.request_id, 0) for t in observed]
+        logical_lengths = [length + gone for length, gone in zip(lengths, cut, strict=True)]
+        if not self.step.observed:  # a skipped step takes each request's newest query, scores nothing
+            self.skipped.begin_skipped_step({
+                t.request_id: TakenQuery(t, logical_lengths[n], cut[n], n) for n, t in enumerate(observed)})
+            newest = to_device([starts[i + 1] - 1 for i in batch_rows], query_device)
+            self.step.plan = _StepRows(rows=rows, lengths=lengths, observed=observed, max_len=max_len,
+                                       query_tokens=newest, query_offsets=[[0]] * len(rows), block_rows=None,
+                                       wants_token_mass=False)
+            return self.step.plan
         # host-built indices, copied without waiting for the device (no sync on the step's hot path)
         index = to_device(batch_rows, block_table.device)
         block_rows = block_table.index_select(0, index)[:, :-(-max_len // self._layout.block_size)]
         tokens, offsets = query_window([(starts[i], starts[i + 1]) for i in batch_rows],
                                        self.settings.observation_window_tokens)
+        window = self.skipped.plan(observed, [t.request_id for t in observed], logical_lengths, cut, offsets)
         self.step.plan = _StepRows(
             rows=rows, lengths=lengths, observed=observed, max_len=max_len,
-            query_tokens=to_device(tokens, query_device), query_offsets=offsets, block_rows=block_rows,
-            wants_token_mass=any(self._keeps_scores(t) for t in observed))
+            query_tokens=to_device(tokens, query_device), query_offsets=window.offsets if window.kept else offsets,
+            block_rows=block_rows, wants_token_mass=any(self._keeps_scores(t) for t in observed),
+            window_sources=to_device(window.sources, query_device) if window.kept else None,
+            window_steps=window.queries if window.kept else None)
         return self.step.plan
 
     def _batch_view(self, metadata: object) -> StepBatch:
@@ -684,14 +713,17 @@ class VllmObserver:
         and queue the observed requests' readings for the scheduler."""
         self.step.running = False
         self.guarded("attention observation", self.flush_observations)
+        if self.step.observed:
+            self.skipped.clear()  # scored now, or never to be (their requests left the window)
         plan = self.step.plan
         if isinstance(plan, _StepRows) and plan.token_mass is not None:
             for n, tracked in enumerate(plan.observed):
                 mass = plan.token_mass[n, ..., :plan.lengths[n]]
+                steps = plan.window_steps[n] if plan.window_steps is not None else 1
                 if tracked.mode is Mode.ENFORCE and self.compactor is not None:
-                    self.compactor.add_scores(tracked.request_id, mass)
+                    self.compactor.add_scores(tracked.request_id, mass, steps)
                 elif tracked.mode is Mode.MONITOR and self.forecast_scores is not None:
-                    self.forecast_scores.add(tracked.request_id, mass)
+                    self.forecast_scores.add(tracked.request_id, mass, steps)
         self.step.plan = None
         layers = self.step.layers
         if layers:
@@ -730,17 +762,20 @@ class VllmObserver:
                                                      "dropped": self.compactor.dropped.get(request_id, 0)})
 
     def _queue_readings(self, observed: list[TrackedRequest]) -> None:
-        """The observed requests' summaries for the scheduler's next decisions: every
-        :data:`READINGS_EVERY_STEPS` observed steps, and at a request's first observation.
+        """The observed requests' summaries and attention needs for the scheduler's next decisions:
+        every ``readings_every_steps`` engine steps (on the observed step at or after it), and at
+        a request's first observation.
 
         A reading is a dozen small tensor operations and one device-to-host copy (about 3 ms on a
-        loaded 2-core CPU, several per cent of a decode step), while the summaries it reads move
-        slowly (the STS window is 32 observed steps, LTS updates every 64), so readings a few steps
-        old decide as well as fresh ones. The copy never waits for the device: it lands in pinned
-        memory and is collected at the next step or report that finds it done
-        (:meth:`_collect_readings`).
+        loaded 2-core CPU, several per cent of a decode step), so it is not taken every step. The
+        cadence counts engine steps, not observed ones: a request's floor follows its attention
+        need, which grows as it decodes, and a need read once in 32 steps (8 observed steps at a
+        stride of 4) lags a block behind, so enforce compacts what the request still reads
+        (measured: +0.032 nats/token against +0.004, docs/BENCHMARKS.md). The copy never waits for
+        the device: it lands in pinned memory and is collected at the next step or report that
+        finds it done (:meth:`_collect_readings`).
         """
-        due = self.counts.steps_observed % READINGS_EVERY_STEPS == 0
+        due = self.counts.steps_observed % self.sampling.readings_every == 0
         wanted = [t for t in observed if due or t.request_id not in self.requests.read_once]
         if not wanted:
             return

@@ -160,7 +160,7 @@ def plan_chunks(lengths: Sequence[int], *, num_layers: int, num_heads: int, head
 def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, lengths: Sequence[int],
                layout: kv_keys.BlockLayout, *, cap_bytes: int = DEFAULT_CAP_BYTES,
                summarize: Summarize | None = None, token_mass: bool = False, mass_by_kv_head: bool = False,
-               query_offsets: Sequence[Sequence[int]] | None = None) -> StepScores:
+               query_offsets: Sequence[Sequence[int]] | None = None, summarize_newest: bool = False) -> StepScores:
     """Attention of each layer's newest queries (or observation windows) over its requests' keys,
     chunk by chunk (a window's queries: see the module docstring).
 
@@ -177,6 +177,10 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
             no sampled query head reads gets the mean over all sampled heads.
         query_offsets: ``[R][W]`` with a window: how many positions each query lies before its
             request's newest (0 for the newest and for repeats; host ints). None: all 0.
+        summarize_newest: histograms and entropies from each request's newest query alone (the
+            window's last), the window feeding the token mass only: a window of skipped steps'
+            queries (:mod:`~growpage.vllm_plugin.skipped_queries`) then costs the summaries
+            nothing, which are the observed step's as without it.
 
     Returns:
         :class:`StepScores`, everything on the cache's device.
@@ -209,7 +213,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
         if mass is not None:
             mass[..., :chunk.length].index_copy_(0, rows, _chunk_token_mass(probs, num_heads, window, head_weights))
         if summarize is not None and entropy is not None:
-            chunk_bins, chunk_entropy = _chunk_summaries(summarize, probs, chunk_lengths, chunk.length)
+            summarized = probs.unflatten(2, (num_heads, window))[:, :, :, -1] if summarize_newest else probs
+            chunk_bins, chunk_entropy = _chunk_summaries(summarize, summarized, chunk_lengths, chunk.length)
             if bin_mass is None:
                 bin_mass = torch.zeros(num_layers, num_rows, chunk_bins.shape[-1], device=device)
             bin_mass.index_copy_(1, rows, chunk_bins.view(num_layers, len(chunk.rows), -1))

@@ -93,6 +93,19 @@ class PluginSettings:
             boundaries are still counted every step. Under vLLM's ``FULL_AND_PIECEWISE`` (or
             ``FULL_DECODE_ONLY``) CUDA graphs the due step runs without its full graph
             (:mod:`~growpage.vllm_plugin.graph_steps`), so decode steps are observed too.
+        observe_skipped_steps: with a stride above 1, keep the newest query of every request on
+            the steps in between (one small copy per observed layer) and score them at the next
+            observed step, each against the keys it saw then
+            (:mod:`~growpage.vllm_plugin.skipped_queries`): keep sets and attention needs then
+            rank by every step's attention, for about a third of what scoring every step costs.
+            False: the skipped steps' attention is never seen. None (the default): under
+            ``enforce``, whose keep sets decide what a request keeps; not under ``monitor``, whose
+            price is the point (about 0.4 ms of a 30 ms step at 8 requests on a CPU; monitor's
+            forecast then reads attention needs from the observed steps alone).
+        readings_every_steps: engine steps between two readings of the observed requests'
+            summaries and attention needs (what the scheduler's decisions and floors read), taken
+            on the observed step at or after it; whatever the stride, so a floor never lags its
+            need by more than this many tokens.
         observe_max_requests: requests one observed step scores at most; with more in the batch,
             a rotating subset (every request in turn), so a step's cost stops growing with the batch.
         observe_chunk_mib: transient device memory (MiB) one chunk of a step's observation may hold
@@ -156,6 +169,8 @@ class PluginSettings:
     exporter_host: str = "0.0.0.0"
     observed_heads: int = 4
     observe_every_steps: int | None = None
+    observe_skipped_steps: bool | None = None
+    readings_every_steps: int = 8
     observe_max_requests: int = 64
     observe_chunk_mib: int = 256
     compaction_chunk_mib: int = 64
@@ -174,24 +189,10 @@ class PluginSettings:
         if not isinstance(self.exporter_port, int) or not -1 <= self.exporter_port <= 65535:
             raise ConfigError(f"exporter_port must be an int in [-1, 65535], got {self.exporter_port!r}; "
                               "try 9464, 0 for a free port or -1 to disable the exporter")
-        if not isinstance(self.observed_heads, int) or self.observed_heads < 1:
-            raise ConfigError(f"observed_heads must be an int >= 1, got {self.observed_heads!r}; try 4")
-        if self.observe_every_steps is not None and (not isinstance(self.observe_every_steps, int)
-                                                     or self.observe_every_steps < 1):
-            raise ConfigError(f"observe_every_steps must be an int >= 1, got {self.observe_every_steps!r}; "
-                              f"try 1 (every step) or {MONITOR_OBSERVE_EVERY_STEPS} (monitor's default)")
-        if not isinstance(self.observe_max_requests, int) or self.observe_max_requests < 1:
-            raise ConfigError(f"observe_max_requests must be an int >= 1, got {self.observe_max_requests!r}; "
-                              "try 64")
-        if not isinstance(self.observe_chunk_mib, int) or self.observe_chunk_mib < 1:
-            raise ConfigError(f"observe_chunk_mib must be an int >= 1, got {self.observe_chunk_mib!r}; try 256")
+        self._check_observation()
         if not isinstance(self.compaction_chunk_mib, int) or self.compaction_chunk_mib < 1:
             raise ConfigError(f"compaction_chunk_mib must be an int >= 1, got {self.compaction_chunk_mib!r}; "
                               "try 64")
-        if (not isinstance(self.observation_window_tokens, int)
-                or not 1 <= self.observation_window_tokens <= MAX_OBSERVATION_WINDOW):
-            raise ConfigError(f"observation_window_tokens must be an int in [1, {MAX_OBSERVATION_WINDOW}], got "
-                              f"{self.observation_window_tokens!r}; try 32 (1 scores the newest query only)")
         self._check_selection()
         if self.admission not in ADMISSION_CHOICES:
             raise ConfigError(f"admission must be one of {', '.join(ADMISSION_CHOICES)}, got {self.admission!r}; "
@@ -201,6 +202,30 @@ class PluginSettings:
             if getattr(self, name) not in CLIENT_CHOICES:
                 raise ConfigError(f"{name} must be one of {', '.join(CLIENT_CHOICES)}, got {getattr(self, name)!r}; "
                                   "auto ignores clients when the deployment enforces")
+
+    def _check_observation(self) -> None:
+        """What the workers observe, how often, and at what memory."""
+        if not isinstance(self.observed_heads, int) or self.observed_heads < 1:
+            raise ConfigError(f"observed_heads must be an int >= 1, got {self.observed_heads!r}; try 4")
+        if self.observe_every_steps is not None and (not isinstance(self.observe_every_steps, int)
+                                                     or self.observe_every_steps < 1):
+            raise ConfigError(f"observe_every_steps must be an int >= 1, got {self.observe_every_steps!r}; "
+                              f"try 1 (every step) or {MONITOR_OBSERVE_EVERY_STEPS} (monitor's default)")
+        if self.observe_skipped_steps is not None and not isinstance(self.observe_skipped_steps, bool):
+            raise ConfigError(f"observe_skipped_steps must be true or false, got {self.observe_skipped_steps!r}; "
+                              "true scores the skipped steps' queries at the next observed step")
+        if not isinstance(self.readings_every_steps, int) or self.readings_every_steps < 1:
+            raise ConfigError(f"readings_every_steps must be an int >= 1, got {self.readings_every_steps!r}; "
+                              "try 8 (the default)")
+        if not isinstance(self.observe_max_requests, int) or self.observe_max_requests < 1:
+            raise ConfigError(f"observe_max_requests must be an int >= 1, got {self.observe_max_requests!r}; "
+                              "try 64")
+        if not isinstance(self.observe_chunk_mib, int) or self.observe_chunk_mib < 1:
+            raise ConfigError(f"observe_chunk_mib must be an int >= 1, got {self.observe_chunk_mib!r}; try 256")
+        if (not isinstance(self.observation_window_tokens, int)
+                or not 1 <= self.observation_window_tokens <= MAX_OBSERVATION_WINDOW):
+            raise ConfigError(f"observation_window_tokens must be an int in [1, {MAX_OBSERVATION_WINDOW}], got "
+                              f"{self.observation_window_tokens!r}; try 32 (1 scores the newest query only)")
 
     def admission_on(self, device: str) -> str:
         """The admission enforce runs: ``auto`` resolved (``measured``, whatever the device: on
@@ -223,6 +248,12 @@ class PluginSettings:
         if mode is Mode.ENFORCE and self.admission_on(device) in ("projected", "measured"):
             return GROWTH_AWARE_OBSERVE_EVERY_STEPS
         return 1
+
+    def scores_skipped_steps(self, mode: Mode) -> bool:
+        """Whether a deployment running ``mode`` scores the skipped steps' queries (``observe_skipped_steps``)."""
+        if self.observe_skipped_steps is not None:
+            return self.observe_skipped_steps
+        return mode is Mode.ENFORCE
 
     def _check_selection(self) -> None:
         """What enforce keeps: the method, keep sets and R-KV's term."""
@@ -351,12 +382,19 @@ def config_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("GROWPAGE_VLLM_")}
 
 
-_OPTIONAL_INT_FIELDS = ("observe_every_steps",)  # default None (the mode decides), else an int
+_BOOLEAN_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+# default None (the mode decides), else a value of this type
+_OPTIONAL_FIELDS: dict[str, type] = {"observe_every_steps": int, "observe_skipped_steps": bool}
 
 
 def coerce_plugin_env(name: str, text: str) -> Any:
-    """An environment value as its field's type (the field's default says which: int, float, str)."""
-    kind = int if name in _OPTIONAL_INT_FIELDS else type(_FIELD_DEFAULTS[name])
+    """An environment value as its field's type (the field's default says which: bool, int, float, str)."""
+    kind = _OPTIONAL_FIELDS.get(name) or type(_FIELD_DEFAULTS[name])
+    if kind is bool:
+        answer = _BOOLEAN_WORDS.get(text.strip().lower())
+        if answer is None:
+            raise ConfigError(f"GROWPAGE_VLLM_{name.upper()} must be true or false, got {text!r}")
+        return answer
     if kind is int:
         try:
             return int(text)
