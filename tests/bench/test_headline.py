@@ -107,3 +107,13 @@ def test_the_quick_settings_still_resolve_and_tune_vllm_below_their_batch():
     assert all(seqs < quick.requests for seqs in quick.tuned_max_num_seqs)
     resolved_settings(quick.growpage_config(), quick.block_size)
     assert dataclasses.asdict(quick)["tuned_max_num_seqs"] == (2,)
+
+
+def test_the_recorded_settings_are_what_the_engines_read_environment_included(monkeypatch):
+    """A run with ``GROWPAGE_VLLM_*`` overrides records them: the engines a benchmark starts inherit
+    its environment, so a JSON that left them out would say the defaults ran."""
+    settings = VllmBenchSettings.quick()
+    monkeypatch.setenv("GROWPAGE_VLLM_READINGS_EVERY_STEPS", "32")
+    assert resolved_settings(settings.growpage_config(), settings.block_size)["plugin"]["readings_every_steps"] == 32
+    assert resolved_settings(settings.growpage_config(), settings.block_size,
+                             env={})["plugin"]["readings_every_steps"] is None

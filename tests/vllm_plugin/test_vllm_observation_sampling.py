@@ -48,14 +48,16 @@ def test_monitor_observes_one_step_in_four_and_enforce_every_step_unless_told():
         PluginSettings(observe_max_requests=0)
 
 
-def test_enforce_scores_the_skipped_steps_queries_and_monitor_only_when_told():
-    assert _observer("enforce").skipped.max_steps == 3  # a stride of 4: up to three skipped steps
-    assert _observer("monitor").skipped.max_steps == 0  # monitor's price is the point
+def test_the_skipped_steps_queries_are_kept_only_when_told():
+    assert _observer("enforce").skipped.max_steps == 0  # off by default: the fidelity profile's
+    assert _observer("monitor").skipped.max_steps == 0
+    assert _observer("enforce", observe_skipped_steps=True).skipped.max_steps == 3  # a stride of 4: three skipped
     assert _observer("monitor", observe_skipped_steps=True).skipped.max_steps == 3
-    assert _observer("enforce", observe_skipped_steps=False).skipped.max_steps == 0
-    assert _observer("enforce", admission="vllm").skipped.max_steps == 0  # every step observed: none skipped
-    _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_SKIPPED_STEPS": "yes"})
-    assert settings.scores_skipped_steps(Mode.MONITOR)
+    # every step observed: none skipped
+    assert _observer("enforce", admission="vllm", observe_skipped_steps=True).skipped.max_steps == 0
+    _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_SKIPPED_STEPS": "yes",
+                                          "GROWPAGE_VLLM_READINGS_EVERY_STEPS": "8"})
+    assert settings.observe_skipped_steps and settings.readings_every_observed(4) == 2
     with pytest.raises(ConfigError, match="OBSERVE_SKIPPED_STEPS must be true or false"):
         split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_SKIPPED_STEPS": "sometimes"})
     with pytest.raises(ConfigError, match="observe_skipped_steps must be true or false"):
@@ -286,8 +288,7 @@ def test_the_observed_step_scores_the_skipped_steps_queries_each_over_the_keys_i
     prompt, heads, head_dim = 12, 2, 8
     keys = torch.randn(prompt + 3, 1, head_dim)
     queries = [torch.randn(1, heads, head_dim) for _ in range(4)]  # the prompt's end, then three decodes
-    # enforce scores them by default (its keep sets decide what a request keeps); monitor when told
-    observer = _observer(mode, admission="projected", **({"observe_skipped_steps": True} if mode == "monitor" else {}))
+    observer = _observer(mode, admission="projected", observe_skipped_steps=True)
     assert observer.sampling.stride == 4 and observer.skipped.max_steps == 3
     scores = _decode_with_skipped_steps(observer, queries, keys, prompt)
     assert [s is not None for s in scores] == [True, False, False, True]  # the prompt's end, then one in four
@@ -295,7 +296,7 @@ def test_the_observed_step_scores_the_skipped_steps_queries_each_over_the_keys_i
     assert torch.allclose(scores[3][:len(keys)], expected, atol=1e-5)
     assert torch.all(scores[3][prompt + 1:] < expected[prompt + 1:] + 1e-6)  # the newest keys: the newest query alone
 
-    blind = _observer(mode, admission="projected", **({"observe_skipped_steps": False} if mode == "enforce" else {}))
+    blind = _observer(mode, admission="projected")  # the default
     unseen = _decode_with_skipped_steps(blind, queries, keys, prompt)
     assert torch.allclose(unseen[3][:len(keys)], _attention(queries[3], keys, prompt + 3), atol=1e-5)
     assert not blind.wants_layer(LAYER)  # between steps nothing is asked of the attention layers
@@ -304,15 +305,17 @@ def test_the_observed_step_scores_the_skipped_steps_queries_each_over_the_keys_i
 
 @pytest.mark.parametrize(("stride", "readings_every_steps", "refreshed_at"), [
     (4, 8, [4, 8, 16, 24, 32]),  # every other observed step: 8 engine steps apart, as when every step is
-    (1, 8, [1, 8, 16, 24, 32]),  # observed
-    (4, 32, [4, 32]),  # the old cadence at a stride of 4: once in 8 observed steps, 32 engine steps
+    (1, None, [1, 8, 16, 24, 32]),  # observed
+    (4, None, [4, 32]),  # the default at a stride of 4: once in 8 observed steps, 32 engine steps
+    (4, 32, [4, 32]),
 ])
 def test_attention_needs_reach_the_scheduler_every_readings_every_steps_engine_steps(stride, readings_every_steps,
                                                                                      refreshed_at):
     """A floor follows its request's attention need, which grows as the request decodes: the need
-    is read again every ``readings_every_steps`` engine steps whatever the stride (the first
-    observation's need is sent at once)."""
-    observer = _observer(observe_every_steps=stride, readings_every_steps=readings_every_steps)
+    is read again every ``readings_every_steps`` engine steps whatever the stride, by default every
+    8 observed steps (the first observation's need is sent at once)."""
+    cadence = {} if readings_every_steps is None else {"readings_every_steps": readings_every_steps}
+    observer = _observer(observe_every_steps=stride, **cadence)
     torch.manual_seed(0)
     head_dim, seq_len = 8, 40
     keys = torch.randn(seq_len, 1, head_dim)

@@ -240,16 +240,16 @@ class _Sampling:
         observed_heads: query heads sampled per layer.
         per_kv_head: sample at least one query head per KV head (per-head keep sets).
         stride: steps per observed step.
-        readings_every_steps: engine steps between two readings of the observed requests.
+        readings_every: observed steps between two readings of the observed requests.
     """
 
     def __init__(self, observed_layers: frozenset[int], observed_heads: int, per_kv_head: bool, stride: int,
-                 readings_every_steps: int = 8):
+                 readings_every: int = 8):
         self.observed_layers = observed_layers
         self.observed_heads = observed_heads
         self.per_kv_head = per_kv_head
         self.stride = stride
-        self.readings_every = max(1, readings_every_steps // stride)  # in observed steps
+        self.readings_every = readings_every
         self._wanted_layers: dict[str, bool] = {}
         self._heads_by_count: dict[int, torch.Tensor] = {}
         self._heads_on_device: dict[tuple[int, str], torch.Tensor] = {}
@@ -392,11 +392,11 @@ class VllmObserver:
                           if config.mode is Mode.ENFORCE else None)
         # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
         per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"
+        stride = settings.observation_stride(config.mode, device_type)
         self.sampling = _Sampling(observed_layer_indices(num_layers, config.observed_layers), settings.observed_heads,
-                                  per_kv_head, settings.observation_stride(config.mode, device_type),
-                                  settings.readings_every_steps)
+                                  per_kv_head, stride, settings.readings_every_observed(stride))
         # the newest queries of the steps the stride skips, scored at the next observed step
-        self.skipped = SkippedQueries(self.sampling.stride - 1 if settings.scores_skipped_steps(config.mode) else 0)
+        self.skipped = SkippedQueries(self.sampling.stride - 1 if settings.observe_skipped_steps else 0)
         self._attention_coverage = method.attention_coverage(config)  # the floor that follows attention
         # monitor's forecast of enforce (vllm_plugin.forecast) needs what enforce's floors follow: each
         # monitored request's attention need, from the same scores enforce keeps (no compaction here)
@@ -763,17 +763,17 @@ class VllmObserver:
 
     def _queue_readings(self, observed: list[TrackedRequest]) -> None:
         """The observed requests' summaries and attention needs for the scheduler's next decisions:
-        every ``readings_every_steps`` engine steps (on the observed step at or after it), and at
-        a request's first observation.
+        every ``readings_every`` observed steps (``readings_every_steps``), and at a request's first
+        observation.
 
         A reading is a dozen small tensor operations and one device-to-host copy (about 3 ms on a
-        loaded 2-core CPU, several per cent of a decode step), so it is not taken every step. The
-        cadence counts engine steps, not observed ones: a request's floor follows its attention
-        need, which grows as it decodes, and a need read once in 32 steps (8 observed steps at a
-        stride of 4) lags a block behind, so enforce compacts what the request still reads
-        (measured: +0.032 nats/token against +0.004, docs/BENCHMARKS.md). The copy never waits for
-        the device: it lands in pinned memory and is collected at the next step or report that
-        finds it done (:meth:`_collect_readings`).
+        loaded 2-core CPU, several per cent of a decode step), so it is not taken every step. A
+        request's floor follows its attention need, which grows as it decodes: read once in 32
+        engine steps (the default at a stride of 4) the floor lags a block behind and enforce
+        compacts some of what the request still reads (+0.02-0.03 nats/token against
+        +0.001-0.007 read every 8 engine steps, at a cost in batch width; docs/BENCHMARKS.md). The
+        copy never waits for the device: it lands in pinned memory and is collected at the next
+        step or report that finds it done (:meth:`_collect_readings`).
         """
         due = self.counts.steps_observed % self.sampling.readings_every == 0
         wanted = [t for t in observed if due or t.request_id not in self.requests.read_once]

@@ -54,6 +54,9 @@ MONITOR_OBSERVE_EVERY_STEPS = 4
 # host), so there enforce observes every step; under ``auto`` it samples in the steps it admits as
 # vLLM too (every step cost 16 % of a step on an AVX-512 host).
 GROWTH_AWARE_OBSERVE_EVERY_STEPS = 4
+# Readings of the observed requests' summaries and attention needs, unless readings_every_steps says
+# otherwise: one in this many observed steps (a reading is a host copy, ~3 ms on a loaded CPU).
+READINGS_EVERY_OBSERVED_STEPS = 8
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
 # admission under enforce: measured on the host, vLLM's own, growth-aware always, or once vLLM preempts
@@ -97,15 +100,17 @@ class PluginSettings:
             the steps in between (one small copy per observed layer) and score them at the next
             observed step, each against the keys it saw then
             (:mod:`~growpage.vllm_plugin.skipped_queries`): keep sets and attention needs then
-            rank by every step's attention, for about a third of what scoring every step costs.
-            False: the skipped steps' attention is never seen. None (the default): under
-            ``enforce``, whose keep sets decide what a request keeps; not under ``monitor``, whose
-            price is the point (about 0.4 ms of a 30 ms step at 8 requests on a CPU; monitor's
-            forecast then reads attention needs from the observed steps alone).
+            rank by every step's attention, for about a third of what scoring every step costs
+            (about 0.4 ms of a 30 ms step at 8 requests on a CPU). Off by default: with
+            ``readings_every_steps`` 8 it is the *fidelity profile* (docs/BENCHMARKS.md, "Floors
+            that keep up"), which costs throughput where fresher floors narrow the batch.
         readings_every_steps: engine steps between two readings of the observed requests'
             summaries and attention needs (what the scheduler's decisions and floors read), taken
-            on the observed step at or after it; whatever the stride, so a floor never lags its
-            need by more than this many tokens.
+            on the observed step at or after it, whatever the stride, so a floor lags its need by
+            at most this many tokens. None (the default): every
+            :data:`READINGS_EVERY_OBSERVED_STEPS` observed steps (32 engine steps at a stride of
+            4), the cadence every shipped benchmark ran: faster where floors that lag let the batch
+            run wider, at +0.02-0.03 nats/token on decode-heavy traces where 8 gave +0.001-0.007.
         observe_max_requests: requests one observed step scores at most; with more in the batch,
             a rotating subset (every request in turn), so a step's cost stops growing with the batch.
         observe_chunk_mib: transient device memory (MiB) one chunk of a step's observation may hold
@@ -169,8 +174,8 @@ class PluginSettings:
     exporter_host: str = "0.0.0.0"
     observed_heads: int = 4
     observe_every_steps: int | None = None
-    observe_skipped_steps: bool | None = None
-    readings_every_steps: int = 8
+    observe_skipped_steps: bool = False
+    readings_every_steps: int | None = None
     observe_max_requests: int = 64
     observe_chunk_mib: int = 256
     compaction_chunk_mib: int = 64
@@ -211,10 +216,11 @@ class PluginSettings:
                                                      or self.observe_every_steps < 1):
             raise ConfigError(f"observe_every_steps must be an int >= 1, got {self.observe_every_steps!r}; "
                               f"try 1 (every step) or {MONITOR_OBSERVE_EVERY_STEPS} (monitor's default)")
-        if self.observe_skipped_steps is not None and not isinstance(self.observe_skipped_steps, bool):
+        if not isinstance(self.observe_skipped_steps, bool):
             raise ConfigError(f"observe_skipped_steps must be true or false, got {self.observe_skipped_steps!r}; "
                               "true scores the skipped steps' queries at the next observed step")
-        if not isinstance(self.readings_every_steps, int) or self.readings_every_steps < 1:
+        if self.readings_every_steps is not None and (not isinstance(self.readings_every_steps, int)
+                                                      or self.readings_every_steps < 1):
             raise ConfigError(f"readings_every_steps must be an int >= 1, got {self.readings_every_steps!r}; "
                               "try 8 (the default)")
         if not isinstance(self.observe_max_requests, int) or self.observe_max_requests < 1:
@@ -249,11 +255,11 @@ class PluginSettings:
             return GROWTH_AWARE_OBSERVE_EVERY_STEPS
         return 1
 
-    def scores_skipped_steps(self, mode: Mode) -> bool:
-        """Whether a deployment running ``mode`` scores the skipped steps' queries (``observe_skipped_steps``)."""
-        if self.observe_skipped_steps is not None:
-            return self.observe_skipped_steps
-        return mode is Mode.ENFORCE
+    def readings_every_observed(self, stride: int) -> int:
+        """Observed steps between two readings at ``stride`` (``readings_every_steps``)."""
+        if self.readings_every_steps is None:
+            return READINGS_EVERY_OBSERVED_STEPS
+        return max(1, self.readings_every_steps // stride)
 
     def _check_selection(self) -> None:
         """What enforce keeps: the method, keep sets and R-KV's term."""
@@ -330,15 +336,20 @@ def split_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     return GrowPageConfig(**values), PluginSettings(**plugin_values)
 
 
-def resolved_settings(raw: Mapping[str, Any] | None, block_size: int) -> dict[str, Any]:
+def resolved_settings(raw: Mapping[str, Any] | None, block_size: int,
+                      env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every setting a deployment given ``raw`` (``additional_config["growpage"]``) runs with, at
-    vLLM's ``block_size``, defaults included and no environment read: what a benchmark records, so
-    its JSON says what ran rather than what was asked for.
+    vLLM's ``block_size``, defaults included: what a benchmark records, so its JSON says what ran
+    rather than what was asked for.
+
+    Args:
+        env: the environment the engines read (``GROWPAGE_*`` overrides); None: this process's,
+            which the engines a benchmark starts inherit.
 
     Raises:
         ConfigError: ``raw`` is invalid (as :func:`split_settings`).
     """
-    config, plugin = split_settings(raw, env={}, block_size=block_size)
+    config, plugin = split_settings(raw, env=os.environ if env is None else env, block_size=block_size)
     values = dataclasses.asdict(config)
     values["mode"] = config.mode.value
     values["enforce_namespaces"] = list(config.enforce_namespaces)
@@ -384,7 +395,7 @@ def config_env(env: Mapping[str, str]) -> dict[str, str]:
 
 _BOOLEAN_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 # default None (the mode decides), else a value of this type
-_OPTIONAL_FIELDS: dict[str, type] = {"observe_every_steps": int, "observe_skipped_steps": bool}
+_OPTIONAL_FIELDS: dict[str, type] = {"observe_every_steps": int, "readings_every_steps": int}
 
 
 def coerce_plugin_env(name: str, text: str) -> Any:
