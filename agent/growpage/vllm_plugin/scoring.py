@@ -178,9 +178,7 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
         query_offsets: ``[R][W]`` with a window: how many positions each query lies before its
             request's newest (0 for the newest and for repeats; host ints). None: all 0.
         summarize_newest: histograms and entropies from each request's newest query alone (the
-            window's last), the window feeding the token mass only: a window of skipped steps'
-            queries (:mod:`~growpage.vllm_plugin.skipped_queries`) then costs the summaries
-            nothing, which are the observed step's as without it.
+            window's last; the window feeds the token mass only: :mod:`~growpage.vllm_plugin.skipped_queries`).
 
     Returns:
         :class:`StepScores`, everything on the cache's device.
@@ -214,11 +212,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
             mass[..., :chunk.length].index_copy_(0, rows, _chunk_token_mass(probs, num_heads, window, head_weights))
         if summarize is not None and entropy is not None:
             summarized = probs.unflatten(2, (num_heads, window))[:, :, :, -1] if summarize_newest else probs
-            chunk_bins, chunk_entropy = _chunk_summaries(summarize, summarized, chunk_lengths, chunk.length)
-            if bin_mass is None:
-                bin_mass = torch.zeros(num_layers, num_rows, chunk_bins.shape[-1], device=device)
-            bin_mass.index_copy_(1, rows, chunk_bins.view(num_layers, len(chunk.rows), -1))
-            entropy.index_copy_(1, rows, chunk_entropy.view(num_layers, len(chunk.rows)))
+            bin_mass = _write_summaries(summarize(*_summary_inputs(summarized, chunk_lengths, chunk.length)),
+                                        rows, entropy, bin_mass)
         del probs
     planned = max(chunk_bytes(len(c.rows), c.length, c.blocks_per_gather, **geometry) for c in chunks)
     return StepScores(entropy, bin_mass, mass, planned, len(chunks))
@@ -241,13 +236,26 @@ def _step_indices(layers: Sequence[ObservedLayer], order: list[int], lengths: Se
             packed[2 * num_rows:heads_end].view(num_layers, -1), packed[heads_end:].view(num_rows, window))
 
 
-def _chunk_summaries(summarize: Summarize, probs: torch.Tensor, lengths: torch.Tensor,
-                     length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``summarize`` over a chunk's ``[L, r, H * W, length]`` probabilities, every layer at once."""
+def _summary_inputs(probs: torch.Tensor, lengths: torch.Tensor,
+                    length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What ``summarize`` reads of a chunk's ``[L, r, H', length]`` probabilities, every layer at once."""
     num_layers, num_rows = probs.shape[:2]
     positions = torch.arange(length, device=probs.device).expand(num_rows, length)
     key_positions = positions.masked_fill(positions >= lengths[:, None], -1)
-    return summarize(probs.flatten(0, 1), key_positions.repeat(num_layers, 1), lengths.repeat(num_layers))
+    return probs.flatten(0, 1), key_positions.repeat(num_layers, 1), lengths.repeat(num_layers)
+
+
+def _write_summaries(summaries: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor, entropy: torch.Tensor,
+                     bin_mass: torch.Tensor | None) -> torch.Tensor:
+    """A chunk's ``(bins [L * r, B], entropy [L * r])`` into the step's ``[L, R]`` buffers at
+    ``rows``; returns the bin buffer (made at the first chunk, once the bin count is known)."""
+    chunk_bins, chunk_entropy = summaries
+    num_layers, num_rows = entropy.shape
+    if bin_mass is None:
+        bin_mass = torch.zeros(num_layers, num_rows, chunk_bins.shape[-1], device=entropy.device)
+    bin_mass.index_copy_(1, rows, chunk_bins.view(num_layers, len(rows), -1))
+    entropy.index_copy_(1, rows, chunk_entropy.view(num_layers, len(rows)))
+    return bin_mass
 
 
 def _token_mass_buffers(heads: torch.Tensor, num_kv_heads: int, num_rows: int, length: int,

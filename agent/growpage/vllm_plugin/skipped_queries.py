@@ -3,8 +3,9 @@
 With ``observe_every_steps`` N > 1 the observer scores one step in N, and a request's keep set and
 attention need then rank tokens by the attention of one query in N. Most of an observation's cost
 is the scoring (every observed request's keys gathered per observed layer, a softmax over them);
-taking a step's newest queries is one small copy per observed layer. So on a skipped step the
-observed layers still hand over each request's newest sampled query, kept here, and the next
+taking a step's newest queries is one small copy per observed layer. So with
+``observe_skipped_steps`` (off by default: docs/VLLM_PLUGIN.md, the fidelity profile) on a skipped
+step the observed layers still hand over each request's newest sampled query, kept here, and the next
 observed step scores them with its own as one observation window
 (:func:`~growpage.vllm_plugin.scoring.score_step`'s ``query_offsets``). A query taken ``o`` positions
 before its request's newest sees only the keys before it: exactly the attention it had at its own

@@ -361,6 +361,12 @@ _PART_HELP = ("pressure (the traces under KV pressure), overhead (monitor and id
               "shipped defaults against tuned vLLM alone, every cap at equal memory and the limit), forecast "
               "(monitor's forecast against enforce), mixed (retrieval questions and long generations at once under "
               "KV pressure: accuracy, correct answers/s, NLL increase); default pressure, overhead and sampling.")
+_SWEEP_VARIANT_HELP = ("LABEL[@METHOD,...]:KEY=VALUE[,KEY=VALUE]: run those methods' --part sweep points again "
+                       "with these settings, named <point>/LABEL (repeatable), e.g. heads:keep_sets=kv_head or "
+                       "rkv@growpage:redundancy_weight=0.9.")
+_HEADLINE_VARIANT_HELP = ("LABEL:KEY=VALUE[,KEY=VALUE]: --part headline also runs GrowPage with these settings, "
+                          "named growpage/LABEL, interleaved with the rest (repeatable), e.g. "
+                          "fidelity:readings_every_steps=8,observe_skipped_steps=true.")
 _MAX_NUM_SEQS_HELP = ("max_num_seqs values vLLM alone also runs with in --part headline; the fastest is tuned "
                       "vLLM alone (repeatable; default 4 and 6).")
 
@@ -386,17 +392,12 @@ def vllm(
                                 "the lowest --sweep-pages (repeatable; default none).")] = None,
     sweep_method: Annotated[list[str] | None, typer.Option(
         help="Methods of --part sweep (repeatable; default growpage, streaming_llm, h2o, snapkv).")] = None,
-    sweep_variant: Annotated[list[str] | None, typer.Option(
-        help="LABEL[@METHOD,...]:KEY=VALUE[,KEY=VALUE]: run those methods' --part sweep points again with "
-             "these settings, named <point>/LABEL (repeatable), e.g. heads:keep_sets=kv_head or "
-             "rkv@growpage:redundancy_weight=0.9.")] = None,
+    sweep_variant: Annotated[list[str] | None, typer.Option(help=_SWEEP_VARIANT_HELP)] = None,
     max_num_seqs: Annotated[list[int] | None, typer.Option(min=1, help=_MAX_NUM_SEQS_HELP)] = None,
     headline_coverage: Annotated[list[float] | None, typer.Option(
         min=0.01, max=1.0, help="attention_coverage values --part headline also runs GrowPage at, the "
                                 "shipped defaults otherwise (repeatable; default none), e.g. 0.8.")] = None,
-    headline_variant: Annotated[list[str] | None, typer.Option(
-        help="LABEL:KEY=VALUE[,KEY=VALUE]: --part headline also runs GrowPage with these settings, named "
-             "growpage/LABEL, interleaved with the rest (repeatable), e.g. stale:readings_every_steps=32.")] = None,
+    headline_variant: Annotated[list[str] | None, typer.Option(help=_HEADLINE_VARIANT_HELP)] = None,
     headline_skip: Annotated[list[str] | None, typer.Option(
         help="A variant --part headline leaves out (repeatable), e.g. monitor or growpage@room; vllm, "
              "growpage and limit always run.")] = None,
