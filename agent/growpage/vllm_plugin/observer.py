@@ -244,7 +244,7 @@ class _Sampling:
     """
 
     def __init__(self, observed_layers: frozenset[int], observed_heads: int, per_kv_head: bool, stride: int,
-                 readings_every: int = 8):
+                 readings_every: int):
         self.observed_layers = observed_layers
         self.observed_heads = observed_heads
         self.per_kv_head = per_kv_head

@@ -124,6 +124,9 @@ class SkippedQueries:
             request_ids, logical, dropped: ``[R]`` its id, logical length and tokens compacted away now.
             own_offsets: ``[R][Wc]`` the step's own window offsets.
         """
+        if not self._steps:  # nothing kept (the setting's default): the step's own window, at no cost
+            self._pooled = []
+            return WindowPlan([], [list(offsets) for offsets in own_offsets], 0, [1] * len(request_ids))
         own_width = len(own_offsets[0]) if own_offsets else 1
         # a step cut short (a fault, a graph replay mid-step) lacks layers: the pool must be the same
         # in every layer, so only the steps that handed over every layer the fullest one did are pooled
