@@ -116,4 +116,4 @@ def test_the_recorded_settings_are_what_the_engines_read_environment_included(mo
     monkeypatch.setenv("GROWPAGE_VLLM_READINGS_EVERY_STEPS", "32")
     assert resolved_settings(settings.growpage_config(), settings.block_size)["plugin"]["readings_every_steps"] == 32
     assert resolved_settings(settings.growpage_config(), settings.block_size,
-                             env={})["plugin"]["readings_every_steps"] is None
+                             env={})["plugin"]["readings_every_steps"] == 8

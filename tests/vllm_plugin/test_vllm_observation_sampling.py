@@ -304,16 +304,16 @@ def test_the_observed_step_scores_the_skipped_steps_queries_each_over_the_keys_i
 
 
 @pytest.mark.parametrize(("stride", "readings_every_steps", "refreshed_at"), [
-    (4, 8, [4, 8, 16, 24, 32]),  # every other observed step: 8 engine steps apart, as when every step is
-    (1, None, [1, 8, 16, 24, 32]),  # observed
-    (4, None, [4, 32]),  # the default at a stride of 4: once in 8 observed steps, 32 engine steps
-    (4, 32, [4, 32]),
+    (4, None, [4, 8, 16, 24, 32]),  # the default at a stride of 4: every other observed step, 8 engine
+    (1, None, [1, 8, 16, 24, 32]),  # steps apart, as when every step is observed
+    (4, 32, [4, 32]),  # the cadence before: once in 8 observed steps, a block behind a decoding request
+    (3, 8, [3, 6, 12, 18, 24, 30]),  # never further apart than asked: every other observed step
 ])
 def test_attention_needs_reach_the_scheduler_every_readings_every_steps_engine_steps(stride, readings_every_steps,
                                                                                      refreshed_at):
     """A floor follows its request's attention need, which grows as the request decodes: the need
-    is read again every ``readings_every_steps`` engine steps whatever the stride, by default every
-    8 observed steps (the first observation's need is sent at once)."""
+    is read again every ``readings_every_steps`` engine steps at most whatever the stride, by default
+    every 8 (the first observation's need is sent at once)."""
     cadence = {} if readings_every_steps is None else {"readings_every_steps": readings_every_steps}
     observer = _observer(observe_every_steps=stride, **cadence)
     torch.manual_seed(0)

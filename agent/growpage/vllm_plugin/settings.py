@@ -55,8 +55,12 @@ MONITOR_OBSERVE_EVERY_STEPS = 4
 # vLLM too (every step cost 16 % of a step on an AVX-512 host).
 GROWTH_AWARE_OBSERVE_EVERY_STEPS = 4
 # Readings of the observed requests' summaries and attention needs, unless readings_every_steps says
-# otherwise: one in this many observed steps (a reading is a host copy, ~3 ms on a loaded CPU).
-READINGS_EVERY_OBSERVED_STEPS = 8
+# otherwise: one in this many *engine* steps, whatever the stride (a reading is a host copy, ~3 ms on
+# a loaded CPU; at a stride of 4 every other observed step). A floor is raised to its request's need
+# only when the need is read, so it lags a decoding request by up to this many tokens: read once in 8
+# observed steps (32 engine steps at a stride of 4) the decode-heavy traces lost 2-8x more nats/token
+# (+0.025-0.038 against +0.004-0.012) at the same speed (docs/BENCHMARKS.md, "Fresh readings").
+READINGS_EVERY_STEPS = 8
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
 # admission under enforce: measured on the host, vLLM's own, growth-aware always, or once vLLM preempts
@@ -101,16 +105,15 @@ class PluginSettings:
             observed step, each against the keys it saw then
             (:mod:`~growpage.vllm_plugin.skipped_queries`): keep sets and attention needs then
             rank by every step's attention, for about a third of what scoring every step costs
-            (about 0.4 ms of a 30 ms step at 8 requests on a CPU). Off by default: with
-            ``readings_every_steps`` 8 it is the *fidelity profile* (docs/BENCHMARKS.md, "Floors
-            that keep up"), which costs throughput where fresher floors narrow the batch.
+            (about 0.4 ms of a 30 ms step at 8 requests on a CPU). Off by default: on top of the
+            default readings it is the *fidelity profile* (docs/BENCHMARKS.md, "Floors that keep
+            up"), which costs throughput where its higher floors narrow the batch.
         readings_every_steps: engine steps between two readings of the observed requests'
-            summaries and attention needs (what the scheduler's decisions and floors read), taken
-            on the observed step at or after it, whatever the stride, so a floor lags its need by
-            at most this many tokens. None (the default): every
-            :data:`READINGS_EVERY_OBSERVED_STEPS` observed steps (32 engine steps at a stride of
-            4), the cadence every shipped benchmark ran: faster where floors that lag let the batch
-            run wider, at +0.02-0.03 nats/token on decode-heavy traces where 8 gave +0.001-0.007.
+            summaries and attention needs (what the scheduler's decisions and floors read), at
+            most this many apart whatever the stride (a whole number of observed steps), so a
+            floor lags its need by at most this many tokens. Default
+            :data:`READINGS_EVERY_STEPS` (8); 32 at a stride of 4 is the cadence benchmarks ran
+            before it, as fast and 2-8x further from full KV on decode-heavy traces.
         observe_max_requests: requests one observed step scores at most; with more in the batch,
             a rotating subset (every request in turn), so a step's cost stops growing with the batch.
         observe_chunk_mib: transient device memory (MiB) one chunk of a step's observation may hold
@@ -175,7 +178,7 @@ class PluginSettings:
     observed_heads: int = 4
     observe_every_steps: int | None = None
     observe_skipped_steps: bool = False
-    readings_every_steps: int | None = None
+    readings_every_steps: int = READINGS_EVERY_STEPS
     observe_max_requests: int = 64
     observe_chunk_mib: int = 256
     compaction_chunk_mib: int = 64
@@ -219,8 +222,7 @@ class PluginSettings:
         if not isinstance(self.observe_skipped_steps, bool):
             raise ConfigError(f"observe_skipped_steps must be true or false, got {self.observe_skipped_steps!r}; "
                               "true scores the skipped steps' queries at the next observed step")
-        if self.readings_every_steps is not None and (not isinstance(self.readings_every_steps, int)
-                                                      or self.readings_every_steps < 1):
+        if not isinstance(self.readings_every_steps, int) or self.readings_every_steps < 1:
             raise ConfigError(f"readings_every_steps must be an int >= 1, got {self.readings_every_steps!r}; "
                               "try 8 (the default)")
         if not isinstance(self.observe_max_requests, int) or self.observe_max_requests < 1:
@@ -256,9 +258,8 @@ class PluginSettings:
         return 1
 
     def readings_every_observed(self, stride: int) -> int:
-        """Observed steps between two readings at ``stride`` (``readings_every_steps``)."""
-        if self.readings_every_steps is None:
-            return READINGS_EVERY_OBSERVED_STEPS
+        """Observed steps between two readings at ``stride``: ``readings_every_steps`` engine steps at
+        most (a reading is taken on an observed step)."""
         return max(1, self.readings_every_steps // stride)
 
     def _check_selection(self) -> None:
@@ -395,7 +396,7 @@ def config_env(env: Mapping[str, str]) -> dict[str, str]:
 
 _BOOLEAN_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 # default None (the mode decides), else a value of this type
-_OPTIONAL_FIELDS: dict[str, type] = {"observe_every_steps": int, "readings_every_steps": int}
+_OPTIONAL_FIELDS: dict[str, type] = {"observe_every_steps": int}
 
 
 def coerce_plugin_env(name: str, text: str) -> Any:

@@ -366,7 +366,7 @@ _SWEEP_VARIANT_HELP = ("LABEL[@METHOD,...]:KEY=VALUE[,KEY=VALUE]: run those meth
                        "rkv@growpage:redundancy_weight=0.9.")
 _HEADLINE_VARIANT_HELP = ("LABEL:KEY=VALUE[,KEY=VALUE]: --part headline also runs GrowPage with these settings, "
                           "named growpage/LABEL, interleaved with the rest (repeatable), e.g. "
-                          "fidelity:readings_every_steps=8,observe_skipped_steps=true.")
+                          "fidelity:observe_skipped_steps=true or stale:readings_every_steps=32.")
 _MAX_NUM_SEQS_HELP = ("max_num_seqs values vLLM alone also runs with in --part headline; the fastest is tuned "
                       "vLLM alone (repeatable; default 4 and 6).")
 
