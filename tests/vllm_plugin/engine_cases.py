@@ -24,10 +24,11 @@ TP_FAULTY_RANK_INJECTION = "report@rank2"
 PREEMPT_BLOCKS = 12  # 8 requests x 2 blocks do not fit: vLLM preempts
 # Every boundary evicts: no growth past base_pages, low LTS is always "narrow demand", and no
 # attention need raises the floor (vLLM's default attention_coverage would keep these short prompts whole).
-# vLLM's own admission, observing every step, as these engines were built to check; the default
-# (auto: growth-aware on the CPU build, one step in four) runs in enforce_admission and make run.
+# vLLM's own admission, observing every step, as these engines were built to check; the defaults
+# (auto, one step in four) run in enforce_admission and make run.
 EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens": 16, "sink_tokens": 4,
-            "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0, "admission": "vllm"}
+            "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0, "admission": "vllm",
+            "observe_every_steps": 1}
 
 
 PER_HEAD_REDUNDANT = {"keep_sets": "kv_head", "shared_keep_fraction": 0.5, "redundancy_weight": 0.9}
@@ -84,7 +85,8 @@ def phases(which: str | None = None) -> list[dict]:
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
         # the same pressure under growth-aware admission: no preemption
-        {"name": "enforce_admission", "growpage": {**EVICTING, "exporter_port": _free_port(), "admission": "projected"},
+        {"name": "enforce_admission", "growpage": {**EVICTING, "exporter_port": _free_port(), "admission": "projected",
+                                                   "observe_every_steps": None},  # the default stride
          "scrape": True,
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},

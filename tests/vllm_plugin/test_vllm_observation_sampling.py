@@ -14,8 +14,7 @@ from growpage.errors import ConfigError
 from growpage.vllm_plugin import graph_steps
 from growpage.vllm_plugin.observer import VllmObserver, rotating_sample
 from growpage.vllm_plugin.settings import (
-    GROWTH_AWARE_OBSERVE_EVERY_STEPS,
-    MONITOR_OBSERVE_EVERY_STEPS,
+    OBSERVE_EVERY_STEPS,
     PluginSettings,
     split_settings,
 )
@@ -29,16 +28,15 @@ def _observer(mode: str = "monitor", device_type: str = "cpu", **plugin) -> Vllm
     return VllmObserver(config, settings, num_layers=1, max_requests=8, device_type=device_type)
 
 
-def test_monitor_observes_one_step_in_four_and_enforce_every_step_unless_told():
-    assert _observer("monitor").sampling.stride == MONITOR_OBSERVE_EVERY_STEPS == 4
-    assert _observer("enforce", admission="vllm").sampling.stride == 1  # keep sets accumulate every step's attention
-    assert _observer("enforce").sampling.stride == 4  # the default, auto: it looks ahead in some steps
-    # growth-aware admission keeps the batch inside what compression holds: enforce samples as monitor does
-    assert _observer("enforce", admission="projected").sampling.stride == GROWTH_AWARE_OBSERVE_EVERY_STEPS == 4
-    # auto measures the host whatever the device, and samples in both of its regimes
-    assert _observer("enforce", admission="auto").sampling.stride == 4
-    assert _observer("enforce", "cuda", admission="auto").sampling.stride == 4
-    assert _observer("enforce", admission="after_preemption").sampling.stride == 1
+def test_monitor_and_enforce_observe_one_step_in_four_whatever_the_admission_unless_told():
+    assert _observer("monitor").sampling.stride == OBSERVE_EVERY_STEPS == 4
+    assert _observer("enforce").sampling.stride == 4  # the default, auto
+    # fresh readings made every step's observation no more faithful under any admission, only dearer
+    for admission in ("auto", "projected", "vllm", "after_preemption"):
+        assert _observer("enforce", admission=admission).sampling.stride == 4
+        assert _observer("enforce", "cuda", admission=admission).sampling.stride == 4
+    assert _observer("off").sampling.stride == 1  # nothing is observed: no stride to keep
+    assert _observer("enforce", admission="vllm", observe_every_steps=1).sampling.stride == 1
     assert _observer("monitor", observe_every_steps=1).sampling.stride == 1  # the user's choice wins
     _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_EVERY_STEPS": "2"})
     assert settings.observation_stride(Mode.MONITOR) == 2
@@ -54,7 +52,7 @@ def test_the_skipped_steps_queries_are_kept_only_when_told():
     assert _observer("enforce", observe_skipped_steps=True).skipped.max_steps == 3  # a stride of 4: three skipped
     assert _observer("monitor", observe_skipped_steps=True).skipped.max_steps == 3
     # every step observed: none skipped
-    assert _observer("enforce", admission="vllm", observe_skipped_steps=True).skipped.max_steps == 0
+    assert _observer("enforce", observe_every_steps=1, observe_skipped_steps=True).skipped.max_steps == 0
     _, settings = split_settings({}, env={"GROWPAGE_VLLM_OBSERVE_SKIPPED_STEPS": "yes",
                                           "GROWPAGE_VLLM_READINGS_EVERY_STEPS": "8"})
     assert settings.observe_skipped_steps and settings.readings_every_observed(4) == 2

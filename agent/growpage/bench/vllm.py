@@ -60,7 +60,7 @@ from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import GrowPageError
 from growpage.provenance import host_facts
 from growpage.tooling.vllm_runs import run_child
-from growpage.vllm_plugin.settings import MONITOR_OBSERVE_EVERY_STEPS, PluginSettings, resolved_settings
+from growpage.vllm_plugin.settings import OBSERVE_EVERY_STEPS, PluginSettings, resolved_settings
 
 
 def run_vllm_bench(model_dir: str | None = None, settings: VllmBenchSettings | None = None, *,
@@ -245,7 +245,7 @@ def _overhead(model_dir: str, settings: VllmBenchSettings, log: Callable[[str], 
             "monitor_vs_vllm": round(medians["monitor"] / medians["vllm"], 4),
             "enforce_idle_vs_vllm": round(medians["enforce_idle"] / medians["vllm"], 4),
             "target": MONITOR_OVERHEAD_TARGET,
-            "monitor_observation": {"observe_every_steps": MONITOR_OBSERVE_EVERY_STEPS,
+            "monitor_observation": {"observe_every_steps": OBSERVE_EVERY_STEPS,
                                     "observe_max_requests": PluginSettings().observe_max_requests}}
 
 

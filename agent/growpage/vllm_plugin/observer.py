@@ -392,7 +392,7 @@ class VllmObserver:
                           if config.mode is Mode.ENFORCE else None)
         # per-head keep sets need each KV head's own scores (and a sampled query head reading it)
         per_kv_head = self.compactor is not None and scores.scored and settings.keep_sets == "kv_head"
-        stride = settings.observation_stride(config.mode, device_type)
+        stride = settings.observation_stride(config.mode)
         self.sampling = _Sampling(observed_layer_indices(num_layers, config.observed_layers), settings.observed_heads,
                                   per_kv_head, stride, settings.readings_every_observed(stride))
         # the newest queries of the steps the stride skips, scored at the next observed step

@@ -41,19 +41,15 @@ def request_namespace(extra_args: Mapping[str, Any] | None) -> str | None:
     return str(value) if value not in (None, "") else None
 
 
-# Monitor observes one step in this many unless observe_every_steps says otherwise: measured on an
-# AVX2 host, observing every step cost 4-5 % of vLLM alone's tokens/s; see docs/BENCHMARKS.md.
-MONITOR_OBSERVE_EVERY_STEPS = 4
-# Enforce under growth-aware admission (``projected``, or ``auto``'s measured choice) observes one
-# step in this many too: admission keeps the batch inside what compression can hold, so the cheaper
-# observer and the smaller attention need a sampled maximum gives (a wider admitted batch) pay;
-# measured on decode-heavy work, 1.007x tuned vLLM alone at +0.011 nats/token where every step gave
-# 0.95x, and 16 of 16 retrieval answers as vLLM alone (docs/BENCHMARKS.md, "Never worse"). The step
-# that ends a prompt is observed whatever the stride (prompt-anchored scores start there). Under
-# vLLM's admission the same sampling cut what requests still needed (+0.032 nats/token on an AVX2
-# host), so there enforce observes every step; under ``auto`` it samples in the steps it admits as
-# vLLM too (every step cost 16 % of a step on an AVX-512 host).
-GROWTH_AWARE_OBSERVE_EVERY_STEPS = 4
+# Monitor and enforce observe one step in this many unless observe_every_steps says otherwise. In
+# monitor, observing every step cost 4-5 % of vLLM alone's tokens/s on an AVX2 host. In enforce,
+# whatever the admission: every step cost a 30 ms step 3-4 ms on an AVX-512 host, and with readings
+# every READINGS_EVERY_STEPS engine steps the sampled observation decides as every step does (vLLM's
+# admission on two unseen decode-heavy traces: +0.003 and +0.006 nats/token against +0.003 and
+# -0.001, at 1.07-1.16x the speed per round; docs/BENCHMARKS.md, "Every step observed no longer
+# pays"). The step that ends a prompt is observed whatever the stride (prompt-anchored scores start
+# there).
+OBSERVE_EVERY_STEPS = 4
 # Readings of the observed requests' summaries and attention needs, unless readings_every_steps says
 # otherwise: one in this many *engine* steps, whatever the stride (a reading is a host copy, ~3 ms on
 # a loaded CPU; at a stride of 4 every other observed step). A floor is raised to its request's need
@@ -90,12 +86,9 @@ class PluginSettings:
         exporter_host: listen address of that exporter.
         observed_heads: query heads sampled per observed layer (evenly spaced).
         observe_every_steps: observe attention on one step in this many (1: every step); None:
-            :data:`MONITOR_OBSERVE_EVERY_STEPS` when the deployment runs ``monitor`` (its cost
-            stays within 2 %; ``gpctl bench vllm --part overhead`` measures the cost and what it
-            does to the decisions); under ``enforce``
-            :data:`GROWTH_AWARE_OBSERVE_EVERY_STEPS` where admission is ``projected`` or ``auto``
-            (whichever it chooses in a step), else every step (keep sets accumulate every step's
-            attention). The summaries'
+            :data:`OBSERVE_EVERY_STEPS` in ``monitor`` and ``enforce`` whatever the admission
+            (``gpctl bench vllm --part overhead`` measures monitor's cost, ``--part sampling``
+            what it does to the decisions, ``--part headline`` enforce's). The summaries'
             windows count observed steps, so they span this many times more decode steps;
             boundaries are still counted every step. Under vLLM's ``FULL_AND_PIECEWISE`` (or
             ``FULL_DECODE_ONLY``) CUDA graphs the due step runs without its full graph
@@ -218,7 +211,7 @@ class PluginSettings:
         if self.observe_every_steps is not None and (not isinstance(self.observe_every_steps, int)
                                                      or self.observe_every_steps < 1):
             raise ConfigError(f"observe_every_steps must be an int >= 1, got {self.observe_every_steps!r}; "
-                              f"try 1 (every step) or {MONITOR_OBSERVE_EVERY_STEPS} (monitor's default)")
+                              f"try 1 (every step) or {OBSERVE_EVERY_STEPS} (the default)")
         if not isinstance(self.observe_skipped_steps, bool):
             raise ConfigError(f"observe_skipped_steps must be true or false, got {self.observe_skipped_steps!r}; "
                               "true scores the skipped steps' queries at the next observed step")
@@ -246,16 +239,11 @@ class PluginSettings:
         """Whether ``measured`` admission looks ahead on ``device`` before its step costs are fitted."""
         return LOOKAHEAD_UNMEASURED_BY_DEVICE.get(device, False)
 
-    def observation_stride(self, mode: Mode, device: str = "unknown") -> int:
-        """Steps per observed step in a deployment running ``mode`` on ``device`` (vLLM's
-        ``device_type``; see ``observe_every_steps``)."""
+    def observation_stride(self, mode: Mode) -> int:
+        """Steps per observed step in a deployment running ``mode`` (see ``observe_every_steps``)."""
         if self.observe_every_steps is not None:
             return self.observe_every_steps
-        if mode is Mode.MONITOR:
-            return MONITOR_OBSERVE_EVERY_STEPS
-        if mode is Mode.ENFORCE and self.admission_on(device) in ("projected", "measured"):
-            return GROWTH_AWARE_OBSERVE_EVERY_STEPS
-        return 1
+        return OBSERVE_EVERY_STEPS if mode in (Mode.MONITOR, Mode.ENFORCE) else 1
 
     def readings_every_observed(self, stride: int) -> int:
         """Observed steps between two readings at ``stride``: ``readings_every_steps`` engine steps at
