@@ -108,9 +108,9 @@ def test_a_step_cost_fit_recovers_the_fixed_per_request_and_per_token_parts():
         (0.012, 0.0029, 0.0002)
 
 
-def test_a_fit_waits_until_the_steps_can_tell_the_parts_apart():
+def test_a_fit_waits_until_the_steps_can_price_a_token():
     fit = StepCostFit()
-    for _ in range(100):  # one width, no prefill: the fixed and per-request parts are one number
+    for _ in range(100):  # no prefill: what a recompute costs is unknown
         fit.record(requests=4, tokens=4, seconds=0.03)
     assert fit.costs() is None
     fit.record(requests=0, tokens=0, seconds=1.0)  # an empty step teaches nothing
@@ -120,6 +120,24 @@ def test_a_fit_waits_until_the_steps_can_tell_the_parts_apart():
     for step in range(40):
         widths.record(requests=1 + step % 4, tokens=1 + step % 4, seconds=0.01 + 0.002 * (1 + step % 4))
     assert widths.costs() is None  # widths vary, but no step prefilled: a recompute's price is unknown
+
+
+def test_steps_at_one_width_give_the_whole_intercept_as_fixed_so_a_holding_prior_cannot_keep_itself_on():
+    """A prior that looks ahead can hold the batch at one width for a whole run; the fit must then
+    still answer (it used to wait for a second width, which the held batch never reached)."""
+    fit = StepCostFit()
+    for step in range(40):  # four requests all along, a prompt prefilled every tenth step
+        extra = 300 if step % 10 == 0 else 0
+        fit.record(requests=4, tokens=4 + extra, seconds=0.02 + 4 * 0.003 + 0.0008 * extra)
+    costs = fit.costs()
+    assert costs is not None  # priced: fixed and per-request in one, as fixed
+    assert (round(costs.fixed_s, 6), costs.per_request_s, round(costs.per_token_s, 6)) == (0.032, 0.0, 0.0008)
+    # read so, the width is worth the most it can be: a host whose steps are mostly fixed admits
+    assert not lookahead_pays(costs, width=4, output_tokens=160, recompute_tokens=300)
+    for step in range(40):  # once admitting changes the width, the parts come apart
+        fit.record(requests=2 + step % 6, tokens=2 + step % 6, seconds=0.02 + (2 + step % 6) * 0.003)
+    costs = fit.costs()
+    assert costs is not None and round(costs.fixed_s, 6) == 0.02 and round(costs.per_request_s, 6) == 0.003
 
 
 def test_the_fit_follows_the_newest_steps():

@@ -164,8 +164,15 @@ class StepCosts:
 
 class StepCostFit:
     """Least squares of step seconds on (1, requests, extra tokens) over the newest
-    :data:`STEP_WINDOW` steps; :meth:`costs` is None until the steps can tell the terms apart
-    (:data:`MIN_FIT_STEPS` of them, at two batch widths at least, :data:`MIN_PREFILL_STEPS` prefilling).
+    :data:`STEP_WINDOW` steps; :meth:`costs` is None until the steps can price a token
+    (:data:`MIN_FIT_STEPS` of them, :data:`MIN_PREFILL_STEPS` prefilling).
+
+    Steps at one batch width cannot tell a step's fixed part from its requests' part; the fit then
+    takes the whole intercept as fixed (per request 0), the reading under which holding a start
+    costs the most, so the answer admits. It must: a prior that looks ahead can hold the batch at
+    one width for a whole run (the quick demo's 8 requests ran as two waves of 4, on the prior for
+    all 128 steps, when a fit waited for a second width), and admitting is what brings the widths
+    that separate the two parts.
 
     Runs on the scheduler's thread every step, so a step costs O(1): the normal equations' sums
     are kept as steps come and go (rebuilt once a window against drift), and solved only when read.
@@ -203,10 +210,15 @@ class StepCostFit:
         return self._solved
 
     def _solve(self) -> StepCosts | None:
-        if (len(self._steps) < MIN_FIT_STEPS or len(self._widths) < 2
-                or self._prefills < MIN_PREFILL_STEPS):
+        if len(self._steps) < MIN_FIT_STEPS or self._prefills < MIN_PREFILL_STEPS:
             return None
         n, r, e, rr, re, ee, y, ry, ey = self._sums
+        if len(self._widths) < 2:  # one width: the intercept is fixed and per-request in one (see the class)
+            line = _solve2(n, e, ee, y, ey)
+            if line is None:
+                return None
+            intercept, per_token = line
+            return StepCosts(max(0.0, intercept), 0.0, max(0.0, per_token), len(self._steps))
         solved = _solve3([[n, r, e, y], [r, rr, re, ry], [e, re, ee, ey]])
         if solved is None:
             return None
@@ -240,6 +252,14 @@ def lookahead_pays(costs: StepCosts, *, width: int, output_tokens: float, recomp
     width_cost = costs.fixed_s * output_tokens / max(1, width)
     recompute_cost = costs.per_token_s * recompute_tokens
     return recompute_cost >= width_cost
+
+
+def _solve2(n: float, e: float, ee: float, y: float, ey: float) -> tuple[float, float] | None:
+    """Least squares of ``y`` on (1, e) from the normal equations' sums; None when ``e`` never varies."""
+    determinant = n * ee - e * e
+    if abs(determinant) <= 1e-12 * max(n * ee, 1.0):
+        return None
+    return (y * ee - e * ey) / determinant, (n * ey - e * y) / determinant
 
 
 def _solve3(matrix: list[list[float]]) -> tuple[float, ...] | None:
