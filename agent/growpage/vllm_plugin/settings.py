@@ -65,8 +65,8 @@ ADMISSION_CHOICES = ("auto", "vllm", "projected", "after_preemption")
 # batch width holding gives up (growpage.core.admission.lookahead_pays). An AVX-512 CPU batches a
 # recompute cheaply and decodes a wider batch faster, so it admits as vLLM does there (0.97-0.98x
 # vLLM alone where looking ahead always ran 0.75-0.85x); an AVX2 CPU's step times put a recompute
-# above the width (predicted, not run with the fit: docs/BENCHMARKS.md). Until the fit can tell
-# the costs apart (16 steps at two widths, two prefilling), the device's
+# above the width (predicted, not run with the fit: docs/BENCHMARKS.md). Until the fit can price
+# a token (16 steps, two prefilling), the device's
 # prior: look ahead where KV lives in host memory, not on a GPU (which decodes a wide batch for
 # about the cost of a narrow one; not measured here).
 LOOKAHEAD_UNMEASURED_BY_DEVICE = {"cpu": True}
