@@ -55,7 +55,8 @@ OBSERVE_EVERY_STEPS = 4
 # a loaded CPU; at a stride of 4 every other observed step). A floor is raised to its request's need
 # only when the need is read, so it lags a decoding request by up to this many tokens: read once in 8
 # observed steps (32 engine steps at a stride of 4) the decode-heavy traces lost 2-8x more nats/token
-# (+0.025-0.038 against +0.004-0.012) at the same speed (docs/BENCHMARKS.md, "Fresh readings").
+# (+0.025-0.038 against +0.004-0.012) at the same speed; make run is about 5 % slower with fresh
+# readings, its admission's prior holding longer (docs/BENCHMARKS.md, "Fresh readings").
 READINGS_EVERY_STEPS = 8
 MAX_OBSERVATION_WINDOW = 128  # queries per request at a prompt's end: scores grow with it, linearly
 KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV head
