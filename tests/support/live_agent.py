@@ -79,9 +79,21 @@ class LiveAgent:
         return sum(sample.value for sample in exposition.samples if sample.name == name)
 
     def wait_idle(self, timeout_s: float = 60.0) -> None:
-        """Until the engine has no request left (every page returned)."""
+        """Until the engine has no request left (every page returned) and its metrics endpoint says so
+        too: no request running and no grant still arriving. A scraper reads the exported snapshot,
+        which can trail the engine on a loaded machine (an idle pod then read as running in CI)."""
         engine = self.stack.engine
         wait_until(lambda: not engine.has_unfinished_requests(), timeout_s, what="the engine to go idle")
+        wait_until(lambda: self.exported(catalog.REQUESTS_RUNNING.name) == 0, timeout_s, interval_s=0.1,
+                   what="no running request on the metrics endpoint")
+        grants = [self.exported(catalog.ALLOCATIONS.name)]
+
+        def no_new_grant() -> bool:
+            now = self.exported(catalog.ALLOCATIONS.name)
+            settled, grants[0] = now == grants[0], now
+            return settled
+
+        wait_until(no_new_grant, timeout_s, interval_s=0.5, what="grants to stop arriving on the metrics endpoint")
 
 
 def scrape_config(agent: LiveAgent, labels: Mapping[str, str] | None = None, interval: str = "1s") -> dict:
