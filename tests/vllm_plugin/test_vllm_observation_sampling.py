@@ -22,10 +22,10 @@ from growpage.vllm_plugin.settings import (
 LAYER = "model.layers.0.self_attn.attn"
 
 
-def _observer(mode: str = "monitor", device_type: str = "cpu", **plugin) -> VllmObserver:
+def _observer(mode: str = "monitor", **plugin) -> VllmObserver:
     config, settings = split_settings({"mode": mode, "base_pages": 2, "recent_window_tokens": 8,
                                        "observed_layers": 1, **plugin}, env={}, block_size=32)
-    return VllmObserver(config, settings, num_layers=1, max_requests=8, device_type=device_type)
+    return VllmObserver(config, settings, num_layers=1, max_requests=8)
 
 
 def test_monitor_and_enforce_observe_one_step_in_four_whatever_the_admission_unless_told():
@@ -34,7 +34,6 @@ def test_monitor_and_enforce_observe_one_step_in_four_whatever_the_admission_unl
     # fresh readings made every step's observation no more faithful under any admission, only dearer
     for admission in ("auto", "projected", "vllm", "after_preemption"):
         assert _observer("enforce", admission=admission).sampling.stride == 4
-        assert _observer("enforce", "cuda", admission=admission).sampling.stride == 4
     assert _observer("off").sampling.stride == 1  # nothing is observed: no stride to keep
     assert _observer("enforce", admission="vllm", observe_every_steps=1).sampling.stride == 1
     assert _observer("monitor", observe_every_steps=1).sampling.stride == 1  # the user's choice wins

@@ -356,8 +356,6 @@ class VllmObserver:
         max_requests: summary rows (vLLM's ``max_num_seqs``).
         rank: this worker's tensor-parallel rank. Every rank observes its own heads and compacts;
             the output rank's report is the one the scheduler receives.
-        device_type: vLLM's ``device_type`` (``admission: auto`` resolves by it, and enforce's
-            observation stride follows admission).
         publish_faults: called with each new fault on a rank whose report the scheduler never
             receives (:class:`~growpage.vllm_plugin.rank_faults.RankFaultPublisher`; None: rank 0).
         keep_board: under tensor parallelism, where enforce's ranks share their token rankings
@@ -365,7 +363,7 @@ class VllmObserver:
     """
 
     def __init__(self, config: GrowPageConfig, settings: PluginSettings, *, num_layers: int,
-                 max_requests: int, rank: int = 0, device_type: str = "unknown",
+                 max_requests: int, rank: int = 0,
                  publish_faults: Callable[[int], None] | None = None, keep_board: KeepBoard | None = None):
         self.config = config
         self.settings = settings
@@ -769,9 +767,9 @@ class VllmObserver:
         A reading is a dozen small tensor operations and one device-to-host copy (about 3 ms on a
         loaded 2-core CPU, several per cent of a decode step), so it is not taken every step. A
         request's floor follows its attention need, which grows as it decodes: read once in 32
-        engine steps (the default at a stride of 4) the floor lags a block behind and enforce
-        compacts some of what the request still reads (+0.02-0.03 nats/token against
-        +0.001-0.007 read every 8 engine steps, at a cost in batch width; docs/BENCHMARKS.md). The
+        engine steps (the default before ``readings_every_steps`` counted engine steps) the floor
+        lagged a block behind and enforce compacted some of what the request still read
+        (+0.025-0.031 nats/token against +0.004-0.012 at the default 8; docs/BENCHMARKS.md). The
         copy never waits for the device: it lands in pinned memory and is collected at the next
         step or report that finds it done (:meth:`_collect_readings`).
         """

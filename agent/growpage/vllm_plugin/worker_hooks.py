@@ -133,7 +133,6 @@ def _build_observer(vllm_config: VllmConfig) -> VllmObserver | None:
     # deferred: observer and resolve import torch; this module stays torch-free until a worker builds one
     from growpage.vllm_plugin.observer import VllmObserver
     from growpage.vllm_plugin.resolve import settings_from_vllm_config
-    from growpage.vllm_plugin.startup import deployment_device
 
     resolved = settings_from_vllm_config(vllm_config)
     config, settings = resolved.config, resolved.settings
@@ -148,7 +147,6 @@ def _build_observer(vllm_config: VllmConfig) -> VllmObserver | None:
     observer = VllmObserver(
         config, settings, num_layers=vllm_config.model_config.get_num_layers(vllm_config.parallel_config),
         max_requests=vllm_config.scheduler_config.max_num_seqs, rank=rank,
-        device_type=deployment_device(vllm_config),  # admission, hence the observation stride, follow it
         publish_faults=_fault_publisher(vllm_config, rank),
         keep_board=_keep_board(vllm_config, rank) if config.mode is Mode.ENFORCE else None)
     install_worker_hooks()
