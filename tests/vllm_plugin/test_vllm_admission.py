@@ -132,7 +132,29 @@ def test_measured_admission_looks_ahead_only_where_a_recompute_costs_more_than_t
     assert scheduler.max_num_active_reqs == CONFIGURED and not cheap.lookahead and cheap.holds_total == 0
 
 
-def test_the_step_meter_times_each_output_from_schedule_to_update():
+def test_a_prior_that_holds_starts_one_request_more_until_a_prefill_has_priced_a_token():
+    """The CPU prior looks ahead; were it to hold every start, no prompt would prefill and the fit
+    that should replace it would never answer (make run prefilled again only at step 92)."""
+    scheduler = _scheduler(running=4, waiting=8)
+    fit = StepCostFit()
+    gate = AdmissionGate(BLOCK, 39, policy="measured", lookahead_unmeasured=True, step_costs=fit)
+    # no warm step timed yet (the engine's cold first one is left out): the prior alone
+    assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is True
+    assert scheduler.max_num_active_reqs == 4
+    fit.record(requests=4, tokens=4, seconds=0.02)  # a warm decode step: a token is not priced yet
+    assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is False
+    assert scheduler.max_num_active_reqs == 5 and gate.lookahead  # one start beyond the projection
+    fit.record(requests=5, tokens=80, seconds=0.07)  # its prefill prices a token
+    assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is True
+    assert scheduler.max_num_active_reqs == 4  # the prior again, until the fit has its steps
+    scheduler.max_num_active_reqs = CONFIGURED
+    projected = AdmissionGate(BLOCK, 39, policy="projected", step_costs=StepCostFit())
+    projected.step_costs.record(requests=4, tokens=4, seconds=0.02)
+    assert projected.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is True
+    assert scheduler.max_num_active_reqs == 4  # a policy that always looks ahead measures nothing
+
+
+def test_the_step_meter_times_each_output_from_schedule_to_update_leaving_out_the_cold_first_step():
     now = [0.0]
     meter = StepMeter(lambda: now[0])
     outputs = []
@@ -143,11 +165,12 @@ def test_the_step_meter_times_each_output_from_schedule_to_update():
         outputs.append(output)
         width = len(output.num_scheduled_tokens)
         now[0] += 0.01 + 0.002 * width + (0.0001 * 100 if step % 5 == 0 else 0.0)
+        now[0] += 2.0 if step == 0 else 0.0  # the engine's first step pays its start-up
         meter.finished(output)
     meter.finished(types.SimpleNamespace())  # an output it never saw scheduled: nothing recorded
     meter.scheduled(types.SimpleNamespace(num_scheduled_tokens={}))  # an empty step: nothing to time
     costs = meter.fit.costs()
-    assert costs is not None and costs.steps == 40
+    assert costs is not None and costs.steps == 40 - StepMeter.COLD_STEPS
     fitted = (round(costs.fixed_s, 6), round(costs.per_request_s, 6), round(costs.per_token_s, 6))
     assert fitted == (0.01, 0.002, 0.0001)
 

@@ -49,8 +49,10 @@ from growpage.core.step_control import floor_pages, protected_tokens
 
 STEP_WINDOW = 512  # engine steps a step-cost fit is made from (the newest: the host's cost now)
 MIN_FIT_STEPS = 16  # steps before a fit is trusted (its answer has a wide margin on the hosts measured)
-# of them, steps that prefilled (their extra tokens price a recompute; a batch arriving at once prefills in few)
-MIN_PREFILL_STEPS = 2
+# of them, steps that prefilled: one prices a token beside the decode steps that fix the intercept, once
+# the engine's cold first step is left out (the vLLM home's StepMeter); a prior that holds starts must
+# not wait long for it (make run's second prefill came at step 92 of a held batch)
+MIN_PREFILL_STEPS = 1
 HISTORY_REQUESTS = 64  # finished requests the shares are learned from (the newest)
 MIN_FINISHED = 4  # finished requests before a learned share replaces the prior of 1
 SHARE_QUANTILE = 0.9  # a high quantile: an over-admitted batch preempts, an under-admitted one only waits
@@ -204,13 +206,18 @@ class StepCostFit:
     def __len__(self) -> int:
         return len(self._steps)
 
+    @property
+    def prices_a_token(self) -> bool:
+        """Whether enough of its steps prefilled to price a token (a recompute's cost)."""
+        return self._prefills >= MIN_PREFILL_STEPS
+
     def costs(self) -> StepCosts | None:
         if self._stale:
             self._solved, self._stale = self._solve(), False
         return self._solved
 
     def _solve(self) -> StepCosts | None:
-        if len(self._steps) < MIN_FIT_STEPS or self._prefills < MIN_PREFILL_STEPS:
+        if len(self._steps) < MIN_FIT_STEPS or not self.prices_a_token:
             return None
         n, r, e, rr, re, ee, y, ry, ey = self._sums
         if len(self._widths) < 2:  # one width: the intercept is fixed and per-request in one (see the class)
