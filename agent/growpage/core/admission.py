@@ -48,7 +48,10 @@ from growpage.core.quantiles import percentile
 from growpage.core.step_control import floor_pages, protected_tokens
 
 STEP_WINDOW = 512  # engine steps a step-cost fit is made from (the newest: the host's cost now)
-MIN_FIT_STEPS = 16  # steps before a fit is trusted (its answer has a wide margin on the hosts measured)
+# warm steps before a fit is trusted: its answer has a margin of 8-10x either way on the hosts measured
+# (a recompute against the width), and the prior stands meanwhile (16 cost 5 more engine steps of 300
+# than 8 on the AVX-512 host's decode-heavy traces, where the prior holds and the fit admits)
+MIN_FIT_STEPS = 8
 # of them, steps that prefilled: one prices a token beside the decode steps that fix the intercept, once
 # the engine's cold first step is left out (the vLLM home's StepMeter); a prior that holds starts must
 # not wait long for it (make run's second prefill came at step 92 of a held batch)
