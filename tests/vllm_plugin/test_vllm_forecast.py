@@ -90,8 +90,7 @@ def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page(grow
     for request_id in ("a", "b"):
         controller.admit(request_id, prompt_tokens=40, mode=Mode.MONITOR)
         controller.update_reading(request_id, Reading(sts_density=0.2, lts_entropy=5.0))  # grow: no spare
-    gate = AdmissionGate(BLOCK, 40, policy="projected") if growth_aware else None
-    forecast = EnforceForecast(controller, gate, enforce_admits_so=growth_aware)
+    forecast = EnforceForecast(controller, enforce_admits_so=growth_aware)
     steps = [StepRequest(r, 3, 40, 40, 40) for r in ("a", "b")]
     forecast.on_step(steps, free_pages=0, waiting_prompt_tokens=None)
     forecast.on_preempt("b")
@@ -106,11 +105,10 @@ def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page(grow
     totals = forecast.totals()
     assert (totals.preemptions, totals.preemptions_avoidable) == (2, 1)
     assert (totals.pages_freed, totals.compactions, forecast.shadows["a"].pages) == (1, 1, 7)
-    # while requests wait, relief counts where enforce's admission holds them (its batch keeps the
+    # while requests wait, relief counts where enforce runs growth-aware admission (its batch keeps the
     # room), down to the floor (4 pages: 4 sinks + 16 recent tokens need 3) and no further; admitting
     # as vLLM does, the room goes to the waiting requests and the pool runs as full
     for index in range(4):
-        forecast.before_schedule(_waiting_scheduler(controller, ["a"], [f"w{index}"]), limit=16)
         forecast.on_step([StepRequest("a", 8, 122 + index, 1, 40)], free_pages=0, waiting_prompt_tokens=100)
         controller.admit(f"w{index}", prompt_tokens=40, mode=Mode.MONITOR)
         forecast.on_preempt(f"w{index}")

@@ -220,11 +220,7 @@ class EnforceForecast:
         self.shadows.pop(request_id, None)
         if self._step_room is None:
             self._step_room = self.spare_pages
-        # relief's page saves a preemption while nothing waits, or while enforce's admission holds the
-        # waiting requests this step; otherwise enforce relieves to admit them (its StepPool), as
-        # vLLM's admission takes any room first (auto admitting on its measured costs counted here as
-        # holding made monitor forecast 4-8 preemptions avoided where enforce avoided 1-6)
-        if self._step_room < 1 and (self._enforce_looks_ahead or not self._step_waiting):
+        if self._step_room < 1 and (self.enforce_admits_so or not self._step_waiting):
             self._step_room += self._relieve(self._step_monitored)
         if self._step_room >= 1:
             self.preemptions_avoidable_total += 1
