@@ -36,9 +36,11 @@ would have dropped. Each step, with the tokens vLLM scheduled:
   counts). Each avoidable preemption spends one page of the step. Relief counts while requests
   wait only where enforce runs growth-aware admission: measured, under ``admission: vllm``
   enforce's batch stays vLLM's (6.0 running) and avoided 3 of vLLM's 15-16 preemptions, which
-  relief while requests wait would have forecast at 6-8; under ``auto`` its prior's first holds
-  stagger the starts, its batch runs wider (6.3-7.1 running) and relief avoided what the forecast
-  counts (within one preemption on five traces of six; 5 against 9 on the sixth).
+  relief while requests wait would have forecast at 6-8. Under ``auto`` it is counted (enforce's
+  step plan gives what relief frees to growth first, admission the rest), and it overcounts now
+  that ``auto`` leaves its prior after 8-10 steps and admits as vLLM does on the AVX-512 host:
+  4-8 forecast where enforce avoided 1-6 (seeds 14-19); left out while requests wait, 1 forecast
+  everywhere. What vLLM's admission does with the room relief leaves is the missing term.
 
 Exported beside the contract (:class:`ForecastCollector`): pages enforce would have freed,
 compactions it would have made, preemptions it would have avoided (and every preemption, the
