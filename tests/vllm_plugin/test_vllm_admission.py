@@ -9,7 +9,7 @@ import types
 import pytest
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.admission import MIN_FINISHED, Compression, StepCostFit
+from growpage.core.admission import MIN_FINISHED, MIN_FIT_STEPS, Compression, StepCostFit
 from growpage.core.controller import GrowthController
 from growpage.errors import ConfigError
 from growpage.vllm_plugin.admission import (
@@ -148,6 +148,18 @@ def test_a_prior_that_holds_starts_one_request_more_until_a_prefill_has_priced_a
     assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is True
     assert scheduler.max_num_active_reqs == 4  # the prior again, until the fit has its steps
     scheduler.max_num_active_reqs = CONFIGURED
+    # a start that left the fit unable to part its costs (one prefill, at the only other width) is
+    # measured again, but two starts at most until the fit answers (the first priced the token)
+    for _ in range(MIN_FIT_STEPS):
+        fit.record(requests=4, tokens=4, seconds=0.02)
+    assert fit.prices_a_token and fit.costs() is None
+    limits = []
+    for _ in range(4):
+        scheduler.max_num_active_reqs = CONFIGURED
+        gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL)
+        limits.append(scheduler.max_num_active_reqs)
+    assert limits == [5, 4, 4, 4]  # the second measuring start, then the prior until the fit answers
+    scheduler.max_num_active_reqs = CONFIGURED
     projected = AdmissionGate(BLOCK, 39, policy="projected", step_costs=StepCostFit())
     projected.step_costs.record(requests=4, tokens=4, seconds=0.02)
     assert projected.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is True
@@ -157,6 +169,8 @@ def test_a_prior_that_holds_starts_one_request_more_until_a_prefill_has_priced_a
 def test_the_step_meter_times_each_output_from_schedule_to_update_leaving_out_the_cold_first_step():
     now = [0.0]
     meter = StepMeter(lambda: now[0])
+    meter.finished(types.SimpleNamespace())  # an output it never saw scheduled: nothing recorded, nor cold
+    meter.scheduled(types.SimpleNamespace(num_scheduled_tokens={}))  # an empty step: nothing to time
     outputs = []
     for step in range(40):
         output = types.SimpleNamespace(num_scheduled_tokens={f"r{i}": 1 for i in range(1 + step % 4)}
@@ -167,8 +181,6 @@ def test_the_step_meter_times_each_output_from_schedule_to_update_leaving_out_th
         now[0] += 0.01 + 0.002 * width + (0.0001 * 100 if step % 5 == 0 else 0.0)
         now[0] += 2.0 if step == 0 else 0.0  # the engine's first step pays its start-up
         meter.finished(output)
-    meter.finished(types.SimpleNamespace())  # an output it never saw scheduled: nothing recorded
-    meter.scheduled(types.SimpleNamespace(num_scheduled_tokens={}))  # an empty step: nothing to time
     costs = meter.fit.costs()
     assert costs is not None and costs.steps == 40 - StepMeter.COLD_STEPS
     fitted = (round(costs.fixed_s, 6), round(costs.per_request_s, 6), round(costs.per_token_s, 6))

@@ -254,6 +254,24 @@ def test_under_measured_admission_a_start_counts_as_held_only_where_the_measured
     assert totals.preemptions_avoidable == int(counted)
 
 
+@pytest.mark.parametrize(("prior", "would_hold"), [(True, {"d"}), (False, {"c", "d"})])
+def test_the_forecast_plans_a_measuring_start_only_where_enforce_looks_ahead_on_its_prior(prior, would_hold):
+    """Enforce on a prior that looks ahead starts one request more until a prefill prices a token;
+    on a prior that admits it plans nothing, and neither does the forecast of it."""
+    controller = _controller()
+    for request_id in ("a", "b"):
+        controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
+    fit = StepCostFit()
+    fit.record(requests=2, tokens=2, seconds=0.02)  # one warm decode step: no token priced yet
+    gate = AdmissionGate(BLOCK, 40, policy="measured", step_costs=fit, lookahead_unmeasured=prior)
+    forecast = EnforceForecast(controller, gate, enforce_admits_so=True)
+    forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
+    for request_id in ("c", "d"):  # vLLM starts both (monitor changes nothing)
+        controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
+    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting_prompt_tokens=None)
+    assert {r for r, shadow in forecast.shadows.items() if shadow.over_projection} == would_hold
+
+
 def test_without_growth_aware_admission_nothing_is_marked():
     controller = _controller()
     forecast = EnforceForecast(controller)  # admission: vllm

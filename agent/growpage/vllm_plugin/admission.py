@@ -4,7 +4,8 @@ why and how it projects).
 
 vLLM 0.32's scheduler admits waiting requests while ``len(running)`` is under
 ``Scheduler.max_num_active_reqs`` (admission into RUNNING, apart from the runner's slots). Before each
-step the gate sets that limit to the running requests plus the waiting ones that fit, never above
+step the gate sets that limit to the running requests plus the waiting ones that fit (``auto``,
+still on its prior, one more: :attr:`AdmissionGate.measuring_start`), never above
 what the deployment configured; it first puts the configured limit back, so a fault while projecting
 leaves vLLM's own admission. A request already running is never touched: the gate only delays a
 start, and an empty batch always takes its first request.
@@ -28,6 +29,7 @@ from typing import Any
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.admission import (
+    MIN_FIT_STEPS,
     CompletionHistory,
     Compression,
     KVDemand,
@@ -52,6 +54,10 @@ PREEMPTION_MEMORY_STEPS = 256
 # vLLM preemption; or where the host's measured step costs say a recompute costs more than the
 # width holding gives up (core.admission.lookahead_pays; admission: auto)
 GATE_POLICIES = ("projected", "after_preemption", "measured")
+# measuring starts a measured gate makes until its fit answers: one normally prices a token; a second
+# covers a start whose prompt was cached whole (no prefill) or whose step left the fit singular (one
+# width, one prefill). Bounded, so a prefix cache that answers every prompt cannot start them all
+MEASURING_STARTS_MAX = 2
 CompressionOf = Callable[[Request], Compression | None]
 
 
@@ -104,7 +110,7 @@ class AdmissionPlan:
 
     @property
     def held(self) -> tuple[str, ...]:
-        """The candidates that wait: their start would outgrow the pool."""
+        """The candidates that wait: their start would outgrow the pool (all but a measuring start's)."""
         return self.candidates[self.admitted:]
 
 
@@ -138,6 +144,7 @@ class AdmissionGate:
         self.projected_pages = 0
         self.steps = 0
         self._last_preemption_step: int | None = None
+        self._measuring_starts = 0  # starts beyond the projection since the fit last answered
 
     def advance(self, scheduler: Scheduler) -> bool:
         """Count one engine step; whether admission projects in it: always (``projected``), within
@@ -149,6 +156,8 @@ class AdmissionGate:
                               and self.steps - self._last_preemption_step <= PREEMPTION_MEMORY_STEPS)
         elif self.policy == "measured":
             self.lookahead = self.holding_pays(scheduler)
+            if self.step_costs.costs() is not None:
+                self._measuring_starts = 0
         self.lookahead_steps += int(self.lookahead)
         return self.lookahead
 
@@ -161,14 +170,18 @@ class AdmissionGate:
 
     @property
     def measuring_start(self) -> bool:
-        """``measured``, on its prior: one waiting request starts beyond the projection, so that its
-        prefill prices a token. Without it a prior that looks ahead can hold the batch so long that
-        the fit never answers (make run's held batch prefilled again only at step 92). Only once a
-        warm step was timed (the engine's cold first one teaches nothing, :class:`StepMeter`) and
-        until a prefill was: at most a few starts, the cost of one preemption where holding was right.
-        """
+        """``measured``, looking ahead on its prior this step: one waiting request starts beyond the
+        projection, so that its prefill prices a token. Without it a prior that looks ahead can hold
+        the batch so long that the fit never answers (make run's held batch prefilled again only at
+        step 92). Only once a warm step was timed (the engine's cold first one teaches nothing,
+        :class:`StepMeter`), while no timed step prefilled or, enough steps timed, the fit still
+        cannot part its costs, and at most :data:`MEASURING_STARTS_MAX` times until it answers: the
+        cost of a preemption or two where holding was right."""
         fit = self.step_costs
-        return self.policy == "measured" and len(fit) > 0 and not fit.prices_a_token
+        if self.policy != "measured" or not self.lookahead or len(fit) == 0 or fit.costs() is not None:
+            return False
+        unpriced = not fit.prices_a_token or len(fit) >= MIN_FIT_STEPS
+        return unpriced and self._measuring_starts < MEASURING_STARTS_MAX
 
     def holding_pays(self, scheduler: Scheduler) -> bool:
         """``measured``: whether holding the oldest waiting request, were the pool short at the
@@ -219,7 +232,8 @@ class AdmissionGate:
     def plan(self, scheduler: Scheduler, blocks: Mapping[str, Sequence[KVBlock]], compression: CompressionOf,
              limit: int) -> AdmissionPlan:
         """Which of the waiting requests vLLM would consider under ``limit`` start, and which wait
-        (reads the scheduler, changes nothing: monitor's forecast asks it too)."""
+        (reads the scheduler and changes nothing but the gate's count of measuring starts: monitor's
+        forecast asks its own gate too)."""
         shares = self.history.shares()
         running = list(scheduler.running)
         compressions = [compression(request) for request in running]
@@ -233,6 +247,7 @@ class AdmissionGate:
         admitted = admissible(demands, waiting, self.total_pages) if waiting else 0
         if admitted < len(candidates) and self.measuring_start:
             admitted += 1
+            self._measuring_starts += 1  # counted where planned: the gate enforce runs, or monitor's own
         return AdmissionPlan(occupied, tuple(request.request_id for request in candidates), admitted, projected)
 
     def on_finish(self, request: Request, need_share: float | None) -> None:

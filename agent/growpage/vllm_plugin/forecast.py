@@ -25,9 +25,10 @@ would have dropped. Each step, with the tokens vLLM scheduled:
   it would have held only in a step where this forecast's fit says so too. Before the fit can tell
   the costs apart (vLLM alone starts a whole batch at once, and its second prefill may come only
   with the first finish) enforce would look ahead on the device's prior, but only until its own
-  fit, fed by the starts it staggers, is ready: on two traces enforce looked ahead in its first
-  25-30 steps and this forecast's fit took about 190, and counting the prior's holds forecast
-  50-100 % more avoided preemptions than enforce avoided;
+  fit is ready (a measuring start prefills for it: 8-10 steps on the AVX-512 host; the start enforce
+  would make beyond the projection is marked as held by no one here); counting the prior's
+  holds forecast 50-100 % more avoided preemptions than enforce avoided, when the prior lasted
+  25-30 steps;
 - any other preemption is *avoidable* when enforce would have had a page for it: the pages the
   shadows hold fewer than vLLM's requests do (only while no request waits: while one does, that
   room goes to admitting it, vLLM admits into free pages first, unless enforce's admission looks
