@@ -20,8 +20,8 @@ from growpage.vllm_plugin.compaction import (
     slot_positions,
 )
 from growpage.vllm_plugin.compactor import CompactionError, WorkerCompactor
-from growpage.vllm_plugin.enforcer import VLLM_ACTIONS, SchedulerEnforcer
 from growpage.vllm_plugin.keys import move_tokens
+from growpage.vllm_plugin.scheduler_requests import VLLM_ACTIONS, SchedulerEnforcer
 from growpage.vllm_plugin.settings import split_settings
 from growpage.vllm_plugin.wire import (
     DROPPED_ATTRIBUTE,

@@ -18,7 +18,8 @@ worker side share only ``wire``)::
     -- scheduler side (EngineCore) --
     startup.py          the exporter from process start (before the model loads), handed to the agent
     scheduler_agent.py  lifecycle, grants, monitored boundaries, pool gauges, telemetry from start-up
-    enforcer.py         enforce: boundary decisions, freeing blocks, compaction plans
+    scheduler_requests.py  the one owner of requests (admission, preemption, end) and enforce over it:
+                        boundary decisions, freeing blocks, compaction plans
     scheduler_hooks.py  wraps Scheduler/KVCacheManager methods for the agent
     trace_join.py       GrowPage's spans as children of vLLM's llm_request span (both sides derive its id)
     metrics.py          series only the vLLM home has (degraded decisions, observed steps)

@@ -10,7 +10,7 @@ Enforcement inside vLLM keeps two lengths per request. The *logical* length is v
 ``num_computed_tokens``: it drives RoPE positions, token ids, ``max_model_len`` and stop checks, and
 GrowPage never changes it. The *physical* length is how many tokens the request's blocks hold:
 ``physical = logical - dropped``, where ``dropped`` counts the tokens evicted so far. Allocation,
-``seq_lens`` and ``slot_mapping`` use the physical length (see :mod:`~growpage.vllm_plugin.enforcer`).
+``seq_lens`` and ``slot_mapping`` use the physical length (see :mod:`~growpage.vllm_plugin.scheduler_requests`).
 
 After a compaction the request's physical slots ``[0, kept)`` hold the survivors in logical order,
 and every token written since sits at ``physical = logical - dropped``. So the logical position of

@@ -1,6 +1,6 @@
 """Enforce in the worker: apply the scheduler's compaction plans and keep inputs physical.
 
-The scheduler (:mod:`~growpage.vllm_plugin.enforcer`) has already truncated a compacted request's
+The scheduler (:mod:`~growpage.vllm_plugin.scheduler_requests`) has already truncated a compacted request's
 block list and returned the tail blocks to the pool; it sends a :class:`CompactionPlan` per request
 on ``SchedulerOutput.growpage``. Before ``_update_states`` appends this step's new blocks, the
 worker:

@@ -4,7 +4,7 @@
 
 The contract's ``quantize`` (and ``defer``) cannot be applied per request in vLLM: ``kv_cache_dtype``
 is deployment-wide and the scheduler has no "wait for budget" state. The scheduler-side enforcer
-applies ``evict`` or ``allocate`` instead (see :mod:`~growpage.vllm_plugin.enforcer`);
+applies ``evict`` or ``allocate`` instead (see :mod:`~growpage.vllm_plugin.scheduler_requests`);
 ``growpage_decisions_total`` counts what was *enforced*, this counter counts each degradation as
 ``{decided, enforced}``. Only the vLLM home serves these; their names and help texts are the
 catalog's (``catalog.VLLM_HOME_METRICS``), so rules, dashboards and docs read them like every other

@@ -9,7 +9,7 @@ and any executor, so everything that can be known there is known there:
   duration as its latency (``growpage_page_allocation_latency_seconds``);
 - **boundaries**: in ``monitor``, each block a request takes beyond its grant runs the contract
   and the decision GrowPage *would* take is recorded; in ``enforce`` the
-  :class:`~growpage.vllm_plugin.enforcer.SchedulerEnforcer` decides and acts on the same controller;
+  :class:`~growpage.vllm_plugin.scheduler_requests.SchedulerEnforcer` decides and acts on the same controller;
 - **the pool**: free, used and live slots read from vLLM's block pool and block lists, blocks
   shared through the prefix cache counted once (in the compression ratio too: only GrowPage's
   compactions count as compression, :func:`live_and_logical_tokens`);
@@ -41,13 +41,12 @@ from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView, protected_tokens
 from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionCollector, AdmissionGate, StepMeter
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
-from growpage.vllm_plugin.enforcer import SchedulerEnforcer
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
 from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, step_requests
 from growpage.vllm_plugin.headroom import HeadroomCollector, idle_headroom, read_headroom
 from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
 from growpage.vllm_plugin.rank_faults import RankFaultReader
-from growpage.vllm_plugin.scheduler_requests import SchedulerRequests
+from growpage.vllm_plugin.scheduler_requests import SchedulerEnforcer, SchedulerRequests
 from growpage.vllm_plugin.settings import PluginSettings, honours
 from growpage.vllm_plugin.startup import take_over
 from growpage.vllm_plugin.trace_join import parent_context_for, vllm_tracer_provider
