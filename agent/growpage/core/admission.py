@@ -210,6 +210,11 @@ class StepCostFit:
         return len(self._steps)
 
     @property
+    def short_of_steps(self) -> bool:
+        """Whether fewer than :data:`MIN_FIT_STEPS` steps are in (more steps alone may let it answer)."""
+        return len(self._steps) < MIN_FIT_STEPS
+
+    @property
     def prices_a_token(self) -> bool:
         """Whether enough of its steps prefilled to price a token (a recompute's cost)."""
         return self._prefills >= MIN_PREFILL_STEPS
@@ -220,7 +225,7 @@ class StepCostFit:
         return self._solved
 
     def _solve(self) -> StepCosts | None:
-        if len(self._steps) < MIN_FIT_STEPS or not self.prices_a_token:
+        if self.short_of_steps or not self.prices_a_token:
             return None
         n, r, e, rr, re, ee, y, ry, ey = self._sums
         if len(self._widths) < 2:  # one width: the intercept is fixed and per-request in one (see the class)

@@ -29,7 +29,6 @@ from typing import Any
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.admission import (
-    MIN_FIT_STEPS,
     CompletionHistory,
     Compression,
     KVDemand,
@@ -180,7 +179,7 @@ class AdmissionGate:
         fit = self.step_costs
         if self.policy != "measured" or not self.lookahead or len(fit) == 0 or fit.costs() is not None:
             return False
-        unpriced = not fit.prices_a_token or len(fit) >= MIN_FIT_STEPS
+        unpriced = not fit.prices_a_token or not fit.short_of_steps
         return unpriced and self._measuring_starts < MEASURING_STARTS_MAX
 
     def holding_pays(self, scheduler: Scheduler) -> bool:

@@ -18,13 +18,12 @@ history taught its attention need, its enforcement record logged). The agent
 
 **Enforce** (EngineCore): decide at block boundaries, free blocks, plan compactions.
 
-
 vLLM has no API that shrinks a running request's KV, so GrowPage keeps a *physical* length next to
 vLLM's logical ``num_computed_tokens`` (see :mod:`~growpage.vllm_plugin.compaction`). Per step:
 
 1. ``before_schedule``: one call to :meth:`~growpage.core.controller.GrowthController.plan_step`
    with a view of every running request (blocks held, whether its blocks are full, protected
-   tokens, whether its blocks are its own) answers for the whole step; this module carries it out:
+   tokens, whether its blocks are its own) answers for the whole step; the enforcer carries it out:
 
    - ``allocate``: the allowance grows by one block and vLLM allocates it as usual;
    - ``evict``: the request's block list is truncated to the planned pages, the tail blocks go

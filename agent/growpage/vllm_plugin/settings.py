@@ -69,8 +69,8 @@ ADMISSION_CHOICES = ("auto", "vllm", "projected", "after_preemption")
 # above the width (predicted, not run with the fit: docs/BENCHMARKS.md). Until the fit can price
 # a token (8 warm steps, one prefilling), the device's
 # prior: look ahead where KV lives in host memory, not on a GPU (which decodes a wide batch for
-# about the cost of a narrow one; not measured here); a prior that looks ahead still starts one
-# request until a prefill was timed (growpage.vllm_plugin.admission.AdmissionGate.measuring_start).
+# about the cost of a narrow one; not measured here); a prior that looks ahead still starts a request
+# or two beyond it until the fit answers (growpage.vllm_plugin.admission.AdmissionGate.measuring_start).
 LOOKAHEAD_UNMEASURED_BY_DEVICE = {"cpu": True}
 VLLM_METHODS = VLLM_METHOD_NAMES
 """Methods enforce can run inside vLLM, as registered (quantizing ones cannot: ``kv_cache_dtype`` is
