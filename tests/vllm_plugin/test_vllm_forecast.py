@@ -117,6 +117,39 @@ def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page(grow
     assert (totals.preemptions_avoidable, forecast.shadows["a"].pages) == ((4, 4) if growth_aware else (1, 7))
 
 
+def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again_or_it_would_end():
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)
+    _decode(forecast, "a", 40, 100, free=10)  # enforce would hold 5 pages where vLLM holds 9
+    controller.update_attention_need("a", 64)  # its floor is now 5 pages: relief can take nothing
+
+    def step(tokens_a: int, other: str) -> None:
+        controller.admit(other, prompt_tokens=40, mode=Mode.MONITOR)
+        forecast.on_step([StepRequest("a", 9, tokens_a, 1, 40), StepRequest(other, 3, 45, 1, 40)], free_pages=0,
+                         waiting_prompt_tokens=None)
+
+    step(141, "b")
+    forecast.on_preempt("b", steps_left=2)  # 4 spare pages: enforce keeps it running on its 3
+    assert (forecast.totals().preemptions_avoidable, forecast.kept_pages) == (1, 3)
+    step(142, "c")
+    forecast.on_preempt("c", steps_left=None)  # 4 spare, 3 owed to "b": one page left, so kept too
+    assert (forecast.totals().preemptions_avoidable, forecast.kept_pages) == (2, 6)
+    step(143, "d")
+    forecast.on_preempt("d", steps_left=None)  # the same 4 spare pages are owed: not avoidable again
+    assert forecast.totals().preemptions == 3 and forecast.totals().preemptions_avoidable == 2
+    # "b" would have ended after its last 2 steps; "c" decodes on (its 46th to 48th tokens fill 3
+    # pages, the 49th needs a fourth) until vLLM runs it again and both pools hold it
+    for tokens_a, kept_pages in ((144, 3), (145, 3), (146, 4)):
+        forecast.on_step([StepRequest("a", 9, tokens_a, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
+        assert forecast.kept_pages == kept_pages, tokens_a
+    forecast.on_step([StepRequest("a", 9, 147, 1, 40), StepRequest("c", 4, 50, 50, 40)], free_pages=0,
+                     waiting_prompt_tokens=None)
+    assert forecast.kept_pages == 0
+
+
 def test_pages_the_shadows_spare_go_to_admission_while_requests_wait():
     controller = _controller()
     controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)

@@ -34,7 +34,11 @@ would have dropped. Each step, with the tokens vLLM scheduled:
   room goes to admitting it, vLLM admits into free pages first, unless enforce's admission looks
   ahead and holds it), else what pressure relief frees, a page off the shadow with the lowest
   long-term entropy above its floor (as enforce's relief chooses; a compaction the forecast
-  counts). Each avoidable preemption spends one page of the step. Relief counts while requests
+  counts). Each avoidable preemption spends one page of the step, and the request it spares
+  keeps running in enforce's pool (:class:`KeptRequest`): its shadow's pages, a page more at each
+  boundary, are owed out of the shadows' room until vLLM runs it again or it would have ended
+  (vLLM hands those pages to others meanwhile). Counting only the one page spent the same spare
+  pages again in every later step. Relief counts while requests
   wait only where enforce runs growth-aware admission: measured, under ``admission: vllm``
   enforce's batch stays vLLM's (6.0 running) and avoided 3 of vLLM's 15-16 preemptions, which
   relief while requests wait would have forecast at 6-8. Under ``auto`` it is counted (enforce's
@@ -88,6 +92,23 @@ class ShadowKV:
     prompt_settled: bool = False
     over_projection: bool = False  # vLLM started it where growth-aware admission would have held it
     enforce_would_hold: bool = False
+
+
+@dataclasses.dataclass
+class KeptRequest:
+    """A request vLLM preempted that enforce would have kept running: it decodes on in enforce's
+    pool, on pages vLLM hands to others, until vLLM runs it again or it would have ended.
+
+    Attributes:
+        pages: pages it would hold now.
+        physical_tokens: tokens its KV would hold (less what its compactions dropped).
+        steps_left: decode steps until it would end (its ``max_tokens``; None: unknown, it ends
+            only when vLLM runs it again).
+    """
+
+    pages: int
+    physical_tokens: int
+    steps_left: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +173,8 @@ class EnforceForecast:
         self.preemptions_total = 0
         self.preemptions_avoidable_total = 0
         self.spare_pages = 0  # pages enforce would have free now beyond vLLM's
+        # requests vLLM preempted that enforce would have kept running (see :meth:`on_preempt`)
+        self._kept: dict[str, KeptRequest] = {}
         # the spare pages this step's preemptions may still spend: computed at the first preemption
         # after a step (most steps preempt nothing); 0 while requests wait (admission takes them)
         self._step_room: int | None = 0
@@ -181,9 +204,10 @@ class EnforceForecast:
         live = {r.request_id for r in requests}
         for request_id in [rid for rid in self.shadows if rid not in live]:
             del self.shadows[request_id]  # finished or preempted without a callback seen
+        self._decode_kept(live)
         # while requests wait, the pages the shadows spare go to admitting them (unless enforce holds them)
         spare_for_growth = waiting_prompt_tokens is None or self._enforce_looks_ahead
-        free = free_pages + (self._spare(monitored) if spare_for_growth else 0)
+        free = max(0, free_pages + (self._spare(monitored) if spare_for_growth else 0) - self.kept_pages)
         for request in monitored:
             shadow = self.shadows.get(request.request_id)
             if shadow is None or not request.decoding:
@@ -206,8 +230,9 @@ class EnforceForecast:
         self._step_waiting = waiting_prompt_tokens is not None
         self._step_monitored = monitored
 
-    def on_preempt(self, request_id: str) -> None:
-        """vLLM preempted a monitored request: avoidable when enforce would have had a page."""
+    def on_preempt(self, request_id: str, steps_left: int | None = None) -> None:
+        """vLLM preempted a monitored request with ``steps_left`` decode steps to its end (None:
+        unknown): avoidable when enforce would have had a page."""
         if not self._monitored(request_id):
             return
         self.preemptions_total += 1
@@ -220,27 +245,64 @@ class EnforceForecast:
                 self.preemptions_avoidable_total += 1
                 del self.shadows[request_id]
                 return
-        self.shadows.pop(request_id, None)
+        shadow = self.shadows.pop(request_id, None)
         if self._step_room is None:
             self._step_room = self.spare_pages
-        if self._step_room < 1 and (self.enforce_admits_so or not self._step_waiting):
-            self._step_room += self._relieve(self._step_monitored)
-        if self._step_room >= 1:
+        room = self._step_room - self.kept_pages
+        if room < 1 and (self.enforce_admits_so or not self._step_waiting):
+            gained = self._relieve(self._step_monitored, 1 - room)
+            self._step_room += gained
+            room += gained
+        if room >= 1:
             self.preemptions_avoidable_total += 1
-            self._step_room -= 1
+            self._step_room -= 1  # the page the request vLLM preempted for would have grown into
+            self._keep(request_id, shadow, steps_left)
 
     def on_finish(self, request: Request) -> None:
         """A monitored request finished: admission learns its output and its attention need."""
+        self._kept.pop(request.request_id, None)
         if self.admission is not None and self._monitored(request.request_id):
             self.admission.on_finish(request, need_share_at_end(self.controller, request))
 
     def forget(self, request_id: str) -> None:
+        """The request's run ended: its shadow goes (pages enforce would keep for it stay owed)."""
         self.shadows.pop(request_id, None)
 
     def totals(self) -> ForecastTotals:
         return ForecastTotals(self.pages_freed_total, self.compactions_total, self.preemptions_total,
                               self.preemptions_avoidable_total, self.spare_pages,
                               self.preemptions_avoidable_by_admission_total)
+
+    # ---- requests enforce keeps running where vLLM preempted them --------------------------------------
+    def _keep(self, request_id: str, shadow: ShadowKV | None, steps_left: int | None) -> None:
+        """Enforce keeps ``request_id`` running on its shadow's pages. vLLM frees them and hands
+        them to others until it runs the request again, so they are owed out of the shadows' room
+        from now on, not in this step only (counting one page per avoided preemption spent the
+        same spare pages again every step: 4-8 avoided forecast where enforce avoided 1-6)."""
+        step = next((r for r in self._step_monitored if r.request_id == request_id), None)
+        if step is None:
+            return  # not seen running since its last start: nothing of it in either pool
+        pages = shadow.pages if shadow is not None else step.pages_held
+        dropped = shadow.dropped if shadow is not None else 0
+        self._kept[request_id] = KeptRequest(pages, step.tokens - dropped, steps_left)
+
+    def _decode_kept(self, live: set[str]) -> None:
+        """One step of the requests enforce keeps running: each decodes a token, growing by a page
+        at its boundary (no readings of it are left to compress it by), and goes when vLLM runs it
+        again (both pools hold it then) or when it would have ended."""
+        for request_id, kept in list(self._kept.items()):
+            if request_id in live or (kept.steps_left is not None and kept.steps_left <= 0):
+                del self._kept[request_id]
+                continue
+            kept.physical_tokens += 1
+            kept.pages = max(kept.pages, ceil_div(kept.physical_tokens, self.block_size))
+            if kept.steps_left is not None:
+                kept.steps_left -= 1
+
+    @property
+    def kept_pages(self) -> int:
+        """Pages enforce would hold for requests it kept running where vLLM preempted them."""
+        return sum(kept.pages for kept in self._kept.values())
 
     # ---- one request ---------------------------------------------------------------------------------
     def _advance(self, request: StepRequest, shadow: ShadowKV, free: int) -> int:
@@ -300,10 +362,10 @@ class EnforceForecast:
         return sum(max(0, r.pages_held - self.shadows[r.request_id].pages)
                    for r in monitored if r.request_id in self.shadows)
 
-    def _relieve(self, monitored: Sequence[StepRequest]) -> int:
-        """Pressure relief on the shadows: one page off the shadow enforce's relief would compress
-        first (:func:`~growpage.core.step_control.plan_reclaim`: lowest long-term entropy, above its
-        floor); the pages it frees (0: every shadow is at its floor)."""
+    def _relieve(self, monitored: Sequence[StepRequest], deficit: int) -> int:
+        """Pressure relief on the shadows: ``deficit`` pages off the shadows enforce's relief would
+        compress first (:func:`~growpage.core.step_control.plan_reclaim`: lowest long-term entropy,
+        above its floor); the pages it frees (0: every shadow is at its floor)."""
         config = self.controller.config
         candidates = []
         for request in monitored:
@@ -318,16 +380,16 @@ class EnforceForecast:
             if shadow.pages > floor:
                 candidates.append(ReclaimCandidate(request.request_id, shadow.pages, floor, control.lts_entropy,
                                                    needs_page=False))
-        reclaim = next(iter(plan_reclaim(1, candidates)), None)
-        if reclaim is None:
-            return 0
-        shadow = self.shadows[reclaim.request_id]
-        # whole pages off a shadow above its floor (>= base_pages): its tokens fill more than those
-        shadow.dropped += (shadow.pages - reclaim.pages_after) * self.block_size
-        shadow.pages = reclaim.pages_after
-        self.pages_freed_total += reclaim.pages_gained
-        self.compactions_total += 1
-        return reclaim.pages_gained
+        gained = 0
+        for reclaim in plan_reclaim(deficit, candidates):
+            shadow = self.shadows[reclaim.request_id]
+            # whole pages off a shadow above its floor (>= base_pages): its tokens fill more than those
+            shadow.dropped += (shadow.pages - reclaim.pages_after) * self.block_size
+            shadow.pages = reclaim.pages_after
+            self.pages_freed_total += reclaim.pages_gained
+            self.compactions_total += 1
+            gained += reclaim.pages_gained
+        return gained
 
     def _monitored(self, request_id: str) -> bool:
         control = self.controller.requests.get(request_id)

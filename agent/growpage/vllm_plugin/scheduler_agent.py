@@ -252,6 +252,11 @@ class SchedulerAgent:
                               free_pages=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
                               waiting_prompt_tokens=int(waiting.num_prompt_tokens) if waiting is not None else None)
 
+    def _forecast_preemption(self, request: Request) -> None:
+        assert self.forecast is not None
+        # a kept request would decode on to its max_tokens (an upper bound where it stops earlier)
+        self.forecast.on_preempt(request.request_id, int(request.max_tokens) - int(request.num_output_tokens))
+
     def _decide_monitored(self, scheduler: Scheduler, request: Request, held: int) -> None:
         """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what
         GrowPage would have done (vLLM's plain paging is what happened). Whether it could evict is
@@ -271,7 +276,7 @@ class SchedulerAgent:
         """vLLM preempted ``request`` (its blocks are freed; it is recomputed when it runs again)."""
         self.stats.record_oom()
         if self.forecast is not None:
-            self.guarded("forecasting enforce", self.forecast.on_preempt, request.request_id)
+            self.guarded("forecasting enforce", self._forecast_preemption, request)
         self.requests.preempted(request)
         self._release(request, "preempted")
 

@@ -49,6 +49,7 @@ class Request(Protocol):
 
     request_id: str
     num_computed_tokens: int
+    max_tokens: int
     sampling_params: SamplingParams | None
 
     @property
