@@ -44,8 +44,9 @@ would have dropped. Each step, with the tokens vLLM scheduled:
   relief while requests wait would have forecast at 6-8. Under ``auto`` it is counted (enforce's
   step plan gives what relief frees to growth first, admission the rest), and it overcounts now
   that ``auto`` leaves its prior after 8-10 steps and admits as vLLM does on the AVX-512 host:
-  4-8 forecast where enforce avoided 1-6 (seeds 14-19); left out while requests wait, 1 forecast
-  everywhere. What vLLM's admission does with the room relief leaves is the missing term.
+  31 forecast where enforce avoided 19 on seeds 14-19 (36 before the spared requests' pages were
+  owed), 19 against 20 on seeds 24-27; left out while requests wait, 1 forecast everywhere. What
+  vLLM's admission does with the room relief leaves is the missing term.
 
 Exported beside the contract (:class:`ForecastCollector`): pages enforce would have freed,
 compactions it would have made, preemptions it would have avoided (and every preemption, the
