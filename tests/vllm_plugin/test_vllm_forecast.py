@@ -126,28 +126,56 @@ def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again
     _decode(forecast, "a", 40, 100, free=10)  # enforce would hold 5 pages where vLLM holds 9
     controller.update_attention_need("a", 64)  # its floor is now 5 pages: relief can take nothing
 
-    def step(tokens_a: int, other: str) -> None:
-        controller.admit(other, prompt_tokens=40, mode=Mode.MONITOR)
-        forecast.on_step([StepRequest("a", 9, tokens_a, 1, 40), StepRequest(other, 3, 45, 1, 40)], free_pages=0,
-                         waiting_prompt_tokens=None)
+    def step(tokens_a: int, others: tuple[str, ...] = (), free: int = 0) -> None:
+        for other in others:
+            controller.admit(other, prompt_tokens=40, mode=Mode.MONITOR)
+        forecast.on_step([StepRequest("a", 9, tokens_a, 1, 40)] + [StepRequest(o, 3, 45, 1, 40) for o in others],
+                         free_pages=free, waiting_prompt_tokens=None)
 
-    step(141, "b")
+    # vLLM preempts "b" for a page another request needs: it frees b's 3 pages and grants one of them
+    step(141, ("b",))
     forecast.on_preempt("b", steps_left=2)  # 4 spare pages: enforce keeps it running on its 3
     assert (forecast.totals().preemptions_avoidable, forecast.kept_pages) == (1, 3)
-    step(142, "c")
+    step(142, ("c",), free=2)
     forecast.on_preempt("c", steps_left=None)  # 4 spare, 3 owed to "b": one page left, so kept too
     assert (forecast.totals().preemptions_avoidable, forecast.kept_pages) == (2, 6)
-    step(143, "d")
+    step(143, ("d",), free=4)
     forecast.on_preempt("d", steps_left=None)  # the same 4 spare pages are owed: not avoidable again
     assert forecast.totals().preemptions == 3 and forecast.totals().preemptions_avoidable == 2
     # "b" would have ended after its last 2 steps; "c" decodes on (its 46th to 48th tokens fill 3
-    # pages, the 49th needs a fourth) until vLLM runs it again and both pools hold it
+    # pages, the 49th needs a fourth) on the pages vLLM left free
     for tokens_a, kept_pages in ((144, 3), (145, 3), (146, 4)):
-        forecast.on_step([StepRequest("a", 9, tokens_a, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
+        step(tokens_a, free=6)
         assert forecast.kept_pages == kept_pages, tokens_a
-    forecast.on_step([StepRequest("a", 9, 147, 1, 40), StepRequest("c", 4, 50, 50, 40)], free_pages=0,
+    # vLLM hands its free pages to others: the spare 4 hold "c" until it needs a fifth page, which
+    # relief cannot give ("a" is at its floor), so enforce preempts it after all
+    for tokens_a in range(147, 162):  # "c" holds 50 to 64 tokens: 4 pages
+        step(tokens_a)
+    assert (forecast.kept_pages, forecast.totals().preemptions_avoidable) == (4, 2)
+    step(162)  # its 65th
+    assert (forecast.kept_pages, forecast.totals().preemptions_avoidable) == (0, 1)
+
+
+def test_vllm_running_a_kept_request_again_ends_what_enforce_owes_for_it():
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)
+    _decode(forecast, "a", 40, 100, free=10)
+    controller.admit("b", prompt_tokens=40, mode=Mode.MONITOR)
+    forecast.on_step([StepRequest("a", 9, 141, 1, 40), StepRequest("b", 3, 45, 1, 40)], free_pages=0,
                      waiting_prompt_tokens=None)
-    assert forecast.kept_pages == 0
+    forecast.on_preempt("b", steps_left=None)
+    assert forecast.kept_pages == 3
+    freed = forecast.totals().pages_freed
+    # vLLM's "a" holds 2 pages over enforce's 5 now and none is free: 3 owed, 1 short, so enforce's
+    # relief takes a page off "a" (above its floor of 4) in this step, though vLLM preempts nothing
+    forecast.on_step([StepRequest("a", 7, 142, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
+    assert forecast.shadows["a"].pages == 4 and forecast.totals().pages_freed == freed + 1
+    forecast.on_step([StepRequest("a", 7, 143, 1, 40), StepRequest("b", 3, 46, 46, 40)], free_pages=0,
+                     waiting_prompt_tokens=None)  # recomputed: both pools hold it again
+    assert forecast.kept_pages == 0 and forecast.totals().preemptions_avoidable == 1
 
 
 def test_pages_the_shadows_spare_go_to_admission_while_requests_wait():

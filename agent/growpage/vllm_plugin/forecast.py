@@ -225,6 +225,7 @@ class EnforceForecast:
                 shadow.prompt_settled = True
                 free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
             free += self._advance(request, shadow, free)
+        self._fit_kept(monitored, free_pages)
         self.spare_pages = self._spare(monitored)
         # freed room goes to admission first while requests wait (see the module docstring)
         self._step_room = None if waiting_prompt_tokens is None else 0
@@ -299,6 +300,20 @@ class EnforceForecast:
             kept.pages = max(kept.pages, ceil_div(kept.physical_tokens, self.block_size))
             if kept.steps_left is not None:
                 kept.steps_left -= 1
+
+    def _fit_kept(self, monitored: Sequence[StepRequest], free_pages: int) -> None:
+        """Enforce's pool holds what it keeps running. Where the kept requests' pages outgrow vLLM's
+        free pages and the shadows' spare, enforce's pressure relief compresses the shadows for
+        them, in this step as in every step it runs short (not only in the steps vLLM preempts in:
+        a preemption frees a whole request's pages, relief one boundary's). Where the floors cannot
+        give enough, enforce preempts the newest kept request after all: one avoided fewer."""
+        deficit = self.kept_pages - free_pages - self._spare(monitored)
+        if deficit <= 0:
+            return
+        deficit -= self._relieve(monitored, deficit)
+        while deficit > 0 and self._kept:
+            deficit -= self._kept.pop(next(reversed(self._kept))).pages
+            self.preemptions_avoidable_total -= 1
 
     @property
     def kept_pages(self) -> int:
