@@ -38,15 +38,17 @@ would have dropped. Each step, with the tokens vLLM scheduled:
   keeps running in enforce's pool (:class:`KeptRequest`): its shadow's pages, a page more at each
   boundary, are owed out of the shadows' room until vLLM runs it again or it would have ended
   (vLLM hands those pages to others meanwhile). Counting only the one page spent the same spare
-  pages again in every later step. Relief counts while requests
+  pages again in every later step. Where what it keeps outgrows the room, relief compresses the
+  shadows in that step, and where the floors cannot give enough, enforce preempts the newest kept
+  request after all. Relief counts while requests
   wait only where enforce runs growth-aware admission: measured, under ``admission: vllm``
   enforce's batch stays vLLM's (6.0 running) and avoided 3 of vLLM's 15-16 preemptions, which
   relief while requests wait would have forecast at 6-8. Under ``auto`` it is counted (enforce's
   step plan gives what relief frees to growth first, admission the rest), and it overcounts now
   that ``auto`` leaves its prior after 8-10 steps and admits as vLLM does on the AVX-512 host:
-  31 forecast where enforce avoided 19 on seeds 14-19 (36 before the spared requests' pages were
-  owed), 19 against 20 on seeds 24-27; left out while requests wait, 1 forecast everywhere. What
-  vLLM's admission does with the room relief leaves is the missing term.
+  with the spared requests' pages owed and fitted in every step, 37 forecast where enforce
+  avoided 39 over seeds 14-19 and 24-27 (61 before); left out while requests wait, 1 forecast
+  everywhere.
 
 Exported beside the contract (:class:`ForecastCollector`): pages enforce would have freed,
 compactions it would have made, preemptions it would have avoided (and every preemption, the
@@ -256,13 +258,14 @@ class EnforceForecast:
             self._step_room += gained
             room += gained
         if room >= 1:
-            self.preemptions_avoidable_total += 1
             self._step_room -= 1  # the page the request vLLM preempted for would have grown into
-            self._keep(request_id, shadow, steps_left)
+            if not self._keep(request_id, shadow, steps_left):
+                self.preemptions_avoidable_total += 1  # nothing of it to hold: avoided outright
 
     def on_finish(self, request: Request) -> None:
         """A monitored request finished: admission learns its output and its attention need."""
-        self._kept.pop(request.request_id, None)
+        if self._kept.pop(request.request_id, None) is not None:
+            self.preemptions_avoidable_total += 1  # enforce kept it running to its end
         if self.admission is not None and self._monitored(request.request_id):
             self.admission.on_finish(request, need_share_at_end(self.controller, request))
 
@@ -276,17 +279,22 @@ class EnforceForecast:
                               self.preemptions_avoidable_by_admission_total)
 
     # ---- requests enforce keeps running where vLLM preempted them --------------------------------------
-    def _keep(self, request_id: str, shadow: ShadowKV | None, steps_left: int | None) -> None:
+    def _keep(self, request_id: str, shadow: ShadowKV | None, steps_left: int | None) -> bool:
         """Enforce keeps ``request_id`` running on its shadow's pages. vLLM frees them and hands
         them to others until it runs the request again, so they are owed out of the shadows' room
         from now on, not in this step only (counting one page per avoided preemption spent the
-        same spare pages again every step: 4-8 avoided forecast where enforce avoided 1-6)."""
+        same spare pages again every step: 4-8 avoided forecast where enforce avoided 1-6).
+
+        The avoided preemption is counted once it settles (vLLM runs the request again, or it
+        would have ended), never while enforce may still preempt it: the counter only increases.
+        False: the request was not seen running since its last start (nothing of it to hold)."""
         step = next((r for r in self._step_monitored if r.request_id == request_id), None)
         if step is None:
-            return  # not seen running since its last start: nothing of it in either pool
+            return False
         pages = shadow.pages if shadow is not None else step.pages_held
         dropped = shadow.dropped if shadow is not None else 0
         self._kept[request_id] = KeptRequest(pages, step.tokens - dropped, steps_left)
+        return True
 
     def _decode_kept(self, live: set[str]) -> None:
         """One step of the requests enforce keeps running: each decodes a token, growing by a page
@@ -295,6 +303,7 @@ class EnforceForecast:
         for request_id, kept in list(self._kept.items()):
             if request_id in live or (kept.steps_left is not None and kept.steps_left <= 0):
                 del self._kept[request_id]
+                self.preemptions_avoidable_total += 1  # settled: enforce never had to preempt it
                 continue
             kept.physical_tokens += 1
             kept.pages = max(kept.pages, ceil_div(kept.physical_tokens, self.block_size))
@@ -306,14 +315,13 @@ class EnforceForecast:
         free pages and the shadows' spare, enforce's pressure relief compresses the shadows for
         them, in this step as in every step it runs short (not only in the steps vLLM preempts in:
         a preemption frees a whole request's pages, relief one boundary's). Where the floors cannot
-        give enough, enforce preempts the newest kept request after all: one avoided fewer."""
+        give enough, enforce preempts the newest kept request after all (not counted as avoided)."""
         deficit = self.kept_pages - free_pages - self._spare(monitored)
         if deficit <= 0:
             return
         deficit -= self._relieve(monitored, deficit)
         while deficit > 0 and self._kept:
-            deficit -= self._kept.pop(next(reversed(self._kept))).pages
-            self.preemptions_avoidable_total -= 1
+            deficit -= self._kept.pop(next(reversed(self._kept))).pages  # never counted as avoided
 
     @property
     def kept_pages(self) -> int:
