@@ -12,7 +12,7 @@ from growpage.config import GrowPageConfig, Mode
 from growpage.core.admission import StepCostFit
 from growpage.core.controller import GrowthController, Reading
 from growpage.vllm_plugin.admission import AdmissionGate
-from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, StepRequest
+from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, StepRequest, WaitingRequest
 
 BLOCK = 16
 
@@ -23,13 +23,18 @@ def _controller(**config) -> GrowthController:
     return GrowthController(GrowPageConfig(**values), num_layers=None, clock=lambda: 0.0)
 
 
+def _waiting(prompt_tokens: int | None, request_id: str = "w") -> list[WaitingRequest]:
+    """The waiting queue of one fresh request of ``prompt_tokens`` (None: nothing waits)."""
+    return [] if prompt_tokens is None else [WaitingRequest(request_id, prompt_tokens, prompt_tokens)]
+
+
 def _decode(forecast: EnforceForecast, request_id: str, prompt: int, steps: int, *, free: int,
             waiting: int | None = None) -> None:
     """``steps`` decode steps of one request whose vLLM blocks grow with it (monitor changes nothing)."""
     for step in range(steps):
         tokens = prompt + step + 1
         forecast.on_step([StepRequest(request_id, -(-tokens // BLOCK), tokens, 1, prompt)], free_pages=free,
-                         waiting_prompt_tokens=waiting)
+                         waiting=_waiting(waiting))
 
 
 def test_a_low_entropy_request_past_its_floor_is_forecast_to_evict_and_free_a_page_per_boundary():
@@ -38,7 +43,7 @@ def test_a_low_entropy_request_past_its_floor_is_forecast_to_evict_and_free_a_pa
     controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))  # sparse, focused: evict
     budget = controller.requests["a"].growth_budget_pages
     forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)  # prefill
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)  # prefill
     _decode(forecast, "a", 40, 100, free=10)
     totals = forecast.totals()
     assert controller.requests["a"].growth_budget_pages == budget  # a preview: monitor's own state unchanged
@@ -57,7 +62,7 @@ def test_the_floor_follows_the_attention_need_so_a_needy_request_is_forecast_to_
     controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
     controller.update_attention_need("a", 200)  # its attention needs every token it will have
     forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
     _decode(forecast, "a", 40, 100, free=10)
     assert forecast.totals().pages_freed == 0 and forecast.shadows["a"].pages == 9
 
@@ -67,7 +72,7 @@ def test_a_high_entropy_request_is_forecast_to_grow_and_frees_nothing():
     controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
     controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=5.0))  # diffuse: grows while it may
     forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=50, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=50)
     _decode(forecast, "a", 40, 30, free=50)
     assert forecast.totals().pages_freed == 0 and forecast.totals().spare_pages == 0
 
@@ -78,43 +83,58 @@ def test_a_fresh_prompt_is_forecast_compressed_only_when_a_waiting_request_canno
         controller.admit("a", prompt_tokens=160, mode=Mode.MONITOR)
         controller.update_attention_need("a", 30)
         forecast = EnforceForecast(controller)
-        forecast.on_step([StepRequest("a", 11, 160, 160, 160)], free_pages=free, waiting_prompt_tokens=waiting)
-        forecast.on_step([StepRequest("a", 11, 161, 1, 160)], free_pages=free, waiting_prompt_tokens=waiting)
+        forecast.on_step([StepRequest("a", 11, 160, 160, 160)], free_pages=free, waiting=_waiting(waiting))
+        forecast.on_step([StepRequest("a", 11, 161, 1, 160)], free_pages=free, waiting=_waiting(waiting))
         # floor: max(4 pages, (30 needed tokens -> 2 pages) + 1) = 4; 11 pages (161 tokens) -> 4
         assert forecast.totals().pages_freed == freed, (free, waiting)
 
 
-@pytest.mark.parametrize("growth_aware", [True, False])
-def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page(growth_aware):
+@pytest.mark.parametrize(("waiting", "total_pages", "pages", "freed"), [
+    (None, 200, 7, 0),  # nothing waits: it grows into the pool's last pages
+    (40, 200, 4, 3),  # a request waits whose admission fits the floors: its pages are reserved for it
+    (40, 6, 7, 0),  # it waits, but its floor and the running floors overflow the pool: no reserve
+])
+def test_a_request_that_waits_for_admission_makes_the_shadows_compress_where_enforce_would(
+        waiting, total_pages, pages, freed):
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=5.0))  # broad: grows while it may
+    forecast = EnforceForecast(controller)
+    for tokens in range(40, 101):  # its prefill, then 60 decode steps with 2 pages free throughout
+        forecast.on_step([StepRequest("a", -(-tokens // BLOCK), tokens, 40 if tokens == 40 else 1, 40)],
+                         free_pages=2, waiting=_waiting(waiting), total_pages=total_pages)
+    # enforce's step reserves the waiting prompt's pages (3) out of the 2 free, so each boundary
+    # past the floor (4 pages) compresses, as the step's pressure makes it in enforce's plan_step
+    assert (forecast.shadows["a"].pages, forecast.totals().pages_freed) == (pages, freed)
+
+
+def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page():
     controller = _controller()
     for request_id in ("a", "b"):
         controller.admit(request_id, prompt_tokens=40, mode=Mode.MONITOR)
         controller.update_reading(request_id, Reading(sts_density=0.2, lts_entropy=5.0))  # grow: no spare
-    forecast = EnforceForecast(controller, enforce_admits_so=growth_aware)
+    forecast = EnforceForecast(controller)
     steps = [StepRequest(r, 3, 40, 40, 40) for r in ("a", "b")]
-    forecast.on_step(steps, free_pages=0, waiting_prompt_tokens=None)
+    forecast.on_step(steps, free_pages=0)
     forecast.on_preempt("b")
     assert forecast.totals().preemptions == 1 and forecast.totals().preemptions_avoidable == 0
     # "a" has decoded past its floor: pressure relief takes a page off it, so the next preemption is
     # avoidable, and the forecast counts the compaction that made the room
-    forecast.on_step([StepRequest("a", 8, 120, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 8, 120, 1, 40)], free_pages=0)
     forecast.shadows["a"].prompt_settled = True
-    forecast.on_step([StepRequest("a", 8, 121, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 8, 121, 1, 40)], free_pages=0)
     controller.admit("c", prompt_tokens=40, mode=Mode.MONITOR)
     forecast.on_preempt("c")
     totals = forecast.totals()
     assert (totals.preemptions, totals.preemptions_avoidable) == (2, 1)
     assert (totals.pages_freed, totals.compactions, forecast.shadows["a"].pages) == (1, 1, 7)
-    # while requests wait, relief counts where enforce runs growth-aware admission (its batch keeps the
-    # room), down to the floor (4 pages: 4 sinks + 16 recent tokens need 3) and no further; admitting
-    # as vLLM does, the room goes to the waiting requests and the pool runs as full
+    # more preemptions in the same step: relief goes on down to the floor (4 pages: 4 sinks + 16
+    # recent tokens need 3) and no further
     for index in range(4):
-        forecast.on_step([StepRequest("a", 8, 122 + index, 1, 40)], free_pages=0, waiting_prompt_tokens=100)
         controller.admit(f"w{index}", prompt_tokens=40, mode=Mode.MONITOR)
         forecast.on_preempt(f"w{index}")
     totals = forecast.totals()
-    assert totals.preemptions == 6
-    assert (totals.preemptions_avoidable, forecast.shadows["a"].pages) == ((4, 4) if growth_aware else (1, 7))
+    assert (totals.preemptions, totals.preemptions_avoidable, forecast.shadows["a"].pages) == (6, 4, 4)
 
 
 def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again_or_it_would_end():
@@ -122,7 +142,7 @@ def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again
     controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
     controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
     forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
     _decode(forecast, "a", 40, 100, free=10)  # enforce would hold 5 pages where vLLM holds 9
     controller.update_attention_need("a", 64)  # its floor is now 5 pages: relief can take nothing
 
@@ -130,7 +150,7 @@ def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again
         for other in others:
             controller.admit(other, prompt_tokens=40, mode=Mode.MONITOR)
         forecast.on_step([StepRequest("a", 9, tokens_a, 1, 40)] + [StepRequest(o, 3, 45, 1, 40) for o in others],
-                         free_pages=free, waiting_prompt_tokens=None)
+                         free_pages=free)
 
     # vLLM preempts "b" for a page another request needs: it frees b's 3 pages and grants one of them
     step(141, ("b",))
@@ -163,49 +183,53 @@ def test_vllm_running_a_kept_request_again_ends_what_enforce_owes_for_it():
     controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
     controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
     forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
     _decode(forecast, "a", 40, 100, free=10)
     controller.admit("b", prompt_tokens=40, mode=Mode.MONITOR)
-    forecast.on_step([StepRequest("a", 9, 141, 1, 40), StepRequest("b", 3, 45, 1, 40)], free_pages=0,
-                     waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 9, 141, 1, 40), StepRequest("b", 3, 45, 1, 40)], free_pages=0)
     forecast.on_preempt("b", steps_left=None)
     assert forecast.kept_pages == 3
     freed = forecast.totals().pages_freed
     # vLLM's "a" holds 2 pages over enforce's 5 now and none is free: 3 owed, 1 short, so enforce's
     # relief takes a page off "a" (above its floor of 4) in this step, though vLLM preempts nothing
-    forecast.on_step([StepRequest("a", 7, 142, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 7, 142, 1, 40)], free_pages=0)
     assert forecast.shadows["a"].pages == 4 and forecast.totals().pages_freed == freed + 1
-    forecast.on_step([StepRequest("a", 7, 143, 1, 40), StepRequest("b", 3, 46, 46, 40)], free_pages=0,
-                     waiting_prompt_tokens=None)  # recomputed: both pools hold it again
+    # recomputed: both pools hold it again
+    forecast.on_step([StepRequest("a", 7, 143, 1, 40), StepRequest("b", 3, 46, 46, 40)], free_pages=0)
     assert forecast.kept_pages == 0 and forecast.totals().preemptions_avoidable == 1
 
 
-def test_pages_the_shadows_spare_go_to_admission_while_requests_wait():
+@pytest.mark.parametrize(("waiting_tokens", "admitted", "avoidable"), [
+    (40, True, 1),  # its 3 pages fit the 4 spare: enforce admits it, one page is left for growth
+    (100, False, 2),  # its 7 do not: it waits in both pools, and the spare pages are growth's
+])
+def test_enforce_admits_a_waiting_request_into_the_pages_its_compactions_spare(waiting_tokens, admitted, avoidable):
     controller = _controller()
     controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
     controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
     forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
     _decode(forecast, "a", 40, 100, free=10)  # enforce would hold 5 pages where vLLM holds 9
     controller.update_attention_need("a", 64)  # its floor is now 5 pages: relief can take nothing
-    forecast.on_step([StepRequest("a", 9, 141, 1, 40)], free_pages=0, waiting_prompt_tokens=100)
-    assert forecast.totals().spare_pages == 4
-    controller.admit("c", prompt_tokens=40, mode=Mode.MONITOR)
-    forecast.on_preempt("c")  # a request waits: vLLM admits into those 4 pages first, the pool runs full
-    assert forecast.totals().preemptions_avoidable == 0
-    forecast.on_step([StepRequest("a", 9, 142, 1, 40)], free_pages=0, waiting_prompt_tokens=None)
-    controller.admit("d", prompt_tokens=40, mode=Mode.MONITOR)
-    forecast.on_preempt("d")  # none waits: enforce would have grown into one of them
+    forecast.on_step([StepRequest("a", 9, 141, 1, 40)], free_pages=0, waiting=_waiting(waiting_tokens))
+    assert forecast.totals().spare_pages == 4 and forecast.kept_pages == (3 if admitted else 0)
+    for request_id in ("c", "d"):  # vLLM preempts two requests it never let run (nothing of them to keep)
+        controller.admit(request_id, prompt_tokens=40, mode=Mode.MONITOR)
+        forecast.on_preempt(request_id)
+    assert forecast.totals().preemptions_avoidable == avoidable
+    # vLLM admits the waiting request too: both pools hold it, and it was never a preemption avoided
+    forecast.on_step([StepRequest("a", 9, 142, 1, 40), StepRequest("w", 2, waiting_tokens, waiting_tokens, 40)],
+                     free_pages=0)
     totals = forecast.totals()
-    assert totals.preemptions_avoidable == 1 and totals.compactions == totals.pages_freed == 4  # no relief ran
+    assert forecast.kept_pages == 0 and totals.preemptions_avoidable == avoidable
+    assert totals.compactions == totals.pages_freed == 4  # no relief ran
 
 
 def test_enforced_and_unknown_requests_are_left_out():
     controller = _controller(mode=Mode.ENFORCE)
     controller.admit("e", prompt_tokens=40, mode=Mode.ENFORCE)
     forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("e", 3, 40, 40, 40), StepRequest("x", 3, 40, 40, 40)], free_pages=0,
-                     waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("e", 3, 40, 40, 40), StepRequest("x", 3, 40, 40, 40)], free_pages=0)
     forecast.on_preempt("e")
     forecast.on_preempt("x")
     assert forecast.shadows == {} and forecast.totals().preemptions == 0
@@ -276,7 +300,7 @@ def test_a_preemption_of_a_request_admission_would_have_held_is_avoidable_whatev
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
     for request_id in ("c", "d"):  # vLLM starts both anyway (their prompts fit now)
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
-    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting_prompt_tokens=200)
+    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting=_waiting(200))
     assert [r for r, shadow in forecast.shadows.items() if shadow.over_projection] == ["c", "d"]
     forecast.on_preempt("d")  # requests wait (no room would count), yet admission never started d
     forecast.on_preempt("a")  # admitted within the projection: the room rule decides, and it says no
@@ -310,7 +334,7 @@ def test_under_measured_admission_a_start_counts_as_held_only_where_the_measured
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
     for request_id in ("c", "d"):
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
-    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting_prompt_tokens=200)
+    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting=_waiting(200))
     forecast.on_preempt("d")
     totals = forecast.totals()
     assert totals.preemptions_avoidable_by_admission == 1  # what growth-aware admission would buy, always
@@ -331,7 +355,7 @@ def test_the_forecast_plans_a_measuring_start_only_where_enforce_looks_ahead_on_
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
     for request_id in ("c", "d"):  # vLLM starts both (monitor changes nothing)
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
-    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest(r, 6, 96, 96, 96) for r in "abcd"], free_pages=0)
     assert {r for r, shadow in forecast.shadows.items() if shadow.over_projection} == would_hold
 
 
@@ -340,7 +364,7 @@ def test_without_growth_aware_admission_nothing_is_marked():
     forecast = EnforceForecast(controller)  # admission: vllm
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c"]), limit=16)
     controller.admit("c", prompt_tokens=96, mode=Mode.MONITOR)
-    forecast.on_step([StepRequest("c", 6, 96, 96, 96)], free_pages=0, waiting_prompt_tokens=None)
+    forecast.on_step([StepRequest("c", 6, 96, 96, 96)], free_pages=0)
     assert not forecast.shadows["c"].over_projection
 
 

@@ -6,9 +6,13 @@ would have dropped. Each step, with the tokens vLLM scheduled:
 
 - a shadow that needs a page past its grant is a boundary: the contract runs on the shadow (its
   pages, the request's readings and attention need, the pool as enforce would see it: vLLM's free
-  pages plus what the shadows hold less) as a preview that changes no request state
-  (:meth:`~growpage.core.controller.GrowthController.plan_boundary` with ``commit`` False); an
-  eviction shrinks the shadow to the plan's pages and counts the pages it frees against growing;
+  pages plus what the shadows hold less, less what enforce runs that vLLM does not) as a preview
+  that changes no request state (:meth:`~growpage.core.controller.GrowthController.plan_boundary`
+  with ``commit`` False), under the step's pressure as enforce's ``plan_step`` measures it: a
+  request that waits and whose admission fits the floors reserves its prompt's pages, so
+  growth is refused and the shadow compresses where enforce would (leaving that reserve out
+  forecast a fifth fewer pages freed). An eviction shrinks the shadow to the plan's pages and
+  counts the pages it frees against growing;
 - a prompt that has just been cached while a request waits that the (shadow) pool cannot admit is
   compressed to its floor, as enforce compresses a fresh prompt for admission (GrowPage's methods,
   ``attention_coverage`` > 0);
@@ -30,25 +34,25 @@ would have dropped. Each step, with the tokens vLLM scheduled:
   holds forecast 50-100 % more avoided preemptions than enforce avoided, when the prior lasted
   25-30 steps;
 - any other preemption is *avoidable* when enforce would have had a page for it: the pages the
-  shadows hold fewer than vLLM's requests do (only while no request waits: while one does, that
-  room goes to admitting it, vLLM admits into free pages first, unless enforce's admission looks
-  ahead and holds it), else what pressure relief frees, a page off the shadow with the lowest
-  long-term entropy above its floor (as enforce's relief chooses; a compaction the forecast
-  counts). Each avoidable preemption spends one page of the step, and the request it spares
-  keeps running in enforce's pool (:class:`KeptRequest`): its shadow's pages, a page more at each
-  boundary, are owed out of the shadows' room until vLLM runs it again or it would have ended
-  (vLLM hands those pages to others meanwhile). Counting only the one page spent the same spare
-  pages again in every later step. Where what it keeps outgrows the room, relief compresses the
-  shadows in that step, and where the floors cannot give enough, enforce preempts the newest kept
-  request after all. Relief counts while requests
-  wait only where enforce runs growth-aware admission: measured, under ``admission: vllm``
-  enforce's batch stays vLLM's (6.0 running) and avoided 3 of vLLM's 15-16 preemptions, which
-  relief while requests wait would have forecast at 6-8. Under ``auto`` it is counted (enforce's
-  step plan gives what relief frees to growth first, admission the rest), and it overcounts now
-  that ``auto`` leaves its prior after 8-10 steps and admits as vLLM does on the AVX-512 host:
-  with the spared requests' pages owed and fitted in every step, 37 forecast where enforce
-  avoided 39 over seeds 14-19 and 24-27 (61 before); left out while requests wait, 1 forecast
-  everywhere.
+  shadows hold fewer than vLLM's requests do, less what enforce runs that vLLM does not, else
+  what pressure relief frees, pages off the shadows with the lowest long-term entropy above their
+  floors (as enforce's relief chooses; compactions the forecast counts). Each avoidable
+  preemption spends one page of the step;
+- what enforce runs that vLLM does not (:class:`KeptRequest`): a request whose preemption it
+  avoids keeps running on its shadow's pages, a page more at each boundary, until vLLM runs it
+  again or it would have ended (vLLM hands those pages to others meanwhile); and the waiting
+  requests enforce admits, in vLLM's order, into the pages its compactions spare, until vLLM
+  admits them too (enforce admits as vLLM does, into free pages; not those its growth-aware
+  admission holds). Their pages are owed out of the shadows' room in every step: where they
+  outgrow it, relief compresses the shadows in that step, and where the floors cannot give
+  enough, enforce preempts the newest of them after all (an avoided preemption counts only once
+  its request settles, so the counter never goes back).
+
+Measured (``gpctl bench vllm --part forecast``, AVX-512, seeds 14-19 and 24-27): counting one
+page per avoided preemption and giving every spared page to admission while requests waited
+forecast 61 avoided preemptions where enforce avoided 39, and pages freed within 25 % on five
+traces of ten; with what enforce runs owed and the admission reserve, 48 against 39 and pages
+within 25 % on nine.
 
 Exported beside the contract (:class:`ForecastCollector`): pages enforce would have freed,
 compactions it would have made, preemptions it would have avoided (and every preemption, the
@@ -71,7 +75,17 @@ from growpage import catalog
 from growpage.config import Mode
 from growpage.core.controller import GrowthController, ceil_div
 from growpage.core.policy import Action
-from growpage.core.step_control import ReclaimCandidate, RequestView, floor_pages, plan_reclaim, protected_tokens
+from growpage.core.step_control import (
+    PoolPressure,
+    ReclaimCandidate,
+    RequestView,
+    compression_pays,
+    floor_pages,
+    growth_reserve,
+    measure_pressure,
+    plan_reclaim,
+    protected_tokens,
+)
 from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
 from growpage.vllm_plugin.blocks import blocks_by_request
 from growpage.vllm_plugin.vllm_types import Request, Scheduler
@@ -112,6 +126,24 @@ class KeptRequest:
     pages: int
     physical_tokens: int
     steps_left: int | None
+    avoided: bool = True  # False: enforce admitted it where vLLM has not yet
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitingRequest:
+    """A request waiting in vLLM's queue, as the forecast reads it.
+
+    Attributes:
+        request_id: the request.
+        prompt_tokens: its prompt (what enforce's step pressure reads of the oldest waiting request).
+        tokens: tokens its admission computes (its prompt, and its output so far after a preemption).
+        steps_left: decode steps to its end (its ``max_tokens``; None: unknown).
+    """
+
+    request_id: str
+    prompt_tokens: int
+    tokens: int
+    steps_left: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,9 +211,8 @@ class EnforceForecast:
         # requests vLLM preempted that enforce would have kept running (see :meth:`on_preempt`)
         self._kept: dict[str, KeptRequest] = {}
         # the spare pages this step's preemptions may still spend: computed at the first preemption
-        # after a step (most steps preempt nothing); 0 while requests wait (admission takes them)
+        # after a step (most steps preempt nothing)
         self._step_room: int | None = 0
-        self._step_waiting = False  # requests waited for admission after the last step
         self._step_monitored: Sequence[StepRequest] = ()
 
     def before_schedule(self, scheduler: Scheduler, limit: int | None) -> None:
@@ -200,17 +231,18 @@ class EnforceForecast:
         self._would_hold = frozenset(plan.held)
 
     def on_step(self, requests: Sequence[StepRequest], *, free_pages: int,
-                waiting_prompt_tokens: int | None) -> None:
+                waiting: Sequence[WaitingRequest] = (), total_pages: int | None = None) -> None:
         """Advance every monitored request's shadow by one step (requests GrowPage does not monitor
-        are left out: enforce would leave them to vLLM too)."""
+        are left out: enforce would leave them to vLLM too). ``total_pages``: the pool's size (None:
+        a waiting request's admission is taken to fit the floors)."""
         monitored = [r for r in requests if self._monitored(r.request_id)]
         live = {r.request_id for r in requests}
         for request_id in [rid for rid in self.shadows if rid not in live]:
             del self.shadows[request_id]  # finished or preempted without a callback seen
         self._decode_kept(live)
-        # while requests wait, the pages the shadows spare go to admitting them (unless enforce holds them)
-        spare_for_growth = waiting_prompt_tokens is None or self._enforce_looks_ahead
-        free = max(0, free_pages + (self._spare(monitored) if spare_for_growth else 0) - self.kept_pages)
+        waiting_prompt_tokens = waiting[0].prompt_tokens if waiting else None
+        free = max(0, free_pages + self._spare(monitored) - self.kept_pages)
+        pressure = self._pressure(monitored, free, waiting_prompt_tokens, total_pages)
         for request in monitored:
             shadow = self.shadows.get(request.request_id)
             if shadow is None or not request.decoding:
@@ -226,12 +258,11 @@ class EnforceForecast:
             if not shadow.prompt_settled:
                 shadow.prompt_settled = True
                 free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
-            free += self._advance(request, shadow, free)
+            free += self._advance(request, shadow, free, pressure)
         self._fit_kept(monitored, free_pages)
+        self._admit(waiting, free_pages + self._spare(monitored) - self.kept_pages)
         self.spare_pages = self._spare(monitored)
-        # freed room goes to admission first while requests wait (see the module docstring)
-        self._step_room = None if waiting_prompt_tokens is None else 0
-        self._step_waiting = waiting_prompt_tokens is not None
+        self._step_room = None
         self._step_monitored = monitored
 
     def on_preempt(self, request_id: str, steps_left: int | None = None) -> None:
@@ -253,7 +284,7 @@ class EnforceForecast:
         if self._step_room is None:
             self._step_room = self.spare_pages
         room = self._step_room - self.kept_pages
-        if room < 1 and (self.enforce_admits_so or not self._step_waiting):
+        if room < 1:
             gained = self._relieve(self._step_monitored, 1 - room)
             self._step_room += gained
             room += gained
@@ -264,8 +295,9 @@ class EnforceForecast:
 
     def on_finish(self, request: Request) -> None:
         """A monitored request finished: admission learns its output and its attention need."""
-        if self._kept.pop(request.request_id, None) is not None:
-            self.preemptions_avoidable_total += 1  # enforce kept it running to its end
+        kept = self._kept.pop(request.request_id, None)
+        if kept is not None:
+            self.preemptions_avoidable_total += kept.avoided  # enforce kept it running to its end
         if self.admission is not None and self._monitored(request.request_id):
             self.admission.on_finish(request, need_share_at_end(self.controller, request))
 
@@ -303,7 +335,7 @@ class EnforceForecast:
         for request_id, kept in list(self._kept.items()):
             if request_id in live or (kept.steps_left is not None and kept.steps_left <= 0):
                 del self._kept[request_id]
-                self.preemptions_avoidable_total += 1  # settled: enforce never had to preempt it
+                self.preemptions_avoidable_total += kept.avoided  # settled: enforce never had to preempt it
                 continue
             kept.physical_tokens += 1
             kept.pages = max(kept.pages, ceil_div(kept.physical_tokens, self.block_size))
@@ -323,14 +355,51 @@ class EnforceForecast:
         while deficit > 0 and self._kept:
             deficit -= self._kept.pop(next(reversed(self._kept))).pages  # never counted as avoided
 
+    def _admit(self, waiting: Sequence[WaitingRequest], free: int) -> None:
+        """Enforce admits waiting requests, in vLLM's order, into the pages its pool has free
+        beyond vLLM's (its compactions'), where vLLM cannot yet: each then runs in enforce's pool
+        only, until vLLM admits it too."""
+        for request in waiting:
+            if request.request_id in self._kept:
+                continue  # already running in enforce's pool
+            if self._enforce_looks_ahead and request.request_id in self._would_hold:
+                break  # enforce's admission holds it, and those after it
+            pages = ceil_div(request.tokens, self.block_size)
+            if pages > free:
+                break
+            self._kept[request.request_id] = KeptRequest(pages, request.tokens, request.steps_left, avoided=False)
+            free -= pages
+
     @property
     def kept_pages(self) -> int:
         """Pages enforce would hold for requests it kept running where vLLM preempted them."""
         return sum(kept.pages for kept in self._kept.values())
 
     # ---- one request ---------------------------------------------------------------------------------
-    def _advance(self, request: StepRequest, shadow: ShadowKV, free: int) -> int:
-        """One decode step of ``shadow``; the change in the shadow pool's free pages."""
+    def _pressure(self, monitored: Sequence[StepRequest], free: int, waiting_prompt_tokens: int | None,
+                  total_pages: int | None) -> PoolPressure:
+        """The pressure enforce's step would start under on the shadows' pool, measured as its
+        :meth:`~growpage.core.controller.GrowthController.plan_step` measures it: a request that
+        waits and whose admission fits the floors makes compression pay at every boundary, not only
+        where the pool is out of pages (leaving that out forecast a third fewer compactions)."""
+        growth = floors = 0
+        for request in monitored:
+            shadow = self.shadows.get(request.request_id)
+            if shadow is None or not request.decoding or not shadow.prompt_settled:
+                continue
+            cached = request.tokens - shadow.dropped - request.new_tokens
+            growth += ceil_div(cached + request.new_tokens, self.block_size) > shadow.pages
+            floors += self.controller.floor_of(self._view(request, shadow, cached))
+        waiting = waiting_prompt_tokens
+        return measure_pressure(
+            free_pages=free, total_pages=total_pages if total_pages is not None else 1 << 30,
+            growth_pages=growth, running_floor_pages=floors,
+            waiting_prompt_pages=self.controller.grant_pages(waiting) if waiting is not None else None,
+            waiting_floor_pages=self.controller.config.base_pages if waiting is not None else 0, batch_full=False)
+
+    def _advance(self, request: StepRequest, shadow: ShadowKV, free: int, pressure: PoolPressure) -> int:
+        """One decode step of ``shadow`` under the step's ``pressure``; the change in the shadow
+        pool's free pages."""
         physical = request.tokens - shadow.dropped
         needed = ceil_div(physical, self.block_size)
         if needed <= shadow.pages:
@@ -341,7 +410,8 @@ class EnforceForecast:
             return -grown
         before = physical - request.new_tokens  # the tokens cached before this step
         view = self._view(request, shadow, before)
-        plan = self.controller.plan_boundary(view, free_pages=free, compression_pays=free < 1, commit=False)
+        plan = self.controller.plan_boundary(view, free_pages=free, reserve_pages=growth_reserve(pressure),
+                                             compression_pays=compression_pays(pressure) or free < 1, commit=False)
         if plan.call.decision.action is Action.EVICT and plan.pages_after <= shadow.pages:
             keep = (plan.pages_after - 1) * self.block_size
             shadow.dropped += before - keep

@@ -27,6 +27,7 @@ vLLM: :mod:`~growpage.vllm_plugin.scheduler_hooks` wires it in, and tests drive 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import time
@@ -42,7 +43,7 @@ from growpage.core.step_control import RequestView, protected_tokens
 from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionCollector, AdmissionGate, StepMeter
 from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
-from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, step_requests
+from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, WaitingRequest, step_requests
 from growpage.vllm_plugin.headroom import HeadroomCollector, idle_headroom, read_headroom
 from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
 from growpage.vllm_plugin.rank_faults import RankFaultReader
@@ -57,6 +58,8 @@ _Params = ParamSpec("_Params")
 _Result = TypeVar("_Result")
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
 
+# waiting requests the forecast reads a step: enforce admits a few more than vLLM, never the whole queue
+FORECAST_WAITING_READ = 8
 ACTIVE = "active"
 MODE_OFF = "mode_off"
 
@@ -247,10 +250,12 @@ class SchedulerAgent:
 
     def _forecast_step(self, scheduler: Scheduler, output: Any, req_to_blocks: dict[str, list[KVBlock]]) -> None:
         assert self.forecast is not None
-        waiting = next(iter(scheduler.waiting), None)
-        self.forecast.on_step(step_requests(scheduler, output, req_to_blocks),
-                              free_pages=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
-                              waiting_prompt_tokens=int(waiting.num_prompt_tokens) if waiting is not None else None)
+        pool = scheduler.kv_cache_manager.block_pool
+        waiting = [WaitingRequest(r.request_id, int(r.num_prompt_tokens), int(r.num_tokens),
+                                  int(r.max_tokens) - int(r.num_output_tokens))
+                   for r in itertools.islice(scheduler.waiting, FORECAST_WAITING_READ)]
+        self.forecast.on_step(step_requests(scheduler, output, req_to_blocks), free_pages=pool.get_num_free_blocks(),
+                              waiting=waiting, total_pages=pool.num_gpu_blocks - 1)  # block 0 is vLLM's null block
 
     def _forecast_preemption(self, request: Request) -> None:
         assert self.forecast is not None
