@@ -234,9 +234,9 @@ FORECAST_PREEMPTIONS = MetricSpec(
 FORECAST_PREEMPTIONS_AVOIDABLE = MetricSpec(
     "growpage_forecast_preemptions_avoidable_total", MetricType.COUNTER,
     "Monitor's forecast: vLLM preemptions enforce would have avoided (its growth-aware admission would not "
-    "have started the request yet, or it would have had a page: one its compactions spared while nothing "
-    "waits, or one freed by compressing a request above its floor), counted once the request it keeps "
-    "running settles (vLLM runs it again, or it would have ended).", "preemptions")
+    "have started the request yet, or it would have had a page: one its compactions spared, less what it "
+    "runs that vLLM does not, or one freed by compressing a request above its floor), counted once the "
+    "request it keeps running settles (vLLM runs it again, or it would have ended).", "preemptions")
 FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION = MetricSpec(
     "growpage_forecast_preemptions_avoidable_by_admission_total", MetricType.COUNTER,
     "Monitor's forecast: vLLM preemptions of requests that growth-aware admission (admission: projected) "
