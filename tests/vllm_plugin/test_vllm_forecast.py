@@ -37,6 +37,21 @@ def _decode(forecast: EnforceForecast, request_id: str, prompt: int, steps: int,
                          waiting=_waiting(waiting))
 
 
+def _sparing_request(*, at_its_floor: bool = True) -> tuple[GrowthController, EnforceForecast]:
+    """A forecast over one request "a" that enforce would hold in 5 pages where vLLM holds 9 (4
+    spare); ``at_its_floor``: its floor raised to those 5 by its attention need (relief can take
+    nothing more; else its floor is 4)."""
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
+    _decode(forecast, "a", 40, 100, free=10)
+    if at_its_floor:
+        controller.update_attention_need("a", 64)
+    return controller, forecast
+
+
 def test_a_low_entropy_request_past_its_floor_is_forecast_to_evict_and_free_a_page_per_boundary():
     controller = _controller()
     controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
@@ -138,13 +153,7 @@ def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page():
 
 
 def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again_or_it_would_end():
-    controller = _controller()
-    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
-    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
-    forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
-    _decode(forecast, "a", 40, 100, free=10)  # enforce would hold 5 pages where vLLM holds 9
-    controller.update_attention_need("a", 64)  # its floor is now 5 pages: relief can take nothing
+    controller, forecast = _sparing_request()
 
     def step(tokens_a: int, others: tuple[str, ...] = (), free: int = 0) -> None:
         for other in others:
@@ -179,12 +188,7 @@ def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again
 
 
 def test_vllm_running_a_kept_request_again_ends_what_enforce_owes_for_it():
-    controller = _controller()
-    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
-    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
-    forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
-    _decode(forecast, "a", 40, 100, free=10)
+    controller, forecast = _sparing_request(at_its_floor=False)
     controller.admit("b", prompt_tokens=40, mode=Mode.MONITOR)
     forecast.on_step([StepRequest("a", 9, 141, 1, 40), StepRequest("b", 3, 45, 1, 40)], free_pages=0)
     forecast.on_preempt("b", steps_left=None)
@@ -204,13 +208,7 @@ def test_vllm_running_a_kept_request_again_ends_what_enforce_owes_for_it():
     (100, False, 2),  # its 7 do not: it waits in both pools, and the spare pages are growth's
 ])
 def test_enforce_admits_a_waiting_request_into_the_pages_its_compactions_spare(waiting_tokens, admitted, avoidable):
-    controller = _controller()
-    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
-    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
-    forecast = EnforceForecast(controller)
-    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
-    _decode(forecast, "a", 40, 100, free=10)  # enforce would hold 5 pages where vLLM holds 9
-    controller.update_attention_need("a", 64)  # its floor is now 5 pages: relief can take nothing
+    controller, forecast = _sparing_request()
     forecast.on_step([StepRequest("a", 9, 141, 1, 40)], free_pages=0, waiting=_waiting(waiting_tokens))
     assert forecast.totals().spare_pages == 4 and forecast.kept_pages == (3 if admitted else 0)
     for request_id in ("c", "d"):  # vLLM preempts two requests it never let run (nothing of them to keep)
