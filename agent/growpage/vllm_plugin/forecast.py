@@ -113,8 +113,9 @@ class ShadowKV:
 
 @dataclasses.dataclass
 class KeptRequest:
-    """A request vLLM preempted that enforce would have kept running: it decodes on in enforce's
-    pool, on pages vLLM hands to others, until vLLM runs it again or it would have ended.
+    """A request enforce would run that vLLM does not: one whose preemption it avoids, or a waiting
+    one it admits into the pages its compactions spare. It decodes on in enforce's pool, on pages
+    vLLM holds for others, until vLLM runs it too or it would have ended.
 
     Attributes:
         pages: pages it would hold now.
@@ -208,7 +209,7 @@ class EnforceForecast:
         self.preemptions_total = 0
         self.preemptions_avoidable_total = 0
         self.spare_pages = 0  # pages enforce would have free now beyond vLLM's
-        # requests vLLM preempted that enforce would have kept running (see :meth:`on_preempt`)
+        # what enforce would run that vLLM does not (see :meth:`on_preempt` and :meth:`_admit`)
         self._kept: dict[str, KeptRequest] = {}
         # the spare pages this step's preemptions may still spend: computed at the first preemption
         # after a step (most steps preempt nothing)
@@ -260,8 +261,8 @@ class EnforceForecast:
                 free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
             free += self._advance(request, shadow, free, pressure)
         self._fit_kept(monitored, free_pages)
-        self._admit(waiting, free_pages + self._spare(monitored) - self.kept_pages)
-        self.spare_pages = self._spare(monitored)
+        self.spare_pages = self._spare(monitored)  # after relief, which the admissions leave as it is
+        self._admit(waiting, free_pages + self.spare_pages - self.kept_pages)
         self._step_room = None
         self._step_monitored = monitored
 
@@ -372,13 +373,14 @@ class EnforceForecast:
 
     @property
     def kept_pages(self) -> int:
-        """Pages enforce would hold for requests it kept running where vLLM preempted them."""
+        """Pages enforce would hold for what it runs that vLLM does not."""
         return sum(kept.pages for kept in self._kept.values())
 
     # ---- one request ---------------------------------------------------------------------------------
-    def _pressure(self, monitored: Sequence[StepRequest], free: int, waiting_prompt_tokens: int | None,
+    def _pressure(self, monitored: Sequence[StepRequest], free: int, waiting: int | None,
                   total_pages: int | None) -> PoolPressure:
-        """The pressure enforce's step would start under on the shadows' pool, measured as its
+        """The pressure enforce's step would start under on the shadows' pool (``waiting``: the oldest
+        waiting request's prompt tokens), measured as its
         :meth:`~growpage.core.controller.GrowthController.plan_step` measures it: a request that
         waits and whose admission fits the floors makes compression pay at every boundary, not only
         where the pool is out of pages (leaving that out forecast a third fewer compactions)."""
@@ -390,7 +392,6 @@ class EnforceForecast:
             cached = request.tokens - shadow.dropped - request.new_tokens
             growth += ceil_div(cached + request.new_tokens, self.block_size) > shadow.pages
             floors += self.controller.floor_of(self._view(request, shadow, cached))
-        waiting = waiting_prompt_tokens
         return measure_pressure(
             free_pages=free, total_pages=total_pages if total_pages is not None else 1 << 30,
             growth_pages=growth, running_floor_pages=floors,

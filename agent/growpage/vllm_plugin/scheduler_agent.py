@@ -251,16 +251,14 @@ class SchedulerAgent:
     def _forecast_step(self, scheduler: Scheduler, output: Any, req_to_blocks: dict[str, list[KVBlock]]) -> None:
         assert self.forecast is not None
         pool = scheduler.kv_cache_manager.block_pool
-        waiting = [WaitingRequest(r.request_id, int(r.num_prompt_tokens), int(r.num_tokens),
-                                  int(r.max_tokens) - int(r.num_output_tokens))
+        waiting = [WaitingRequest(r.request_id, int(r.num_prompt_tokens), int(r.num_tokens), _steps_left(r))
                    for r in itertools.islice(scheduler.waiting, FORECAST_WAITING_READ)]
         self.forecast.on_step(step_requests(scheduler, output, req_to_blocks), free_pages=pool.get_num_free_blocks(),
                               waiting=waiting, total_pages=pool.num_gpu_blocks - 1)  # block 0 is vLLM's null block
 
     def _forecast_preemption(self, request: Request) -> None:
         assert self.forecast is not None
-        # a kept request would decode on to its max_tokens (an upper bound where it stops earlier)
-        self.forecast.on_preempt(request.request_id, int(request.max_tokens) - int(request.num_output_tokens))
+        self.forecast.on_preempt(request.request_id, _steps_left(request))
 
     def _decide_monitored(self, scheduler: Scheduler, request: Request, held: int) -> None:
         """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what
@@ -481,3 +479,9 @@ def live_and_logical_tokens(running: Sequence[Request], req_to_blocks: dict[str,
             per_block[block_id] = max(per_block.get(block_id, 0), tokens)
     live = sum(per_block.values())
     return live, live + dropped
+
+
+def _steps_left(request: Request) -> int:
+    """Decode steps to ``request``'s ``max_tokens``: how long enforce would run it on (an upper bound
+    where it stops earlier)."""
+    return int(request.max_tokens) - int(request.num_output_tokens)
