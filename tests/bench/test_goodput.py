@@ -1,8 +1,8 @@
-"""Goodput inside vLLM, without running engines: interleaving, spreads, scoring and the table rows."""
+"""Goodput inside vLLM, without running engines: interleaving, scoring and the table rows."""
 
 from __future__ import annotations
 
-from growpage.bench.goodput import goodput_rows, repeated, round_order, scored, spread
+from growpage.bench.goodput import goodput_rows, repeated, round_order, scored
 from growpage.bench.tasks import Task
 
 
@@ -25,10 +25,6 @@ def test_rounds_alternate_their_order_and_every_variant_runs_every_round():
     assert calls == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert {v: len(r) for v, r in results.items()} == {"a": 3, "b": 3, "c": 3}
     assert round_order(("a", "b"), 1) == ("b", "a")
-
-
-def test_spread_is_median_and_range_of_every_value():
-    assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "range": [1.0, 3.0], "values": [3.0, 1.0, 2.0]}
 
 
 def test_scored_counts_correct_replies_up_to_the_end_of_sequence_per_second():

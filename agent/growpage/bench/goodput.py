@@ -24,7 +24,6 @@ every repeat kept in the JSON. Parts:
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS, Task, accuracy_by_family,
 from growpage.bench.tasks import retrieval_tasks as generate
 from growpage.chat import chat_token_ids, user_turn
 from growpage.core.methods import VLLM_CAP_NAMES
+from growpage.core.quantiles import spread
 from growpage.errors import ConfigError, GrowPageError
 from growpage.tooling.vllm_runs import run_child
 
@@ -74,13 +74,6 @@ def repeated(run: Callable[[str], dict], variants: Sequence[str], repeats: int, 
                 log(f"vllm bench: {label}, round {repeat + 1}/{repeats}, {variant}")
             results[variant].append(run(variant))
     return results
-
-
-def spread(values: Sequence[float], digits: int = 3) -> dict:
-    """Median, range and every value (rounded)."""
-    return {"median": round(statistics.median(values), digits), "range": [round(min(values), digits),
-                                                                            round(max(values), digits)],
-            "values": [round(value, digits) for value in values]}
 
 
 def answer_texts(tokenizer: Any, result: dict, count: int) -> list[str]:

@@ -50,6 +50,7 @@ from growpage.bench.forecast import compare
 from growpage.bench.tasks import with_truth
 from growpage.bench.workloads import reasoning_tasks
 from growpage.core.methods import VLLM_CAP_NAMES
+from growpage.core.quantiles import spread
 from growpage.errors import ConfigError
 from growpage.tooling.vllm_child import engine_arguments
 from growpage.tooling.vllm_runs import run_child
@@ -151,11 +152,11 @@ def headline_trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
             "growpage": (resolved_settings(config["growpage"], settings.block_size)
                          if config["growpage"] is not None else None),
             "engine": engine_arguments(spec, len(prompts)),
-            "tokens_per_s": goodput.spread([r["tokens_per_s"] for r in results]),
+            "tokens_per_s": spread([r["tokens_per_s"] for r in results]),
             "nll_increase": nll["mean"] if nll else 0.0, "nll": nll,
             "preemptions": [r["preemptions"] for r in results],
-            "mean_blocks_per_running": goodput.spread([r["mean_blocks_per_running"] for r in results]),
-            "mean_running": goodput.spread([r["mean_running"] for r in results]),
+            "mean_blocks_per_running": spread([r["mean_blocks_per_running"] for r in results]),
+            "mean_running": spread([r["mean_running"] for r in results]),
             "decisions": results[0]["decisions"],
             "goodput": goodput.scored(tokenizer, truth, results),
             "runs": [goodput.without_outputs(r) for r in results]}

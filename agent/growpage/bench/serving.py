@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from growpage.bench import harness
 from growpage.bench.fidelity import forced_nll_increase, greedy_references
-from growpage.bench.goodput import round_order, spread
+from growpage.bench.goodput import round_order
 from growpage.bench.tasks import is_correct, with_truth
 from growpage.bench.tasks import retrieval_tasks as generate
 from growpage.bench.workloads import (
@@ -36,7 +36,7 @@ from growpage.bench.workloads import (
 )
 from growpage.config import DEFAULT_ATTENTION_COVERAGE
 from growpage.core.methods import build_method
-from growpage.core.quantiles import percentile
+from growpage.core.quantiles import percentile, spread
 from growpage.engine.engine import LLMEngine
 from growpage.engine.request import Request
 from growpage.engine.sampling import SamplingParams

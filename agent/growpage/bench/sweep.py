@@ -31,6 +31,7 @@ from typing import Any
 from growpage.bench import goodput
 from growpage.bench.vllm_settings import COVERAGE_MARK, SWEEP_METHODS, VARIANT_MARK, SweepVariant, VllmBenchSettings
 from growpage.bench.workloads import reasoning_tasks
+from growpage.core.quantiles import spread
 from growpage.tooling.vllm_runs import run_child
 
 Log = Callable[[str], None] | None
@@ -107,7 +108,7 @@ def pressure_sweep(model_dir: str, settings: VllmBenchSettings, seed: int, log: 
                         "base_pages": config["base_pages"] if config is not None else None,
                         "attention_coverage": (config or {}).get("attention_coverage", 0.0),
                         "axis": COVERAGE_AXIS if COVERAGE_MARK in name else "budget",
-                        "kv_blocks": blocks[name], "tokens_per_s": goodput.spread([r["tokens_per_s"] for r in results]),
+                        "kv_blocks": blocks[name], "tokens_per_s": spread([r["tokens_per_s"] for r in results]),
                         "nll_increase": nll["mean"] if nll else 0.0, "nll": nll,
                         "preemptions": [r["preemptions"] for r in results], "decisions": results[0]["decisions"],
                         "runs": [goodput.without_outputs(r) for r in results]}

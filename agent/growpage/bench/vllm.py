@@ -56,6 +56,7 @@ from growpage.bench.mixed import mixed_under_pressure
 from growpage.bench.tasks import with_truth
 from growpage.bench.vllm_settings import VARIANTS, VllmBenchSettings
 from growpage.bench.workloads import final_answer, reasoning_tasks
+from growpage.core.quantiles import spread
 from growpage.engine.model_prep import resolve_model_dir
 from growpage.errors import GrowPageError
 from growpage.provenance import host_facts
@@ -157,7 +158,7 @@ def _trace(model_dir: str, settings: VllmBenchSettings, seed: int, log: Callable
     order = sorted(results["vllm"]["outputs"], key=int)
     agreement = token_agreement([results["vllm"]["outputs"][k] for k in order],
                                 [results["growpage"]["outputs"][k] for k in order])
-    rates = {variant: goodput.spread([r["tokens_per_s"] for r in runs[variant]]) for variant in VARIANTS}
+    rates = {variant: spread([r["tokens_per_s"] for r in runs[variant]]) for variant in VARIANTS}
     base, grow, limit = (rates[v]["median"] for v in VARIANTS)
     return {"seed": seed, "kv_blocks": blocks,
             "variants": {name: goodput.without_outputs(r) for name, r in results.items()},

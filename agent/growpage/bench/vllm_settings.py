@@ -87,7 +87,7 @@ class VllmBenchSettings:
         parts: ``pressure`` (the traces), ``overhead``, ``sampling`` (monitor sampled against full
             observation), ``retrieval`` (retrieval under KV pressure)
             and/or ``accuracy`` (full KV's accuracy on every retrieval family).
-        repeats: also the interleaved rounds of every pressure and retrieval variant.
+        repeats: also the interleaved rounds of every pressure, retrieval, headline and forecast variant.
         retrieval_families, retrieval_context_tokens, retrieval_depths: the retrieval workload
             (``growpage.bench.tasks``; one request per family, length and depth, seed ``seeds[0]``).
         retrieval_kv_share: its KV space as a share of what every request needs at once (the

@@ -1,8 +1,9 @@
-"""The one percentile GrowPage reports (benchmarks, the demo, the telemetry agent)."""
+"""The one percentile GrowPage reports (benchmarks, the demo, the telemetry agent), and the benchmarks' spread."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 
@@ -25,3 +26,10 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def spread(values: Sequence[float], digits: int = 3) -> dict:
+    """Median, range and every value (rounded): how every benchmark reports repeated rounds."""
+    return {"median": round(statistics.median(values), digits), "range": [round(min(values), digits),
+                                                                            round(max(values), digits)],
+            "values": [round(value, digits) for value in values]}

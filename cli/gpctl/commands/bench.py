@@ -436,6 +436,23 @@ def _print_vllm_tables(result: dict, console: Console, output: Path | None) -> N
     _print_goodput(result, console)
     _print_sweep(result, console, output)
     _print_headline(result, console)
+    _print_forecast(result, console)
+
+
+def _print_forecast(result: dict, console: Console) -> None:
+    """The forecast part's table: per seed, the forecast against what enforce then did."""
+    from growpage.bench.forecast import FORECAST_TOLERANCE, forecast_rows
+
+    rows = forecast_rows(result)
+    if not rows:
+        return
+    table = Table(title=f"gpctl bench vllm --part forecast: forecast / enforce, median \\[min-max] of the rounds "
+                        f"(target: within {FORECAST_TOLERANCE:.0%})")
+    for column in ("seed", "pages freed", "preemptions avoided", "rounds within", "medians"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
 
 
 def _print_headline(result: dict, console: Console) -> None:
