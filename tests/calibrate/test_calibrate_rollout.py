@@ -3,6 +3,7 @@ the forecast comes from (expositions, snapshots, Prometheus queries) and where i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from test_calibrate_units import model  # the evidence helper of the calibrate tests
@@ -46,6 +47,25 @@ def test_the_forecast_is_the_counters_increase_over_the_window():
     assert evidence.models["m"].forecast == ForecastEvidence(60.0, 60.0, 5.0, 5.0)
     lifetime = evidence_from_expositions([_exposition(160.0, 70, 6, 9)], {"kind": "snapshot"}, "snapshots")
     assert lifetime.models["m"].forecast == ForecastEvidence(70.0, 70.0, 9.0, 6.0)
+
+
+def test_what_monitor_cost_vllm_is_read_beside_the_forecast_and_named_in_every_reason():
+    cost = [f"# TYPE {spec.name.removesuffix('_total')} counter\n"
+            + "".join(f'{spec.name}{{model_name="m",side="{side}"}} {value}\n' for side, value in sides)
+            for spec, sides in ((catalog.VLLM_OWN_SECONDS, (("scheduler", 1.0), ("worker", 2.0))),
+                                (catalog.VLLM_STEP_SECONDS, (("scheduler", 10.0), ("worker", 90.0))))]
+    with_cost = parse_exposition("".join(cost), "agent", 160.0)
+    plain = _exposition(160.0, 70, 6, 9)
+    merged = dataclasses.replace(plain, samples=plain.samples + with_cost.samples)
+    forecast = evidence_from_expositions([merged], {"kind": "snapshot"}, "snapshots").models["m"].forecast
+    assert forecast.own_share == 0.03  # both sides: 3 s of GrowPage's own in 100 s of hooked vLLM calls
+    for evidence in (forecast, ForecastEvidence(50, 40, 0, 0, own_share=0.03), ForecastEvidence(0, 0, 0, 0,
+                                                                                                own_share=0.03)):
+        assert "GrowPage's own code took 3.0% of vLLM's step time in monitor" in recommend(evidence, "monitor").reason
+    assert "own code" not in recommend(ForecastEvidence(0, 0, 0, 0), "monitor").reason  # not exported: not said
+    # the cost alone is no forecast: an enforcing pod serves it, and calibrate still says it has none
+    alone = evidence_from_expositions([with_cost], {"kind": "snapshot"}, "snapshots")
+    assert all(model.forecast is None for model in alone.models.values())
 
 
 def test_an_agent_without_forecast_series_has_no_forecast():

@@ -10,7 +10,8 @@ import pytest
 from growpage import catalog
 from growpage.diagnose import DiagnoseError, parse_duration_s, parse_time_s
 from growpage.diagnose.checks import CHECKS, run_checks
-from growpage.diagnose.checks.base import Thresholds, pct_floor
+from growpage.diagnose.checks.base import Thresholds, pct, pct_floor
+from growpage.diagnose.checks.health import agent_health
 from growpage.diagnose.checks.latency import allocation_latency, recommended_block_size
 from growpage.diagnose.checks.oom import oom_fragmentation
 from growpage.diagnose.checks.overgrant import over_granting, suggest_base_pages
@@ -324,6 +325,20 @@ def test_rollout_flags_phase_two_candidates_as_advice_and_throttling_as_warning(
     assert finding.status is Status.OK and finding.resolved_severity is Severity.INFO
     throttled = Scope("s", decisions={"allocate": 1.0, "throttled": 3.0}, build_infos=(BuildInfo(mode="enforce"),))
     assert rollout(throttled, WINDOW, T).status is Status.WARNING
+
+
+def test_growpage_costing_more_than_its_share_of_vllms_step_is_a_warning_with_what_to_observe_less():
+    info = (BuildInfo(mode="monitor"),)
+    limit = T.checklist.own_share_high
+    cheap = agent_health(Scope("s", own_seconds=3.0, hooked_seconds=100.0, build_infos=info), WINDOW, T)
+    assert cheap.status is Status.OK and cheap.evidence["own_share_of_vllm_steps"] == 0.03
+    dear = agent_health(Scope("s", own_seconds=100.0 * limit + 1, hooked_seconds=100.0, build_infos=info), WINDOW, T)
+    assert dear.status is Status.WARNING and f"of the vLLM calls it hooks (> {pct(limit)})" in dear.summary
+    assert any("observe_every_steps" in step for step in dear.remediation)
+    # outside vLLM, or no step in the window: nothing to judge, no warning
+    for idle in (Scope("s", build_infos=info), Scope("s", own_seconds=0.0, hooked_seconds=0.0, build_infos=info)):
+        finding = agent_health(idle, WINDOW, T)
+        assert finding.status is Status.OK and finding.evidence["own_share_of_vllm_steps"] is None
 
 
 def test_verdict_precedence_and_partial_data():

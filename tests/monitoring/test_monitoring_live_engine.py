@@ -77,6 +77,9 @@ NO_DATA_ON_THIS_MACHINE = {
     # The observer's shares are the vLLM plugin's own series.
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "A"),
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "B"),
+    # ... and so is what GrowPage costs vLLM's step (test_vllm_engine scrapes both sides)
+    (_TROUBLESHOOTING, "GrowPage's own share of vLLM's step time (vLLM home)", "A"),
+    (_TROUBLESHOOTING, "GrowPage's own share of vLLM's step time (vLLM home)", "B"),
     # growpage_agent_active is reported by the vLLM plugin's components, not by the reference engine.
     (_TROUBLESHOOTING, "Agent components active", "A"),
     # The router's load and the KV headroom are exported by the vLLM plugin's scheduler agent (its

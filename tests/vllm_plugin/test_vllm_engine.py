@@ -122,7 +122,7 @@ def test_metrics_are_served_before_the_first_request_in_every_mode(vllm_runs):
     assert sum(samples(after, "growpage_decisions_total").values()) == 0
 
 
-def test_grants_are_timed_where_vllm_allocates_and_observation_is_counted(runs):
+def test_grants_are_timed_where_vllm_allocates_and_observation_is_counted_with_its_cost(runs):
     metrics = runs["monitor"]["metrics"]
     latency_sum = sum(samples(metrics, "growpage_page_allocation_latency_seconds_sum").values())
     latency_count = sum(samples(metrics, "growpage_page_allocation_latency_seconds_count").values())
@@ -133,6 +133,13 @@ def test_grants_are_timed_where_vllm_allocates_and_observation_is_counted(runs):
     tracked = sum(samples(metrics, "growpage_vllm_tracked_requests_total").values())
     seen = sum(samples(metrics, "growpage_vllm_observed_requests_total").values())
     assert tracked >= len(rows(runs["monitor"], "A")) and seen == tracked  # every finished request was observed
+    # what observing cost: GrowPage's own seconds on each side, a part of the vLLM calls they ran in
+    own = samples(metrics, "growpage_vllm_own_seconds_total")
+    hooked = samples(metrics, "growpage_vllm_step_seconds_total")
+    for side in ("scheduler", "worker"):
+        mine = [value for key, value in own.items() if f'side="{side}"' in key]
+        steps_s = [value for key, value in hooked.items() if f'side="{side}"' in key]
+        assert len(mine) == len(steps_s) == 1 and 0 < mine[0] < steps_s[0], (side, own, hooked)
 
 
 def test_an_fp8_kv_cache_reports_observation_unsupported_and_serves(vllm_runs):

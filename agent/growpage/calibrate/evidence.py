@@ -131,20 +131,25 @@ def evidence_from_expositions(expositions: Sequence[Exposition], source: Mapping
             request_tokens=histogram_increase(agent, catalog.REQUEST_TOKENS.name, of_model),
             lts_by_namespace=by_namespace, block_sizes=block_sizes(infos), mode=agreed(infos, "mode"),
             forecast=forecast_evidence({spec.name: counter_increase(agent, spec.name, of_model)
-                                        for spec in FORECAST_COUNTERS}))
+                                        for spec in (*FORECAST_COUNTERS, *COST_COUNTERS)}))
     return Evidence(source=dict(source), window=window, models=found)
 
 
-# The forecast's counters calibrate reads (growpage.calibrate.rollout), in ForecastEvidence's field order.
+# The forecast's counters calibrate reads (growpage.calibrate.rollout), in ForecastEvidence's field order,
+# then what monitor itself cost vLLM meanwhile (own seconds over the hooked calls' seconds, both sides).
 FORECAST_COUNTERS = (catalog.FORECAST_PAGES_FREED, catalog.FORECAST_COMPACTIONS, catalog.FORECAST_PREEMPTIONS,
                      catalog.FORECAST_PREEMPTIONS_AVOIDABLE, catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION)
+COST_COUNTERS = (catalog.VLLM_OWN_SECONDS, catalog.VLLM_STEP_SECONDS)
 
 
 def forecast_evidence(increases: Mapping[str, float | None]) -> ForecastEvidence | None:
-    """The forecast's counter increases by series name (None: absent) as evidence; None when none is present."""
+    """The forecast's counter increases by series name (None: absent) as evidence, with GrowPage's own
+    share of vLLM's step time where its cost counters are present; None when no forecast counter is."""
     if all(increases.get(spec.name) is None for spec in FORECAST_COUNTERS):
         return None
-    return ForecastEvidence(*(float(increases.get(spec.name) or 0.0) for spec in FORECAST_COUNTERS))
+    own, hooked = (increases.get(spec.name) for spec in COST_COUNTERS)
+    forecast = ForecastEvidence(*(float(increases.get(spec.name) or 0.0) for spec in FORECAST_COUNTERS))
+    return dataclasses.replace(forecast, own_share=own / hooked if own is not None and hooked else None)
 
 
 def _newest_build_infos(agent: Sequence[Exposition], model: str) -> list[Mapping[str, str]]:

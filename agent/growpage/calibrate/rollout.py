@@ -14,6 +14,10 @@ rollout: does enforce buy anything here?
   compaction costs fidelity, so enforcing buys nothing measured yet;
 * **stay in monitor** when it would do nothing at all: memory is not the constraint here;
 * **no forecast** when the window has none (GrowPage older than the forecast, or not in monitor).
+
+Each reason also says what monitor itself cost vLLM over the window (``growpage_vllm_own_seconds_total``
+over ``growpage_vllm_step_seconds_total``): a floor of what enforce will cost, to weigh against the
+preemptions. It does not change the verdict: a preemption's recompute time is not measured here.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class ForecastEvidence:
     preemptions: float
     preemptions_avoidable: float
     preemptions_avoidable_by_admission: float = 0.0  # growth-aware admission's, whatever the setting
+    # GrowPage's own seconds over the seconds of the vLLM calls it hooks, in monitor (None: not exported)
+    own_share: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,24 +63,34 @@ def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
         return Rollout(NO_FORECAST, f"no forecast of enforce ({where}): run monitor (mode: monitor) under real "
                                     "traffic for a window, then calibrate again")
     admission = _admission_advice(forecast)
+    cost = _cost(forecast)
     if forecast.preemptions_avoidable >= 1:
         share = forecast.preemptions_avoidable / max(forecast.preemptions, 1.0)
         return Rollout(ENFORCE, f"enforce would have avoided {forecast.preemptions_avoidable:g} of vLLM's "
                                 f"{forecast.preemptions:g} preemptions ({share:.0%}) and freed "
                                 f"{forecast.pages_freed:g} KV pages; enforce the namespaces that preempt first "
                                 "(enforce_namespaces) and compare the answers' quality before widening"
-                                + (admission[0] if admission else ""), forecast, admission[1] if admission else {})
+                                + (admission[0] if admission else "") + cost, forecast,
+                       admission[1] if admission else {})
     if admission:
         return Rollout(ENFORCE, f"enforce's compression would have avoided none of vLLM's {forecast.preemptions:g} "
-                                "preemptions" + admission[0], forecast, admission[1])
+                                "preemptions" + admission[0] + cost, forecast, admission[1])
     if forecast.pages_freed > 0:
         return Rollout(STAY_IN_MONITOR, f"enforce would have freed {forecast.pages_freed:g} KV pages "
                                         f"({forecast.compactions:g} compactions) but avoided no preemption "
                                         f"(vLLM preempted {forecast.preemptions:g} times): the room buys "
                                         "throughput only if vLLM admits more requests into it (raise "
-                                        "max_num_seqs), and every compaction costs fidelity", forecast)
+                                        "max_num_seqs), and every compaction costs fidelity" + cost, forecast)
     return Rollout(STAY_IN_MONITOR, "enforce would have compressed nothing and avoided no preemption in the "
-                                    "window: KV memory is not what limits this deployment", forecast)
+                                    "window: KV memory is not what limits this deployment" + cost, forecast)
+
+
+def _cost(forecast: ForecastEvidence) -> str:
+    """What monitor itself cost vLLM over the window, as a clause of the reason ("" where not exported)."""
+    if forecast.own_share is None:
+        return ""
+    return (f"; meanwhile GrowPage's own code took {forecast.own_share:.1%} of vLLM's step time in monitor "
+            "(enforce observes as much and adds its compactions; weigh it against the preemptions)")
 
 
 def _admission_advice(forecast: ForecastEvidence) -> tuple[str, dict[str, str]] | None:

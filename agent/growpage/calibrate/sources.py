@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from growpage import catalog
 from growpage.calibrate.evidence import (
+    COST_COUNTERS,
     DISTRIBUTIONS,
     FORECAST_COUNTERS,
     NAMESPACE_LABEL,
@@ -131,7 +132,7 @@ def from_prometheus(base_url: str, since_s: float, at_s: float | None = None, na
         buckets = {spec.name: query(f"sum by ({by}, le) (increase({spec.name}_bucket{selector}[{window_s}s]))")
                    for spec in DISTRIBUTIONS}
         forecasts = {spec.name: query(f"sum by ({catalog.MODEL_LABEL}) (increase({spec.name}{selector}[{window_s}s]))")
-                     for spec in FORECAST_COUNTERS}
+                     for spec in (*FORECAST_COUNTERS, *COST_COUNTERS)}
         infos = query(f"max by ({catalog.MODEL_LABEL}, block_size, mode) "
                       f"(last_over_time({catalog.BUILD_INFO.name}{selector}[{window_s}s]))")
     models = sorted({labels.get(catalog.MODEL_LABEL, "") for rows in buckets.values() for labels, _ in rows}

@@ -236,6 +236,10 @@ class Scope:
     # The vLLM home's engine steps with a tracked request, and of them those observed (increases).
     tracked_steps: float | None = None
     observed_steps: float | None = None
+    # What GrowPage cost vLLM (increases, both sides summed): its own code's seconds, and the seconds of
+    # the vLLM calls it hooks, its own part included.
+    own_seconds: float | None = None
+    hooked_seconds: float | None = None
     vllm_kv_cache_usage_max: float | None = None
     vllm_queue_growth: float | None = None  # waiting requests at the end minus at the start
     # Each replica's lowest growpage_router_load in the window, by pod ("" where the series has no pod

@@ -107,6 +107,8 @@ def build_scope(name: str, agent: Sequence[Exposition], dcgm: Sequence[Expositio
         vllm_preemptions=counter_increase(agent, catalog.VLLM_PREEMPTIONS, keep),
         tracked_steps=counter_increase(agent, catalog.VLLM_STEPS.name, keep),
         observed_steps=counter_increase(agent, catalog.VLLM_OBSERVED_STEPS.name, keep),
+        own_seconds=counter_increase(agent, catalog.VLLM_OWN_SECONDS.name, keep),
+        hooked_seconds=counter_increase(agent, catalog.VLLM_STEP_SECONDS.name, keep),
         vllm_kv_cache_usage_max=_gauge_max(agent, catalog.VLLM_KV_CACHE_USAGE, keep),
         vllm_queue_growth=_growth(agent, catalog.VLLM_REQUESTS_WAITING, keep),
         router_load_min_by_pod=_min_by_pod(agent, catalog.ROUTER_LOAD.name, keep),

@@ -53,6 +53,7 @@ PANEL_VLLM_PREEMPTIONS = "vLLM preemptions per second"
 PANEL_VLLM_BURN_RATE = "vLLM latency SLO burn rate"
 PANEL_FLEET_LOAD = "Router load per replica (GET /get_load)"  # on GrowPage / Fleet
 PANEL_OBSERVED_SHARE = "Share of steps and requests observed (vLLM home)"
+PANEL_OWN_SHARE = "GrowPage's own share of vLLM's step time (vLLM home)"
 
 
 def in_modes(expr: str, modes: tuple[str, ...], on: str, homes: tuple[str, ...] = ()) -> str:

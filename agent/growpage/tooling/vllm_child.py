@@ -159,6 +159,7 @@ def run_variant(llm: Any, spec: dict, prompts: list[str], latencies: list[float]
         "pages_freed": freed.stop() if freed is not None else 0,
         "forecast": {key: after["forecast"][key] - before["forecast"].get(key, 0) for key in after["forecast"]},
         "admission": _admission_delta(before["admission"], after["admission"]),
+        "own_time": _own_time_delta(before, after, elapsed),
         "outputs": {rid.rsplit("-", 1)[1]: tokens for rid, tokens in run.outputs.items()},
         "logprobs": {rid.rsplit("-", 1)[1]: values for rid, values in run.logprobs.items() if values},
         **({"decision_trace": trace.stop()} if trace is not None else {}),
@@ -173,6 +174,19 @@ def _admission_delta(before: dict | None, after: dict | None) -> dict | None:
     looked = after["lookahead_steps"] - before["lookahead_steps"]
     return {"policy": after["policy"], "lookahead_share": round(looked / steps, 3) if steps else None,
             "step_costs": after["step_costs"]}
+
+
+def _own_time_delta(before: dict, after: dict, elapsed_s: float) -> dict | None:
+    """This run's seconds of GrowPage's own code and of the vLLM calls it hooks, by side, and its
+    share of both those calls and the run's wall time (None for vLLM alone)."""
+    if not after["own_seconds"]:
+        return None
+    own = {side: after["own_seconds"][side] - before["own_seconds"].get(side, 0.0) for side in after["own_seconds"]}
+    step = {side: after["step_seconds"][side] - before["step_seconds"].get(side, 0.0) for side in after["step_seconds"]}
+    return {"own_s": {side: round(value, 4) for side, value in own.items()},
+            "step_s": {side: round(value, 4) for side, value in step.items()},
+            "share_of_steps": round(sum(own.values()) / sum(step.values()), 4) if sum(step.values()) else None,
+            "share_of_run": round(sum(own.values()) / elapsed_s, 4) if elapsed_s else None}
 
 
 class _Run:
@@ -215,7 +229,8 @@ def _counters(scheduler: Any) -> dict:
     monitor would decide, what enforce decided) and compressed bytes."""
     agent = existing_agent(scheduler)
     if agent is None:
-        return {"decisions": {}, "bytes_in": 0, "bytes_out": 0, "forecast": {}, "admission": None}
+        return {"decisions": {}, "bytes_in": 0, "bytes_out": 0, "forecast": {}, "admission": None,
+                "own_seconds": {}, "step_seconds": {}}
     stats = agent.stats
     forecast = dataclasses.asdict(agent.forecast.totals()) if agent.forecast is not None else {}
     gate = agent.admission
@@ -225,7 +240,8 @@ def _counters(scheduler: Any) -> dict:
         "policy": gate.policy, "steps": gate.steps, "lookahead_steps": gate.lookahead_steps,
         "step_costs": dataclasses.asdict(costs) if costs is not None else None}
     return {"decisions": dict(stats.decisions_total), "bytes_in": stats.compress_input_bytes_total,
-            "bytes_out": stats.compress_output_bytes_total, "forecast": forecast, "admission": admission}
+            "bytes_out": stats.compress_output_bytes_total, "forecast": forecast, "admission": admission,
+            "own_seconds": agent.observed.own_seconds(), "step_seconds": agent.observed.step_seconds()}
 
 
 class _DecisionListener:

@@ -15,6 +15,7 @@ worker side share only ``wire``)::
     resolve.py       the settings as vLLM's processes read them: never raising (invalid_config)
     support.py       what a deployment needs to observe and enforce (graph mode, runner, parallelism)
     wire.py          what crosses between scheduler and workers (payloads, reports, attribute names)
+    own_time.py      what GrowPage costs vLLM: its own seconds against the vLLM calls it hooks, per side
     -- scheduler side (EngineCore) --
     startup.py          the exporter from process start (before the model loads), handed to the agent
     scheduler_agent.py  lifecycle, grants, monitored boundaries, pool gauges, telemetry from start-up
@@ -22,7 +23,7 @@ worker side share only ``wire``)::
                         boundary decisions, freeing blocks, compaction plans
     scheduler_hooks.py  wraps Scheduler/KVCacheManager methods for the agent
     trace_join.py       GrowPage's spans as children of vLLM's llm_request span (both sides derive its id)
-    metrics.py          series only the vLLM home has (degraded decisions, observed steps)
+    metrics.py          series only the vLLM home has (degraded decisions, observed steps, own time)
     -- worker side --
     keys.py          any backend's paged KV layout, probed; reading keys, moving tokens in capped chunks
     scoring.py       the observed queries against the cached keys, in bounded chunks

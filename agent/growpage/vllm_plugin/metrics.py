@@ -38,6 +38,10 @@ class ObservedWorkTotals(Protocol):
     @property
     def requests_observed(self) -> int: ...
 
+    def own_seconds(self) -> dict[str, float]: ...
+
+    def step_seconds(self) -> dict[str, float]: ...
+
 
 class AgentCounts(Protocol):
     """The scheduler agent as these collectors read it (a Protocol, not the class: the agent
@@ -94,7 +98,8 @@ class ObservationCollector:
     ``growpage_vllm_observed_requests_total`` (those observed at least once). The ratios are the
     shares of steps and of requests observed: below 1 under full CUDA graphs (decode steps replay
     without Python; a request decoded entirely in replayed steps is never observed) or with
-    ``observe_every_steps`` > 1."""
+    ``observe_every_steps`` > 1. And what the observing costs: ``growpage_vllm_own_seconds_total``
+    against ``growpage_vllm_step_seconds_total``, by side."""
 
     def __init__(self, agent: AgentCounts, model: str):
         self._agent = agent
@@ -108,15 +113,20 @@ class ObservationCollector:
             CounterMetricFamily(_family(spec), spec.help, labels=(catalog.MODEL_LABEL,))
             for spec in (catalog.VLLM_STEPS, catalog.VLLM_OBSERVED_STEPS, catalog.VLLM_TRACKED_REQUESTS,
                          catalog.VLLM_OBSERVED_REQUESTS))
+        own, step = (CounterMetricFamily(_family(spec), spec.help, labels=(catalog.MODEL_LABEL, *spec.labels))
+                     for spec in (catalog.VLLM_OWN_SECONDS, catalog.VLLM_STEP_SECONDS))
         try:
             work = self._agent.observed
             steps.add_metric((self._model,), float(work.steps))
             observed.add_metric((self._model,), float(work.steps_observed))
             requests.add_metric((self._model,), float(work.requests))
             observed_requests.add_metric((self._model,), float(work.requests_observed))
+            for family, seconds in ((own, work.own_seconds()), (step, work.step_seconds())):
+                for side, value in sorted(seconds.items()):
+                    family.add_metric((self._model, side), value)
         except Exception:  # a scrape never raises
             self._agent.stats.record_error("plugin")
-        yield from (steps, observed, requests, observed_requests)
+        yield from (steps, observed, requests, observed_requests, own, step)
 
 
 class StartupCollector:

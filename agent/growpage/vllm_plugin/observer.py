@@ -60,6 +60,7 @@ from growpage.vllm_plugin import scoring
 from growpage.vllm_plugin.compaction import TokenScores
 from growpage.vllm_plugin.compactor import WorkerCompactor
 from growpage.vllm_plugin.keep_board import KeepBoard
+from growpage.vllm_plugin.own_time import OwnTime
 from growpage.vllm_plugin.settings import MODE_ARG, PluginSettings, request_namespace
 from growpage.vllm_plugin.skipped_queries import SkippedQueries, TakenQuery
 from growpage.vllm_plugin.support import ACTIVE
@@ -375,6 +376,7 @@ class VllmObserver:
         self.faults = FaultGuard(self._count_fault, logger,
                                  suffix="vLLM carries on unchanged; further faults are counted in "
                                         "growpage_agent_errors_total, not logged")
+        self.own_time = OwnTime()  # what GrowPage costs this worker's steps (reported to the scheduler)
         self.summaries = SummaryBank(config, max_requests)
         self.requests = WorkerRequests(max_requests)
         self.runner: object = None  # vLLM's model runner of this step (its batch is read once per step)
@@ -437,8 +439,10 @@ class VllmObserver:
 
     def guarded(self, what: str, function: Callable[_Params, _Result], *args: _Params.args,
                 **kwargs: _Params.kwargs) -> _Result | None:
-        """Run ``function``; a fault is counted, logged once, never raised (vLLM carries on)."""
-        return self.faults.call(PLUGIN_COMPONENT, f"{what} failed in the worker", function, *args, **kwargs)
+        """Run ``function``, timed as GrowPage's own work; a fault is counted, logged once, never raised
+        (vLLM carries on)."""
+        with self.own_time.own():
+            return self.faults.call(PLUGIN_COMPONENT, f"{what} failed in the worker", function, *args, **kwargs)
 
     # ---- request lifecycle (worker hook) ------------------------------------------------------------
     def begin_step(self, runner: object, scheduler_output: object) -> None:
@@ -515,8 +519,10 @@ class VllmObserver:
         self._collect_readings()
         readings, needs = self.requests.take_pending()
         steps, observed, errors = self.counts.since_report()
+        own_seconds, step_seconds = self.own_time.since_report()
         return WorkerReport(readings=readings, ready_to_compact=self.ready_to_compact, observer_state=self.state,
-                            errors=errors, steps=steps, steps_observed=observed, attention_tokens=needs)
+                            errors=errors, steps=steps, steps_observed=observed, attention_tokens=needs,
+                            own_seconds=own_seconds, step_seconds=step_seconds)
 
     def _admit(self, new: NewRequestData) -> None:
         if new.req_id in self.requests:

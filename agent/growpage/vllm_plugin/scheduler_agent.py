@@ -46,6 +46,7 @@ from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
 from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, WaitingRequest, step_requests
 from growpage.vllm_plugin.headroom import HeadroomCollector, idle_headroom, read_headroom
 from growpage.vllm_plugin.metrics import DegradedDecisionsCollector, ObservationCollector
+from growpage.vllm_plugin.own_time import SCHEDULER_SIDE, WORKER_SIDE, OwnTime
 from growpage.vllm_plugin.rank_faults import RankFaultReader
 from growpage.vllm_plugin.scheduler_requests import SchedulerEnforcer, SchedulerRequests
 from growpage.vllm_plugin.settings import PluginSettings, honours
@@ -91,12 +92,25 @@ class SchedulerView:
 @dataclasses.dataclass
 class ObservedWork:
     """Totals of the work the workers saw: engine steps with a tracked request, and those observed;
-    finished requests GrowPage tracked, and those observed at least once."""
+    finished requests GrowPage tracked, and those observed at least once; the seconds of GrowPage's
+    own work and of the steps it hooks, by side (the scheduler's read live from its meter, the
+    worker's as its reports bring them)."""
 
     steps: int = 0
     steps_observed: int = 0
     requests: int = 0
     requests_observed: int = 0
+    scheduler_time: OwnTime = dataclasses.field(default_factory=OwnTime)
+    worker_own_seconds: float = 0.0
+    worker_step_seconds: float = 0.0
+
+    def own_seconds(self) -> dict[str, float]:
+        """GrowPage's own seconds by side (``growpage_vllm_own_seconds_total``)."""
+        return {SCHEDULER_SIDE: self.scheduler_time.own_seconds, WORKER_SIDE: self.worker_own_seconds}
+
+    def step_seconds(self) -> dict[str, float]:
+        """The hooked vLLM calls' seconds by side (``growpage_vllm_step_seconds_total``)."""
+        return {SCHEDULER_SIDE: self.scheduler_time.step_seconds, WORKER_SIDE: self.worker_step_seconds}
 
 
 class SchedulerAgent:
@@ -182,9 +196,11 @@ class SchedulerAgent:
 
     def guarded(self, what: str, function: Callable[_Params, _Result], *args: _Params.args,
                 **kwargs: _Params.kwargs) -> _Result | None:
-        """Run ``function``; a fault is counted (``component="plugin"``), logged once, never raised."""
-        return self.controller.faults.call(PLUGIN_COMPONENT, f"{what} failed in the scheduler; vLLM carries on",
-                                           function, *args, **kwargs)
+        """Run ``function``, timed as GrowPage's own work; a fault is counted (``component="plugin"``),
+        logged once, never raised."""
+        with self.observed.scheduler_time.own():
+            return self.controller.faults.call(PLUGIN_COMPONENT, f"{what} failed in the scheduler; vLLM carries on",
+                                               function, *args, **kwargs)
 
     # ---- the scheduler's step -------------------------------------------------------------------
     def before_schedule(self, scheduler: Scheduler) -> None:
@@ -328,6 +344,8 @@ class SchedulerAgent:
             self.stats.record_error(PLUGIN_COMPONENT)
         self.observed.steps += report.steps
         self.observed.steps_observed += report.steps_observed
+        self.observed.worker_own_seconds += report.own_seconds
+        self.observed.worker_step_seconds += report.step_seconds
         if self.enforcer is not None:
             self.enforcer.on_worker_ready(report.ready_to_compact)
             self.stats.set_component_state("enforcer", ACTIVE if report.ready_to_compact else "waiting_for_worker")

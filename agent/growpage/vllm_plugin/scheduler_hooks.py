@@ -174,10 +174,11 @@ def _wrap_schedule(original: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(original)
     def schedule(self: Scheduler, *args: object, **kwargs: object) -> object:
         agent = agent_of(self)
-        if agent is not None:
+        if agent is None:
+            return original(self, *args, **kwargs)
+        with agent.observed.scheduler_time.step():
             agent.guarded("boundary decisions", agent.before_schedule, self)
-        output = original(self, *args, **kwargs)
-        if agent is not None:
+            output = original(self, *args, **kwargs)
             agent.guarded("step accounting", agent.after_schedule, self, output)
         return output
 
@@ -243,10 +244,11 @@ def _wrap_update(original: Callable[..., object]) -> Callable[..., object]:
     def update_from_output(self: Scheduler, scheduler_output: object, model_runner_output: object, *args: object,
                            **kwargs: object) -> object:
         agent = agent_of(self)
-        if agent is not None:
+        if agent is None:
+            return original(self, scheduler_output, model_runner_output, *args, **kwargs)
+        with agent.observed.scheduler_time.step():
             agent.guarded("worker report", agent.on_output, model_runner_output, scheduler_output)
-        result = original(self, scheduler_output, model_runner_output, *args, **kwargs)
-        if agent is not None:
+            result = original(self, scheduler_output, model_runner_output, *args, **kwargs)
             agent.guarded("idle poll", agent.after_output, self)
         return result
 

@@ -89,6 +89,9 @@ class WorkerReport:
             ``observe_every_steps``, leaves steps unobserved).
         attention_tokens: ``{request_id: tokens}`` each enforced request's observed attention
             needs (only with ``attention_coverage`` > 0 and GrowPage's methods), sent with its readings.
+        own_seconds: seconds of GrowPage's own work in the worker (``growpage_vllm_own_seconds_total``).
+        step_seconds: seconds of the worker's steps GrowPage hooks, its own part included
+            (``growpage_vllm_step_seconds_total``).
     """
 
     readings: dict[str, tuple[float, float]]
@@ -98,6 +101,8 @@ class WorkerReport:
     steps: int = 0
     steps_observed: int = 0
     attention_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+    own_seconds: float = 0.0
+    step_seconds: float = 0.0
 
 
 def enforce_log_path() -> str | None:

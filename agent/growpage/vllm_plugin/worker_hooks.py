@@ -234,14 +234,15 @@ def _wrap_execute(original: Callable[..., object]) -> Callable[..., object]:
         observer = current_observer()
         if observer is None and not observer_built():
             observer = _adopt_unobserved_worker(runner)
-        if observer is not None:
+        if observer is None:
+            return original(self, scheduler_output, *args, **kwargs)
+        with observer.own_time.step():
             observer.guarded("step start", observer.begin_step, runner, scheduler_output)
             if observer.compactor is not None:
                 observer.guarded("compaction", observer.begin_compaction, runner, scheduler_output)
-        try:
-            return original(self, scheduler_output, *args, **kwargs)
-        finally:
-            if observer is not None:
+            try:
+                return original(self, scheduler_output, *args, **kwargs)
+            finally:
                 observer.guarded("step end", observer.end_step)
 
     return execute_model
@@ -250,9 +251,11 @@ def _wrap_execute(original: Callable[..., object]) -> Callable[..., object]:
 def _wrap_sample(original: Callable[..., StepOutput]) -> Callable[..., StepOutput]:
     @functools.wraps(original)
     def sample_tokens(self: object, *args: object, **kwargs: object) -> StepOutput:
-        output = original(self, *args, **kwargs)
         observer = current_observer()
-        if observer is not None:
+        if observer is None:
+            return original(self, *args, **kwargs)
+        with observer.own_time.step():
+            output = original(self, *args, **kwargs)
             observer.guarded("report", lambda: attach_report(output, observer.take_report()))
         return output
 

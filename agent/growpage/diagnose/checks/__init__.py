@@ -14,7 +14,7 @@ import dataclasses
 
 from growpage import catalog
 from growpage.diagnose.checks import advice
-from growpage.diagnose.checks.base import Check, Thresholds
+from growpage.diagnose.checks.base import Check, Thresholds, pct
 from growpage.diagnose.checks.health import agent_health
 from growpage.diagnose.checks.latency import allocation_latency
 from growpage.diagnose.checks.oom import oom_fragmentation
@@ -44,7 +44,8 @@ CHECKS: tuple[Check, ...] = (
           lambda t: "No preemption or OOM from stranded pages; no fragmentation while pages run short",
           oom_fragmentation),
     Check("rollout", lambda t: "Rollout: mode, phase-2 candidates, throttling", rollout),
-    Check("agent-health", lambda t: "Agent healthy: no faults, build info, scraped", agent_health),
+    Check("agent-health", lambda t: f"Agent healthy: no faults, build info, scraped, its own cost "
+                                    f"<= {pct(t.checklist.own_share_high)} of vLLM's step", agent_health),
 )
 assert {check.id for check in CHECKS} == set(catalog.CHECK_RUNBOOKS), "every check needs a runbook page"
 assert set(catalog.CHECK_BY_ALERT.values()) <= set(catalog.CHECK_RUNBOOKS), "every alert needs a check"

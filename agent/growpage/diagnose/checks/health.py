@@ -1,9 +1,10 @@
-"""Checklist step 6: the agent itself: caught faults, build info, and whether it is being read."""
+"""Checklist step 6: the agent itself: caught faults, build info, whether it is being read, and what it
+costs vLLM (its own code's share of the vLLM calls it hooks, inside vLLM)."""
 
 from __future__ import annotations
 
 from growpage import catalog
-from growpage.diagnose.checks.base import Thresholds, evidence
+from growpage.diagnose.checks.base import Thresholds, evidence, pct
 from growpage.diagnose.findings import ScopeFinding, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
 
@@ -14,7 +15,9 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     total = sum(errors.values())
     build = [info.to_dict() for info in scope.build_infos]
     inactive = scope.inactive_components or {}
+    own_share = _own_share(scope)
     proof = evidence(metric, total, 0, window, errors_by_component=errors, build_info=build,
+                     own_share_of_vllm_steps=own_share, own_share_high=t.checklist.own_share_high,
                      response_time_s=scope.response_time_s, sample_age_s=scope.sample_age_s,
                      targets_total=scope.targets_total, targets_down=scope.targets_down,
                      vllm_targets_up=scope.vllm_targets_up,
@@ -37,6 +40,12 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     if scope.sample_age_s is not None and scope.sample_age_s > t.diagnose.scrape_stale_s:
         problems.append(f"newest sample {scope.sample_age_s:,.0f}s old")
         steps.append(f"The agent stopped being scraped: check Prometheus' targets page (job {catalog.SCRAPE_JOB}).")
+    if own_share is not None and own_share > t.checklist.own_share_high:
+        problems.append(f"GrowPage's own code took {pct(own_share)} of the vLLM calls it hooks "
+                        f"(> {pct(t.checklist.own_share_high)})")
+        steps.append("Observe less: raise observe_every_steps, or lower observed_layers, observed_heads or "
+                     "observe_max_requests; where calibrate's forecast shows no preemption avoided, the cost buys "
+                     "nothing: keep monitor's sampling or roll back to off.")
     if scope.non_finite:
         problems.append(f"NaN/Inf values read as unknown: {', '.join(scope.non_finite)}")
         steps.append("The agent exported NaN or Inf: the checks that need those metrics say unknown; "
@@ -51,6 +60,13 @@ def agent_health(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     elif scope.sample_age_s is not None:
         reading = f"; newest sample {scope.sample_age_s:,.0f}s old"
     return ScopeFinding(Status.OK, f"no caught faults; build info present{reading}", proof)
+
+
+def _own_share(scope: Scope) -> float | None:
+    """GrowPage's own seconds over the seconds of the vLLM calls it hooks (None: not inside vLLM, or idle)."""
+    if scope.own_seconds is None or not scope.hooked_seconds:
+        return None
+    return scope.own_seconds / scope.hooked_seconds
 
 
 def _component_problems(scope: Scope, alerts: list[str], problems: list[str], steps: list[str]) -> None:

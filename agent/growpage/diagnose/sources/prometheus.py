@@ -257,7 +257,8 @@ def _growpage_templates(q: _Queries) -> _Templates:
     for field, name in (("compress_input_bytes", c.COMPRESS_INPUT_BYTES.name),
                         ("compress_output_bytes", c.COMPRESS_OUTPUT_BYTES.name),
                         ("page_allocations", c.ALLOCATIONS.name), ("oom_events", c.OOM_EVENTS.name),
-                        ("tracked_steps", c.VLLM_STEPS.name), ("observed_steps", c.VLLM_OBSERVED_STEPS.name)):
+                        ("tracked_steps", c.VLLM_STEPS.name), ("observed_steps", c.VLLM_OBSERVED_STEPS.name),
+                        ("own_seconds", c.VLLM_OWN_SECONDS.name), ("hooked_seconds", c.VLLM_STEP_SECONDS.name)):
         templates[(field,)] = (increase(name), ())
     templates[("decisions",)] = (increase(c.DECISIONS.name), ("decision",))
     templates[("agent_errors",)] = (increase(c.AGENT_ERRORS.name), ("component",))
@@ -417,6 +418,8 @@ def _scope(name: str, found: _Rows) -> Scope:
         vllm_preemptions=one(("vllm_preemptions",)),
         tracked_steps=one(("tracked_steps",)),
         observed_steps=one(("observed_steps",)),
+        own_seconds=one(("own_seconds",)),
+        hooked_seconds=one(("hooked_seconds",)),
         vllm_kv_cache_usage_max=one(("vllm_kv_cache_usage_max",)),
         vllm_queue_growth=one(("vllm_queue_growth",)),
         router_load_min_by_pod=by_label(("router_load_min_by_pod",), "pod"),

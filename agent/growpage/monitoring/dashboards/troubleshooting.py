@@ -30,6 +30,7 @@ from growpage.monitoring.promql import selector
 UID = "growpage-troubleshooting"
 PANEL_VLLM_QUEUE_E2E = "vLLM queue time / end-to-end latency p99"
 PANEL_OBSERVED_SHARE = alerts.PANEL_OBSERVED_SHARE
+PANEL_OWN_SHARE = alerts.PANEL_OWN_SHARE
 TITLE = TROUBLESHOOTING_DASHBOARD
 _POD_LEGEND = "{{namespace}}/{{pod}}"
 _BLOCK_SIZES = ", ".join(f"{gpu} -> {size}" for gpu, size in catalog.RECOMMENDED_BLOCK_SIZE_BY_GPU.items())
@@ -263,6 +264,21 @@ def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
                                  f"[{RATE}]))\n/\nsum by (namespace, pod) "
                                  f"(rate({metric(catalog.VLLM_TRACKED_REQUESTS.name)}[{RATE}]))",
                                  f"requests {_POD_LEGEND}")), RATIO_UNIT), 12),
+        Cell(timeseries(PANEL_OWN_SHARE,
+                        "Inside vLLM: seconds of GrowPage's own code (observation, compaction, decisions, "
+                        "forecast) over the seconds of the vLLM calls it hooks, per side and in all: what "
+                        "GrowPage costs each step, to weigh against the preemptions it avoids. A few percent at "
+                        "the shipped sampling; above the line `gpctl diagnose` warns (observe less). Host "
+                        "time: on a GPU its kernels run asynchronously and are not in it. "
+                        + _runbooks_for(PANEL_OWN_SHARE, "GrowPageAgentErrors"),
+                        targets((f"sum by (namespace, pod, side) (rate({metric(catalog.VLLM_OWN_SECONDS.name)}"
+                                 f"[{RATE}]))\n/\nsum by (namespace, pod, side) "
+                                 f"(rate({metric(catalog.VLLM_STEP_SECONDS.name)}[{RATE}]))",
+                                 "{{side}} " + _POD_LEGEND),
+                                (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OWN_SECONDS.name)}[{RATE}]))"
+                                 f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEP_SECONDS.name)}"
+                                 f"[{RATE}]))", f"all {_POD_LEGEND}")), RATIO_UNIT,
+                        steps("green", (t.checklist.own_share_high, "orange"))), 12),
         Cell(load_panel(t), 12),  # a fleet behind vLLM's router: GrowPage / Fleet has the rest
     ]
 
