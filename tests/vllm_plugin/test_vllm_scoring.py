@@ -17,7 +17,7 @@ import torch
 
 from growpage.bench.gpu_checks import CHECKS
 from growpage.core.summaries import summarize_attention
-from growpage.tooling.synthetic import flash_write, layer_caches
+from growpage.tooling.synthetic import LAYOUT_ORDERS, flash_write, layer_caches
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin import scoring
 from growpage.vllm_plugin.settings import split_settings
@@ -119,6 +119,21 @@ def test_chunks_cover_every_request_once_within_the_cap():
             planned = scoring.chunk_bytes(len(chunk.rows), chunk.length, chunk.blocks_per_gather, **geometry)
             assert planned <= max(cap, single)  # over the cap only when one request and one block exceed it
     assert len(scoring.plan_chunks(lengths, cap_bytes=2 ** 30, **geometry)) == 1
+
+
+@pytest.mark.parametrize("layout_name", list(LAYOUT_ORDERS))
+def test_keys_are_read_row_by_row_as_written_in_every_layout_duplicate_heads_included(layout_name):
+    """Every layout vLLM's backends write is affine, so each (request, head, block) is one copied row
+    (heads outer to blocks too); the keys are the ones written, for each head asked."""
+    layers, rows, layout, dense = _step(layout_name, [40, 20, 7], layers=1)
+    assert layout.key_strides is not None
+    heads = torch.tensor([2, 0, 0])  # a KV head twice: two sampled query heads of one group
+    got = kv_keys.gather_key_blocks(layers[0].cache, rows, heads, layout)
+    assert got.shape == (3, 3, rows.shape[1], BLOCK, HEAD_DIM)
+    for request, keys in enumerate(dense[0]):
+        length = keys.shape[0]
+        read = got[request].reshape(3, -1, HEAD_DIM)[:, :length]  # [heads, tokens, hd]
+        assert torch.equal(read, keys[:, heads].transpose(0, 1)), (layout_name, request)
 
 
 def test_a_packed_layout_is_read_element_by_element_and_gives_the_same_keys():

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -372,6 +373,8 @@ def gather_key_blocks(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads
         return storage[kv_cache.storage_offset():][offsets]
     origin, head_stride, slot_stride, dim_stride = strides
     base = kv_cache.storage_offset() + origin
+    if math.gcd(layout.block_stride, head_stride) > 0:
+        return _gather_head_rows(storage, kv_cache.shape[0], rows, heads, layout, int(base))
     if slot_stride < dim_stride:  # slots are the inner run in storage: gather [.., hd, bs], then permute
         view = torch.as_strided(storage, (kv_cache.shape[0], num_kv_heads, head_dim, block_size),
                                 (layout.block_stride, head_stride, dim_stride, slot_stride), base)
@@ -379,6 +382,30 @@ def gather_key_blocks(kv_cache: torch.Tensor, block_rows: torch.Tensor, kv_heads
     view = torch.as_strided(storage, (kv_cache.shape[0], num_kv_heads, block_size, head_dim),
                             (layout.block_stride, head_stride, slot_stride, dim_stride), base)
     return view[rows[:, None, :], heads[None, :, None]]  # [R, H, M, bs, hd]
+
+
+def _gather_head_rows(storage: torch.Tensor, num_blocks: int, rows: torch.Tensor, heads: torch.Tensor,
+                      layout: BlockLayout, base: int) -> torch.Tensor:
+    """:func:`gather_key_blocks` on an affine layout: the storage viewed as overlapping rows of
+    ``[block_size, head_dim]`` keys, one every ``gcd(block stride, head stride)`` elements, so each
+    (request, head, block) is one row and one ``index_select`` copies them all. Indexing by block
+    and head at once goes element by element instead: 3.5x slower on the CPU build for 6 requests
+    x 8 blocks x 4 sampled heads. Only the heads asked for are read (duplicates included), so the
+    gather stays the size the observation chunks plan."""
+    assert layout.key_strides is not None
+    _, head_stride, slot_stride, dim_stride = layout.key_strides
+    num_kv_heads, block_size, head_dim = layout.key_index.shape
+    unit = math.gcd(layout.block_stride, head_stride)
+    per_block, per_head = layout.block_stride // unit, head_stride // unit
+    # the last row is the last block's last head: every row lies inside the cache
+    num_rows = (num_blocks - 1) * per_block + (num_kv_heads - 1) * per_head + 1
+    index = (rows[:, None, :] * per_block + heads[None, :, None] * per_head).reshape(-1)  # [R * H * M]
+    shape = (rows.shape[0], heads.shape[0], rows.shape[1])
+    if slot_stride < dim_stride:  # slots are the inner run in storage (the vec kernels' K): rows of [hd, bs]
+        head_rows = torch.as_strided(storage, (num_rows, head_dim, block_size), (unit, dim_stride, slot_stride), base)
+        return head_rows.index_select(0, index).view(*shape, head_dim, block_size).transpose(-1, -2)
+    head_rows = torch.as_strided(storage, (num_rows, block_size, head_dim), (unit, slot_stride, dim_stride), base)
+    return head_rows.index_select(0, index).view(*shape, block_size, head_dim)
 
 
 def read_token(kv_cache: torch.Tensor, slot: int, layout: BlockLayout, value: bool = False) -> torch.Tensor:
