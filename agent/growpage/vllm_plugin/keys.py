@@ -601,10 +601,38 @@ def _gather(group: _CacheGroup, src: torch.Tensor) -> list[torch.Tensor]:
     path, elements in :func:`_token_offsets`' order). Reads only."""
     layout = group.layout
     if group.strided:
-        block, heads, offset = _slot_index(src, layout.block_size)
-        return [view[:, block, heads, offset] for view in _strided_views(group)]
+        return [_gather_token_rows(group, src, strides)
+                for strides in (layout.key_strides, layout.value_strides) if strides is not None]
     bases = torch.tensor(group.offsets, dtype=torch.long, device=src.device)
     return [storage_of(group.first)[bases[:, None] + _token_offsets(src, layout).reshape(-1)[None, :]]]
+
+
+def _gather_token_rows(group: _CacheGroup, src: torch.Tensor, strides: tuple[int, int, int, int]) -> torch.Tensor:
+    """K or V of ``src`` in every layer of a strided group, as :func:`_gather` returns them, read as
+    whole ``head_dim`` rows: the storage viewed as overlapping rows one gcd of the layer, block,
+    head and slot strides apart, and one ``index_select`` over every (layer, head, slot). Indexing
+    the strided view by block, head and slot at once goes element by element instead (the key
+    gather's same trade, :func:`_gather_head_rows`)."""
+    layout, cache = group.layout, group.first
+    origin, head_stride, slot_stride, dim_stride = strides
+    num_kv_heads, block_size, head_dim = layout.key_index.shape
+    layers, layer_stride = len(group.offsets), group.layer_stride or 0
+    unit = math.gcd(layer_stride, layout.block_stride, head_stride, slot_stride)
+    per_layer, per_block, per_head, per_slot = (stride // unit for stride in (
+        layer_stride, layout.block_stride, head_stride, slot_stride))
+    # the last row is the last layer's last block's last head's last slot: every row lies inside the cache
+    num_rows = ((layers - 1) * per_layer + (cache.shape[0] - 1) * per_block + (num_kv_heads - 1) * per_head
+                + (block_size - 1) * per_slot + 1)
+    rows = torch.as_strided(storage_of(cache), (num_rows, head_dim), (unit, dim_stride), group.offsets[0] + origin)
+    block, slot = src // block_size, src % block_size
+    layer = torch.arange(layers, device=src.device) * per_layer
+    head = torch.arange(num_kv_heads, device=src.device) * per_head
+    token = block * per_block + slot * per_slot
+    if src.dim() == 1:  # [N] slots, every head: [N, L, H, hd]
+        index = token[:, None, None] + layer[None, :, None] + head[None, None, :]
+    else:  # [H, N] slots, head h its own row: [L, H, N, hd]
+        index = layer[:, None, None] + head[None, :, None] + token[None]
+    return rows.index_select(0, index.reshape(-1)).view(*index.shape, head_dim)
 
 
 def _scatter(group: _CacheGroup, dst: torch.Tensor, gathered: list[torch.Tensor]) -> None:
