@@ -73,26 +73,23 @@ def compare_rounds(rounds: Sequence[tuple[dict, dict]]) -> dict:
         raise ValueError("compare_rounds needs at least one (monitor, enforce) round")
     per_round = [compare(monitor, enforce) for monitor, enforce in rounds]
 
-    def median(metric: str, key: str) -> float:
-        return statistics.median(entry[metric][key] for entry in per_round)
-
     def values(metric: str, key: str) -> list[float]:
         return [entry[metric][key] for entry in per_round]
 
-    freed: dict[str, float | None] = {"forecast": median("pages_freed", "forecast"),
-                                      "enforce": median("pages_freed", "enforce")}
+    def median(metric: str, key: str) -> float:
+        return statistics.median(values(metric, key))
+
+    freed = {side: median("pages_freed", side) for side in ("forecast", "enforce")}
     # enforce's avoided preemptions: the median of each round's (monitor - enforce), as compare() counts them
-    avoided: dict[str, float | None] = {
-        "forecast": median("preemptions_avoided", "forecast"), "enforce": median("preemptions_avoided", "enforce"),
-        "monitor_preemptions": median("preemptions_avoided", "monitor_preemptions"),
-        "enforce_preemptions": median("preemptions_avoided", "enforce_preemptions")}
-    freed["relative_error"] = relative_error(median("pages_freed", "forecast"), median("pages_freed", "enforce"))
-    avoided["relative_error"] = relative_error(median("preemptions_avoided", "forecast"),
-                                               median("preemptions_avoided", "enforce"))
-    return {"pages_freed": freed, "preemptions_avoided": avoided,
+    avoided = {key: median("preemptions_avoided", key)
+               for key in ("forecast", "enforce", "monitor_preemptions", "enforce_preemptions")}
+    freed_error = relative_error(freed["forecast"], freed["enforce"])
+    avoided_error = relative_error(avoided["forecast"], avoided["enforce"])
+    return {"pages_freed": {**freed, "relative_error": freed_error},
+            "preemptions_avoided": {**avoided, "relative_error": avoided_error},
             "compactions": {"forecast": median("compactions", "forecast"),
                             "enforce_evictions": median("compactions", "enforce_evictions")},
-            "within_tolerance": _within(freed["relative_error"]) and _within(avoided["relative_error"]),
+            "within_tolerance": _within(freed_error) and _within(avoided_error),
             "tolerance": FORECAST_TOLERANCE,
             "spread": {f"{metric}_{side}": spread(values(metric, side))
                        for metric in ("pages_freed", "preemptions_avoided") for side in ("forecast", "enforce")},
