@@ -1,9 +1,10 @@
 """Cache writers in the layouts vLLM's backends use, for layout tests that need no engine.
 
 Each writer has the signature of :data:`growpage.vllm_plugin.keys.CacheWrite`. The synthetic ones
-reproduce the CPU ``vec`` layout (K transposed per block and head) and a row-major layout (the
-order GPU backends use within a block); :func:`vllm_cpu_writer` is vLLM's own CPU kernel for one
-ISA (``vec``, ``vec16``, ``amx``), used where vLLM is installed and the ISA runs on this CPU.
+reproduce the CPU ``vec`` layout (K transposed per block and head), the CPU ``amx`` layout (VNNI
+pairs) and a row-major layout (the order GPU backends use within a block); :func:`vllm_cpu_writer`
+is vLLM's own CPU kernel for one ISA (``vec``, ``vec16``, ``amx``), used where vLLM is installed
+and the ISA runs on this CPU.
 """
 
 from __future__ import annotations
@@ -39,6 +40,25 @@ def transposed_write(key, value, cache, slot_mapping) -> None:
 def row_major_write(key, value, cache, slot_mapping) -> None:
     """Per (block, head), K then V, both ``[block_size, head_dim]``."""
     _write(key, value, cache, slot_mapping, keys_transposed=False)
+
+
+def amx_like_write(key, value, cache, slot_mapping) -> None:
+    """The CPU ``amx`` kernels' layout (VNNI pairs), for hosts without AMX: per (block, head), K in
+    tiles of 16 slots, each ``[head_dim / 2, 16, 2]`` (a slot's dims in pairs), then V in tiles of
+    16 dims, each ``[block_size / 2, 16, 2]`` (pairs of slots). Neither is affine in (slot, dim)."""
+    num_blocks, heads, block_size, two_head_dim = cache.shape
+    head_dim = two_head_dim // 2
+    flat = cache.view(num_blocks, heads, block_size * two_head_dim)
+    dims = torch.arange(head_dim)
+    for token, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        block, offset = divmod(slot, block_size)
+        key_at = (offset // 16) * 16 * head_dim + (dims // 2) * 32 + (offset % 16) * 2 + dims % 2
+        value_at = (block_size * head_dim + (dims // 16) * 16 * block_size + (offset // 2) * 32
+                    + (dims % 16) * 2 + offset % 2)
+        flat[block, :, key_at] = key[token]
+        flat[block, :, value_at] = value[token]
 
 
 def lossy_write(key, value, cache, slot_mapping) -> None:

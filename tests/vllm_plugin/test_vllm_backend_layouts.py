@@ -17,6 +17,7 @@ import pytest
 import torch
 from cache_layouts import (
     FLASH_WRITE_SOURCE,
+    amx_like_write,
     available_vllm_isas,
     cuda_flash_write,
     flash_write,
@@ -41,6 +42,7 @@ GPU_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
 # with each of its kernels that runs here; the CUDA backends accept any layout on Hopper/Ampere.
 CASES = [("CPU_ATTN", "LBHNC", vllm_cpu_writer(isa), torch.bfloat16, isa)
          for isa in available_vllm_isas(torch.bfloat16, BLOCK, HEAD_DIM)]
+CASES += [("CPU_ATTN", "LBHNC", amx_like_write, torch.bfloat16, "amx-like")]  # amx's pairs, on any host
 CASES += [(backend, layout, flash_write, dtype, str(dtype).removeprefix("torch."))
           for backend in GPU_BACKENDS for layout in ALL_LAYOUTS for dtype in (torch.float16, torch.bfloat16)]
 IDS = [f"{backend}-{layout}-{tag}" for backend, layout, _, _, tag in CASES]

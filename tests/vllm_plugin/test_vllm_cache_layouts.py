@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cache_layouts import available_vllm_isas, lossy_write, probed, row_major_write, transposed_write, vllm_cpu_writer
+from cache_layouts import (
+    amx_like_write,
+    available_vllm_isas,
+    lossy_write,
+    probed,
+    row_major_write,
+    transposed_write,
+    vllm_cpu_writer,
+)
 
 from growpage.vllm_plugin import keys as kv_keys
 
 BLOCK, HEADS, HEAD_DIM = 32, 3, 64  # the packaged model's geometry (block 32 as the tests run vLLM)
 
-WRITERS = [("vec-layout", transposed_write, torch.float32), ("row-major", row_major_write, torch.float32)]
+WRITERS = [("vec-layout", transposed_write, torch.float32), ("row-major", row_major_write, torch.float32),
+           ("amx-layout", amx_like_write, torch.bfloat16)]
 WRITERS += [(f"vllm-cpu-{isa}", vllm_cpu_writer(isa), torch.bfloat16)
             for isa in available_vllm_isas(torch.bfloat16, BLOCK, HEAD_DIM)]
 
@@ -56,6 +65,31 @@ def test_the_real_cpu_kernels_of_this_machine_are_covered():
         pytest.skip("vLLM is not installed")
     # vec16 always runs on x86; vec whenever the block is a multiple of 32
     assert {"vec", "vec16"} <= set(isas)
+
+
+@pytest.mark.parametrize(("name", "write", "dtype"), WRITERS, ids=[w[0] for w in WRITERS])
+def test_every_layout_a_backend_writes_is_strided_so_reads_and_moves_need_no_offsets(name, write, dtype):
+    """K and V of every layout, amx's VNNI pairs included, are strides (a slot or dim split in two
+    at most), so keys are read and tokens moved through strided views, never element by element."""
+    layout = probed(write, 2, HEADS, BLOCK, HEAD_DIM, dtype)
+    for tiles, index in ((layout.key_tiles, layout.key_index), (layout.value_tiles, layout.value_index)):
+        assert tiles is not None, name
+        assert torch.equal(tiles.offsets(HEADS, BLOCK, HEAD_DIM), index)
+    splits = {(tiles.slot_split, tiles.dim_split) for tiles in (layout.key_tiles, layout.value_tiles)}
+    if name.endswith("amx-layout") or name.endswith("-amx"):
+        assert splits == {(16, 2), (2, 16)}  # K: a slot's dims in pairs; V: slots in pairs
+    else:
+        assert splits == {(1, 1)}  # affine
+
+
+def test_the_amx_emulation_is_the_layout_the_real_amx_kernel_writes():
+    if "amx" not in available_vllm_isas(torch.bfloat16, BLOCK, HEAD_DIM):
+        pytest.skip("vLLM's amx kernel does not run on this CPU (no AMX tiles)")
+    for heads, block, head_dim in ((HEADS, BLOCK, HEAD_DIM), (2, 64, 128)):
+        emulated = probed(amx_like_write, 2, heads, block, head_dim, torch.bfloat16)
+        real = probed(vllm_cpu_writer("amx"), 2, heads, block, head_dim, torch.bfloat16)
+        assert torch.equal(emulated.key_index, real.key_index)
+        assert torch.equal(emulated.value_index, real.value_index)
 
 
 def test_a_layout_that_does_not_round_trip_is_refused():

@@ -53,9 +53,11 @@ def _assert_holds(caches, keys, values, row, layout, kept: torch.Tensor, layers=
             assert torch.equal(stored, expected), f"layer {layer}"
 
 
-def _groups(caches):
-    """The caches as one evenly spaced group (strided views) and as an uneven one (long offsets)."""
-    return {"strided": (list(range(len(caches))), True), "offsets": ([0, 1, 3], False)}
+def _groups(caches, layout):
+    """The caches as one evenly spaced group (strided views where the layout has strides, as every
+    layout vLLM writes does) and as an uneven one (long offsets)."""
+    strided = layout.key_tiles is not None and layout.value_tiles is not None
+    return {"strided": (list(range(len(caches))), strided), "offsets": ([0, 1, 3], False)}
 
 
 @pytest.mark.parametrize("per_head", [False, True], ids=["request", "kv_head"])
@@ -68,7 +70,7 @@ def test_chunked_moves_equal_the_one_chunk_move(backend, layout_name, write, dty
     original = storage.clone()
     generator = torch.Generator().manual_seed(7)
     compactor = _compactor()
-    for name, (layers, affine) in _groups(caches).items():
+    for name, (layers, strided) in _groups(caches, layout).items():
         for keep in (1, 5, 37, TOKENS - 1):
             keep_index = _random_keep(generator, keep, per_head)
             src, dst = compactor._moves(row, keep_index, keep)
@@ -77,7 +79,7 @@ def test_chunked_moves_equal_the_one_chunk_move(backend, layout_name, write, dty
             _assert_holds(caches, keys, values, row, layout, keep_index, layers)
             expected = storage.clone()
             per_token = move_bytes_per_token(len(layers), HEADS, HEAD_DIM, caches[0].element_size(),
-                                             per_head=per_head, affine=affine)
+                                             per_head=per_head, strided=strided)
             for cap_tokens in (1, 2, 7, TOKENS):
                 storage.copy_(original)
                 outcome = kv_keys.move_tokens_chunked(group, src, dst, layout, cap_tokens * per_token)
@@ -123,9 +125,9 @@ def test_a_move_that_fails_part_way_still_leaves_exactly_the_chosen_tokens(
         keep_index = torch.cat([keep_index[None], _random_keep(torch.Generator().manual_seed(3), keep, True)[1:]])
     src, dst = _compactor()._moves(row, keep_index, keep)
     moved = int(src.shape[-1])
-    for name, (layers, affine) in _groups(caches).items():
+    for name, (layers, strided) in _groups(caches, layout).items():
         per_token = move_bytes_per_token(len(layers), HEADS, HEAD_DIM, caches[0].element_size(),
-                                         per_head=per_head, affine=affine)
+                                         per_head=per_head, strided=strided)
         for fail_on in (1, 2, -(-moved // 4)):  # the first chunk, the second, the last (4 tokens a chunk)
             storage.copy_(original)
             with monkeypatch.context() as patch:
@@ -239,7 +241,7 @@ def test_only_a_fallback_that_cannot_move_leaves_the_first_tokens_and_says_so():
 def test_the_compactor_moves_in_chunks_and_counts_a_chunk_that_fell_back(monkeypatch):
     caches, keys, values, row, layout = _filled()
     per_token = move_bytes_per_token(len(caches), HEADS, HEAD_DIM, caches[0].element_size(), per_head=False,
-                                     affine=True)
+                                     strided=True)
     compactor = _compactor(max_chunk_bytes=8 * per_token)
     monkeypatch.setattr(kv_keys, "_gather", _failing(kv_keys._gather, 3))
     compactor.begin_step(_runner(caches, row), _output(compactor, keep=40), layout)  # no error: it finished

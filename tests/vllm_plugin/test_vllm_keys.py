@@ -42,15 +42,15 @@ def test_bad_input_raises(num_tokens, per_token, cap):
 
 def test_bytes_per_token_counts_k_and_v_of_every_layer_and_the_indices():
     # an 8B model's geometry, bf16: 32 layers x 8 KV heads x 128 dims, K and V
-    affine = move_bytes_per_token(32, 8, 128, 2, per_head=False, affine=True)
-    assert affine == 32 * 2 * 8 * 128 * 2 + 6 * 8  # the tokens themselves plus six longs of indices
-    assert 128 * 1024 <= affine < 129 * 1024  # the module docstring's "about 128 KiB per moved token"
-    per_head = move_bytes_per_token(32, 8, 128, 2, per_head=True, affine=True)
-    assert per_head == affine + 6 * 8 * 7  # the indices per KV head
-    packed = move_bytes_per_token(32, 8, 128, 2, per_head=False, affine=False)
-    assert packed > 8 * affine  # two long offsets per element on top of each 2-byte element
+    strided = move_bytes_per_token(32, 8, 128, 2, per_head=False, strided=True)
+    assert strided == 32 * 2 * 8 * 128 * 2 + 6 * 8  # the tokens themselves plus six longs of indices
+    assert 128 * 1024 <= strided < 129 * 1024  # the module docstring's "about 128 KiB per moved token"
+    per_head = move_bytes_per_token(32, 8, 128, 2, per_head=True, strided=True)
+    assert per_head == strided + 6 * 8 * 7  # the indices per KV head
+    packed = move_bytes_per_token(32, 8, 128, 2, per_head=False, strided=False)
+    assert packed > 8 * strided  # two long offsets per element on top of each 2-byte element
     # the default cap moves a few hundred such tokens per chunk
-    assert plan_move_chunks(4096, affine, 64 * MIB).tokens_per_chunk == 64 * MIB // affine
+    assert plan_move_chunks(4096, strided, 64 * MIB).tokens_per_chunk == 64 * MIB // strided
 
 
 def test_outcomes_add_up_and_keep_the_largest_peak():

@@ -123,10 +123,10 @@ def test_chunks_cover_every_request_once_within_the_cap():
 
 @pytest.mark.parametrize("layout_name", list(LAYOUT_ORDERS))
 def test_keys_are_read_row_by_row_as_written_in_every_layout_duplicate_heads_included(layout_name):
-    """Every layout vLLM's backends write is affine, so each (request, head, block) is one copied row
+    """Every layout vLLM's backends write is strided, so each (request, head, block) is one copied row
     (heads outer to blocks too); the keys are the ones written, for each head asked."""
     layers, rows, layout, dense = _step(layout_name, [40, 20, 7], layers=1)
-    assert layout.key_strides is not None
+    assert layout.key_tiles is not None
     heads = torch.tensor([2, 0, 0])  # a KV head twice: two sampled query heads of one group
     got = kv_keys.gather_key_blocks(layers[0].cache, rows, heads, layout)
     assert got.shape == (3, 3, rows.shape[1], BLOCK, HEAD_DIM)
@@ -138,11 +138,11 @@ def test_keys_are_read_row_by_row_as_written_in_every_layout_duplicate_heads_inc
 
 def test_a_packed_layout_is_read_element_by_element_and_gives_the_same_keys():
     layers, rows, layout, _ = _step("LBHNC", [40, 20], layers=1)
-    assert layout.key_strides is not None
+    assert layout.key_tiles is not None
     permutation = torch.randperm(layout.key_index.numel(), generator=torch.Generator().manual_seed(3))
     packed = kv_keys.BlockLayout(layout.key_index.flatten()[permutation].view_as(layout.key_index),
                                  layout.value_index, layout.block_stride)
-    assert packed.key_strides is None
+    assert packed.key_tiles is None
     cache, heads = layers[0].cache, torch.tensor([2, 0])
     got = kv_keys.gather_key_blocks(cache, rows, heads, packed)
     storage = kv_keys.storage_of(cache)[cache.storage_offset():]

@@ -264,7 +264,7 @@ def measure_compaction(geometry: ObservationGeometry, tokens: int, *, device: st
     layout = kv_keys.probe_layout(flash_write, probe, geometry.num_kv_heads, geometry.block_size, geometry.head_dim)
     assert layout is not None
     moved_elements = geometry.num_layers * ((tokens + 1) // 2) * 2 * geometry.num_kv_heads * geometry.head_dim
-    strided = layout.key_strides is not None and layout.value_strides is not None
+    strided = layout.key_tiles is not None and layout.value_tiles is not None
     analytic = moved_elements * (geometry.element_bytes + (0 if strided else 2 * 8))
     result = {"tokens": tokens, "tokens_moved": (tokens + 1) // 2, "layers": geometry.num_layers,
               "bytes_moved": moved_elements * geometry.element_bytes, "analytic_peak_bytes": analytic}

@@ -103,9 +103,12 @@ class StepScores:
 
 def key_element_bytes(cache_dtype: torch.dtype, layout: kv_keys.BlockLayout) -> int:
     """Transient bytes per gathered key element: the gathered copy, its float32 upcast, and a long
-    offset where the layout has no strided view."""
-    extra = OFFSET_BYTES if layout.key_strides is None else 0
-    return torch.empty((), dtype=cache_dtype).element_size() + FLOAT_BYTES + extra
+    offset where the layout has no strided view (or a second copy where it splits an axis, as
+    ``amx`` does: the rows are copied into place)."""
+    element = torch.empty((), dtype=cache_dtype).element_size()
+    tiles = layout.key_tiles
+    extra = OFFSET_BYTES if tiles is None else element if tiles.split else 0
+    return element + FLOAT_BYTES + extra
 
 
 def chunk_bytes(rows: int, length: int, blocks_per_gather: int, *, num_layers: int, num_heads: int,
