@@ -43,6 +43,9 @@ def _rank_scores(rank: int) -> torch.Tensor:
 
 def _compact_on_rank(prefix: str | None, rank: int, ranks: int, wait_s: float, results) -> None:
     """One rank: its own cache, its own heads' scores, the step's plan; sends back what it kept."""
+    # a forked child has none of the parent's OpenMP threads: once the parent has run a parallel
+    # region (any earlier test in this process), the child's first one waits for them forever
+    torch.set_num_threads(1)
     caches, _, _, row, layout = _filled()
     board = KeepBoard(Path(prefix), rank, ranks, wait_s=wait_s) if prefix else None
     compactor = _compactor(rank=rank, keep_board=board)
