@@ -82,6 +82,18 @@ def test_every_layout_a_backend_writes_is_strided_so_reads_and_moves_need_no_off
         assert splits == {(1, 1)}  # affine
 
 
+@pytest.mark.parametrize(("name", "write", "dtype"), WRITERS, ids=[w[0] for w in WRITERS])
+def test_a_compaction_writes_whole_rows_where_a_tokens_dims_are_contiguous(name, write, dtype):
+    """Row-major K and V, and the vec kernels' V, take one row per (layer, head, slot) on a move's
+    write; vec's transposed K and amx's pairs go through the strided view."""
+    layout = probed(write, 2, HEADS, BLOCK, HEAD_DIM, dtype)
+    cache = torch.zeros(6, HEADS, BLOCK, 2 * HEAD_DIM, dtype=dtype)
+    group = kv_keys._cache_groups([cache], layout)[0]
+    writes_rows = [kv_keys._token_rows_to_write(group, tiles) is not None for tiles in group.tiles]  # K, V
+    expected = {"row-major": [True, True], "amx-layout": [False, False], "vllm-cpu-amx": [False, False]}
+    assert writes_rows == expected.get(name, [False, True]), name  # vec, vec16: K transposed, V rows
+
+
 def test_the_amx_emulation_is_the_layout_the_real_amx_kernel_writes():
     if "amx" not in available_vllm_isas(torch.bfloat16, BLOCK, HEAD_DIM):
         pytest.skip("vLLM's amx kernel does not run on this CPU (no AMX tiles)")

@@ -683,28 +683,66 @@ def _gather_token_rows(group: _CacheGroup, src: torch.Tensor, tiles: TileStrides
     element by element (3.6x slower for 200 tokens x 30 layers on the CPU build)."""
     layout, cache = group.layout, group.first
     num_kv_heads, block_size, head_dim = layout.key_index.shape
-    layers = len(group.offsets)
-    (slot_outer, slot_inner) = tiles.slot_axes(block_size)
-    rows, (per_layer, per_block, per_head, per_outer, per_inner) = _overlapping_rows(
-        storage_of(cache), group.offsets[0] + tiles.origin,
-        (group.layer_stride or 0, layout.block_stride, tiles.head, slot_outer[1], slot_inner[1]),
-        (layers, cache.shape[0], num_kv_heads, slot_outer[0], slot_inner[0]), tiles.dim_axes(head_dim))
-    outer, inner = tiles.slot_parts(src % block_size)
-    token = (src // block_size) * per_block + outer * per_outer + inner * per_inner
-    layer = torch.arange(layers, device=src.device) * per_layer
-    head = torch.arange(num_kv_heads, device=src.device) * per_head
-    if src.dim() == 1:  # [N] slots, every head: [N, L, H, hd]
-        index = token[:, None, None] + layer[None, :, None] + head[None, None, :]
-    else:  # [H, N] slots, head h its own row: [L, H, N, hd]
-        index = layer[:, None, None] + head[None, :, None] + token[None]
+    strides, counts = _token_starts(group, tiles)
+    rows, steps = _overlapping_rows(storage_of(cache), group.offsets[0] + tiles.origin, strides, counts,
+                                    tiles.dim_axes(head_dim))
+    index = _token_row_index(src, tiles, block_size, len(group.offsets), num_kv_heads, steps)
     return rows.index_select(0, index.reshape(-1)).view(*index.shape, head_dim)
 
 
+def _token_starts(group: _CacheGroup, tiles: TileStrides) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Strides and counts of the axes a token's row starts along: layer, block, head, slot outer, slot inner."""
+    slot_outer, slot_inner = tiles.slot_axes(group.layout.block_size)
+    strides = (group.layer_stride or 0, group.layout.block_stride, tiles.head, slot_outer[1], slot_inner[1])
+    counts = (len(group.offsets), group.first.shape[0], group.layout.key_index.shape[0], slot_outer[0], slot_inner[0])
+    return strides, counts
+
+
+def _token_row_index(slots: torch.Tensor, tiles: TileStrides, block_size: int, num_layers: int, num_kv_heads: int,
+                     steps: Sequence[int]) -> torch.Tensor:
+    """Row of every (layer, head, slot) of ``slots`` in a row view whose rows start ``steps`` apart
+    along :func:`_token_starts`' axes: ``[N, L, H]`` for ``[N]`` slots, ``[L, H, N]`` for ``[H, N]``."""
+    per_layer, per_block, per_head, per_outer, per_inner = steps
+    outer, inner = tiles.slot_parts(slots % block_size)
+    token = (slots // block_size) * per_block + outer * per_outer + inner * per_inner
+    layer = torch.arange(num_layers, device=slots.device) * per_layer
+    head = torch.arange(num_kv_heads, device=slots.device) * per_head
+    if slots.dim() == 1:  # [N] slots, every head
+        return token[:, None, None] + layer[None, :, None] + head[None, None, :]
+    return layer[:, None, None] + head[None, :, None] + token[None]  # [H, N]: head h its own row
+
+
+def _token_rows_to_write(group: _CacheGroup, tiles: TileStrides) -> tuple[torch.Tensor, list[int]] | None:
+    """The storage as ``head_dim`` rows that do not overlap, from K's (or V's) origin, with each
+    start axis's step in rows; None unless a token's dims are one contiguous run and every
+    (layer, block, head, slot) starts a whole row (the CUDA backends' K and V, the CPU ``vec``
+    kernels' V; not ``vec``'s K nor ``amx``'s pairs)."""
+    head_dim = group.layout.key_index.shape[2]
+    strides, counts = _token_starts(group, tiles)
+    if tiles.dim_split != 1 or tiles.dim_outer != 1 or any(
+            stride % head_dim for stride, count in zip(strides, counts, strict=True) if count > 1):
+        return None
+    steps = [stride // head_dim if count > 1 else 0 for stride, count in zip(strides, counts, strict=True)]
+    num_rows = sum((count - 1) * step for count, step in zip(counts, steps, strict=True)) + 1
+    storage = storage_of(group.first)
+    return torch.as_strided(storage, (num_rows, head_dim), (head_dim, 1), group.offsets[0] + tiles.origin), steps
+
+
 def _scatter(group: _CacheGroup, dst: torch.Tensor, gathered: list[torch.Tensor]) -> None:
-    """Write what :func:`_gather` read into ``dst`` (its indices are the only new tensors)."""
+    """Write what :func:`_gather` read into ``dst`` (its indices are the only new tensors).
+
+    Where a token's dims are a contiguous row (:func:`_token_rows_to_write`) each (layer, head,
+    slot) is written as one row by ``index_copy_``; otherwise through the strided view, element by
+    element."""
     layout = group.layout
     if group.strided:
+        num_kv_heads, block_size, head_dim = layout.key_index.shape
         for (view, tiles), tokens in zip(_strided_views(group), gathered, strict=True):
+            rows = _token_rows_to_write(group, tiles)
+            if rows is not None:
+                index = _token_row_index(dst, tiles, block_size, len(group.offsets), num_kv_heads, rows[1])
+                rows[0].index_copy_(0, index.reshape(-1), tokens.reshape(-1, head_dim))
+                continue
             split_dims = tokens.view(*tokens.shape[:-1], *view.shape[-2:])  # [.., dim outer, dim inner]
             view[(slice(None), *_slot_index(dst, tiles, layout.block_size))] = split_dims
         return
