@@ -48,6 +48,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -57,6 +58,7 @@ DIGIT_BASE = 64  # digits 1..64 are exact in every float KV dtype vLLM uses (bf1
 
 # write(key [tokens, kv_heads, head_dim], value (same), cache, slot_mapping [tokens] long)
 CacheWrite = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+_Index = TypeVar("_Index", torch.Tensor, int)
 
 
 # ---- chunking a move (pure: sizes only) ----------------------------------------------------------
@@ -219,8 +221,8 @@ class TileStrides:
         """``(size, stride)`` of the dim's outer then inner part."""
         return (head_dim // self.dim_split, self.dim_outer), (self.dim_split, self.dim_inner)
 
-    def slot_parts(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """In-block offsets split into their outer and inner indices."""
+    def slot_parts(self, slots: _Index) -> tuple[_Index, _Index]:
+        """In-block offsets (a tensor of them, or one int) split into their outer and inner indices."""
         return slots // self.slot_split, slots % self.slot_split
 
     def offsets(self, num_heads: int, block_size: int, head_dim: int) -> torch.Tensor:
@@ -638,22 +640,17 @@ def move_tokens_one_by_one(kv_caches: Sequence[torch.Tensor], src_slots: torch.T
     return outcome
 
 
-def _strided_views(group: _CacheGroup) -> list[tuple[torch.Tensor, TileStrides]]:
-    """K and V of every layer of the group as ``[layers, blocks, kv_heads, slot outer, slot inner,
-    dim outer, dim inner]`` views (:class:`TileStrides`), each with its strides."""
+def _strided_view(group: _CacheGroup, tiles: TileStrides) -> torch.Tensor:
+    """K or V (``tiles``) of every layer of the group as a ``[layers, blocks, kv_heads, slot outer,
+    slot inner, dim outer, dim inner]`` view."""
     layout, cache = group.layout, group.first
-    storage = storage_of(cache)
     num_kv_heads, block_size, head_dim = layout.key_index.shape
-    layer_stride = group.layer_stride or 0
-    views = []
-    for tiles in group.tiles:
-        (slot_outer, slot_inner), (dim_outer, dim_inner) = tiles.slot_axes(block_size), tiles.dim_axes(head_dim)
-        shape = (len(group.offsets), cache.shape[0], num_kv_heads, slot_outer[0], slot_inner[0], dim_outer[0],
-                 dim_inner[0])
-        strides = (layer_stride, layout.block_stride, tiles.head, slot_outer[1], slot_inner[1], dim_outer[1],
-                   dim_inner[1])
-        views.append((torch.as_strided(storage, shape, strides, group.offsets[0] + tiles.origin), tiles))
-    return views
+    (slot_outer, slot_inner), (dim_outer, dim_inner) = tiles.slot_axes(block_size), tiles.dim_axes(head_dim)
+    shape = (len(group.offsets), cache.shape[0], num_kv_heads, slot_outer[0], slot_inner[0], dim_outer[0],
+             dim_inner[0])
+    strides = (group.layer_stride or 0, layout.block_stride, tiles.head, slot_outer[1], slot_inner[1], dim_outer[1],
+               dim_inner[1])
+    return torch.as_strided(storage_of(cache), shape, strides, group.offsets[0] + tiles.origin)
 
 
 def _slot_index(slots: torch.Tensor, tiles: TileStrides,
@@ -737,14 +734,15 @@ def _scatter(group: _CacheGroup, dst: torch.Tensor, gathered: list[torch.Tensor]
     layout = group.layout
     if group.strided:
         num_kv_heads, block_size, head_dim = layout.key_index.shape
-        for (view, tiles), tokens in zip(_strided_views(group), gathered, strict=True):
+        for tiles, tokens in zip(group.tiles, gathered, strict=True):
             rows = _token_rows_to_write(group, tiles)
             if rows is not None:
                 index = _token_row_index(dst, tiles, block_size, len(group.offsets), num_kv_heads, rows[1])
                 rows[0].index_copy_(0, index.reshape(-1), tokens.reshape(-1, head_dim))
                 continue
+            view = _strided_view(group, tiles)
             split_dims = tokens.view(*tokens.shape[:-1], *view.shape[-2:])  # [.., dim outer, dim inner]
-            view[(slice(None), *_slot_index(dst, tiles, layout.block_size))] = split_dims
+            view[(slice(None), *_slot_index(dst, tiles, block_size))] = split_dims
         return
     bases = torch.tensor(group.offsets, dtype=torch.long, device=dst.device)
     storage_of(group.first)[bases[:, None] + _token_offsets(dst, layout).reshape(-1)[None, :]] = gathered[0]
@@ -761,7 +759,7 @@ def _copy_one_by_one(group: _CacheGroup, src: torch.Tensor, dst: torch.Tensor) -
         return 0
     rows_src, rows_dst = src.reshape(-1, src.shape[-1]).tolist(), dst.reshape(-1, dst.shape[-1]).tolist()
     block_size, moved = group.layout.block_size, 0
-    views = _strided_views(group) if group.strided else []
+    views = [(_strided_view(group, tiles), tiles) for tiles in group.tiles] if group.strided else []
     for column in range(src.shape[-1]):
         for row, (row_src, row_dst) in enumerate(zip(rows_src, rows_dst, strict=True)):
             source, target = row_src[column], row_dst[column]
@@ -772,9 +770,8 @@ def _copy_one_by_one(group: _CacheGroup, src: torch.Tensor, dst: torch.Tensor) -
                 continue
             head: slice | int = slice(None) if src.dim() == 1 else row
             for view, tiles in views:
-                into = view[(slice(None), target // block_size, head, *divmod(target % block_size, tiles.slot_split))]
-                into.copy_(view[(slice(None), source // block_size, head,
-                                *divmod(source % block_size, tiles.slot_split))])
+                into = view[(slice(None), target // block_size, head, *tiles.slot_parts(target % block_size))]
+                into.copy_(view[(slice(None), source // block_size, head, *tiles.slot_parts(source % block_size))])
                 moved += into.numel() * into.element_size()
     return moved
 
