@@ -68,6 +68,9 @@ class Reason(str, enum.Enum):
     PROMPT_BUDGET = "prompt_budget"
     POOL_PRESSURE = "pool_pressure"  # compressed outside its boundary so the pool holds the step (core.step_control)
     NO_PRESSURE = "no_pressure"  # grew although the contract would compress: nothing waits, the pool has room
+    # grew although the contract would compress: the pool holds every admitted and waiting request
+    # at its full length, so no compression can buy a preemption avoided or a wider batch
+    ROOM_FOR_ALL = "room_for_all"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +90,10 @@ class BoundaryState:
         compression_pays: the step is under pool pressure or a request waits to be admitted, so
             freeing a page avoids a preemption or widens the batch (read by methods that compress
             only when it pays; the contract itself compresses at its boundary either way).
+        room_for_all: the pool's free pages hold every running request to its full length and every
+            waiting one besides (:func:`growpage.core.step_control.holds_everyone`): nothing this
+            boundary frees can buy anything, so GrowPage's methods grow (a home that cannot tell
+            leaves it False).
     """
 
     pages_held: int
@@ -99,6 +106,7 @@ class BoundaryState:
     can_evict: bool
     admission_reserve_pages: int = 0
     compression_pays: bool = True
+    room_for_all: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ pages keeps ``pages_after - 1`` full pages and takes a fresh one for its next to
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from growpage.config import Mode
 from growpage.core.policy import Action, BoundaryState, Decision
@@ -80,12 +80,15 @@ class StepPool:
         total_pages: the pool's size.
         waiting_prompt_tokens: the oldest waiting request's prompt, or None when none waits.
         batch_full: the engine already runs as many requests as it may.
+        room_for_all: the free pages hold every running request to its full length and every
+            waiting one besides (:func:`holds_everyone`; False where the home cannot tell).
     """
 
     free_pages: int
     total_pages: int
     waiting_prompt_tokens: int | None = None
     batch_full: bool = False
+    room_for_all: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +289,20 @@ def request_floor(view: RequestView, base_pages: int, block_size: int, attention
 def growth_reserve(pressure: PoolPressure) -> int:
     """Pages one boundary leaves free: the others' growth this step and the next admission."""
     return max(0, pressure.growth_pages - 1) + pressure.admission_pages
+
+
+def holds_everyone(free_pages: int, pages_still_needed: Iterable[int]) -> bool:
+    """Whether ``free_pages`` hold what every request still needs to reach its full length
+    (``pages_still_needed``: the running ones' pages beyond those they hold, the waiting ones'
+    whole): then no page freed now can avoid a preemption or widen the batch before another request
+    arrives. Stops reading at the first request the pool cannot also hold (a long queue costs no
+    more than the pool's size)."""
+    left = free_pages
+    for pages in pages_still_needed:
+        left -= max(0, pages)
+        if left < 0:
+            return False
+    return True
 
 
 def compression_pays(pressure: PoolPressure) -> bool:

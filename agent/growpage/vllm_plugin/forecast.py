@@ -232,10 +232,13 @@ class EnforceForecast:
         self._would_hold = frozenset(plan.held)
 
     def on_step(self, requests: Sequence[StepRequest], *, free_pages: int,
-                waiting: Sequence[WaitingRequest] = (), total_pages: int | None = None) -> None:
+                waiting: Sequence[WaitingRequest] = (), total_pages: int | None = None,
+                room_for_all: bool = False) -> None:
         """Advance every monitored request's shadow by one step (requests GrowPage does not monitor
         are left out: enforce would leave them to vLLM too). ``total_pages``: the pool's size (None:
-        a waiting request's admission is taken to fit the floors)."""
+        a waiting request's admission is taken to fit the floors). ``room_for_all``: vLLM's pool
+        holds every request at its full length (enforce's, which frees pages, then does too), so
+        enforce's boundaries would grow."""
         monitored = [r for r in requests if self._monitored(r.request_id)]
         live = {r.request_id for r in requests}
         for request_id in [rid for rid in self.shadows if rid not in live]:
@@ -259,7 +262,7 @@ class EnforceForecast:
             if not shadow.prompt_settled:
                 shadow.prompt_settled = True
                 free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
-            free += self._advance(request, shadow, free, pressure)
+            free += self._advance(request, shadow, free, pressure, room_for_all)
         self._fit_kept(monitored, free_pages)
         self.spare_pages = self._spare(monitored)  # after relief, which the admissions leave as it is
         self._admit(waiting, free_pages + self.spare_pages - self.kept_pages)
@@ -398,7 +401,8 @@ class EnforceForecast:
             waiting_prompt_pages=self.controller.grant_pages(waiting) if waiting is not None else None,
             waiting_floor_pages=self.controller.config.base_pages if waiting is not None else 0, batch_full=False)
 
-    def _advance(self, request: StepRequest, shadow: ShadowKV, free: int, pressure: PoolPressure) -> int:
+    def _advance(self, request: StepRequest, shadow: ShadowKV, free: int, pressure: PoolPressure,
+                 room_for_all: bool = False) -> int:
         """One decode step of ``shadow`` under the step's ``pressure``; the change in the shadow
         pool's free pages."""
         physical = request.tokens - shadow.dropped
@@ -412,7 +416,8 @@ class EnforceForecast:
         before = physical - request.new_tokens  # the tokens cached before this step
         view = self._view(request, shadow, before)
         plan = self.controller.plan_boundary(view, free_pages=free, reserve_pages=growth_reserve(pressure),
-                                             compression_pays=compression_pays(pressure) or free < 1, commit=False)
+                                             compression_pays=compression_pays(pressure) or free < 1,
+                                             room_for_all=room_for_all, commit=False)
         if plan.call.decision.action is Action.EVICT and plan.pages_after <= shadow.pages:
             keep = (plan.pages_after - 1) * self.block_size
             shadow.dropped += before - keep

@@ -72,7 +72,7 @@ from growpage.vllm_plugin.vllm_types import (
     V1ModelRunner,
     V2InputBatch,
 )
-from growpage.vllm_plugin.wire import PLUGIN_COMPONENT, WorkerReport, append_enforce_log
+from growpage.vllm_plugin.wire import PAYLOAD_ATTRIBUTE, PLUGIN_COMPONENT, StepPayload, WorkerReport, append_enforce_log
 from growpage.vllm_plugin.worker_requests import TrackedRequest, WorkerRequests
 
 logger = logging.getLogger("vllm.growpage")  # under "vllm": shows in vLLM's log format
@@ -458,6 +458,10 @@ class VllmObserver:
         cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
         for request_id in getattr(cached, "resumed_req_ids", None) or ():
             self._resume(request_id)
+        if self.step.observed and _room_for_all(scheduler_output):
+            # the pool holds every request at its full length: nothing will be compressed before
+            # another request arrives, so only a prompt's end (below) is worth its cost
+            self.step.observed = False
         scored_modes = self._scored_modes
         if not self.step.observed and scored_modes:
             # a scored prompt's end is always observed, whatever the stride: prompt-anchored scores
@@ -799,3 +803,10 @@ class VllmObserver:
             for request_id, reading in zip(request_ids, readings_from(copy.tolist()), strict=True):
                 if request_id in self.requests:
                     self.requests.readings[request_id] = (reading.sts_density, reading.lts_entropy)
+
+
+def _room_for_all(scheduler_output: object) -> bool:
+    """Whether the scheduler says this step's pool holds every request at its full length
+    (:attr:`~growpage.vllm_plugin.wire.StepPayload.room_for_all`; only enforce sends a payload)."""
+    payload = getattr(scheduler_output, PAYLOAD_ATTRIBUTE, None)
+    return isinstance(payload, StepPayload) and payload.room_for_all

@@ -41,7 +41,7 @@ from growpage.core.methods import build_method
 from growpage.core.stats import PoolGauges, StatsSnapshot
 from growpage.core.step_control import RequestView, protected_tokens
 from growpage.vllm_plugin.admission import LIMIT_ATTRIBUTE, AdmissionCollector, AdmissionGate, StepMeter
-from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens
+from growpage.vllm_plugin.blocks import blocks_by_request, physical_tokens, room_for_all
 from growpage.vllm_plugin.exporter_retry import RETRY_INTERVAL_S, ExporterRetry
 from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, WaitingRequest, step_requests
 from growpage.vllm_plugin.headroom import HeadroomCollector, idle_headroom, read_headroom
@@ -269,8 +269,11 @@ class SchedulerAgent:
         pool = scheduler.kv_cache_manager.block_pool
         waiting = [WaitingRequest(r.request_id, int(r.num_prompt_tokens), int(r.num_tokens), _steps_left(r))
                    for r in itertools.islice(scheduler.waiting, FORECAST_WAITING_READ)]
-        self.forecast.on_step(step_requests(scheduler, output, req_to_blocks), free_pages=pool.get_num_free_blocks(),
-                              waiting=waiting, total_pages=pool.num_gpu_blocks - 1)  # block 0 is vLLM's null block
+        free = pool.get_num_free_blocks()
+        room = room_for_all(free, scheduler.running, scheduler.waiting, req_to_blocks, self.config.block_size)
+        self.forecast.on_step(step_requests(scheduler, output, req_to_blocks), free_pages=free,
+                              waiting=waiting, total_pages=pool.num_gpu_blocks - 1,  # block 0 is vLLM's null block
+                              room_for_all=room)
 
     def _forecast_preemption(self, request: Request) -> None:
         assert self.forecast is not None

@@ -67,9 +67,15 @@ from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
 from growpage.core.step_control import BoundaryPlan, Reclaim, RequestView, StepPool, protected_tokens
 from growpage.vllm_plugin.admission import AdmissionGate, compression_of, need_share_at_end
-from growpage.vllm_plugin.blocks import blocks_by_request, leading_shared_blocks, owns_tail, physical_tokens
+from growpage.vllm_plugin.blocks import (
+    blocks_by_request,
+    leading_shared_blocks,
+    owns_tail,
+    physical_tokens,
+    room_for_all,
+)
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
-from growpage.vllm_plugin.vllm_types import Request, Scheduler
+from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
 from growpage.vllm_plugin.wire import (
     DROPPED_ATTRIBUTE,
     PAYLOAD_ATTRIBUTE,
@@ -302,6 +308,9 @@ class SchedulerEnforcer:
         self.start_free_blocks: int | None = None
         self._had_requests = False
         self.worker_ready = False  # no compaction before the worker says it can move tokens
+        # this step's pool holds every request at its full length (core.step_control.holds_everyone):
+        # boundaries grow and the workers observe only prompt ends (wire.StepPayload.room_for_all)
+        self.room_for_all = False
 
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Scheduler, *, admission_held: bool = False) -> None:
@@ -318,8 +327,10 @@ class SchedulerEnforcer:
             blocks = req_to_blocks.get(request.request_id)
             if blocks is not None:
                 running[request.request_id] = _Running(request, tracked, blocks, self.block_size)
+        step_pool = self._step_pool(scheduler, req_to_blocks, admission_held)
+        self.room_for_all = step_pool.room_for_all
         control = self.controller.plan_step(
-            self._step_pool(scheduler, admission_held), [self._view(r) for r in running.values()],
+            step_pool, [self._view(r) for r in running.values()],
             enforceable=VLLM_ACTIONS,
             decide_modes=frozenset((Mode.ENFORCE,)))
         for plan in control.boundaries:
@@ -339,14 +350,18 @@ class SchedulerEnforcer:
                 held = len(running[plan.request_id].blocks)
                 self._record_boundary(plan, action, held, held + 1 if action is Action.ALLOCATE else held)
 
-    def _step_pool(self, scheduler: Scheduler, admission_held: bool = False) -> StepPool:
+    def _step_pool(self, scheduler: Scheduler, req_to_blocks: dict[str, list[KVBlock]],
+                   admission_held: bool = False) -> StepPool:
         pool = scheduler.kv_cache_manager.block_pool
         waiting = None if admission_held else next(iter(scheduler.waiting), None)
         max_seqs = getattr(getattr(scheduler, "scheduler_config", None), "max_num_seqs", None)
-        return StepPool(free_pages=pool.get_num_free_blocks(),
+        free = pool.get_num_free_blocks()
+        return StepPool(free_pages=free,
                         total_pages=getattr(pool, "num_gpu_blocks", 1 << 30) - 1,  # block 0 is vLLM's null block
                         waiting_prompt_tokens=waiting.num_prompt_tokens if waiting is not None else None,
-                        batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs)
+                        batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs,
+                        room_for_all=room_for_all(free, scheduler.running, scheduler.waiting, req_to_blocks,
+                                                  self.block_size))
 
     def _view(self, running: _Running) -> RequestView:
         """A running request as the controller sees it: a decoding one needs a block when its blocks
@@ -473,7 +488,7 @@ class SchedulerEnforcer:
             value = getattr(request, DROPPED_ATTRIBUTE, 0)
             if value:
                 dropped[request.request_id] = value
-        setattr(output, PAYLOAD_ATTRIBUTE, step_payload(self.requests.take_plans(), dropped))
+        setattr(output, PAYLOAD_ATTRIBUTE, step_payload(self.requests.take_plans(), dropped, self.room_for_all))
         if self.requests.log_path and self._had_requests and not scheduler.running and not scheduler.waiting:
             self._had_requests = False
             self._log({"idle": True, "free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),

@@ -49,7 +49,18 @@ class GrowPage(KVMethod):
     follows_attention: bool = True
 
     def decide(self, state: BoundaryState, config: GrowPageConfig) -> Decision:
-        return decide(state, config)
+        return grow_with_room_for_all(state, decide(state, config))
+
+
+def grow_with_room_for_all(state: BoundaryState, decision: Decision) -> Decision:
+    """A compression turned into growth where the pool holds every request at its full length
+    (``state.room_for_all``): nothing it frees could buy a preemption avoided or a wider batch, so
+    the request keeps full KV's quality at no cost (unless growth is refused: then the contract's
+    compression stands)."""
+    if (not state.room_for_all or decision.action not in (Action.EVICT, Action.QUANTIZE)
+            or allocation_refusal(state) is not None):
+        return decision
+    return Decision(Action.ALLOCATE, Reason.ROOM_FOR_ALL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +70,7 @@ class WhenItPays(GrowPage):
     applies (it avoids a preemption or widens the batch)."""
 
     def decide(self, state: BoundaryState, config: GrowPageConfig) -> Decision:
-        decision = decide(state, config)
+        decision = grow_with_room_for_all(state, decide(state, config))
         if (state.compression_pays or decision.action not in (Action.EVICT, Action.QUANTIZE)
                 or allocation_refusal(state) is not None):
             return decision
