@@ -280,6 +280,10 @@ VLLM_OBSERVED_STEPS = MetricSpec(
     "growpage_vllm_observed_steps_total", MetricType.COUNTER,
     "Engine steps whose attention GrowPage observed (one in observe_every_steps; under full CUDA graphs "
     "that step runs without its full graph).", "steps")
+VLLM_ROOM_STEPS = MetricSpec(
+    "growpage_vllm_room_for_all_steps_total", MetricType.COUNTER,
+    "Engine steps whose KV pool held every running request to its full length and every waiting one: "
+    "enforce grew at every boundary and observed only prompt ends (grow_with_room_for_all).", "steps")
 VLLM_TRACKED_REQUESTS = MetricSpec(
     "growpage_vllm_tracked_requests_total", MetricType.COUNTER, "Finished requests GrowPage tracked.", "requests")
 VLLM_OBSERVED_REQUESTS = MetricSpec(
@@ -300,8 +304,9 @@ VLLM_STEP_SECONDS = MetricSpec(
     "schedule and update), GrowPage's own part included, by side.", "seconds",
     labels=("side",), label_values={"side": OWN_TIME_SIDES})
 VLLM_HOME_METRICS: tuple[MetricSpec, ...] = (VLLM_DEGRADED_DECISIONS, VLLM_STEPS, VLLM_OBSERVED_STEPS,
-                                             VLLM_TRACKED_REQUESTS, VLLM_OBSERVED_REQUESTS, VLLM_OWN_SECONDS,
-                                             VLLM_STEP_SECONDS, *FORECAST_METRICS, *ADMISSION_METRICS)
+                                             VLLM_ROOM_STEPS, VLLM_TRACKED_REQUESTS, VLLM_OBSERVED_REQUESTS,
+                                             VLLM_OWN_SECONDS, VLLM_STEP_SECONDS, *FORECAST_METRICS,
+                                             *ADMISSION_METRICS)
 # The load at and above which a replica holds all it can without preempting (the fleet alert's "full").
 FLEET_LOAD_FULL = 100.0
 

@@ -17,6 +17,7 @@ from growpage.core.step_control import (
     enforceable_action,
     evict_pages_after,
     floor_pages,
+    holds_everyone,
     measure_pressure,
     plan_reclaim,
 )
@@ -154,6 +155,46 @@ def test_growpage_when_it_pays_grows_while_nothing_waits_and_compresses_once_a_r
     assert [b.action for b in waiting.boundaries] == [Action.EVICT]  # it widens the batch
     empty = controller.plan_step(StepPool(free_pages=0, total_pages=20), at_cap)
     assert [b.action for b in empty.boundaries] == [Action.EVICT]  # it avoids a preemption
+
+
+def test_with_room_for_every_request_growpage_grows_where_it_would_compress_and_a_fixed_cap_still_caps():
+    at_cap = [view("r", 4, needs_page=True)]
+    for method in ("growpage", "growpage_when_it_pays"):
+        controller = make_controller(method=build_method(method))
+        admit(controller, "r")
+        roomy = controller.plan_step(StepPool(free_pages=5, total_pages=20, room_for_all=True), at_cap)
+        assert [(b.action, b.pages_after, b.call.decision.reason) for b in roomy.boundaries] == [
+            (Action.ALLOCATE, 5, Reason.ROOM_FOR_ALL)], method
+    controller = make_controller()
+    admit(controller, "r")
+    assert [b.action for b in controller.plan_step(StepPool(5, 20), at_cap).boundaries] == [Action.EVICT]
+    cap = make_controller(method=build_method("streaming_llm"))
+    admit(cap, "r")
+    capped = cap.plan_step(StepPool(free_pages=5, total_pages=20, room_for_all=True), at_cap)
+    assert [b.action for b in capped.boundaries] == [Action.EVICT]  # a fixed budget is the baseline it is
+
+
+def test_room_for_all_never_turns_a_compression_into_growth_the_pool_or_the_rate_refuses():
+    controller = make_controller(max_growth_rate=0.001)
+    admit(controller, "r")
+    controller.requests["r"].growth_budget_pages = 0.0  # spent: the rate refuses growth this step
+    control = controller.plan_step(StepPool(free_pages=5, total_pages=20, room_for_all=True),
+                                   [view("r", 4, needs_page=True)])
+    assert [b.action for b in control.boundaries] == [Action.EVICT]
+
+
+def test_the_pool_holds_everyone_only_when_every_request_still_fits_at_its_full_length():
+    assert holds_everyone(6, [2, 0, 4])
+    assert not holds_everyone(6, [2, 0, 5])
+    assert holds_everyone(0, [])
+    assert holds_everyone(3, [-2, 3])  # a request holding more than it needs frees nothing for the others
+
+    def queue():  # a long queue is read only until the pool is exceeded
+        yield from (1, 1)
+        yield 10
+        raise AssertionError("read past the request the pool cannot hold")
+
+    assert not holds_everyone(5, queue())
 
 
 def test_growpage_compresses_a_fresh_prompt_to_its_floor_only_when_a_waiting_request_cannot_be_admitted():

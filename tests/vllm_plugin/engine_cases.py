@@ -22,13 +22,14 @@ TP_RANKS = 3
 TP_THREADS_BIND = "0|1|0"
 TP_FAULTY_RANK_INJECTION = "report@rank2"
 PREEMPT_BLOCKS = 12  # 8 requests x 2 blocks do not fit: vLLM preempts
-# Every boundary evicts: no growth past base_pages, low LTS is always "narrow demand", and no
-# attention need raises the floor (vLLM's default attention_coverage would keep these short prompts whole).
+# Every boundary evicts: no growth past base_pages (even where the pool holds every request), low LTS
+# is always "narrow demand", and no attention need raises the floor (vLLM's default
+# attention_coverage would keep these short prompts whole).
 # vLLM's own admission, observing every step, as these engines were built to check; the defaults
 # (auto, one step in four) run in enforce_admission and make run.
 EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens": 16, "sink_tokens": 4,
             "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0, "admission": "vllm",
-            "observe_every_steps": 1}
+            "observe_every_steps": 1, "grow_with_room_for_all": False}
 
 
 PER_HEAD_REDUNDANT = {"keep_sets": "kv_head", "shared_keep_fraction": 0.5, "redundancy_weight": 0.9}
@@ -78,6 +79,10 @@ def phases(which: str | None = None) -> list[dict]:
          "growpage": {**EVICTING, "enforce_namespaces": [CAPPED], "exporter_port": _free_port()},
          # after the batch, requests with a client's traceparent while vLLM traces (--otlp-traces-endpoint)
          "traced": {"prompts": PROMPTS[:2], "max_tokens": MAX_TOKENS, "extra_args": {"growpage_namespace": CAPPED}}},
+        # the same contract at its default where the pool (vLLM's default space) holds every request at
+        # its full length: nothing can be bought, so it must grow and leave the cache alone
+        {"name": "enforce_room", "batches": [batch], "scrape": True,
+         "growpage": {**EVICTING, "grow_with_room_for_all": True, "exporter_port": _free_port()}},
         # per-KV-head keep sets and R-KV's redundancy term, under preemption (vLLM's own admission,
         # which admits on prompts alone and so preempts)
         {"name": "enforce_preempt",

@@ -19,6 +19,7 @@ from engine_cases import (
     PROMPTS,
     TP_FAULTY_RANK_INJECTION,
     TP_RANKS,
+    main_batch,
     rows,
     samples,
 )
@@ -98,6 +99,28 @@ def test_enforce_caps_blocks_and_is_identical_until_the_first_compaction(vllm_ru
         _assert_coherent(got, ref)
         assert text.strip()
     _assert_no_leak(enforce)
+
+
+def test_with_room_for_every_request_enforce_grows_where_it_would_compress_and_matches_off(vllm_runs):
+    """The evicting contract of ``enforce_cap``, at the default ``grow_with_room_for_all``, on a pool
+    that holds the whole batch at its full length: every boundary grows, nothing is compacted, and
+    the answers are vLLM's own."""
+    off, room = vllm_runs["off"], vllm_runs["enforce_room"]
+    records = [r for r in room["enforce_log"] if "request_id" in r]
+    assert len(records) == len(main_batch()["prompts"])
+    assert all(r["compactions"] == 0 and r["num_preemptions"] == 0 for r in records), records
+    assert not [r for r in room["enforce_log"] if "compaction" in r]
+    decisions = samples(room["metrics"], "growpage_decisions_total")
+    assert sum(v for k, v in decisions.items() if 'decision="allocate"' in k) >= len(PROMPTS), decisions
+    assert not [k for k, v in decisions.items() if 'decision="evict"' in k and v], decisions
+    assert sum(samples(room["metrics"], "growpage_vllm_room_for_all_steps_total").values()) > 0
+    for row in ("A_short", "A"):
+        assert rows(room, row) == rows(off, row)
+    for ref, got in zip(rows(off, "A_capped") + rows(off, "P_capped"), rows(room, "A_capped") + rows(room, "P_capped"),
+                        strict=True):
+        assert got[:STRICT_TOKENS] == ref[:STRICT_TOKENS], _identical_prefix(ref, got)
+        _assert_coherent(got, ref)
+    _assert_no_leak(room)
 
 
 def test_other_namespaces_are_only_monitored_in_a_staged_rollout(vllm_runs):

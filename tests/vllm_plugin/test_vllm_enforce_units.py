@@ -188,11 +188,15 @@ class _Pool:
         return True
 
 
-def _scheduler(blocks: list[_Block], num_computed: int, prompt: int = 2, namespace: str | None = None):
+def _scheduler(blocks: list[_Block], num_computed: int, prompt: int = 2, namespace: str | None = None,
+               max_tokens: int | None = None, waiting: list | None = None):
+    """One running request ``r`` (``max_tokens`` None: a stand-in without it, whose length is unknown)."""
     request = types.SimpleNamespace(
         request_id="r", num_computed_tokens=num_computed, num_prompt_tokens=prompt, num_tokens=num_computed + 1,
         spec_token_ids=[], sampling_params=types.SimpleNamespace(
             extra_args={"growpage_namespace": namespace} if namespace else {}))
+    if max_tokens is not None:
+        request.max_tokens = max_tokens
     single = types.SimpleNamespace(req_to_blocks={"r": blocks}, num_cached_block={"r": len(blocks)})
     manager = types.SimpleNamespace(block_pool=_Pool(10),
                                     coordinator=types.SimpleNamespace(single_type_managers=[single]))
@@ -200,7 +204,7 @@ def _scheduler(blocks: list[_Block], num_computed: int, prompt: int = 2, namespa
     spec = types.SimpleNamespace(page_size_bytes=BLOCK * 256, block_size=BLOCK)
     kv_cache_config = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec,
                                                                                    layer_names=["l0", "l1"])])
-    return types.SimpleNamespace(running=[request], waiting=[], kv_cache_manager=manager,
+    return types.SimpleNamespace(running=[request], waiting=waiting or [], kv_cache_manager=manager,
                                  kv_cache_config=kv_cache_config), request
 
 
@@ -251,6 +255,33 @@ def test_enforcer_evicts_at_the_cap_frees_tail_blocks_and_plans_the_move():
     assert (decisions[0].bytes_in, decisions[0].bytes_out) == (12 * 512, 8 * 512)
     enforcer.requests.preempted(request)  # vLLM recomputes it from scratch: physical = logical again
     assert getattr(request, DROPPED_ATTRIBUTE) == 0
+
+
+def test_with_room_for_every_request_at_its_full_length_the_enforcer_grows_and_tells_the_workers():
+    # r holds 3 blocks (12 tokens) and ends at 2 + 18 = 20 tokens: 2 blocks more, 10 free
+    blocks = [_Block(0), _Block(1), _Block(2)]
+    scheduler, request = _scheduler(blocks, num_computed=12, max_tokens=18)
+    enforcer = _enforcer()
+    enforcer.before_schedule(scheduler)
+    assert len(blocks) == 3 and not getattr(request, DROPPED_ATTRIBUTE, 0)
+    assert [(d.kind, d.reason) for d in enforcer.decisions.events] == [("allocate", "room_for_all")]
+    output = types.SimpleNamespace()
+    enforcer.after_schedule(scheduler, output)
+    payload = getattr(output, PAYLOAD_ATTRIBUTE)
+    assert payload.room_for_all and payload.plans == {}
+
+
+def test_a_waiting_request_the_pool_could_not_also_hold_keeps_compression_on():
+    # the same r, and a waiting prompt of 30 tokens asking 8 more: 10 blocks, 2 + 10 > 10 free
+    waiting = types.SimpleNamespace(request_id="w", num_prompt_tokens=30, max_tokens=8)
+    blocks = [_Block(0), _Block(1), _Block(2)]
+    scheduler, request = _scheduler(blocks, num_computed=12, max_tokens=18, waiting=[waiting])
+    enforcer = _enforcer()
+    enforcer.before_schedule(scheduler)
+    assert [d.kind for d in enforcer.decisions.events] == ["evict"] and getattr(request, DROPPED_ATTRIBUTE) == 4
+    output = types.SimpleNamespace()
+    enforcer.after_schedule(scheduler, output)
+    assert not getattr(output, PAYLOAD_ATTRIBUTE).room_for_all
 
 
 def test_enforcer_never_rewrites_shared_blocks_and_allocates_instead():

@@ -29,12 +29,12 @@ def _waiting(prompt_tokens: int | None, request_id: str = "w") -> list[WaitingRe
 
 
 def _decode(forecast: EnforceForecast, request_id: str, prompt: int, steps: int, *, free: int,
-            waiting: int | None = None) -> None:
+            waiting: int | None = None, room_for_all: bool = False) -> None:
     """``steps`` decode steps of one request whose vLLM blocks grow with it (monitor changes nothing)."""
     for step in range(steps):
         tokens = prompt + step + 1
         forecast.on_step([StepRequest(request_id, -(-tokens // BLOCK), tokens, 1, prompt)], free_pages=free,
-                         waiting=_waiting(waiting))
+                         waiting=_waiting(waiting), room_for_all=room_for_all)
 
 
 def _sparing_request(*, at_its_floor: bool = True) -> tuple[GrowthController, EnforceForecast]:
@@ -69,6 +69,18 @@ def test_a_low_entropy_request_past_its_floor_is_forecast_to_evict_and_free_a_pa
     assert totals.compactions == totals.pages_freed == 4
     assert totals.spare_pages == 9 - 5
     assert totals.preemptions == totals.preemptions_avoidable == 0
+
+
+def test_with_room_for_every_request_the_same_request_is_forecast_to_grow_and_free_nothing():
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))  # would evict under pressure
+    forecast = EnforceForecast(controller)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10, room_for_all=True)
+    _decode(forecast, "a", 40, 100, free=10, room_for_all=True)
+    totals = forecast.totals()
+    assert forecast.shadows["a"].pages == 9  # as vLLM grew it: enforce would have compressed nothing
+    assert totals.compactions == totals.pages_freed == totals.spare_pages == 0
 
 
 def test_the_floor_follows_the_attention_need_so_a_needy_request_is_forecast_to_keep_its_tokens():

@@ -18,6 +18,7 @@ from growpage.vllm_plugin.settings import (
     PluginSettings,
     split_settings,
 )
+from growpage.vllm_plugin.wire import PAYLOAD_ATTRIBUTE, step_payload
 
 LAYER = "model.layers.0.self_attn.attn"
 
@@ -239,6 +240,28 @@ def test_the_step_that_ends_a_prompt_is_observed_whatever_the_stride(mode, metho
         observed.append(observer.step.observed)
         observer.end_step()
     assert observed == [False, forced, False]  # steps 1-3 of 4: only the prompt's end, and only when scored
+
+
+def test_with_room_for_every_request_only_a_prompts_end_is_observed():
+    """The scheduler says the pool holds every request at its full length: nothing will be
+    compressed before another request arrives, so a due step goes unobserved, but a prompt's end,
+    which later keep sets rank by, still is."""
+    observer = _observer("enforce", observe_every_steps=1)
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r0"]))
+    step = types.SimpleNamespace
+    steps = [(_requests(1, 40), step(req_ids=[], num_computed_tokens=[]), 24, True),  # the prompt's first chunk
+             ([], step(req_ids=["r0"], num_computed_tokens=[24]), 16, True),  # its end
+             ([], step(req_ids=["r0"], num_computed_tokens=[40]), 1, True),  # a decode step
+             ([], step(req_ids=["r0"], num_computed_tokens=[41]), 1, False)]  # another request came: no room
+    observed = []
+    for new, cached, tokens, room in steps:
+        output = step(finished_req_ids=set(), scheduled_new_reqs=new, scheduled_cached_reqs=cached,
+                      num_scheduled_tokens={"r0": tokens})
+        setattr(output, PAYLOAD_ATTRIBUTE, step_payload({}, {}, room_for_all=room))
+        observer.begin_step(runner, output)
+        observed.append(observer.step.observed)
+        observer.end_step()
+    assert observed == [False, True, False, True]
 
 
 def _decode_with_skipped_steps(observer: VllmObserver, queries: list[torch.Tensor], keys: torch.Tensor,

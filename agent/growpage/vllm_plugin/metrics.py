@@ -33,6 +33,9 @@ class ObservedWorkTotals(Protocol):
     def steps_observed(self) -> int: ...
 
     @property
+    def steps_with_room(self) -> int: ...
+
+    @property
     def requests(self) -> int: ...
 
     @property
@@ -95,7 +98,9 @@ class ObservationCollector:
     """How much of the work the observer saw: ``growpage_vllm_steps_total`` (engine steps with a
     request GrowPage tracks) and ``growpage_vllm_observed_steps_total`` (those whose attention was
     observed); ``growpage_vllm_tracked_requests_total`` (finished requests GrowPage tracked) and
-    ``growpage_vllm_observed_requests_total`` (those observed at least once). The ratios are the
+    ``growpage_vllm_observed_requests_total`` (those observed at least once); and
+    ``growpage_vllm_room_for_all_steps_total`` (steps enforce left the cache alone because the pool
+    held every request at its full length). The ratios are the
     shares of steps and of requests observed: below 1 under full CUDA graphs (decode steps replay
     without Python; a request decoded entirely in replayed steps is never observed) or with
     ``observe_every_steps`` > 1. And what the observing costs: ``growpage_vllm_own_seconds_total``
@@ -109,16 +114,17 @@ class ObservationCollector:
         # deferred: prometheus_client (and its exposition server) load with the exporter, not with this module
         from prometheus_client.core import CounterMetricFamily
 
-        steps, observed, requests, observed_requests = (
+        steps, observed, roomy, requests, observed_requests = (
             CounterMetricFamily(_family(spec), spec.help, labels=(catalog.MODEL_LABEL,))
-            for spec in (catalog.VLLM_STEPS, catalog.VLLM_OBSERVED_STEPS, catalog.VLLM_TRACKED_REQUESTS,
-                         catalog.VLLM_OBSERVED_REQUESTS))
+            for spec in (catalog.VLLM_STEPS, catalog.VLLM_OBSERVED_STEPS, catalog.VLLM_ROOM_STEPS,
+                         catalog.VLLM_TRACKED_REQUESTS, catalog.VLLM_OBSERVED_REQUESTS))
         own, step = (CounterMetricFamily(_family(spec), spec.help, labels=(catalog.MODEL_LABEL, *spec.labels))
                      for spec in (catalog.VLLM_OWN_SECONDS, catalog.VLLM_STEP_SECONDS))
         try:
             work = self._agent.observed
             steps.add_metric((self._model,), float(work.steps))
             observed.add_metric((self._model,), float(work.steps_observed))
+            roomy.add_metric((self._model,), float(work.steps_with_room))
             requests.add_metric((self._model,), float(work.requests))
             observed_requests.add_metric((self._model,), float(work.requests_observed))
             for family, seconds in ((own, work.own_seconds()), (step, work.step_seconds())):
@@ -126,7 +132,7 @@ class ObservationCollector:
                     family.add_metric((self._model, side), value)
         except Exception:  # a scrape never raises
             self._agent.stats.record_error("plugin")
-        yield from (steps, observed, requests, observed_requests, own, step)
+        yield from (steps, observed, roomy, requests, observed_requests, own, step)
 
 
 class StartupCollector:

@@ -98,6 +98,7 @@ class ObservedWork:
 
     steps: int = 0
     steps_observed: int = 0
+    steps_with_room: int = 0  # steps whose pool held every request at its full length (scheduler side)
     requests: int = 0
     requests_observed: int = 0
     scheduler_time: OwnTime = dataclasses.field(default_factory=OwnTime)
@@ -155,7 +156,8 @@ class SchedulerAgent:
                                           log_path=enforce_log_path())
         self.enforcer: SchedulerEnforcer | None = None
         if enforcing:
-            self.enforcer = SchedulerEnforcer(self.controller, requests=self.requests)
+            self.enforcer = SchedulerEnforcer(self.controller, requests=self.requests,
+                                              grow_with_room_for_all=settings.grow_with_room_for_all)
             self.stats.set_component_state("enforcer", "waiting_for_worker")
         elif enforcer_blocker is not None and config.mode is Mode.ENFORCE:
             self.stats.set_component_state("enforcer", enforcer_blocker)
@@ -251,6 +253,7 @@ class SchedulerAgent:
             self.guarded("forecasting enforce", self._forecast_step, scheduler, output, req_to_blocks)
         if self.enforcer is not None:
             self.enforcer.after_schedule(scheduler, output)
+            self.observed.steps_with_room += int(self.enforcer.room_for_all and bool(scheduler.running))
         self.guarded("reading the headroom", self.refresh_headroom, scheduler)
         if self.telemetry is not None:
             self.telemetry.on_step()
@@ -270,7 +273,8 @@ class SchedulerAgent:
         waiting = [WaitingRequest(r.request_id, int(r.num_prompt_tokens), int(r.num_tokens), _steps_left(r))
                    for r in itertools.islice(scheduler.waiting, FORECAST_WAITING_READ)]
         free = pool.get_num_free_blocks()
-        room = room_for_all(free, scheduler.running, scheduler.waiting, req_to_blocks, self.config.block_size)
+        room = self.settings.grow_with_room_for_all and room_for_all(
+            free, scheduler.running, scheduler.waiting, req_to_blocks, self.config.block_size)
         self.forecast.on_step(step_requests(scheduler, output, req_to_blocks), free_pages=free,
                               waiting=waiting, total_pages=pool.num_gpu_blocks - 1,  # block 0 is vLLM's null block
                               room_for_all=room)

@@ -295,9 +295,12 @@ class SchedulerEnforcer:
         requests: the scheduler side's owner of requests, shared with the agent: their entries,
             growth-aware admission, this step's plans and the enforce log (a new one, admitting as
             vLLM does, when the enforcer runs alone, as in tests).
+        grow_with_room_for_all: tell the controller and the workers when the pool holds every
+            request at its full length (``PluginSettings.grow_with_room_for_all``).
     """
 
-    def __init__(self, controller: GrowthController, requests: SchedulerRequests | None = None):
+    def __init__(self, controller: GrowthController, requests: SchedulerRequests | None = None,
+                 grow_with_room_for_all: bool = True):
         self.controller = controller
         self.config: GrowPageConfig = controller.config
         self.block_size = self.config.block_size
@@ -311,6 +314,7 @@ class SchedulerEnforcer:
         # this step's pool holds every request at its full length (core.step_control.holds_everyone):
         # boundaries grow and the workers observe only prompt ends (wire.StepPayload.room_for_all)
         self.room_for_all = False
+        self.grow_with_room_for_all = grow_with_room_for_all
 
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Scheduler, *, admission_held: bool = False) -> None:
@@ -360,8 +364,8 @@ class SchedulerEnforcer:
                         total_pages=getattr(pool, "num_gpu_blocks", 1 << 30) - 1,  # block 0 is vLLM's null block
                         waiting_prompt_tokens=waiting.num_prompt_tokens if waiting is not None else None,
                         batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs,
-                        room_for_all=room_for_all(free, scheduler.running, scheduler.waiting, req_to_blocks,
-                                                  self.block_size))
+                        room_for_all=self.grow_with_room_for_all and room_for_all(
+                            free, scheduler.running, scheduler.waiting, req_to_blocks, self.block_size))
 
     def _view(self, running: _Running) -> RequestView:
         """A running request as the controller sees it: a decoding one needs a block when its blocks

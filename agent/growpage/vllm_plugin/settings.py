@@ -103,6 +103,14 @@ class PluginSettings:
             (about 0.4 ms of a 30 ms step at 8 requests on a CPU). Off by default: on top of the
             default readings it is the *fidelity profile* (docs/BENCHMARKS.md, "Floors that keep
             up"), which costs throughput where its higher floors narrow the batch.
+        grow_with_room_for_all: under enforce, while the pool holds every running request to its
+            full length (prompt and ``max_tokens``) and every waiting one besides, GrowPage's
+            methods grow at a boundary where they would compress, and the workers observe only the
+            steps that end a prompt: nothing freed then could avoid a preemption or widen the batch,
+            so GrowPage costs little more than its bookkeeping and keeps full KV's answers (at room
+            for all it had cost 8 % of the step and compacted for nothing). Conservative: a request
+            is counted at its ``max_tokens`` and shared prefix blocks once per request. False keeps
+            the contract compressing at every boundary whatever the pool (the tests of compaction do).
         readings_every_steps: engine steps between two readings of the observed requests'
             summaries and attention needs (what the scheduler's decisions and floors read), at
             most this many apart whatever the stride (a whole number of observed steps), so a
@@ -173,6 +181,7 @@ class PluginSettings:
     observed_heads: int = 4
     observe_every_steps: int | None = None
     observe_skipped_steps: bool = False
+    grow_with_room_for_all: bool = True
     readings_every_steps: int = READINGS_EVERY_STEPS
     observe_max_requests: int = 64
     observe_chunk_mib: int = 256
@@ -217,6 +226,9 @@ class PluginSettings:
         if not isinstance(self.observe_skipped_steps, bool):
             raise ConfigError(f"observe_skipped_steps must be true or false, got {self.observe_skipped_steps!r}; "
                               "true scores the skipped steps' queries at the next observed step")
+        if not isinstance(self.grow_with_room_for_all, bool):
+            raise ConfigError(f"grow_with_room_for_all must be true or false, got {self.grow_with_room_for_all!r}; "
+                              "true (the default) leaves the cache alone while the pool holds every request")
         if not isinstance(self.readings_every_steps, int) or self.readings_every_steps < 1:
             raise ConfigError(f"readings_every_steps must be an int >= 1, got {self.readings_every_steps!r}; "
                               "try 8 (the default)")
