@@ -19,6 +19,7 @@ from growpage.vllm_plugin.compaction import (
     physical_slots,
     slot_positions,
 )
+from growpage.vllm_plugin.blocks import pages_to_finish, room_for_all
 from growpage.vllm_plugin.compactor import CompactionError, WorkerCompactor
 from growpage.vllm_plugin.keys import move_tokens
 from growpage.vllm_plugin.scheduler_requests import VLLM_ACTIONS, SchedulerEnforcer
@@ -282,6 +283,27 @@ def test_a_waiting_request_the_pool_could_not_also_hold_keeps_compression_on():
     output = types.SimpleNamespace()
     enforcer.after_schedule(scheduler, output)
     assert not getattr(output, PAYLOAD_ATTRIBUTE).room_for_all
+
+
+def test_room_for_all_counts_each_request_at_its_full_length_and_never_reads_a_queue_longer_than_the_pool():
+    def request(request_id, prompt, max_tokens, computed=0, dropped=0):
+        return types.SimpleNamespace(request_id=request_id, num_prompt_tokens=prompt, max_tokens=max_tokens,
+                                     num_computed_tokens=computed, **{DROPPED_ATTRIBUTE: dropped})
+
+    # r: 2 + 18 = 20 tokens, 5 blocks, holds 3; compacted by 8 it ends in 3 blocks, needing none more
+    held = {"r": [_Block(0), _Block(1), _Block(2)]}
+    assert pages_to_finish(request("r", 2, 18, 12), 3, BLOCK) == 2
+    assert pages_to_finish(request("r", 2, 18, 12, dropped=8), 3, BLOCK) == 0
+    assert pages_to_finish(request("w", 2, 18, dropped=8), 0, BLOCK) == 5  # preempted: recomputed whole
+    running = [request("r", 2, 18, 12)]
+    assert room_for_all(7, running, [request("w", 2, 18)], held, BLOCK)  # 2 + 5
+    assert not room_for_all(6, running, [request("w", 2, 18)], held, BLOCK)
+
+    class LongQueue(list):
+        def __iter__(self):
+            raise AssertionError("a queue longer than the free blocks is not read")
+
+    assert not room_for_all(3, running, LongQueue([request(f"w{n}", 2, 2) for n in range(4)]), held, BLOCK)
 
 
 def test_enforcer_never_rewrites_shared_blocks_and_allocates_instead():

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from growpage.core.step_control import holds_everyone
-from growpage.vllm_plugin.vllm_types import KVBlock, KVCacheManager, Request
+from growpage.vllm_plugin.vllm_types import KVBlock, KVCacheManager, Request, RequestQueue
 from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE
 
 
@@ -56,12 +56,17 @@ def pages_to_finish(request: Request, pages_held: int, block_size: int) -> int:
     return max(0, -(-full_tokens // block_size) - pages_held)
 
 
-def room_for_all(free_blocks: int, running: Iterable[Request], waiting: Iterable[Request],
+def room_for_all(free_blocks: int, running: Iterable[Request], waiting: RequestQueue,
                  held: Mapping[str, Sequence[KVBlock]], block_size: int) -> bool:
     """Whether ``free_blocks`` hold every running request to its full length and every waiting one
     whole (:func:`~growpage.core.step_control.holds_everyone`): then no compression can buy a
     preemption avoided or a wider batch until another request arrives. Conservative: a request
-    that stops before ``max_tokens``, or shares prefix blocks, is counted at its worst."""
+    that stops before ``max_tokens``, or shares prefix blocks, is counted at its worst. A queue
+    longer than the free blocks is answered without reading it (each waiting request needs one at
+    least; vLLM's priority queue copies its heap to iterate)."""
+    if len(waiting) > free_blocks:
+        return False
+
     def needed() -> Iterator[int]:
         for request in itertools.chain(running, waiting):
             yield pages_to_finish(request, len(held.get(request.request_id, ())), block_size)
