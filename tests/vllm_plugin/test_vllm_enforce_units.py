@@ -13,13 +13,13 @@ from growpage.core.methods import build_method
 from growpage.core.policy import Action
 from growpage.core.step_control import enforceable_action, protected_tokens
 from growpage.vllm_plugin import keys as kv_keys
+from growpage.vllm_plugin.blocks import pages_to_finish, room_for_all
 from growpage.vllm_plugin.compaction import (
     choose_keep,
     physical_slot_mapping,
     physical_slots,
     slot_positions,
 )
-from growpage.vllm_plugin.blocks import pages_to_finish, room_for_all
 from growpage.vllm_plugin.compactor import CompactionError, WorkerCompactor
 from growpage.vllm_plugin.keys import move_tokens
 from growpage.vllm_plugin.scheduler_requests import VLLM_ACTIONS, SchedulerEnforcer
