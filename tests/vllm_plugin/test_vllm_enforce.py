@@ -107,7 +107,7 @@ def test_with_room_for_every_request_enforce_grows_where_it_would_compress_and_m
     the answers are vLLM's own."""
     off, room = vllm_runs["off"], vllm_runs["enforce_room"]
     records = [r for r in room["enforce_log"] if "request_id" in r]
-    assert len(records) == len(main_batch()["prompts"])
+    assert len(records) >= len(main_batch()["prompts"])  # the batch, and the runner's own requests
     assert all(r["compactions"] == 0 and r["num_preemptions"] == 0 for r in records), records
     assert not [r for r in room["enforce_log"] if "compaction" in r]
     decisions = samples(room["metrics"], "growpage_decisions_total")

@@ -256,14 +256,20 @@ def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
                         "request, and finished requests observed at least once over those tracked. Below 1 "
                         "by design: 1 / observe_every_steps (monitor observes one step in 4 by default), "
                         "whatever the CUDA graphs; at 0 while the observer reports active, its decisions rank "
-                        "by recency alone. " + _runbooks_for(PANEL_OBSERVED_SHARE, "GrowPageAgentInactive"),
+                        "by recency alone. And the steps whose pool held every request at its full length: "
+                        "there enforce grows instead of compressing and observes only prompt ends "
+                        "(grow_with_room_for_all), so fewer steps observed and no compactions mean nothing "
+                        "to win, not a fault. " + _runbooks_for(PANEL_OBSERVED_SHARE, "GrowPageAgentInactive"),
                         targets((f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_STEPS.name)}[{RATE}]))"
                                  f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
                                  f"steps {_POD_LEGEND}"),
                                 (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_REQUESTS.name)}"
                                  f"[{RATE}]))\n/\nsum by (namespace, pod) "
                                  f"(rate({metric(catalog.VLLM_TRACKED_REQUESTS.name)}[{RATE}]))",
-                                 f"requests {_POD_LEGEND}")), RATIO_UNIT), 12),
+                                 f"requests {_POD_LEGEND}"),
+                                (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_ROOM_STEPS.name)}[{RATE}]))"
+                                 f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
+                                 f"room for all {_POD_LEGEND}")), RATIO_UNIT), 12),
         Cell(timeseries(PANEL_OWN_SHARE,
                         "Inside vLLM: seconds of GrowPage's own code (observation, compaction, decisions, "
                         "forecast) over the seconds of the vLLM calls it hooks, per side and in all: what "
