@@ -77,6 +77,7 @@ NO_DATA_ON_THIS_MACHINE = {
     # The observer's shares are the vLLM plugin's own series.
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "A"),
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "B"),
+    (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "C"),
     # ... and so is what GrowPage costs vLLM's step (test_vllm_engine scrapes both sides)
     (_TROUBLESHOOTING, "GrowPage's own share of vLLM's step time (vLLM home)", "A"),
     (_TROUBLESHOOTING, "GrowPage's own share of vLLM's step time (vLLM home)", "B"),
