@@ -69,3 +69,18 @@ def test_the_summary_counts_pages_false_and_missed_and_diagnose_agreement():
     assert (summary.scenarios, summary.passed, summary.pages_expected, summary.pages_received) == (3, 2, 1, 1)
     assert (summary.false_pages, summary.missed_pages) == (1, 0)
     assert (summary.diagnose_runs, summary.diagnose_agreements, summary.diagnose_agreement) == (2, 1, 0.5)
+
+
+def test_a_page_still_open_from_before_counts_once_it_fires_on_the_scenarios_own_data():
+    rollback = SCENARIOS_BY_NAME["rollback-to-off"]
+    diagnosed = DiagnoseOutcome("critical", 2, (TTFT_FAST,))
+    held = judge(rollback, [], diagnosed, held=frozenset({TTFT_FAST}))
+    assert held.passed and held.held == (TTFT_FAST,) and held.missed == () and held.received == ()
+    assert summarize([held]).pages_received == 1
+    neither = judge(rollback, [], diagnosed)
+    assert not neither.passed and neither.missed == (TTFT_FAST,)
+    delivered_again = judge(rollback, [_delivered(TTFT_FAST)], diagnosed, held=frozenset({TTFT_FAST}))
+    assert delivered_again.passed and delivered_again.held == ()  # a delivery needs no hold
+    # holding an alert the scenario does not require excuses nothing else
+    other = judge(rollback, [], diagnosed, held=frozenset({PREEMPTIONS}))
+    assert other.held == () and other.missed == (TTFT_FAST,)

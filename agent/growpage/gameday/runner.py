@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +49,8 @@ from growpage.gameday.scenarios import (
 from growpage.gameday.storm import PILOT_S, Storm, concurrency_for
 from growpage.monitoring.alertmanager import PAGER_RECEIVER, TICKET_RECEIVER, RouteTiming, alertmanager_config
 from growpage.monitoring.mixin import MixinConfig
+from growpage.monitoring.promql import duration_seconds
+from growpage.monitoring.recording_rules import SLO_BASE_WINDOW, vllm_error_ratio_name
 from growpage.monitoring.rules_file import rules_yaml
 from growpage.provenance import host_facts
 from growpage.tooling.fleet import http_ok
@@ -144,6 +147,65 @@ class _Day:
         self.note(f"{alertname} NOT delivered {status} within {self.settings.alert_timeout_s:g} s")
         return False
 
+    def wait_paging(self, alertname: str, since_s: float, slo: catalog.LatencySLO) -> str:
+        """Wait until ``alertname``, a burn of ``slo``, pages on what happened since ``since_s``
+        alone. Returns:
+
+        - ``"delivered"``: delivered firing since ``since_s``;
+        - ``"held"``: still open on the pager (delivered firing before, never delivered resolved)
+          while one of its window pairs fires in Prometheus once everything before ``since_s`` has
+          left that pair's short window (and the recorded base rate it sums);
+        - ``""``: neither within the alert timeout.
+
+        A pair whose short window outlasts the gap (the 30m one is 30 s at 1/60 against a pod
+        replaced in about 25 s) never resolves through it: Alertmanager sends nothing new for a page
+        still open, and the on-call's page is what a re-delivery would have given. Every 60 s, and
+        on a miss, the timeline notes each pair's state and error ratios, so a miss says whether the
+        ratios were under their limits or missing (scrapes failing on a loaded host).
+        """
+        deadline = time.monotonic() + self.settings.alert_timeout_s
+        next_view = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            if self.delivered(alertname, "firing", since_s):
+                self.note(f"{alertname} delivered firing")
+                return "delivered"
+            held = self._pair_firing_on_data_since(alertname, since_s) if alertname in self.receiver.firing() else ""
+            if held:
+                self.note(f"{alertname} still paging since before (never resolved): its {held} pair fires "
+                          "on what happened since alone")
+                return "held"
+            if time.monotonic() > next_view:
+                self.note(self._burn_view(alertname, slo))
+                next_view += 60.0
+            time.sleep(0.5)
+        self.note(f"{alertname} NOT paging within {self.settings.alert_timeout_s:g} s; "
+                  f"{self._burn_view(alertname, slo)}")
+        return ""
+
+    def _pair_firing_on_data_since(self, alertname: str, since_s: float) -> str:
+        firing = self.prometheus.query(f'ALERTS{{alertname="{alertname}", alertstate="firing"}}')
+        return pair_firing_on_data_since([alert["metric"] for alert in firing], since_s, time.time(),
+                                         self.settings.time_scale)
+
+    def _burn_view(self, alertname: str, slo: catalog.LatencySLO) -> str:
+        """Each window pair's state in Prometheus and its two error ratios, and the vLLM scrapes."""
+        budget = 1 - slo.objective
+        states = {(a["metric"].get("long_window"), a["metric"].get("short_window")): a["metric"]["alertstate"]
+                  for a in self.prometheus.query(f'ALERTS{{alertname="{alertname}"}}')}
+
+        def ratio(window: str) -> str:
+            value = self.prometheus.query_value(vllm_error_ratio_name(slo.name, window))
+            return "none" if value is None else f"{value:.2f}"
+
+        pairs = [f"{burn.long_window}/{burn.short_window} "
+                 f"{states.get((burn.long_window, burn.short_window), 'inactive')} "
+                 f"(ratios {ratio(burn.long_window)}/{ratio(burn.short_window)}, limit {burn.factor * budget:.3f})"
+                 for alert in self.settings.mixin.thresholds.burn_rate_alerts
+                 if alertname.endswith(f"{alert.speed.title()}Burn") for burn in alert.windows]
+        up = self.prometheus.query(f'avg_over_time(up{{job="{catalog.VLLM_SCRAPE_JOB}"}}[1m])')
+        scrapes = ", ".join(f"{a['metric'].get('pod')} {float(a['value'][1]):.0%}" for a in up) or "none"
+        return f"{alertname}: {'; '.join(pairs)}; vLLM scrapes up over the last minute: {scrapes}"
+
     def wait_resolved(self, alertname: str, since_s: float) -> bool:
         """Wait until every rule of ``alertname`` is over: none firing or pending in Prometheus (a
         window pair may still reach its ``for`` after another resolved), and the resolution delivered."""
@@ -186,17 +248,29 @@ class _Day:
                   f"names {', '.join(outcome.alerts) or 'no alert'}")
         return outcome
 
-    def judge(self, scenario: Scenario, since_s: float, pod: VllmPod,
-              checks: dict[str, bool] | None = None, diagnose: DiagnoseOutcome | None = None) -> Verdict:
+    def judge(self, scenario: Scenario, since_s: float, pod: VllmPod, checks: dict[str, bool] | None = None,
+              diagnose: DiagnoseOutcome | None = None, held: frozenset[str] = frozenset()) -> Verdict:
         if diagnose is None:
             diagnose = self.diagnose(scenario, pod)
         verdict = judge(scenario, self.receiver.notifications(since_s), diagnose, checks,
-                        frozenset(self.receiver.firing()))
+                        frozenset(self.receiver.firing()), held)
         self.verdicts.append(verdict)
         self.note(f"scenario {scenario.name}: {'passed' if verdict.passed else 'FAILED'} "
                   f"(false {list(verdict.false_pages)}, missed {list(verdict.missed)}, "
                   f"unresolved {list(verdict.unresolved)})")
         return verdict
+
+
+def pair_firing_on_data_since(firing: list[dict[str, str]], since_s: float, now_s: float, time_scale: float) -> str:
+    """Of the firing window pairs ``firing`` (ALERTS label sets), the first whose short window, plus
+    the base rate it sums, starts after ``since_s`` at ``now_s`` (windows times ``time_scale``): the
+    pair fires on what happened since alone. ``long/short``, or empty if none does."""
+    base_s = duration_seconds(SLO_BASE_WINDOW) * time_scale
+    for labels in firing:
+        short = labels.get("short_window")
+        if short and now_s - since_s >= duration_seconds(short) * time_scale + base_s:
+            return f"{labels.get('long_window')}/{short}"
+    return ""
 
 
 def _watch_idle(day: _Day, seconds: float) -> None:
@@ -251,11 +325,13 @@ def _storm_and_rollback(day: _Day, pod: VllmPod) -> VllmPod:
         day.note(f"pod {replacement.name} serves; the slow burn held through the replacement: {slow_held}")
         storm.retarget(new_pod.spec.url)
         back = time.time()
-        paged_again = day.wait_delivery(TTFT_FAST, "firing", back)
-        outcome = day.diagnose(SCENARIOS_BY_NAME["rollback-to-off"], new_pod) if paged_again else None
+        ttft = settings.mixin.thresholds.vllm_latency_slos[0]
+        paging = day.wait_paging(TTFT_FAST, back, ttft)
+        outcome = day.diagnose(SCENARIOS_BY_NAME["rollback-to-off"], new_pod) if paging else None
         checks = {"slow burn firing before the replacement": slow_before,
                   "slow burn kept firing while the replaced pod's series went away": slow_before and slow_held}
-        day.judge(SCENARIOS_BY_NAME["rollback-to-off"], replaced, new_pod, checks, outcome)
+        day.judge(SCENARIOS_BY_NAME["rollback-to-off"], replaced, new_pod, checks, outcome,
+                  held=frozenset({TTFT_FAST} if paging == "held" else ()))
     day.note(f"storm over: {storm.counts}")
     return new_pod
 
@@ -296,6 +372,10 @@ def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
 def _stack(settings: GamedaySettings, workdir: Path) -> Iterator[tuple[Prometheus, WebhookReceiver]]:
     rules = workdir / "growpage-rules.yaml"
     rules.write_text(rules_yaml(config=settings.mixin), encoding="utf-8")
+    # A game day judges its own run: the series and notification log an earlier run left in the same
+    # --workdir would page on that run's storm (its slow burn's windows are an hour long at 1/60).
+    for state in (workdir / "prometheus" / "data", workdir / "alertmanager" / "am-data"):
+        shutil.rmtree(state, ignore_errors=True)
     with run_receiver() as receiver:
         routing = alertmanager_config({PAGER_RECEIVER: f"{receiver.url}/pager",
                                        TICKET_RECEIVER: f"{receiver.url}/ticket"}, TIMING, settings.mixin)

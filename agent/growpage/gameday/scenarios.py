@@ -75,8 +75,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("kv-storm", "more long requests than the KV cache holds: vLLM queues and preempts, first "
              "tokens come late", must_fire=(TTFT_FAST,), may_fire=_PRESSURE_SIDE_EFFECTS),
     Scenario("rollback-to-off", "mid-incident the pod is replaced by one with GrowPage in mode off (the "
-             "runbooks' rollback) and the storm goes on: the page must fire again, and the slow burn keep "
-             "the replaced pod's errors", must_fire=(TTFT_FAST,),
+             "runbooks' rollback) and the storm goes on: the page must page on the new pod's requests (again, or "
+             "still open), and the slow burn keep the replaced pod's errors", must_fire=(TTFT_FAST,),
              may_fire=(*_PRESSURE_SIDE_EFFECTS, *_REPLACEMENT_SIDE_EFFECTS)),
     # The storm's tail: burns inhibited behind the TTFT page (the inter-token one, the slow ones)
     # surface when it resolves, and the page's 6h/30m pair may still reach its `for` while the storm
@@ -105,6 +105,8 @@ class Verdict:
         scenario: the scenario's name.
         expected: its required alerts (firing), then its required resolutions.
         received: the alerts delivered as firing during it, with their receivers.
+        held: required alerts delivered firing before it that never resolved and fired on what
+            happened during it alone (a page still open needs no second delivery).
         false_pages: firing deliveries of alerts it neither requires nor allows.
         missed: required alerts never delivered as firing.
         unresolved: required resolutions never delivered.
@@ -116,6 +118,7 @@ class Verdict:
     scenario: str
     expected: tuple[str, ...]
     received: tuple[str, ...]
+    held: tuple[str, ...]
     false_pages: tuple[str, ...]
     missed: tuple[str, ...]
     unresolved: tuple[str, ...]
@@ -130,10 +133,14 @@ class Verdict:
 
 
 def judge(scenario: Scenario, notifications: Sequence[Notification], diagnose: DiagnoseOutcome | None,
-          checks: dict[str, bool] | None = None, still_firing: frozenset[str] = frozenset()) -> Verdict:
+          checks: dict[str, bool] | None = None, still_firing: frozenset[str] = frozenset(),
+          held: frozenset[str] = frozenset()) -> Verdict:
     """The verdict on ``scenario`` from the changes delivered while it ran (an alert starting to fire,
-    or resolving), the alerts still firing when it ended, and diagnose's outcome. A required
-    resolution holds when the alert was delivered resolved and none of its rules still fires."""
+    or resolving), the alerts still firing when it ended, diagnose's outcome, and the required alerts
+    ``held``: open on the pager since before it, never resolved, and firing on its own data (the
+    runner checks that in Prometheus). A required alert is missed when it was neither delivered nor
+    held. A required resolution holds when the alert was delivered resolved and none of its rules
+    still fires."""
     firing = [n for n in notifications if n.status == "firing"]
     resolved = {n.alertname for n in notifications if n.status == "resolved"} - set(still_firing)
     fired = {n.alertname for n in firing}
@@ -145,8 +152,9 @@ def judge(scenario: Scenario, notifications: Sequence[Notification], diagnose: D
         scenario=scenario.name,
         expected=(*scenario.must_fire, *(f"{name} resolved" for name in scenario.must_resolve)),
         received=tuple(sorted({f"{n.alertname} ({n.receiver})" for n in firing})),
+        held=tuple(name for name in scenario.must_fire if name in held and name not in fired),
         false_pages=tuple(sorted({n.alertname for n in firing if n.alertname not in allowed})),
-        missed=tuple(name for name in scenario.must_fire if name not in fired),
+        missed=tuple(name for name in scenario.must_fire if name not in fired and name not in held),
         unresolved=tuple(name for name in scenario.must_resolve if name not in resolved),
         diagnose=diagnose, diagnose_agrees=agrees, checks=dict(checks or {}))
 
