@@ -40,3 +40,6 @@ def test_a_run_in_a_used_workdir_starts_from_empty_prometheus_and_alertmanager_s
         view = day._burn_view(TTFT_FAST, settings.mixin.thresholds.vllm_latency_slos[0])
         assert view == (f"{TTFT_FAST}: 1h/5m inactive (ratios none/none, limit 0.144); "
                         "6h/30m inactive (ratios none/none, limit 0.060); vLLM scrapes up over the last minute: none")
+    # Prometheus gone: the note says so, the game day goes on to its verdict
+    gone = day._burn_view(TTFT_FAST, settings.mixin.thresholds.vllm_latency_slos[0])
+    assert gone.startswith(f"{TTFT_FAST}: Prometheus did not answer the view (")

@@ -188,7 +188,14 @@ class _Day:
                                          self.settings.time_scale)
 
     def _burn_view(self, alertname: str, slo: catalog.LatencySLO) -> str:
-        """Each window pair's state in Prometheus and its two error ratios, and the vLLM scrapes."""
+        """Each window pair's state in Prometheus and its two error ratios, and the vLLM scrapes; a
+        note, so a Prometheus that does not answer is said, never raised (the verdict stands)."""
+        try:
+            return self._read_burn_view(alertname, slo)
+        except (OSError, AssertionError, ValueError) as error:
+            return f"{alertname}: Prometheus did not answer the view ({error})"
+
+    def _read_burn_view(self, alertname: str, slo: catalog.LatencySLO) -> str:
         budget = 1 - slo.objective
         states = {(a["metric"].get("long_window"), a["metric"].get("short_window")): a["metric"]["alertstate"]
                   for a in self.prometheus.query(f'ALERTS{{alertname="{alertname}"}}')}
