@@ -183,9 +183,7 @@ class _Day:
         return ""
 
     def _pair_firing_on_data_since(self, alertname: str, since_s: float) -> str:
-        firing = self.prometheus.query(f'ALERTS{{alertname="{alertname}", alertstate="firing"}}')
-        return pair_firing_on_data_since([alert["metric"] for alert in firing], since_s, time.time(),
-                                         self.settings.time_scale)
+        return pair_firing_on_data_since(self.firing_rules(alertname), since_s, time.time(), self.settings.time_scale)
 
     def _burn_view(self, alertname: str, slo: catalog.LatencySLO) -> str:
         """Each window pair's state in Prometheus and its two error ratios, and the vLLM scrapes; a
@@ -226,8 +224,13 @@ class _Day:
                   f"within {self.settings.alert_timeout_s:g} s")
         return done
 
+    def firing_rules(self, alertname: str) -> list[dict[str, str]]:
+        """The label sets of ``alertname``'s rules firing in Prometheus (one per window pair)."""
+        return [alert["metric"] for alert in
+                self.prometheus.query(f'ALERTS{{alertname="{alertname}", alertstate="firing"}}')]
+
     def firing_in_prometheus(self, alertname: str) -> bool:
-        return bool(self.prometheus.query(f'ALERTS{{alertname="{alertname}", alertstate="firing"}}'))
+        return bool(self.firing_rules(alertname))
 
     def diagnose(self, scenario: Scenario, pod: VllmPod) -> DiagnoseOutcome | None:
         if not scenario.diagnose_source:
