@@ -241,13 +241,26 @@ FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION = MetricSpec(
     "growpage_forecast_preemptions_avoidable_by_admission_total", MetricType.COUNTER,
     "Monitor's forecast: vLLM preemptions of requests that growth-aware admission (admission: projected) "
     "would not have started yet, whatever the admission setting: what turning it on would avoid.", "preemptions")
+FORECAST_RECOMPUTE_SECONDS_AVOIDABLE = MetricSpec(
+    "growpage_forecast_recompute_seconds_avoidable_total", MetricType.COUNTER,
+    "Monitor's forecast: seconds vLLM spends recomputing the preemptions enforce would have avoided (each "
+    "request's prompt and output so far at the engine's measured cost of a prefilled token), counted with "
+    "them: what enforce would buy in time, against growpage_vllm_own_seconds_total.", "seconds")
+FORECAST_WIDER_BATCH_SECONDS = MetricSpec(
+    "growpage_forecast_wider_batch_seconds_total", MetricType.COUNTER,
+    "Monitor's forecast: seconds of vLLM's steps enforce's wider batch would save: each token of a request "
+    "enforce runs where vLLM does not (kept from a preemption, admitted into spared pages) decodes in a step "
+    "that runs anyway, where vLLM decodes it later for a share of a step's fixed cost at its batch width; "
+    "counted when the request settles.", "seconds")
 FORECAST_SPARE_PAGES = MetricSpec(
     "growpage_forecast_spare_pages", MetricType.GAUGE,
     "Monitor's forecast: KV pages enforce would have free now beyond what vLLM has (monitored requests' "
     "pages less what enforce would hold for them).", "pages")
 FORECAST_METRICS: tuple[MetricSpec, ...] = (FORECAST_PAGES_FREED, FORECAST_COMPACTIONS, FORECAST_PREEMPTIONS,
                                             FORECAST_PREEMPTIONS_AVOIDABLE,
-                                            FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION, FORECAST_SPARE_PAGES)
+                                            FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION,
+                                            FORECAST_RECOMPUTE_SECONDS_AVOIDABLE, FORECAST_WIDER_BATCH_SECONDS,
+                                            FORECAST_SPARE_PAGES)
 
 # Growth-aware admission under enforce (growpage.vllm_plugin.admission), served by the vLLM home only:
 # when it holds waiting requests back, and the running batch's projected KV it holds them against.

@@ -127,13 +127,14 @@ def test_retrieval_variants_can_be_left_out_except_what_the_comparison_reads():
     settings = VllmBenchSettings()
     floor = settings.floor_pages
     configs = retrieval_configs(settings)
-    assert list(configs)[:5] == ["vllm", "vllm@seqs4", "vllm@seqs6", "growpage", "growpage@projected"]
+    assert list(configs)[:6] == ["vllm", "vllm@seqs4", "vllm@seqs6", "monitor", "growpage", "growpage@projected"]
     assert configs["growpage@projected"]["growpage"]["admission"] == "projected"
+    assert configs["monitor"]["growpage"]["mode"] == "monitor"  # its forecast: calibrate's rollout, judged
     assert configs["vllm@seqs4"] == {"growpage": None, "max_num_seqs": 4}
     assert f"h2o@{floor}" in configs and list(configs)[-1] == "limit"
     caps = tuple(name for name in configs if "@" in name and name.split("@")[0] in ("streaming_llm", "h2o",
                                                                                     "snapkv", "tova"))
-    shorter = retrieval_configs(dataclasses.replace(settings, retrieval_skip=(*caps, "vllm@seqs6")))
+    shorter = retrieval_configs(dataclasses.replace(settings, retrieval_skip=(*caps, "vllm@seqs6", "monitor")))
     assert list(shorter) == ["vllm", "vllm@seqs4", "growpage", "growpage@projected", "limit"]
     with pytest.raises(ConfigError, match="retrieval_skip names no variant: h2o@99; choose among vllm,"):
         retrieval_configs(dataclasses.replace(settings, retrieval_skip=("h2o@99",)))

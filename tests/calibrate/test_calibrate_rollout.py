@@ -105,3 +105,50 @@ def test_growth_aware_admission_is_recommended_where_it_would_avoid_more_than_co
     assert header.count("set admission: after_preemption") == 1
     document = json.loads(to_json(calibration, evidence, "gpctl calibrate --snapshot x", None))
     assert document["rollout"]["settings"] == {"admission": "after_preemption"}
+
+
+def test_enforce_is_recommended_only_where_the_time_it_saves_outweighs_growpages_own():
+    # 3 short requests' recompute and a little width against 6 s of GrowPage's own: enforce would be slower
+    slower = recommend(ForecastEvidence(pages_freed=14, compactions=14, preemptions=9, preemptions_avoidable=3,
+                                        recompute_seconds_avoidable=0.12, wider_batch_seconds=0.3, own_seconds=6.0),
+                       "monitor")
+    assert slower.verdict == STAY_IN_MONITOR
+    assert "3 of vLLM's 9 preemptions" in slower.reason and "slower than vLLM alone" in slower.reason
+    assert "0.12 s of recompute, 0.3 s of a wider batch) is no more than the 6 s" in slower.reason
+    # long requests recomputed: the same count of preemptions pays
+    dear = recommend(ForecastEvidence(14, 14, 9, 3, recompute_seconds_avoidable=7.5, wider_batch_seconds=0.3,
+                                      own_seconds=6.0), "monitor")
+    assert dear.verdict == ENFORCE and "is more than the 6 s" in dear.reason
+    # no preemption to avoid, but the spare pages run waiting requests in a wider batch (prompt-heavy work)
+    wider = recommend(ForecastEvidence(40, 19, 0, 0, recompute_seconds_avoidable=0.0, wider_batch_seconds=9.0,
+                                       own_seconds=2.0), "monitor")
+    assert wider.verdict == ENFORCE and "would have run waiting requests beside vLLM's batch" in wider.reason
+    # pages freed that would save less than they cost: the max_num_seqs advice, with the weighing
+    trims = recommend(ForecastEvidence(40, 19, 0, 0, recompute_seconds_avoidable=0.0, wider_batch_seconds=0.5,
+                                       own_seconds=2.0), "monitor")
+    assert trims.verdict == STAY_IN_MONITOR and "max_num_seqs" in trims.reason and "no more than" in trims.reason
+    # a GrowPage that exports no saving: the preemptions alone decide, as before
+    assert recommend(ForecastEvidence(14, 14, 9, 3, own_seconds=6.0), "monitor").verdict == ENFORCE
+
+
+def test_the_time_saved_and_spent_are_the_counters_increase_over_the_window():
+    def exposition(time_s: float, recompute: float, wider: float, own: float):
+        base = _exposition(time_s, 20, 3, 9)
+        lines = []
+        for spec, value in ((catalog.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE, recompute),
+                            (catalog.FORECAST_WIDER_BATCH_SECONDS, wider)):
+            lines += [f"# TYPE {spec.name.removesuffix('_total')} counter", f'{spec.name}{{model_name="m"}} {value}']
+        own_name = catalog.VLLM_OWN_SECONDS.name
+        lines += [f"# TYPE {own_name.removesuffix('_total')} counter",
+                  f'{own_name}{{model_name="m",side="scheduler"}} {own / 4}',
+                  f'{own_name}{{model_name="m",side="worker"}} {own * 3 / 4}']
+        extra = parse_exposition("\n".join(lines) + "\n", "agent", time_s)
+        return dataclasses.replace(base, samples=base.samples + extra.samples)
+
+    evidence = evidence_from_expositions([exposition(100.0, 1.0, 2.0, 4.0), exposition(160.0, 1.5, 5.0, 10.0)],
+                                         {"kind": "snapshot"}, "snapshots")
+    forecast = evidence.models["m"].forecast
+    assert (forecast.recompute_seconds_avoidable, forecast.wider_batch_seconds, forecast.own_seconds) == (0.5, 3.0, 6.0)
+    # an older GrowPage serves neither saving: nothing to weigh
+    older = evidence_from_expositions([_exposition(160.0, 70, 6, 9)], {"kind": "snapshot"}, "snapshots")
+    assert older.models["m"].forecast.recompute_seconds_avoidable is None

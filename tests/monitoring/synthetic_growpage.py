@@ -45,6 +45,8 @@ COUNTER_RATES_PER_S = {  # per label value where the metric has one label
     catalog.FORECAST_PAGES_FREED.name: 3.0, catalog.FORECAST_COMPACTIONS.name: 1.5,
     catalog.FORECAST_PREEMPTIONS.name: 0.02, catalog.FORECAST_PREEMPTIONS_AVOIDABLE.name: 0.015,
     catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION.name: 0.01,
+    catalog.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE.name: 0.004,  # 0.27 s a preemption avoided
+    catalog.FORECAST_WIDER_BATCH_SECONDS.name: 0.02,
     catalog.ADMISSION_HOLDS.name: 0.5,
     # per side: 3 % of the hooked vLLM calls' seconds are GrowPage's own
     catalog.VLLM_OWN_SECONDS.name: 0.027, catalog.VLLM_STEP_SECONDS.name: 0.9,

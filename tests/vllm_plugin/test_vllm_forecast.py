@@ -37,14 +37,16 @@ def _decode(forecast: EnforceForecast, request_id: str, prompt: int, steps: int,
                          waiting=_waiting(waiting), room_for_all=room_for_all)
 
 
-def _sparing_request(*, at_its_floor: bool = True) -> tuple[GrowthController, EnforceForecast]:
+def _sparing_request(*, at_its_floor: bool = True,
+                     admission: AdmissionGate | None = None) -> tuple[GrowthController, EnforceForecast]:
     """A forecast over one request "a" that enforce would hold in 5 pages where vLLM holds 9 (4
     spare); ``at_its_floor``: its floor raised to those 5 by its attention need (relief can take
-    nothing more; else its floor is 4)."""
+    nothing more; else its floor is 4); ``admission``: the forecast's gate (its step costs price
+    what enforce saves)."""
     controller = _controller()
     controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
     controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))
-    forecast = EnforceForecast(controller)
+    forecast = EnforceForecast(controller, admission)
     forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
     _decode(forecast, "a", 40, 100, free=10)
     if at_its_floor:
@@ -197,6 +199,50 @@ def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again
     assert forecast.kept_pages == 4
     step(162)  # its 65th: preempted in enforce's pool too, so never counted as avoided
     assert (forecast.kept_pages, forecast.totals().preemptions_avoidable) == (0, 1)
+    # no step costs measured (no admission forecast here): nothing is priced
+    assert forecast.totals().recompute_seconds_avoidable == forecast.totals().wider_batch_seconds == 0.0
+
+
+def _priced_gate() -> AdmissionGate:
+    """A gate whose step meter measured 30 ms a step's fixed part and 0.2 ms a prefilled token."""
+    return AdmissionGate(BLOCK, 40, policy="projected", step_costs=_step_costs(fixed=0.03, per_token=0.0002))
+
+
+def test_an_avoided_preemption_saves_its_recompute_and_the_width_of_the_steps_enforce_ran_it_in():
+    gate = _priced_gate()
+    costs = gate.step_costs.costs()
+    assert costs is not None
+    controller, forecast = _sparing_request(admission=gate)
+    controller.admit("b", prompt_tokens=40, mode=Mode.MONITOR)
+    forecast.on_step([StepRequest("a", 9, 141, 1, 40), StepRequest("b", 3, 45, 1, 40)], free_pages=0)
+    forecast.on_preempt("b", steps_left=2, tokens=45)  # kept on the 4 spare pages: 45 tokens not recomputed
+    assert forecast.kept_pages == 3 and forecast.totals().recompute_seconds_avoidable == 0.0  # not settled yet
+    for tokens_a in (142, 143):  # vLLM runs "a" alone; enforce runs "b" beside it, in steps that run anyway
+        forecast.on_step([StepRequest("a", 9, tokens_a, 1, 40)], free_pages=4)
+    forecast.on_step([StepRequest("a", 9, 144, 1, 40)], free_pages=4)  # "b" would have ended: settled
+    totals = forecast.totals()
+    assert totals.preemptions_avoidable == 1
+    assert totals.recompute_seconds_avoidable == pytest.approx(45 * costs.per_token_s, rel=1e-4)
+    # two tokens, each in a step of vLLM's width 1: the whole fixed part of a step vLLM runs later
+    assert totals.wider_batch_seconds == pytest.approx(2 * costs.fixed_s, rel=1e-4)
+
+
+def test_a_waiting_request_enforce_admits_earlier_saves_the_width_of_its_tokens_and_no_recompute():
+    gate = _priced_gate()
+    costs = gate.step_costs.costs()
+    assert costs is not None
+    controller, forecast = _sparing_request(admission=gate)
+    controller.admit("z", prompt_tokens=40, mode=Mode.MONITOR)  # vLLM runs a second request beside "a"
+    running = [StepRequest("a", 9, 141, 1, 40), StepRequest("z", 3, 41, 1, 40)]
+    forecast.on_step(running, free_pages=0, waiting=_waiting(40))  # "w" fits the 4 spare pages: admitted
+    assert forecast.kept_pages == 3
+    for _ in range(3):  # three steps of enforce running "w" where vLLM's batch of 2 waits for room
+        forecast.on_step(running, free_pages=0, waiting=_waiting(40))
+    assert forecast.totals().wider_batch_seconds == 0.0  # counted when it settles
+    forecast.on_step(running + [StepRequest("w", 3, 40, 40, 40)], free_pages=0)  # vLLM admits it too
+    totals = forecast.totals()
+    assert totals.preemptions_avoidable == 0 and totals.recompute_seconds_avoidable == 0.0
+    assert totals.wider_batch_seconds == pytest.approx(3 * costs.fixed_s / 2, rel=1e-4)
 
 
 def test_vllm_running_a_kept_request_again_ends_what_enforce_owes_for_it():

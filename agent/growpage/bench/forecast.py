@@ -13,6 +13,10 @@ shipped defaults: ``monitor`` (vLLM pages on its own; GrowPage forecasts enforce
 The target: each within :data:`FORECAST_TOLERANCE` (relative) of what enforce did, on traces never
 used for tuning. The forecast's compactions are reported beside enforce's evictions.
 
+Where a part also runs vLLM alone (``--part headline`` and ``--part retrieval``), each monitor run's
+forecast also goes through ``gpctl calibrate``'s recommendation, judged against what enforce then did
+(:mod:`growpage.bench.rollout`).
+
 Neither side is one number. Under ``admission: auto`` both decide on step times they measure, so
 the same trace can run differently twice (enforce once avoided 8 preemptions on a trace where it
 avoided 1 in its other runs). So each trace runs ``repeats`` interleaved rounds of both, and the

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from growpage.bench.fidelity import forced_spec, nll_increase
+from growpage.bench.rollout import rollout_check
 from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS, Task, accuracy_by_family, headline_families, is_correct
 from growpage.bench.tasks import retrieval_tasks as generate
 from growpage.chat import chat_token_ids, user_turn
@@ -154,6 +155,7 @@ def retrieval_configs(settings: VllmBenchSettings) -> dict[str, dict[str, Any]]:
     configs: dict[str, dict[str, Any]] = {"vllm": {"growpage": None}}
     for seqs in settings.tuned_max_num_seqs:
         configs[f"{TUNED_PREFIX}{seqs}"] = {"growpage": None, "max_num_seqs": seqs}
+    configs["monitor"] = {"growpage": settings.growpage_config("monitor")}  # its forecast: enforce or not
     configs["growpage"] = {"growpage": growpage}
     configs[GROWTH_AWARE] = {"growpage": {**growpage, "admission": "projected"}}
     for cap in RETRIEVAL_CAPS:
@@ -246,6 +248,11 @@ def answers_comparison(variants: dict[str, dict]) -> dict:
             "growpage_correct_per_s_vs_vllm": round(grow["correct_per_s"]["median"]
                                                     / max(base["correct_per_s"]["median"], 1e-9), 3),
             **_against_tuned(variants),
+            # the forecast before enforce: calibrate's recommendation from monitor's runs against what
+            # enforce then did (correct answers/s against vLLM alone's at the same engine arguments)
+            "rollout": (rollout_check(variants["monitor"]["runs"], grow["correct_per_s"]["median"]
+                                      / max(base["correct_per_s"]["median"], 1e-9))
+                        if "monitor" in variants else None),
             "targets": {"accuracy_share_of_vllm": 0.95, "wall_vs_vllm": 1.05,
                         "correct_per_s_vs_tuned_vllm": NEVER_WORSE_SHARE}}
 

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from growpage.bench import goodput
 from growpage.bench.forecast import compare
+from growpage.bench.rollout import rollout_check
 from growpage.bench.tasks import with_truth
 from growpage.bench.workloads import reasoning_tasks
 from growpage.core.methods import VLLM_CAP_NAMES
@@ -208,6 +209,10 @@ def verdict(variants: dict[str, dict]) -> dict:
         "room_nll_increase": float(room["nll_increase"]) if room is not None else None,
         "monitor_vs_untuned_vllm": (round(_speed(monitor) / _speed(variants["vllm"]), 3)
                                     if monitor is not None else None),
+        # the forecast before enforce: calibrate's recommendation from monitor's runs against what
+        # enforce then did against vLLM alone at the same engine arguments
+        "rollout": (rollout_check(monitor["runs"], grow / _speed(variants["vllm"]))
+                    if monitor is not None and monitor.get("runs") else None),
         # growth-aware admission: each variant's speed against tuned vLLM alone, and whether it meets
         # the never-worse target where the shipped default does not
         "admission_vs_tuned_vllm": {name: round(_speed(variants[name]) / tuned, 3)

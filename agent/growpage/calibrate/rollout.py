@@ -5,19 +5,36 @@ Monitor exports what enforce would do on the deployment's own traffic
 would avoid among vLLM's own. Over calibrate's window that answers the operator's question before a
 rollout: does enforce buy anything here?
 
-* **enforce** when it would avoid preemptions (each one a request recomputed from scratch): the
-  avoidable share says how much of vLLM's thrash it removes; with ``admission: after_preemption``
-  among the settings when growth-aware admission would have avoided more than compression (vLLM
-  started requests into a batch that then outgrew the pool), with its cost: a narrower batch;
-* **stay in monitor** when it would compress but avoid nothing: the freed pages buy throughput only
-  if vLLM admits more requests into them (a larger ``max_num_seqs`` or more traffic), and every
-  compaction costs fidelity, so enforcing buys nothing measured yet;
+What enforce buys is time, and what it costs is time too, so the forecast prices both sides:
+
+* saved: the recompute of each preemption it would avoid (the request's tokens at the engine's
+  measured cost of a prefilled token, ``growpage_forecast_recompute_seconds_avoidable_total``) and
+  the wider batch of what it would run beside vLLM's (requests it kept from a preemption or admitted
+  into pages its compactions spare, each token a share of a step's fixed cost,
+  ``growpage_forecast_wider_batch_seconds_total``);
+* spent: GrowPage's own seconds in monitor over the window (``growpage_vllm_own_seconds_total``),
+  a floor of what enforce costs (it observes as much and adds its compactions).
+
+The verdicts:
+
+* **enforce** when it would save more than it spends, by avoiding preemptions (each one a request
+  recomputed from scratch) or by running waiting requests earlier: the avoidable share says how
+  much of vLLM's thrash it removes; with ``admission: after_preemption`` among the settings when
+  growth-aware admission would have avoided more than compression (vLLM started requests into a
+  batch that then outgrew the pool), with its cost: a narrower batch;
+* **stay in monitor** when it would avoid preemptions but save no more than it spends: enforce
+  would run slower than vLLM alone there (a few short requests recomputed against a few per cent
+  of every step);
+* **stay in monitor** when it would compress but avoid nothing, nor save what it spends: the freed
+  pages buy throughput only if vLLM admits more requests into them (a larger ``max_num_seqs`` or
+  more traffic), and every compaction costs fidelity;
 * **stay in monitor** when it would do nothing at all: memory is not the constraint here;
 * **no forecast** when the window has none (GrowPage older than the forecast, or not in monitor).
 
 Each reason also says what monitor itself cost vLLM over the window (``growpage_vllm_own_seconds_total``
-over ``growpage_vllm_step_seconds_total``): a floor of what enforce will cost, to weigh against the
-preemptions. It does not change the verdict: a preemption's recompute time is not measured here.
+over ``growpage_vllm_step_seconds_total``). Where the saving or the cost is not exported (a GrowPage
+older than the saving's counters), the verdict stands on the preemptions alone. The preemptions
+growth-aware admission alone would avoid are not priced (its advice stands on their count).
 """
 
 from __future__ import annotations
@@ -40,6 +57,11 @@ class ForecastEvidence:
     preemptions_avoidable_by_admission: float = 0.0  # growth-aware admission's, whatever the setting
     # GrowPage's own seconds over the seconds of the vLLM calls it hooks, in monitor (None: not exported)
     own_share: float | None = None
+    # what enforce would save vLLM (the avoidable preemptions' recompute, the wider batch of what it runs
+    # beside vLLM's) and GrowPage's own seconds in monitor, over the window (None: not exported)
+    recompute_seconds_avoidable: float | None = None
+    wider_batch_seconds: float | None = None
+    own_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +86,21 @@ def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
                                     "traffic for a window, then calibrate again")
     admission = _admission_advice(forecast)
     cost = _cost(forecast)
-    if forecast.preemptions_avoidable >= 1:
+    weighed = _weighed(forecast)
+    if forecast.preemptions_avoidable >= 1 or (weighed is not None and weighed.pays):
         share = forecast.preemptions_avoidable / max(forecast.preemptions, 1.0)
-        return Rollout(ENFORCE, f"enforce would have avoided {forecast.preemptions_avoidable:g} of vLLM's "
-                                f"{forecast.preemptions:g} preemptions ({share:.0%}) and freed "
-                                f"{forecast.pages_freed:g} KV pages; enforce the namespaces that preempt first "
+        avoided = (f"enforce would have avoided {forecast.preemptions_avoidable:g} of vLLM's "
+                   f"{forecast.preemptions:g} preemptions ({share:.0%}) and freed {forecast.pages_freed:g} KV pages"
+                   if forecast.preemptions_avoidable >= 1 else
+                   f"enforce would have avoided none of vLLM's {forecast.preemptions:g} preemptions, but freed "
+                   f"{forecast.pages_freed:g} KV pages that would have run waiting requests beside vLLM's batch")
+        if weighed is not None and not weighed.pays:
+            return Rollout(STAY_IN_MONITOR, f"{avoided}, but {weighed.clause}: enforce would run slower than vLLM "
+                                            "alone here (it observes as much and adds its compactions); it pays "
+                                            "where preemptions recompute long requests or come often, or its spare "
+                                            "pages run waiting requests" + cost, forecast)
+        return Rollout(ENFORCE, avoided + (f", and {weighed.clause}" if weighed is not None else "")
+                                + "; enforce the namespaces that preempt first "
                                 "(enforce_namespaces) and compare the answers' quality before widening"
                                 + (admission[0] if admission else "") + cost, forecast,
                        admission[1] if admission else {})
@@ -78,11 +110,34 @@ def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
     if forecast.pages_freed > 0:
         return Rollout(STAY_IN_MONITOR, f"enforce would have freed {forecast.pages_freed:g} KV pages "
                                         f"({forecast.compactions:g} compactions) but avoided no preemption "
-                                        f"(vLLM preempted {forecast.preemptions:g} times): the room buys "
-                                        "throughput only if vLLM admits more requests into it (raise "
-                                        "max_num_seqs), and every compaction costs fidelity" + cost, forecast)
+                                        f"(vLLM preempted {forecast.preemptions:g} times)"
+                                        + (f", and {weighed.clause}" if weighed is not None else "")
+                                        + ": the room buys throughput only if vLLM admits more requests into it "
+                                        "(raise max_num_seqs), and every compaction costs fidelity" + cost, forecast)
     return Rollout(STAY_IN_MONITOR, "enforce would have compressed nothing and avoided no preemption in the "
                                     "window: KV memory is not what limits this deployment" + cost, forecast)
+
+
+@dataclasses.dataclass(frozen=True)
+class Weighed:
+    """What enforce would save in time against what GrowPage's own code costs, over the window."""
+
+    clause: str  # the two sides, for a reason
+    pays: bool  # the saving is the larger
+
+
+def _weighed(forecast: ForecastEvidence) -> Weighed | None:
+    """The recompute of the avoidable preemptions and the wider batch of what enforce would run
+    beside vLLM's, against GrowPage's own seconds in monitor (None: either side is not exported, so
+    nothing is weighed)."""
+    recompute, wider, own = forecast.recompute_seconds_avoidable, forecast.wider_batch_seconds, forecast.own_seconds
+    if recompute is None or own is None:
+        return None
+    saved = recompute + (wider or 0.0)
+    relation = "more than" if saved > own else "no more than"
+    return Weighed(f"the time it would save vLLM ({recompute:.3g} s of recompute, {wider or 0.0:.3g} s of a wider "
+                   f"batch) is {relation} the {own:.3g} s GrowPage's own code took in monitor over the window",
+                   saved > own)
 
 
 def _cost(forecast: ForecastEvidence) -> str:

@@ -46,7 +46,19 @@ would have dropped. Each step, with the tokens vLLM scheduled:
   admission holds). Their pages are owed out of the shadows' room in every step: where they
   outgrow it, relief compresses the shadows in that step, and where the floors cannot give
   enough, enforce preempts the newest of them after all (an avoided preemption counts only once
-  its request settles, so the counter never goes back).
+  its request settles, so the counter never goes back);
+- what each avoided preemption would have cost vLLM: its request's tokens at the preemption (its
+  prompt and its output so far, all recomputed when it runs again) at the engine's measured cost of
+  a prefilled token (the scheduler's step-cost fit, the one measured admission reads), counted with
+  it. This is what enforce buys in time, for ``gpctl calibrate`` to weigh against what GrowPage's
+  own work costs (``growpage_vllm_own_seconds_total``). An upper bound where vLLM's prefix cache
+  still holds some of the request's blocks when it resumes; nothing is counted before the fit
+  prices a token (the first prefills of a run);
+- what enforce's wider batch would save: each token a request enforce runs where vLLM does not
+  (one it kept from a preemption, one it admitted into spared pages) decodes inside a step enforce
+  runs anyway, where vLLM decodes it later for a share of a step's fixed cost (``fixed_s / width``
+  of the same fit), counted when the request settles. With the recompute, what enforce would buy in
+  time.
 
 Measured (``gpctl bench vllm --part forecast``, AVX-512, seeds 14-19 and 24-27): counting one
 page per avoided preemption and giving every spared page to admission while requests waited
@@ -73,6 +85,7 @@ from typing import Any
 
 from growpage import catalog
 from growpage.config import Mode
+from growpage.core.admission import StepCosts
 from growpage.core.controller import GrowthController, ceil_div
 from growpage.core.policy import Action
 from growpage.core.step_control import (
@@ -122,12 +135,17 @@ class KeptRequest:
         physical_tokens: tokens its KV would hold (less what its compactions dropped).
         steps_left: decode steps until it would end (its ``max_tokens``; None: unknown, it ends
             only when vLLM runs it again).
+        recompute_s: what vLLM's recompute of it costs, counted with the avoided preemption.
+        width_s: what its tokens decoded in enforce's batch would save vLLM so far (each one's
+            share of a step's fixed cost at vLLM's batch width), counted when it settles.
     """
 
     pages: int
     physical_tokens: int
     steps_left: int | None
     avoided: bool = True  # False: enforce admitted it where vLLM has not yet
+    recompute_s: float = 0.0
+    width_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +198,8 @@ class ForecastTotals:
     preemptions_avoidable: int = 0
     spare_pages: int = 0
     preemptions_avoidable_by_admission: int = 0
+    recompute_seconds_avoidable: float = 0.0
+    wider_batch_seconds: float = 0.0
 
 
 class EnforceForecast:
@@ -208,6 +228,10 @@ class EnforceForecast:
         self.compactions_total = 0
         self.preemptions_total = 0
         self.preemptions_avoidable_total = 0
+        # what vLLM's recomputes of those preemptions cost (seconds, at the engine's measured cost a token)
+        self.recompute_seconds_avoidable_total = 0.0
+        # what the tokens enforce decodes beside vLLM's batch would save (seconds; see _decode_kept)
+        self.wider_batch_seconds_total = 0.0
         self.spare_pages = 0  # pages enforce would have free now beyond vLLM's
         # what enforce would run that vLLM does not (see :meth:`on_preempt` and :meth:`_admit`)
         self._kept: dict[str, KeptRequest] = {}
@@ -243,7 +267,7 @@ class EnforceForecast:
         live = {r.request_id for r in requests}
         for request_id in [rid for rid in self.shadows if rid not in live]:
             del self.shadows[request_id]  # finished or preempted without a callback seen
-        self._decode_kept(live)
+        self._decode_kept(live, len(requests))
         waiting_prompt_tokens = waiting[0].prompt_tokens if waiting else None
         free = max(0, free_pages + self._spare(monitored) - self.kept_pages)
         pressure = self._pressure(monitored, free, waiting_prompt_tokens, total_pages)
@@ -269,19 +293,21 @@ class EnforceForecast:
         self._step_room = None
         self._step_monitored = monitored
 
-    def on_preempt(self, request_id: str, steps_left: int | None = None) -> None:
+    def on_preempt(self, request_id: str, steps_left: int | None = None, tokens: int = 0) -> None:
         """vLLM preempted a monitored request with ``steps_left`` decode steps to its end (None:
-        unknown): avoidable when enforce would have had a page."""
+        unknown) and ``tokens`` to recompute when it runs again (its prompt and its output so far):
+        avoidable when enforce would have had a page."""
         if not self._monitored(request_id):
             return
         self.preemptions_total += 1
         if self.admission is not None:
             self.admission.on_preempt()
+        recompute_s = self._recompute_seconds(tokens)
         shadow = self.shadows.get(request_id)
         if shadow is not None and shadow.over_projection:
             self.preemptions_avoidable_by_admission_total += 1  # admission would not have started it yet
             if shadow.enforce_would_hold:
-                self.preemptions_avoidable_total += 1
+                self._count_avoided(recompute_s)
                 del self.shadows[request_id]
                 return
         shadow = self.shadows.pop(request_id, None)
@@ -294,16 +320,39 @@ class EnforceForecast:
             room += gained
         if room >= 1:
             self._step_room -= 1  # the page the request vLLM preempted for would have grown into
-            if not self._keep(request_id, shadow, steps_left):
-                self.preemptions_avoidable_total += 1  # nothing of it to hold: avoided outright
+            if not self._keep(request_id, shadow, steps_left, recompute_s):
+                self._count_avoided(recompute_s)  # nothing of it to hold: avoided outright
 
     def on_finish(self, request: Request) -> None:
         """A monitored request finished: admission learns its output and its attention need."""
         kept = self._kept.pop(request.request_id, None)
         if kept is not None:
-            self.preemptions_avoidable_total += kept.avoided  # enforce kept it running to its end
+            self._settle(kept)  # enforce kept it running to its end
         if self.admission is not None and self._monitored(request.request_id):
             self.admission.on_finish(request, need_share_at_end(self.controller, request))
+
+    def _step_costs(self) -> StepCosts | None:
+        """This engine's measured step costs (:class:`~growpage.core.admission.StepCostFit`, the
+        scheduler's step meter): None until a fit prices a token (the first prefills of a run) or
+        where no admission is forecast."""
+        return self.admission.step_costs.costs() if self.admission is not None else None
+
+    def _recompute_seconds(self, tokens: int) -> float:
+        """What recomputing ``tokens`` costs this engine, at its measured cost of a prefilled token."""
+        costs = self._step_costs()
+        return tokens * costs.per_token_s if costs is not None else 0.0
+
+    def _settle(self, kept: KeptRequest) -> None:
+        """A request enforce ran beside vLLM's batch settled (vLLM runs it too, or it would have
+        ended): its avoided preemption, and the width its tokens would have bought, count now."""
+        if kept.avoided:
+            self._count_avoided(kept.recompute_s)
+        self.wider_batch_seconds_total += kept.width_s
+
+    def _count_avoided(self, recompute_s: float) -> None:
+        """One preemption enforce would have avoided, settled, and the recompute it would have saved."""
+        self.preemptions_avoidable_total += 1
+        self.recompute_seconds_avoidable_total += recompute_s
 
     def forget(self, request_id: str) -> None:
         """The request's run ended: its shadow goes (pages enforce would keep for it stay owed)."""
@@ -312,10 +361,12 @@ class EnforceForecast:
     def totals(self) -> ForecastTotals:
         return ForecastTotals(self.pages_freed_total, self.compactions_total, self.preemptions_total,
                               self.preemptions_avoidable_total, self.spare_pages,
-                              self.preemptions_avoidable_by_admission_total)
+                              self.preemptions_avoidable_by_admission_total,
+                              round(self.recompute_seconds_avoidable_total, 6),
+                              round(self.wider_batch_seconds_total, 6))
 
     # ---- requests enforce keeps running where vLLM preempted them --------------------------------------
-    def _keep(self, request_id: str, shadow: ShadowKV | None, steps_left: int | None) -> bool:
+    def _keep(self, request_id: str, shadow: ShadowKV | None, steps_left: int | None, recompute_s: float = 0.0) -> bool:
         """Enforce keeps ``request_id`` running on its shadow's pages. vLLM frees them and hands
         them to others until it runs the request again, so they are owed out of the shadows' room
         from now on, not in this step only (counting one page per avoided preemption spent the
@@ -329,18 +380,27 @@ class EnforceForecast:
             return False
         pages = shadow.pages if shadow is not None else step.pages_held
         dropped = shadow.dropped if shadow is not None else 0
-        self._kept[request_id] = KeptRequest(pages, step.tokens - dropped, steps_left)
+        self._kept[request_id] = KeptRequest(pages, step.tokens - dropped, steps_left, recompute_s=recompute_s)
         return True
 
-    def _decode_kept(self, live: set[str]) -> None:
+    def _decode_kept(self, live: set[str], width: int) -> None:
         """One step of the requests enforce keeps running: each decodes a token, growing by a page
         at its boundary (no readings of it are left to compress it by), and goes when vLLM runs it
-        again (both pools hold it then) or when it would have ended."""
+        again (both pools hold it then) or when it would have ended.
+
+        Each such token is decoded inside a step enforce runs anyway, where vLLM decodes it later,
+        in a step of about this one's ``width`` (the requests vLLM runs now): it saves that step's
+        fixed cost shared ``width`` ways, the arithmetic of measured admission's width cost
+        (:func:`~growpage.core.admission.lookahead_pays`). Counted when the request settles, never
+        for one enforce preempts after all."""
+        costs = self._step_costs()
+        token_s = costs.fixed_s / max(1, width) if costs is not None else 0.0
         for request_id, kept in list(self._kept.items()):
             if request_id in live or (kept.steps_left is not None and kept.steps_left <= 0):
                 del self._kept[request_id]
-                self.preemptions_avoidable_total += kept.avoided  # settled: enforce never had to preempt it
+                self._settle(kept)  # enforce never had to preempt it
                 continue
+            kept.width_s += token_s
             kept.physical_tokens += 1
             kept.pages = max(kept.pages, ceil_div(kept.physical_tokens, self.block_size))
             if kept.steps_left is not None:
@@ -531,7 +591,9 @@ class ForecastCollector:
                                 (catalog.FORECAST_PREEMPTIONS, totals.preemptions),
                                 (catalog.FORECAST_PREEMPTIONS_AVOIDABLE, totals.preemptions_avoidable),
                                 (catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION,
-                                 totals.preemptions_avoidable_by_admission)):
+                                 totals.preemptions_avoidable_by_admission),
+                                (catalog.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE, totals.recompute_seconds_avoidable),
+                                (catalog.FORECAST_WIDER_BATCH_SECONDS, totals.wider_batch_seconds)):
                 counter = CounterMetricFamily(spec.name.removesuffix("_total"), spec.help, labels=label)
                 counter.add_metric([self.model], float(value))
                 families.append(counter)

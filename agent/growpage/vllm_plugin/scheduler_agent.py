@@ -281,7 +281,7 @@ class SchedulerAgent:
 
     def _forecast_preemption(self, request: Request) -> None:
         assert self.forecast is not None
-        self.forecast.on_preempt(request.request_id, _steps_left(request))
+        self.forecast.on_preempt(request.request_id, _steps_left(request), int(request.num_tokens))
 
     def _decide_monitored(self, scheduler: Scheduler, request: Request, held: int) -> None:
         """Monitor: run the contract on a boundary vLLM's paging has already crossed; record what

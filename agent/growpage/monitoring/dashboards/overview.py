@@ -183,13 +183,14 @@ def _rollout_row(t: catalog.MixinThresholds) -> list[Cell]:
 
 def _forecast_row(t: catalog.MixinThresholds) -> list[Cell]:
     """Monitor's forecast of enforce (vLLM home): read before a namespace moves to enforce."""
-    freed, avoidable, preempted, spare, by_admission = (metric(spec.name) for spec in (
+    freed, avoidable, preempted, spare, by_admission, recompute, own = (metric(spec.name) for spec in (
         catalog.FORECAST_PAGES_FREED, catalog.FORECAST_PREEMPTIONS_AVOIDABLE, catalog.FORECAST_PREEMPTIONS,
-        catalog.FORECAST_SPARE_PAGES, catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION))
+        catalog.FORECAST_SPARE_PAGES, catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION,
+        catalog.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE, catalog.VLLM_OWN_SECONDS))
     return [
         Cell(timeseries("Pages enforce would free (forecast)", catalog.FORECAST_PAGES_FREED.help + " Per "
                         "namespace, per second: zero means enforce would find nothing to compress.",
-                        targets((f"sum by (namespace) (rate({freed}[{RATE}]))", "{{namespace}}")), "short"), 8),
+                        targets((f"sum by (namespace) (rate({freed}[{RATE}]))", "{{namespace}}")), "short"), 6),
         Cell(timeseries("Preemptions enforce would avoid (forecast)", catalog.FORECAST_PREEMPTIONS_AVOIDABLE.help
                         + " Beside every preemption of a monitored request (the gap is what enforce could not "
                         "avoid either) and those growth-aware admission would avoid (admission setting).",
@@ -197,9 +198,16 @@ def _forecast_row(t: catalog.MixinThresholds) -> list[Cell]:
                                 (f"sum by (namespace) (rate({preempted}[{RATE}]))", "{{namespace}} all"),
                                 (f"sum by (namespace) (rate({by_admission}[{RATE}]))",
                                  "{{namespace}} avoidable by admission")),
-                        "short"), 8),
+                        "short"), 6),
+        Cell(timeseries("Recompute enforce would save against GrowPage's own time (forecast)",
+                        catalog.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE.help + " Beside GrowPage's own seconds per "
+                        "second in the same namespace: where the recompute line stays below, enforce would cost "
+                        "more time than it saves (gpctl calibrate says so).",
+                        targets((f"sum by (namespace) (rate({recompute}[{RATE}]))", "{{namespace}} recompute saved"),
+                                (f"sum by (namespace) (rate({own}[{RATE}]))", "{{namespace}} GrowPage's own")),
+                        "s"), 6),
         Cell(timeseries("Spare pages under enforce (forecast)", catalog.FORECAST_SPARE_PAGES.help,
-                        targets((f"sum by (namespace) ({spare})", "{{namespace}}")), "short"), 8),
+                        targets((f"sum by (namespace) ({spare})", "{{namespace}}")), "short"), 6),
     ]
 
 

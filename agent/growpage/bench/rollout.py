@@ -1,0 +1,51 @@
+"""The forecast before enforce, judged as the operator uses it (pure).
+
+``gpctl calibrate`` turns monitor's forecast of enforce into a rollout recommendation
+(:mod:`growpage.calibrate.rollout`): enforce where the time it would save vLLM (recompute avoided, a
+wider batch) outweighs GrowPage's own seconds. Where a benchmark part runs monitor, enforce and vLLM
+alone on one trace (``--part headline``, ``--part retrieval``), each monitor run's forecast goes
+through that recommendation as if it were a window of the deployment's traffic, and the verdict is
+judged against what enforce then did: right when it says enforce exactly where enforce ran faster
+than vLLM alone at the same engine arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from growpage.calibrate.rollout import ENFORCE, ForecastEvidence, recommend
+
+
+def run_evidence(monitor: dict) -> ForecastEvidence:
+    """One monitor run's forecast as ``gpctl calibrate`` reads it over a window (pure): its counters'
+    totals and GrowPage's own seconds (both sides) over the run."""
+    forecast = monitor["forecast"]
+    own_time = monitor.get("own_time") or {}
+    own = sum((own_time.get("own_s") or {}).values()) if own_time.get("own_s") else None
+    hooked = sum((own_time.get("step_s") or {}).values()) if own_time.get("step_s") else None
+    return ForecastEvidence(
+        pages_freed=forecast["pages_freed"], compactions=forecast["compactions"], preemptions=forecast["preemptions"],
+        preemptions_avoidable=forecast["preemptions_avoidable"],
+        preemptions_avoidable_by_admission=forecast.get("preemptions_avoidable_by_admission", 0),
+        own_share=own / hooked if own is not None and hooked else None,
+        recompute_seconds_avoidable=forecast.get("recompute_seconds_avoidable"),
+        wider_batch_seconds=forecast.get("wider_batch_seconds"), own_seconds=own)
+
+
+def rollout_check(monitor_runs: Sequence[dict], enforce_vs_vllm: float) -> dict:
+    """``gpctl calibrate``'s recommendation from each monitor run (:func:`run_evidence`) against what
+    enforce did (``enforce_vs_vllm``: its median speed, or correct answers per second, over vLLM alone's
+    in the same rounds). The verdict is the rounds' most common one; it is right when it says enforce
+    exactly where enforce ran faster than vLLM alone (pure)."""
+    if not monitor_runs:
+        raise ValueError("rollout_check needs at least one monitor run")
+    rollouts = [recommend(run_evidence(run), "monitor") for run in monitor_runs]
+    verdicts = [rollout.verdict for rollout in rollouts]
+    verdict = max(dict.fromkeys(verdicts), key=verdicts.count)  # ties: the first round's
+    evidence = [run_evidence(run) for run in monitor_runs]
+    return {"verdict": verdict, "verdicts": verdicts, "reason": rollouts[verdicts.index(verdict)].reason,
+            "saved_s": [round((e.recompute_seconds_avoidable or 0.0) + (e.wider_batch_seconds or 0.0), 3)
+                        for e in evidence],
+            "own_s": [round(e.own_seconds, 3) if e.own_seconds is not None else None for e in evidence],
+            "enforce_vs_vllm": round(enforce_vs_vllm, 3), "enforce_paid": enforce_vs_vllm > 1.0,
+            "right": (verdict == ENFORCE) == (enforce_vs_vllm > 1.0)}
