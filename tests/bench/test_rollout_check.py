@@ -7,7 +7,7 @@ import pytest
 
 from growpage.bench.goodput import answers_comparison
 from growpage.bench.headline import verdict
-from growpage.bench.rollout import rollout_check, run_evidence
+from growpage.bench.rollout import rollout_check, rollout_lines, run_evidence
 from growpage.calibrate.rollout import ENFORCE, STAY_IN_MONITOR
 
 
@@ -82,3 +82,16 @@ def test_retrieval_judges_it_against_correct_answers_per_second():
     variants = {"vllm": _answers_point(2.0), "monitor": monitor, "growpage": _answers_point(2.3)}
     rollout = answers_comparison(variants)["rollout"]
     assert rollout["verdict"] == ENFORCE and rollout["enforce_vs_vllm"] == 1.15 and rollout["right"]
+
+
+def test_each_judged_trace_prints_one_line_with_its_verdict_and_whether_enforce_bore_it_out():
+    stay = rollout_check([_monitor_run(avoidable=2, recompute_s=0.05, wider_s=0.0, own_s=0.5)], 0.94)
+    go = rollout_check([_monitor_run(avoidable=0, recompute_s=0.0, wider_s=2.5, own_s=0.4)], 0.97)
+    result = {"headlines": [{"seed": 39, "verdict": {"rollout": stay}}, {"seed": 40, "verdict": {"rollout": None}}],
+              "retrieval": {"comparison": {"rollout": go}}}
+    lines = rollout_lines(result)
+    assert lines[0] == ("headline seed 39: calibrate from monitor's forecast says stay_in_monitor (saved [0.05] s "
+                        "against GrowPage's own [0.5] s); enforce ran 0.940x vLLM alone: right")
+    assert lines[1].startswith("retrieval: calibrate from monitor's forecast says enforce")
+    assert lines[1].endswith("0.970x vLLM alone: wrong")
+    assert len(lines) == 2 and rollout_lines({}) == []

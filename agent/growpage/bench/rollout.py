@@ -49,3 +49,15 @@ def rollout_check(monitor_runs: Sequence[dict], enforce_vs_vllm: float) -> dict:
             "own_s": [round(e.own_seconds, 3) if e.own_seconds is not None else None for e in evidence],
             "enforce_vs_vllm": round(enforce_vs_vllm, 3), "enforce_paid": enforce_vs_vllm > 1.0,
             "right": (verdict == ENFORCE) == (enforce_vs_vllm > 1.0)}
+
+
+def rollout_lines(result: dict) -> list[str]:
+    """One line per judged trace of a ``gpctl bench vllm`` result (headline seeds, retrieval): the
+    verdict calibrate gives from monitor's forecast and whether enforce then bore it out (pure)."""
+    judged = [(f"headline seed {trace['seed']}", trace["verdict"].get("rollout"))
+              for trace in result.get("headlines", [])]
+    judged.append(("retrieval", (result.get("retrieval") or {}).get("comparison", {}).get("rollout")))
+    return [f"{label}: calibrate from monitor's forecast says {rollout['verdict']} (saved {rollout['saved_s']} s "
+            f"against GrowPage's own {rollout['own_s']} s); enforce ran {rollout['enforce_vs_vllm']:.3f}x vLLM "
+            f"alone: {'right' if rollout['right'] else 'wrong'}"
+            for label, rollout in judged if rollout]

@@ -437,6 +437,15 @@ def _print_vllm_tables(result: dict, console: Console, output: Path | None) -> N
     _print_sweep(result, console, output)
     _print_headline(result, console)
     _print_forecast(result, console)
+    _print_rollouts(result, console)
+
+
+def _print_rollouts(result: dict, console: Console) -> None:
+    """Calibrate's rollout from each judged trace's monitor runs, against what enforce then did."""
+    from growpage.bench.rollout import rollout_lines
+
+    for line in rollout_lines(result):
+        console.print(line)
 
 
 def _print_forecast(result: dict, console: Console) -> None:
