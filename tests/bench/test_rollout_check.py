@@ -38,10 +38,12 @@ def test_a_run_reads_as_a_window_own_seconds_from_both_sides():
 def test_the_verdict_is_right_only_where_it_says_enforce_exactly_when_enforce_beat_vllm_alone(
         saved_s, enforce_vs_vllm, verdict_wanted, right):
     runs = [_monitor_run(avoidable=2, recompute_s=saved_s / 2, wider_s=saved_s / 2, own_s=0.5)] * 3
-    result = rollout_check(runs, enforce_vs_vllm)
+    result = rollout_check(runs, enforce_vs_vllm, measured_net_s=0.25)
     assert result["verdict"] == verdict_wanted and result["verdicts"] == [verdict_wanted] * 3
     assert result["right"] is right and result["enforce_paid"] is (enforce_vs_vllm > 1.0)
     assert result["saved_s"] == [pytest.approx(saved_s)] * 3 and result["own_s"] == [0.5] * 3
+    # the time itself, beside the verdict: the forecast's saving less its own, and vLLM's wall time less enforce's
+    assert result["forecast_net_s"] == pytest.approx(saved_s - 0.5) and result["measured_net_s"] == 0.25
 
 
 def test_the_rounds_most_common_verdict_decides():
@@ -50,6 +52,7 @@ def test_the_rounds_most_common_verdict_decides():
             _monitor_run(avoidable=2, recompute_s=0.2, wider_s=0.0, own_s=0.5)]
     result = rollout_check(runs, 0.95)
     assert result["verdicts"] == [STAY_IN_MONITOR, ENFORCE, STAY_IN_MONITOR]
+    assert result["forecast_net_s"] == -0.3 and result["measured_net_s"] is None  # the median round's net
     assert result["verdict"] == STAY_IN_MONITOR and result["right"]
     with pytest.raises(ValueError, match="at least one monitor run"):
         rollout_check([], 1.0)
@@ -58,7 +61,7 @@ def test_the_rounds_most_common_verdict_decides():
 def _speed_point(speed: float, runs: list[dict] | None = None) -> dict:
     return {"tokens_per_s": {"median": speed, "range": [speed, speed], "values": [speed]}, "nll_increase": 0.0,
             "preemptions": [0], "mean_blocks_per_running": {"median": 5.0}, "goodput": {"answerable": 0},
-            "runs": runs or []}
+            "runs": runs or [{"elapsed_s": 1000.0 / speed}]}
 
 
 def test_the_headline_judges_the_recommendation_against_enforce_over_untuned_vllm_alone():
@@ -67,12 +70,13 @@ def test_the_headline_judges_the_recommendation_against_enforce_over_untuned_vll
                 "growpage": _speed_point(94.0), "limit": _speed_point(150.0)}
     rollout = verdict(variants)["rollout"]
     assert rollout["verdict"] == STAY_IN_MONITOR and rollout["enforce_vs_vllm"] == 0.94 and rollout["right"]
+    assert rollout["measured_net_s"] == pytest.approx(10.0 - 1000.0 / 94.0, abs=1e-3)
     assert verdict({name: point for name, point in variants.items() if name != "monitor"})["rollout"] is None
 
 
 def _answers_point(correct_per_s: float, runs: list[dict] | None = None) -> dict:
     spread = {"median": correct_per_s, "range": [correct_per_s, correct_per_s], "values": [correct_per_s]}
-    return {"accuracy": {"median": 1.0}, "correct_per_s": spread, "elapsed_s": {"median": 10.0},
+    return {"accuracy": {"median": 1.0}, "correct_per_s": spread, "elapsed_s": {"median": 16.0 / correct_per_s},
             "runs": runs or []}
 
 
@@ -82,6 +86,7 @@ def test_retrieval_judges_it_against_correct_answers_per_second():
     variants = {"vllm": _answers_point(2.0), "monitor": monitor, "growpage": _answers_point(2.3)}
     rollout = answers_comparison(variants)["rollout"]
     assert rollout["verdict"] == ENFORCE and rollout["enforce_vs_vllm"] == 1.15 and rollout["right"]
+    assert rollout["measured_net_s"] == pytest.approx(16.0 / 2.0 - 16.0 / 2.3, abs=1e-3)
 
 
 def test_each_judged_trace_prints_one_line_with_its_verdict_and_whether_enforce_bore_it_out():
@@ -92,6 +97,9 @@ def test_each_judged_trace_prints_one_line_with_its_verdict_and_whether_enforce_
     lines = rollout_lines(result)
     assert lines[0] == ("headline seed 39: calibrate from monitor's forecast says stay_in_monitor (saved [0.05] s "
                         "against GrowPage's own [0.5] s); enforce ran 0.940x vLLM alone: right")
+    timed = rollout_check([_monitor_run(avoidable=2, recompute_s=0.05, wider_s=0.0, own_s=0.5)], 0.94, -0.41)
+    assert rollout_lines({"headlines": [{"seed": 39, "verdict": {"rollout": timed}}]})[0].endswith(
+        "right (net seconds forecast -0.45, measured -0.41)")
     assert lines[1].startswith("retrieval: calibrate from monitor's forecast says enforce")
     assert lines[1].endswith("0.970x vLLM alone: wrong")
     assert len(lines) == 2 and rollout_lines({}) == []

@@ -251,7 +251,8 @@ def answers_comparison(variants: dict[str, dict]) -> dict:
             # the forecast before enforce: calibrate's recommendation from monitor's runs against what
             # enforce then did (correct answers/s against vLLM alone's at the same engine arguments)
             "rollout": (rollout_check(variants["monitor"]["runs"], grow["correct_per_s"]["median"]
-                                      / max(base["correct_per_s"]["median"], 1e-9))
+                                      / max(base["correct_per_s"]["median"], 1e-9),
+                                      base["elapsed_s"]["median"] - grow["elapsed_s"]["median"])
                         if "monitor" in variants else None),
             "targets": {"accuracy_share_of_vllm": 0.95, "wall_vs_vllm": 1.05,
                         "correct_per_s_vs_tuned_vllm": NEVER_WORSE_SHARE}}

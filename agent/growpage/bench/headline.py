@@ -42,6 +42,7 @@ decoding is deterministic). :func:`verdict` reads the medians against the target
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -211,7 +212,8 @@ def verdict(variants: dict[str, dict]) -> dict:
                                     if monitor is not None else None),
         # the forecast before enforce: calibrate's recommendation from monitor's runs against what
         # enforce then did against vLLM alone at the same engine arguments
-        "rollout": (rollout_check(monitor["runs"], grow / _speed(variants["vllm"]))
+        "rollout": (rollout_check(monitor["runs"], grow / _speed(variants["vllm"]),
+                                  _median_elapsed(variants["vllm"]) - _median_elapsed(variants["growpage"]))
                     if monitor is not None and monitor.get("runs") else None),
         # growth-aware admission: each variant's speed against tuned vLLM alone, and whether it meets
         # the never-worse target where the shipped default does not
@@ -226,6 +228,11 @@ def verdict(variants: dict[str, dict]) -> dict:
             for name, point in variants.items() if name.startswith(COVERAGE_PREFIX)},
         "targets": {"never_worse_share": NEVER_WORSE_SHARE, "gain_share": GAIN_SHARE_TARGET,
                     "gain_nll_limit": GAIN_NLL_LIMIT, "equal_memory_nll_margin": EQUAL_MEMORY_NLL_MARGIN}}
+
+
+def _median_elapsed(point: dict) -> float:
+    """A variant's median wall time over its rounds (0 where its runs were not kept)."""
+    return statistics.median([run["elapsed_s"] for run in point["runs"]]) if point.get("runs") else 0.0
 
 
 def _rounded(value: float | None) -> float | None:

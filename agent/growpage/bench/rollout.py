@@ -11,6 +11,7 @@ than vLLM alone at the same engine arguments.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from growpage.calibrate.rollout import ENFORCE, ForecastEvidence, recommend
@@ -32,11 +33,14 @@ def run_evidence(monitor: dict) -> ForecastEvidence:
         wider_batch_seconds=forecast.get("wider_batch_seconds"), own_seconds=own)
 
 
-def rollout_check(monitor_runs: Sequence[dict], enforce_vs_vllm: float) -> dict:
+def rollout_check(monitor_runs: Sequence[dict], enforce_vs_vllm: float, measured_net_s: float | None = None) -> dict:
     """``gpctl calibrate``'s recommendation from each monitor run (:func:`run_evidence`) against what
     enforce did (``enforce_vs_vllm``: its median speed, or correct answers per second, over vLLM alone's
     in the same rounds). The verdict is the rounds' most common one; it is right when it says enforce
-    exactly where enforce ran faster than vLLM alone (pure)."""
+    exactly where enforce ran faster than vLLM alone (pure).
+
+    Beside it, the time itself: the forecast's net (saved less GrowPage's own in monitor, the rounds'
+    median) against ``measured_net_s``, vLLM alone's median wall time less enforce's (None: not given)."""
     if not monitor_runs:
         raise ValueError("rollout_check needs at least one monitor run")
     rollouts = [recommend(run_evidence(run), "monitor") for run in monitor_runs]
@@ -47,8 +51,17 @@ def rollout_check(monitor_runs: Sequence[dict], enforce_vs_vllm: float) -> dict:
             "saved_s": [round((e.recompute_seconds_avoidable or 0.0) + (e.wider_batch_seconds or 0.0), 3)
                         for e in evidence],
             "own_s": [round(e.own_seconds, 3) if e.own_seconds is not None else None for e in evidence],
+            "forecast_net_s": _median_net(evidence),
+            "measured_net_s": round(measured_net_s, 3) if measured_net_s is not None else None,
             "enforce_vs_vllm": round(enforce_vs_vllm, 3), "enforce_paid": enforce_vs_vllm > 1.0,
             "right": (verdict == ENFORCE) == (enforce_vs_vllm > 1.0)}
+
+
+def _median_net(evidence: Sequence[ForecastEvidence]) -> float | None:
+    """The rounds' median of saved less own seconds (None where a round has neither side)."""
+    nets = [(e.recompute_seconds_avoidable or 0.0) + (e.wider_batch_seconds or 0.0) - e.own_seconds
+            for e in evidence if e.recompute_seconds_avoidable is not None and e.own_seconds is not None]
+    return round(statistics.median(nets), 3) if len(nets) == len(evidence) else None
 
 
 def rollout_lines(result: dict) -> list[str]:
@@ -60,4 +73,6 @@ def rollout_lines(result: dict) -> list[str]:
     return [f"{label}: calibrate from monitor's forecast says {rollout['verdict']} (saved {rollout['saved_s']} s "
             f"against GrowPage's own {rollout['own_s']} s); enforce ran {rollout['enforce_vs_vllm']:.3f}x vLLM "
             f"alone: {'right' if rollout['right'] else 'wrong'}"
+            + (f" (net seconds forecast {rollout['forecast_net_s']:+.2f}, measured {rollout['measured_net_s']:+.2f})"
+               if rollout.get("forecast_net_s") is not None and rollout.get("measured_net_s") is not None else "")
             for label, rollout in judged if rollout]
