@@ -48,7 +48,7 @@ def test_the_verdict_is_right_only_where_it_says_enforce_exactly_when_enforce_be
 
 def test_the_rounds_most_common_verdict_decides():
     runs = [_monitor_run(avoidable=2, recompute_s=0.1, wider_s=0.0, own_s=0.5),
-            _monitor_run(avoidable=2, recompute_s=0.9, wider_s=0.0, own_s=0.5),
+            _monitor_run(avoidable=2, recompute_s=1.5, wider_s=0.0, own_s=0.5),
             _monitor_run(avoidable=2, recompute_s=0.2, wider_s=0.0, own_s=0.5)]
     result = rollout_check(runs, 0.95)
     assert result["verdicts"] == [STAY_IN_MONITOR, ENFORCE, STAY_IN_MONITOR]
