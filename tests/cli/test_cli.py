@@ -221,7 +221,8 @@ def test_bench_vllm_refuses_a_retrieval_skip_that_names_no_variant_before_starti
     result = runner.invoke(app, ["bench", "vllm", "--part", part, "--retrieval-skip", "h2o@99"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.stderr.strip() == ("error: retrieval_skip names no variant: h2o@99; choose among vllm, vllm@seqs4, "
-                                     "vllm@seqs6, growpage, growpage@projected, streaming_llm@4, h2o@4, snapkv@4, "
+                                     "vllm@seqs6, monitor, growpage, growpage@projected, streaming_llm@4, h2o@4, "
+                                     "snapkv@4, "
                                      "tova@4, limit")
 
 

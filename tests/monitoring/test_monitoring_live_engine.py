@@ -70,6 +70,9 @@ NO_DATA_ON_THIS_MACHINE = {
     (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "B"),
     (_OVERVIEW, "Preemptions enforce would avoid (forecast)", "C"),
     (_OVERVIEW, "Spare pages under enforce (forecast)", "A"),
+    # ... and so is its price: the recompute saved beside GrowPage's own seconds (the vLLM home's).
+    (_OVERVIEW, "Recompute enforce would save against GrowPage's own time (forecast)", "A"),
+    (_OVERVIEW, "Recompute enforce would save against GrowPage's own time (forecast)", "B"),
     # Growth-aware admission is the vLLM plugin's scheduler agent's (test_vllm_enforce scrapes it).
     (_OVERVIEW, "Steps admission held a request", "A"),
     (_OVERVIEW, "Projected pages against the pool", "A"),
