@@ -8,7 +8,7 @@ import pytest
 from growpage.bench.goodput import answers_comparison
 from growpage.bench.headline import verdict
 from growpage.bench.rollout import rollout_check, rollout_lines, run_evidence
-from growpage.calibrate.rollout import ENFORCE, STAY_IN_MONITOR
+from growpage.rollout import ENFORCE, STAY_IN_MONITOR
 
 
 def _monitor_run(*, avoidable: int, recompute_s: float, wider_s: float, own_s: float) -> dict:

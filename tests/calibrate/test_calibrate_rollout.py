@@ -12,7 +12,9 @@ from growpage import catalog
 from growpage.calibrate import Evidence, Quantiles, calibrate, render_yaml
 from growpage.calibrate.evidence import evidence_from_expositions
 from growpage.calibrate.output import to_json
-from growpage.calibrate.rollout import (
+from growpage.diagnose.exposition import parse_exposition
+from growpage.diagnose.observations import Window
+from growpage.rollout import (
     ENFORCE,
     ENFORCE_COST_FACTOR,
     NO_FORECAST,
@@ -20,8 +22,6 @@ from growpage.calibrate.rollout import (
     ForecastEvidence,
     recommend,
 )
-from growpage.diagnose.exposition import parse_exposition
-from growpage.diagnose.observations import Window
 
 
 def test_enforce_is_recommended_only_where_it_would_avoid_preemptions():

@@ -51,6 +51,10 @@ class Scenario:
     components: Mapping[str, str] = dataclasses.field(default_factory=lambda: {
         "observer": "active", "enforcer": "active"})
     drop: frozenset[str] = frozenset()  # metric names (catalog names) the agent does not export
+    # monitor's forecast of enforce: counter rates by catalog name (none: the agent exports no forecast), and
+    # GrowPage's own seconds per second on each side beside the hooked vLLM calls' (None: not exported)
+    forecast_per_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    own_seconds_per_s: float | None = None
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     gpu_framebuffer_used_mib: tuple[float, ...] = (60000.0,)
     gpu_framebuffer_total_mib: float = 81559.0
@@ -184,6 +188,11 @@ def samples(scenario: Scenario, elapsed_s: float, sample_index: int = 0,
           for row in counter(c.AGENT_ERRORS, per_s * uptime_s, component=component)],
         *gauge(c.BUILD_INFO, 1.0, **scenario.build),
         *_histogram(c.REQUEST_TOKENS, scenario.tokens_shares, scenario.finished_per_s * uptime_s, labels),
+        *[row for name, per_s in scenario.forecast_per_s.items()
+          for row in [Series(name, "counter", name, labels, per_s * uptime_s)]],
+        *[row for side in c.OWN_TIME_SIDES if scenario.own_seconds_per_s is not None
+          for row in (*counter(c.VLLM_OWN_SECONDS, scenario.own_seconds_per_s * uptime_s, side=side),
+                      *counter(c.VLLM_STEP_SECONDS, 0.5 * uptime_s, side=side))],
     ]
     return [row for row in rows if row.family not in scenario.drop]
 

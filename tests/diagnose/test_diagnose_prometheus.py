@@ -17,6 +17,7 @@ import diagnose_scenarios as scenarios
 import pytest
 
 from gpctl.main import app
+from growpage import catalog
 from growpage.monitoring.alert_rules import alert_rules
 from growpage.monitoring.promql import metric_names
 from growpage.monitoring.recording_rules import recording_rules
@@ -25,9 +26,16 @@ from support.promstack import run_prometheus, run_tool
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
                                 reason="prometheus/promtool not installed (scripts/install-system-deps.sh)")
 
+# Monitored, and monitor's forecast says enforce pays: its spare pages would run waiting requests in a wider
+# batch (0.02 s a second) for GrowPage's own 0.002 s a second on each side.
 REASONING = scenarios.LATENCY.replace(
     build={**scenarios.LATENCY.build, "mode": "monitor"}, entropy_shares=scenarios.PHASE_TWO_CANDIDATE.entropy_shares,
-    compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0, compress_ratio_gauge=0.0)
+    compress_input_bytes_per_s=0.0, compress_output_bytes_per_s=0.0, compress_ratio_gauge=0.0,
+    forecast_per_s={catalog.FORECAST_PAGES_FREED.name: 1.0, catalog.FORECAST_PREEMPTIONS.name: 0.0,
+                    catalog.FORECAST_PREEMPTIONS_AVOIDABLE.name: 0.0,
+                    catalog.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE.name: 0.0,
+                    catalog.FORECAST_WIDER_BATCH_SECONDS.name: 0.02},
+    own_seconds_per_s=0.002)
 REASONING_GPU = scenarios.LATENCY.gpu_model
 TARGETS = {("chat", "chat-0"): scenarios.HEALTHY, ("chat", "chat-1"): scenarios.HEALTHY,
            ("batch", "batch-0"): scenarios.OVER_GRANTING, ("reasoning", "reasoning-0"): REASONING}
@@ -79,7 +87,12 @@ def test_fleet_with_a_per_namespace_breakdown(runner, recorded):
     assert latency["breakdown"]["scopes"]["chat"]["status"] == "ok"
     assert "block_size 16 on H100" in latency["breakdown"]["scopes"]["reasoning"]["summary"]
     rollout = checks["rollout"]["breakdown"]["scopes"]
-    assert rollout["reasoning"]["severity"] == "info" and "phase-2 candidate" in rollout["reasoning"]["summary"]
+    reasoning = rollout["reasoning"]
+    assert reasoning["severity"] == "info" and "monitor's forecast says enforce pays here" in reasoning["summary"]
+    # the forecast's increases over the 30-minute window, weighed as gpctl calibrate weighs them
+    forecast = reasoning["evidence"]["forecast"]
+    assert forecast["wider_batch_seconds"] == pytest.approx(0.02 * 1800, rel=0.05)
+    assert forecast["own_seconds"] == pytest.approx(2 * 0.002 * 1800, rel=0.05)
     assert rollout["batch"]["severity"] == "none"
 
 

@@ -29,7 +29,7 @@ from growpage.diagnose.observations import (
     ServiceErrorRatios,
     Window,
 )
-from growpage.diagnose.scrapes import counter_increase, histogram_increase
+from growpage.diagnose.scrapes import build_scope, counter_increase, histogram_increase
 
 T = Thresholds.from_catalog()
 WINDOW = Window(1000.0, 1060.0, "snapshots", num_samples=2)
@@ -325,6 +325,47 @@ def test_rollout_flags_phase_two_candidates_as_advice_and_throttling_as_warning(
     assert finding.status is Status.OK and finding.resolved_severity is Severity.INFO
     throttled = Scope("s", decisions={"allocate": 1.0, "throttled": 3.0}, build_infos=(BuildInfo(mode="enforce"),))
     assert rollout(throttled, WINDOW, T).status is Status.WARNING
+
+
+def _forecast_counters(*, avoidable: float, recompute_s: float, wider_s: float) -> dict[str, float]:
+    c = catalog
+    return {c.FORECAST_PAGES_FREED.name: 40.0, c.FORECAST_COMPACTIONS.name: 30.0, c.FORECAST_PREEMPTIONS.name: 9.0,
+            c.FORECAST_PREEMPTIONS_AVOIDABLE.name: avoidable, c.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION.name: 0.0,
+            c.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE.name: recompute_s, c.FORECAST_WIDER_BATCH_SECONDS.name: wider_s}
+
+
+def test_rollout_follows_monitors_forecast_where_there_is_one_whatever_the_entropy():
+    monitored = (BuildInfo(mode="monitor"),)
+    hard = histogram({2.5: 2, 3.0: 8})  # entropy alone would make it a phase-2 candidate
+    # the decode-heavy case: 2 short preemptions avoided, 0.04 s saved against 0.43 s of GrowPage's own
+    slower = Scope("s", lts_entropy=hard, build_infos=monitored, own_seconds=0.43, hooked_seconds=10.0,
+                   forecast_counters=_forecast_counters(avoidable=2.0, recompute_s=0.03, wider_s=0.01))
+    finding = rollout(slower, WINDOW, T)
+    assert finding.status is Status.OK and finding.resolved_severity is Severity.NONE and not finding.remediation
+    assert "stay in monitor (LTS entropy p50" in finding.summary and "slower than vLLM alone" in finding.summary
+    assert finding.evidence["forecast_verdict"] == "stay_in_monitor"
+    # the retrieval case: nothing preempts, but compressed prompts let the queue in: advice to enforce
+    pays = dataclasses.replace(slower, lts_entropy=histogram({1.5: 8, 2.0: 2}), own_seconds=0.21,
+                               forecast_counters=_forecast_counters(avoidable=0.0, recompute_s=0.0, wider_s=0.87))
+    finding = rollout(pays, WINDOW, T)
+    assert finding.resolved_severity is Severity.INFO and "monitor's forecast says enforce pays here" in finding.summary
+    assert any("Enable mode=enforce here (phase 2)" in step for step in finding.remediation)
+    # no forecast (an older GrowPage, the reference engine): the entropy rule, as before
+    older = dataclasses.replace(slower, forecast_counters=None)
+    assert "a phase-2 candidate" in rollout(older, WINDOW, T).summary
+
+
+def test_the_forecast_counters_are_read_from_scrapes_as_their_increase():
+    def exposition(time_s: float, avoidable: float, wider_s: float):
+        text = "".join(f"# TYPE {name.removesuffix('_total')} counter\n{name}{{model_name=\"m\"}} {value}\n"
+                       for name, value in ((catalog.FORECAST_PREEMPTIONS_AVOIDABLE.name, avoidable),
+                                           (catalog.FORECAST_WIDER_BATCH_SECONDS.name, wider_s)))
+        return parse_exposition(text, "agent", time_s)
+
+    scope = build_scope("all", [exposition(0.0, 1.0, 0.5), exposition(60.0, 3.0, 2.0)], [], lambda labels: True)
+    assert scope.forecast_counters == {catalog.FORECAST_PREEMPTIONS_AVOIDABLE.name: 2.0,
+                                       catalog.FORECAST_WIDER_BATCH_SECONDS.name: 1.5}
+    assert build_scope("all", [parse_exposition("", "agent", 0.0)], [], lambda labels: True).forecast_counters is None
 
 
 def test_growpage_costing_more_than_its_share_of_vllms_step_is_a_warning_with_what_to_observe_less():

@@ -1,7 +1,7 @@
 """The forecast before enforce, judged as the operator uses it (pure).
 
 ``gpctl calibrate`` turns monitor's forecast of enforce into a rollout recommendation
-(:mod:`growpage.calibrate.rollout`): enforce where the time it would save vLLM (recompute avoided, a
+(:mod:`growpage.rollout`): enforce where the time it would save vLLM (recompute avoided, a
 wider batch) outweighs GrowPage's own seconds. Where a benchmark part runs monitor, enforce and vLLM
 alone on one trace (``--part headline``, ``--part retrieval``), each monitor run's forecast goes
 through that recommendation as if it were a window of the deployment's traffic, and the verdict is
@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from growpage.calibrate.rollout import ENFORCE, ForecastEvidence, recommend
+from growpage.rollout import ENFORCE, ForecastEvidence, recommend
 
 
 def run_evidence(monitor: dict) -> ForecastEvidence:

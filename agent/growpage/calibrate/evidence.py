@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from growpage import catalog
-from growpage.calibrate.rollout import ForecastEvidence
 from growpage.diagnose.exposition import Exposition
 from growpage.diagnose.observations import HistogramCounts, Window
 from growpage.diagnose.scrapes import counter_increase, histogram_increase
 from growpage.errors import GrowPageError
+from growpage.rollout import COST_COUNTERS, FORECAST_COUNTERS, ForecastEvidence, forecast_evidence
 
 # The distributions calibration needs, in the order settings read them.
 DISTRIBUTIONS = (catalog.LTS_ENTROPY, catalog.STS_DENSITY, catalog.REQUEST_TOKENS)
@@ -133,32 +133,6 @@ def evidence_from_expositions(expositions: Sequence[Exposition], source: Mapping
             forecast=forecast_evidence({spec.name: counter_increase(agent, spec.name, of_model)
                                         for spec in (*FORECAST_COUNTERS, *COST_COUNTERS)}))
     return Evidence(source=dict(source), window=window, models=found)
-
-
-# The forecast's counters calibrate reads (growpage.calibrate.rollout), in ForecastEvidence's field order,
-# then what enforce would save in time (absent from a GrowPage older than it: nothing is weighed), then
-# what monitor itself cost vLLM meanwhile (own seconds over the hooked calls' seconds, both sides).
-FORECAST_COUNTERS = (catalog.FORECAST_PAGES_FREED, catalog.FORECAST_COMPACTIONS, catalog.FORECAST_PREEMPTIONS,
-                     catalog.FORECAST_PREEMPTIONS_AVOIDABLE, catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION,
-                     catalog.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE, catalog.FORECAST_WIDER_BATCH_SECONDS)
-COST_COUNTERS = (catalog.VLLM_OWN_SECONDS, catalog.VLLM_STEP_SECONDS)
-
-
-def forecast_evidence(increases: Mapping[str, float | None]) -> ForecastEvidence | None:
-    """The forecast's counter increases by series name (None: absent) as evidence, with GrowPage's own
-    seconds and share of vLLM's step time where its cost counters are present; None when no forecast
-    counter is."""
-    if all(increases.get(spec.name) is None for spec in FORECAST_COUNTERS):
-        return None
-    own, hooked = (increases.get(spec.name) for spec in COST_COUNTERS)
-    freed, compactions, preemptions, avoidable, by_admission = (float(increases.get(spec.name) or 0.0)
-                                                                for spec in FORECAST_COUNTERS[:-2])
-    recompute, wider = (increases.get(spec.name) for spec in FORECAST_COUNTERS[-2:])
-    return ForecastEvidence(freed, compactions, preemptions, avoidable, by_admission,
-                            own_share=own / hooked if own is not None and hooked else None,
-                            recompute_seconds_avoidable=float(recompute) if recompute is not None else None,
-                            wider_batch_seconds=float(wider) if wider is not None else None,
-                            own_seconds=float(own) if own is not None else None)
 
 
 def _newest_build_infos(agent: Sequence[Exposition], model: str) -> list[Mapping[str, str]]:

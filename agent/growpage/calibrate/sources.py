@@ -17,21 +17,19 @@ from typing import TYPE_CHECKING
 
 from growpage import catalog
 from growpage.calibrate.evidence import (
-    COST_COUNTERS,
     DISTRIBUTIONS,
-    FORECAST_COUNTERS,
     NAMESPACE_LABEL,
     Evidence,
     ModelEvidence,
     agreed,
     block_sizes,
     evidence_from_expositions,
-    forecast_evidence,
 )
 from growpage.diagnose.exposition import Exposition, parse_exposition, snapshot_time
 from growpage.diagnose.observations import HistogramCounts, Window
 from growpage.diagnose.sources import http
 from growpage.errors import GrowPageError
+from growpage.rollout import COST_COUNTERS, FORECAST_COUNTERS, forecast_evidence
 
 if TYPE_CHECKING:
     import httpx  # imported when a source is read over HTTP (diagnose's reader does that)

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 
 from growpage import catalog
 from growpage.calibrate.evidence import ModelEvidence
-from growpage.calibrate.rollout import Rollout, recommend
 from growpage.config import GrowPageConfig
 from growpage.config import min_base_pages as config_min_base_pages
 from growpage.diagnose.observations import HistogramCounts
 from growpage.errors import GrowPageError
+from growpage.rollout import Rollout, recommend
 
 DEFAULT_MIN_SAMPLES = 50
 # Written thresholds keep 4 decimals: finer than any bucket, short enough to read in a review.
@@ -88,7 +88,7 @@ class Calibration:
     settings: tuple[Setting, ...]
     # Namespaces whose LTS p50 exceeds the calibrated rollout_entropy_threshold: namespace -> p50.
     rollout_candidates: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    # Enforce or not, from monitor's forecast of enforce (growpage.calibrate.rollout); None: not asked.
+    # Enforce or not, from monitor's forecast of enforce (growpage.rollout); None: not asked.
     rollout: Rollout | None = None
 
     def config_values(self) -> dict[str, float | int]:

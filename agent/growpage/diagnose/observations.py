@@ -240,6 +240,9 @@ class Scope:
     # the vLLM calls it hooks, its own part included.
     own_seconds: float | None = None
     hooked_seconds: float | None = None
+    # Monitor's forecast of enforce: the increase of each forecast counter present (catalog.FORECAST_METRICS),
+    # by series name; None where the scope has none (enforced, off, or a GrowPage older than the forecast).
+    forecast_counters: Mapping[str, float] | None = None
     vllm_kv_cache_usage_max: float | None = None
     vllm_queue_growth: float | None = None  # waiting requests at the end minus at the start
     # Each replica's lowest growpage_router_load in the window, by pod ("" where the series has no pod

@@ -109,6 +109,8 @@ def build_scope(name: str, agent: Sequence[Exposition], dcgm: Sequence[Expositio
         observed_steps=counter_increase(agent, catalog.VLLM_OBSERVED_STEPS.name, keep),
         own_seconds=counter_increase(agent, catalog.VLLM_OWN_SECONDS.name, keep),
         hooked_seconds=counter_increase(agent, catalog.VLLM_STEP_SECONDS.name, keep),
+        forecast_counters=_present({spec.name: counter_increase(agent, spec.name, keep)
+                                    for spec in catalog.FORECAST_METRICS if spec.type is catalog.MetricType.COUNTER}),
         vllm_kv_cache_usage_max=_gauge_max(agent, catalog.VLLM_KV_CACHE_USAGE, keep),
         vllm_queue_growth=_growth(agent, catalog.VLLM_REQUESTS_WAITING, keep),
         router_load_min_by_pod=_min_by_pod(agent, catalog.ROUTER_LOAD.name, keep),
@@ -259,6 +261,12 @@ def _increase_per_series(expositions: Sequence[Exposition], name: str, keep: Lab
                 increases.setdefault(key, 0.0)
         previous.update(current)
     return increases
+
+
+def _present(values: Mapping[str, float | None]) -> dict[str, float] | None:
+    """The values that are there, or None when none is."""
+    found = {name: value for name, value in values.items() if value is not None}
+    return found or None
 
 
 def counter_increase(expositions: Sequence[Exposition], name: str, keep: LabelFilter) -> float | None:

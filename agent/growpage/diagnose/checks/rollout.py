@@ -1,8 +1,12 @@
-"""Checklist step 5: the staged rollout (monitor -> enforce where LTS entropy > 2.5 -> everywhere).
+"""Checklist step 5: the staged rollout (monitor -> enforce where it pays -> everywhere).
 
-A scope not yet enforced whose median finished-request LTS entropy is above 2.5 is a phase-2
-candidate (advice: status ok, severity info). In enforce mode, growth refused by
-``max_growth_rate`` in more than half of the attempts means the limit is too tight for the traffic.
+A monitored scope is a phase-2 candidate (advice: status ok, severity info) where monitor's forecast
+of enforce says enforce would save vLLM more time than it costs (:func:`growpage.rollout.recommend`,
+the rule ``gpctl calibrate`` writes too); where the forecast says it would not, the scope stays in
+monitor whatever its entropy, and the finding says why. Without a forecast (a GrowPage older than
+it, or the reference engine) the seed's proxy decides: median finished-request LTS entropy above
+2.5. In enforce mode, growth refused by ``max_growth_rate`` in more than half of the attempts means
+the limit is too tight for the traffic.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from growpage import catalog
 from growpage.diagnose.checks.base import Thresholds, evidence, pct, throttle_share, to_read, unknown
 from growpage.diagnose.findings import ScopeFinding, Severity, Status, alert_finding
 from growpage.diagnose.observations import Scope, Window
+from growpage.rollout import COST_COUNTERS, ENFORCE, ForecastEvidence, forecast_evidence, recommend
 
 THROTTLE_METRIC = 'growpage_decisions_total{decision="throttled"} / (allocate + throttled)'
 
@@ -47,6 +52,18 @@ def rollout(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
     if mode == "mixed":
         return ScopeFinding(Status.OK, f"modes differ here ({', '.join(modes)}): judged per namespace/pod "
                             "where a breakdown exists", proof)
+    forecast = _forecast(scope)
+    if forecast is not None:
+        advice = recommend(forecast, mode)
+        proof = {**proof, "forecast_verdict": advice.verdict, "forecast": advice.to_dict()["forecast"]}
+        entropy_note = f" (LTS entropy p50 {p50:.2f} nats)" if p50 is not None else ""
+        if advice.verdict == ENFORCE:
+            return ScopeFinding(Status.OK, f"mode {mode}; monitor's forecast says enforce pays here{entropy_note}: "
+                                f"{advice.reason}", proof,
+                                ("Enable mode=enforce here (phase 2): list it in enforce_namespaces, then compare "
+                                 "answers and latency against the monitored rest (gpctl calibrate writes the "
+                                 "settings).",), Severity.INFO)
+        return ScopeFinding(Status.OK, f"mode {mode}; stay in monitor{entropy_note}: {advice.reason}", proof)
     if p50 is None:
         return ScopeFinding(Status.OK, f"mode {mode}; no finished requests in {metric} ({window.describe()}): "
                             "phase 2 waits for traffic to judge its entropy", proof)
@@ -57,3 +74,11 @@ def rollout(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
                              "from growth.",), Severity.INFO)
     return ScopeFinding(Status.OK, f"mode {mode}; LTS entropy p50 {p50:.2f} nats <= {limit}: stay in "
                         "monitor for now", proof)
+
+
+def _forecast(scope: Scope) -> ForecastEvidence | None:
+    """Monitor's forecast of enforce over the window, with what monitor itself cost (None: no forecast)."""
+    if not scope.forecast_counters:
+        return None
+    own, hooked = (spec.name for spec in COST_COUNTERS)
+    return forecast_evidence({**scope.forecast_counters, own: scope.own_seconds, hooked: scope.hooked_seconds})

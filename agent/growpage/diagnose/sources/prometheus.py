@@ -260,6 +260,9 @@ def _growpage_templates(q: _Queries) -> _Templates:
                         ("tracked_steps", c.VLLM_STEPS.name), ("observed_steps", c.VLLM_OBSERVED_STEPS.name),
                         ("own_seconds", c.VLLM_OWN_SECONDS.name), ("hooked_seconds", c.VLLM_STEP_SECONDS.name)):
         templates[(field,)] = (increase(name), ())
+    for spec in c.FORECAST_METRICS:  # monitor's forecast of enforce: the rollout check weighs it
+        if spec.type is c.MetricType.COUNTER:
+            templates[(FORECAST_FIELD, spec.name)] = (increase(spec.name), ())
     templates[("decisions",)] = (increase(c.DECISIONS.name), ("decision",))
     templates[("agent_errors",)] = (increase(c.AGENT_ERRORS.name), ("component",))
     for field, spec in (("allocation_latency", c.ALLOCATION_LATENCY), ("lts_entropy", c.LTS_ENTROPY),
@@ -383,6 +386,9 @@ class _ScopeRows:
                                total_sum=self.one((field, "sum")))
 
 
+FORECAST_FIELD = "forecast"  # the first part of each forecast counter's key: (FORECAST_FIELD, its series name)
+
+
 def _scope(name: str, found: _Rows) -> Scope:
     rows = _ScopeRows(found)
     one, by_label, gauge, histogram = rows.one, rows.by_label, rows.gauge, rows.histogram
@@ -420,6 +426,8 @@ def _scope(name: str, found: _Rows) -> Scope:
         observed_steps=one(("observed_steps",)),
         own_seconds=one(("own_seconds",)),
         hooked_seconds=one(("hooked_seconds",)),
+        forecast_counters={key[1]: value for key in found if key[0] == FORECAST_FIELD
+                           if (value := one(key)) is not None} or None,
         vllm_kv_cache_usage_max=one(("vllm_kv_cache_usage_max",)),
         vllm_queue_growth=one(("vllm_queue_growth",)),
         router_load_min_by_pod=by_label(("router_load_min_by_pod",), "pod"),

@@ -1,4 +1,5 @@
-"""``gpctl calibrate``'s rollout recommendation, from monitor's forecast of enforce (pure).
+"""Enforce or stay in monitor, from monitor's forecast of enforce (pure): the one rule ``gpctl calibrate``
+writes into its recommendation and ``gpctl diagnose``'s rollout check applies per namespace.
 
 Monitor exports what enforce would do on the deployment's own traffic
 (:mod:`growpage.vllm_plugin.forecast`): pages it would free, compactions, and the preemptions it
@@ -41,6 +42,9 @@ growth-aware admission alone would avoid are not priced (its advice stands on th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+
+from growpage import catalog
 
 ENFORCE = "enforce"
 STAY_IN_MONITOR = "stay_in_monitor"
@@ -165,3 +169,29 @@ def _admission_advice(forecast: ForecastEvidence) -> tuple[str, dict[str, str]] 
             "that then outgrew the pool): roll out with admission: after_preemption, which holds such starts "
             "once vLLM preempts, at the cost of a narrower batch and a longer queue (watch time to first token)",
             {"admission": "after_preemption"})
+
+
+# The forecast's counters calibrate and diagnose read, in ForecastEvidence's field order,
+# then what enforce would save in time (absent from a GrowPage older than it: nothing is weighed), then
+# what monitor itself cost vLLM meanwhile (own seconds over the hooked calls' seconds, both sides).
+FORECAST_COUNTERS = (catalog.FORECAST_PAGES_FREED, catalog.FORECAST_COMPACTIONS, catalog.FORECAST_PREEMPTIONS,
+                     catalog.FORECAST_PREEMPTIONS_AVOIDABLE, catalog.FORECAST_PREEMPTIONS_AVOIDABLE_BY_ADMISSION,
+                     catalog.FORECAST_RECOMPUTE_SECONDS_AVOIDABLE, catalog.FORECAST_WIDER_BATCH_SECONDS)
+COST_COUNTERS = (catalog.VLLM_OWN_SECONDS, catalog.VLLM_STEP_SECONDS)
+
+
+def forecast_evidence(increases: Mapping[str, float | None]) -> ForecastEvidence | None:
+    """The forecast's counter increases by series name (None: absent) as evidence, with GrowPage's own
+    seconds and share of vLLM's step time where its cost counters are present; None when no forecast
+    counter is."""
+    if all(increases.get(spec.name) is None for spec in FORECAST_COUNTERS):
+        return None
+    own, hooked = (increases.get(spec.name) for spec in COST_COUNTERS)
+    freed, compactions, preemptions, avoidable, by_admission = (float(increases.get(spec.name) or 0.0)
+                                                                for spec in FORECAST_COUNTERS[:-2])
+    recompute, wider = (increases.get(spec.name) for spec in FORECAST_COUNTERS[-2:])
+    return ForecastEvidence(freed, compactions, preemptions, avoidable, by_admission,
+                            own_share=own / hooked if own is not None and hooked else None,
+                            recompute_seconds_avoidable=float(recompute) if recompute is not None else None,
+                            wider_batch_seconds=float(wider) if wider is not None else None,
+                            own_seconds=float(own) if own is not None else None)
