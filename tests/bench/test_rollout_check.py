@@ -93,7 +93,7 @@ def test_each_judged_trace_prints_one_line_with_its_verdict_and_whether_enforce_
     stay = rollout_check([_monitor_run(avoidable=2, recompute_s=0.05, wider_s=0.0, own_s=0.5)], 0.94)
     go = rollout_check([_monitor_run(avoidable=0, recompute_s=0.0, wider_s=2.5, own_s=0.4)], 0.97)
     result = {"headlines": [{"seed": 39, "verdict": {"rollout": stay}}, {"seed": 40, "verdict": {"rollout": None}}],
-              "retrieval": {"comparison": {"rollout": go}}}
+              "retrieval": {"comparison": {"rollout": go}}, "mixed": {"comparison": {"rollout": stay}}}
     lines = rollout_lines(result)
     assert lines[0] == ("headline seed 39: calibrate from monitor's forecast says stay_in_monitor (saved [0.05] s "
                         "against GrowPage's own [0.5] s); enforce ran 0.940x vLLM alone: right")
@@ -102,4 +102,5 @@ def test_each_judged_trace_prints_one_line_with_its_verdict_and_whether_enforce_
         "right (net seconds forecast -0.45, measured -0.41)")
     assert lines[1].startswith("retrieval: calibrate from monitor's forecast says enforce")
     assert lines[1].endswith("0.970x vLLM alone: wrong")
-    assert len(lines) == 2 and rollout_lines({}) == []
+    assert lines[2].startswith("mixed: calibrate from monitor's forecast says stay_in_monitor")
+    assert len(lines) == 3 and rollout_lines({}) == []

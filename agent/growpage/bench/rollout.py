@@ -3,7 +3,7 @@
 ``gpctl calibrate`` turns monitor's forecast of enforce into a rollout recommendation
 (:mod:`growpage.rollout`): enforce where the time it would save vLLM (recompute avoided, a
 wider batch) outweighs GrowPage's own seconds. Where a benchmark part runs monitor, enforce and vLLM
-alone on one trace (``--part headline``, ``--part retrieval``), each monitor run's forecast goes
+alone on one trace (``--part headline``, ``--part retrieval``, ``--part mixed``), each monitor run's forecast goes
 through that recommendation as if it were a window of the deployment's traffic, and the verdict is
 judged against what enforce then did: right when it says enforce exactly where enforce ran faster
 than vLLM alone at the same engine arguments.
@@ -65,11 +65,12 @@ def _median_net(evidence: Sequence[ForecastEvidence]) -> float | None:
 
 
 def rollout_lines(result: dict) -> list[str]:
-    """One line per judged trace of a ``gpctl bench vllm`` result (headline seeds, retrieval): the
+    """One line per judged trace of a ``gpctl bench vllm`` result (headline seeds, retrieval, mixed): the
     verdict calibrate gives from monitor's forecast and whether enforce then bore it out (pure)."""
     judged = [(f"headline seed {trace['seed']}", trace["verdict"].get("rollout"))
               for trace in result.get("headlines", [])]
-    judged.append(("retrieval", (result.get("retrieval") or {}).get("comparison", {}).get("rollout")))
+    for part in ("retrieval", "mixed"):
+        judged.append((part, (result.get(part) or {}).get("comparison", {}).get("rollout")))
     return [f"{label}: calibrate from monitor's forecast says {rollout['verdict']} (saved {rollout['saved_s']} s "
             f"against GrowPage's own {rollout['own_s']} s); enforce ran {rollout['enforce_vs_vllm']:.3f}x vLLM "
             f"alone: {'right' if rollout['right'] else 'wrong'}"
