@@ -106,9 +106,8 @@ def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
                    f"{forecast.pages_freed:g} KV pages that would have run waiting requests beside vLLM's batch")
         if weighed is not None and not weighed.pays:
             return Rollout(STAY_IN_MONITOR, f"{avoided}, but {weighed.clause}: enforce would run slower than vLLM "
-                                            "alone here (it observes as much and adds its compactions); it pays "
-                                            "where preemptions recompute long requests or come often, or its spare "
-                                            "pages run waiting requests" + cost, forecast)
+                                            "alone here; it pays where preemptions recompute long requests or come "
+                                            "often, or its spare pages run waiting requests" + cost, forecast)
         return Rollout(ENFORCE, avoided + (f", and {weighed.clause}" if weighed is not None else "")
                                 + "; enforce the namespaces that preempt first "
                                 "(enforce_namespaces) and compare the answers' quality before widening"
@@ -155,8 +154,9 @@ def _cost(forecast: ForecastEvidence) -> str:
     """What monitor itself cost vLLM over the window, as a clause of the reason ("" where not exported)."""
     if forecast.own_share is None:
         return ""
-    return (f"; meanwhile GrowPage's own code took {forecast.own_share:.1%} of vLLM's step time in monitor "
-            "(enforce observes as much and adds its compactions; weigh it against the preemptions)")
+    suffix = ("" if forecast.recompute_seconds_avoidable is not None else
+              " (enforce observes as much and adds its compactions; weigh it against the preemptions)")
+    return f"; meanwhile GrowPage's own code took {forecast.own_share:.1%} of vLLM's step time in monitor{suffix}"
 
 
 def _admission_advice(forecast: ForecastEvidence) -> tuple[str, dict[str, str]] | None:
