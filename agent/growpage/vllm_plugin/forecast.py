@@ -393,6 +393,8 @@ class EnforceForecast:
         fixed cost shared ``width`` ways, the arithmetic of measured admission's width cost
         (:func:`~growpage.core.admission.lookahead_pays`). Counted when the request settles, never
         for one enforce preempts after all."""
+        if not self._kept:
+            return  # most steps: nothing runs beside vLLM's batch, and the fit is not solved for nothing
         costs = self._step_costs()
         token_s = costs.fixed_s / max(1, width) if costs is not None else 0.0
         for request_id, kept in list(self._kept.items()):
