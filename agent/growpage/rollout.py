@@ -73,6 +73,13 @@ class ForecastEvidence:
     wider_batch_seconds: float | None = None
     own_seconds: float | None = None
 
+    @property
+    def saved_seconds(self) -> float | None:
+        """What enforce would save vLLM in all: the recompute and the wider batch (None: not exported)."""
+        if self.recompute_seconds_avoidable is None:
+            return None
+        return self.recompute_seconds_avoidable + (self.wider_batch_seconds or 0.0)
+
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
@@ -140,9 +147,9 @@ def _weighed(forecast: ForecastEvidence) -> Weighed | None:
     beside vLLM's, against GrowPage's own seconds in monitor (None: either side is not exported, so
     nothing is weighed)."""
     recompute, wider, own = forecast.recompute_seconds_avoidable, forecast.wider_batch_seconds, forecast.own_seconds
-    if recompute is None or own is None:
+    saved = forecast.saved_seconds
+    if recompute is None or saved is None or own is None:
         return None
-    saved = recompute + (wider or 0.0)
     pays = saved > ENFORCE_COST_FACTOR * own
     relation = "more than" if pays else "no more than"
     return Weighed(f"the time it would save vLLM ({recompute:.3g} s of recompute, {wider or 0.0:.3g} s of a wider "

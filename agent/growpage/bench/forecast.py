@@ -13,7 +13,7 @@ shipped defaults: ``monitor`` (vLLM pages on its own; GrowPage forecasts enforce
 The target: each within :data:`FORECAST_TOLERANCE` (relative) of what enforce did, on traces never
 used for tuning. The forecast's compactions are reported beside enforce's evictions.
 
-Where a part also runs vLLM alone (``--part headline`` and ``--part retrieval``), each monitor run's
+Where a part also runs vLLM alone (``--part headline``, ``--part retrieval`` and ``--part mixed``), each monitor run's
 forecast also goes through ``gpctl calibrate``'s recommendation, judged against what enforce then did
 (:mod:`growpage.bench.rollout`).
 

@@ -43,13 +43,12 @@ def rollout_check(monitor_runs: Sequence[dict], enforce_vs_vllm: float, measured
     median) against ``measured_net_s``, vLLM alone's median wall time less enforce's (None: not given)."""
     if not monitor_runs:
         raise ValueError("rollout_check needs at least one monitor run")
-    rollouts = [recommend(run_evidence(run), "monitor") for run in monitor_runs]
+    evidence = [run_evidence(run) for run in monitor_runs]
+    rollouts = [recommend(e, "monitor") for e in evidence]
     verdicts = [rollout.verdict for rollout in rollouts]
     verdict = max(dict.fromkeys(verdicts), key=verdicts.count)  # ties: the first round's
-    evidence = [run_evidence(run) for run in monitor_runs]
     return {"verdict": verdict, "verdicts": verdicts, "reason": rollouts[verdicts.index(verdict)].reason,
-            "saved_s": [round((e.recompute_seconds_avoidable or 0.0) + (e.wider_batch_seconds or 0.0), 3)
-                        for e in evidence],
+            "saved_s": [round(e.saved_seconds or 0.0, 3) for e in evidence],
             "own_s": [round(e.own_seconds, 3) if e.own_seconds is not None else None for e in evidence],
             "forecast_net_s": _median_net(evidence),
             "measured_net_s": round(measured_net_s, 3) if measured_net_s is not None else None,
@@ -59,8 +58,8 @@ def rollout_check(monitor_runs: Sequence[dict], enforce_vs_vllm: float, measured
 
 def _median_net(evidence: Sequence[ForecastEvidence]) -> float | None:
     """The rounds' median of saved less own seconds (None where a round has neither side)."""
-    nets = [(e.recompute_seconds_avoidable or 0.0) + (e.wider_batch_seconds or 0.0) - e.own_seconds
-            for e in evidence if e.recompute_seconds_avoidable is not None and e.own_seconds is not None]
+    nets = [e.saved_seconds - e.own_seconds
+            for e in evidence if e.saved_seconds is not None and e.own_seconds is not None]
     return round(statistics.median(nets), 3) if len(nets) == len(evidence) else None
 
 
