@@ -297,6 +297,11 @@ VLLM_ROOM_STEPS = MetricSpec(
     "growpage_vllm_room_for_all_steps_total", MetricType.COUNTER,
     "Engine steps whose KV pool held every running request to its full length and every waiting one: "
     "enforce grew at every boundary and observed only prompt ends (grow_with_room_for_all).", "steps")
+VLLM_IDLE_STEPS = MetricSpec(
+    "growpage_vllm_compression_idle_steps_total", MetricType.COUNTER,
+    "Engine steps enforce left decode-time compression idle because it had bought neither a wider batch nor "
+    "a dear recompute lately: boundaries grew or vLLM preempted, and only prompt ends were observed "
+    "(compression_gate).", "steps")
 VLLM_TRACKED_REQUESTS = MetricSpec(
     "growpage_vllm_tracked_requests_total", MetricType.COUNTER, "Finished requests GrowPage tracked.", "requests")
 VLLM_OBSERVED_REQUESTS = MetricSpec(
@@ -317,9 +322,9 @@ VLLM_STEP_SECONDS = MetricSpec(
     "schedule and update), GrowPage's own part included, by side.", "seconds",
     labels=("side",), label_values={"side": OWN_TIME_SIDES})
 VLLM_HOME_METRICS: tuple[MetricSpec, ...] = (VLLM_DEGRADED_DECISIONS, VLLM_STEPS, VLLM_OBSERVED_STEPS,
-                                             VLLM_ROOM_STEPS, VLLM_TRACKED_REQUESTS, VLLM_OBSERVED_REQUESTS,
-                                             VLLM_OWN_SECONDS, VLLM_STEP_SECONDS, *FORECAST_METRICS,
-                                             *ADMISSION_METRICS)
+                                             VLLM_ROOM_STEPS, VLLM_IDLE_STEPS, VLLM_TRACKED_REQUESTS,
+                                             VLLM_OBSERVED_REQUESTS, VLLM_OWN_SECONDS, VLLM_STEP_SECONDS,
+                                             *FORECAST_METRICS, *ADMISSION_METRICS)
 # The load at and above which a replica holds all it can without preempting (the fleet alert's "full").
 FLEET_LOAD_FULL = 100.0
 

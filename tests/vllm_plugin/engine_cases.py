@@ -29,7 +29,7 @@ PREEMPT_BLOCKS = 12  # 8 requests x 2 blocks do not fit: vLLM preempts
 # (auto, one step in four) run in enforce_admission and make run.
 EVICTING = {"mode": "enforce", "base_pages": CAP_BLOCKS, "recent_window_tokens": 16, "sink_tokens": 4,
             "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0, "admission": "vllm",
-            "observe_every_steps": 1, "grow_with_room_for_all": False}
+            "observe_every_steps": 1, "grow_with_room_for_all": False, "compression_gate": False}
 
 
 PER_HEAD_REDUNDANT = {"keep_sets": "kv_head", "shared_keep_fraction": 0.5, "redundancy_weight": 0.9}

@@ -23,7 +23,7 @@ MAX_TOKENS = 72  # past the 2-block cap (64 tokens): every request is compacted 
 # Every boundary evicts down to 2 blocks (engine_cases.EVICTING)
 GROWPAGE = {"mode": "enforce", "base_pages": 2, "recent_window_tokens": 16, "sink_tokens": 4,
             "growth_coefficient": 0.0, "lts_grow_threshold": 100.0, "attention_coverage": 0.0, "exporter_port": -1,
-            "grow_with_room_for_all": False}  # the pool holds every request: compact anyway
+            "grow_with_room_for_all": False, "compression_gate": False}  # the pool holds every request: compact anyway
 TOPIC = "kv-events"
 QUIET_POLLS = 20  # 100 ms polls without a message: the publisher has drained
 

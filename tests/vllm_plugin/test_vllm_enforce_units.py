@@ -269,7 +269,7 @@ def test_with_room_for_every_request_at_its_full_length_the_enforcer_grows_and_t
     output = types.SimpleNamespace()
     enforcer.after_schedule(scheduler, output)
     payload = getattr(output, PAYLOAD_ATTRIBUTE)
-    assert payload.room_for_all and payload.plans == {}
+    assert payload.prompts_only and payload.plans == {}
 
 
 def test_a_waiting_request_the_pool_could_not_also_hold_keeps_compression_on():
@@ -282,7 +282,7 @@ def test_a_waiting_request_the_pool_could_not_also_hold_keeps_compression_on():
     assert [d.kind for d in enforcer.decisions.events] == ["evict"] and getattr(request, DROPPED_ATTRIBUTE) == 4
     output = types.SimpleNamespace()
     enforcer.after_schedule(scheduler, output)
-    assert not getattr(output, PAYLOAD_ATTRIBUTE).room_for_all
+    assert not getattr(output, PAYLOAD_ATTRIBUTE).prompts_only
 
 
 def test_room_for_all_counts_each_request_at_its_full_length_and_never_reads_a_queue_longer_than_the_pool():

@@ -257,7 +257,7 @@ def test_with_room_for_every_request_only_a_prompts_end_is_observed():
     for new, cached, tokens, room in steps:
         output = step(finished_req_ids=set(), scheduled_new_reqs=new, scheduled_cached_reqs=cached,
                       num_scheduled_tokens={"r0": tokens})
-        setattr(output, PAYLOAD_ATTRIBUTE, step_payload({}, {}, room_for_all=room))
+        setattr(output, PAYLOAD_ATTRIBUTE, step_payload({}, {}, prompts_only=room))
         observer.begin_step(runner, output)
         observed.append(observer.step.observed)
         observer.end_step()

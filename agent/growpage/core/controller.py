@@ -216,7 +216,7 @@ class GrowthController:
     # ---- the boundary routine ---------------------------------------------------------------------
     def decide(self, request_id: str, *, pages_held: int, pool: PoolView, can_quantize: bool,
                can_evict: bool, reading: Reading | None = None, compression_pays: bool = True,
-               room_for_all: bool = False, commit: bool = True) -> BoundaryCall:
+               room_for_all: bool = False, compression_idle: bool = False, commit: bool = True) -> BoundaryCall:
         """Refill the request's growth budget and run the contract on one boundary (``commit``
         False: a preview that leaves the request's budget as it was, for a forecast)."""
         started = time.perf_counter()
@@ -233,7 +233,7 @@ class GrowthController:
             lts_entropy=request.lts_entropy, pool_free_pages=pool.free_pages,
             growth_budget_pages=budget, can_quantize=can_quantize, can_evict=can_evict,
             admission_reserve_pages=min(pool.admission_reserve_pages, pool.free_pages),
-            compression_pays=compression_pays, room_for_all=room_for_all)
+            compression_pays=compression_pays, room_for_all=room_for_all, compression_idle=compression_idle)
         boundary = capacity_boundary_pages(request.base_pages, request.lts_entropy, self.config.growth_coefficient)
         return BoundaryCall(request, state, self.method.decide(state, self.config), boundary, started, now)
 
@@ -263,11 +263,13 @@ class GrowthController:
         prompts = [c for c in (self.prompt_compression(v, admission_blocked=blocked) for v in views) if c is not None]
         compressed = {c.request_id for c in prompts}
         free = pool.free_pages + sum(c.pages_gained for c in prompts)
+        idle = pool.compression_idle and self.method.idles_unpaid
         boundaries, free = self._plan_boundaries([v for v in views if v.request_id not in compressed], free,
                                                  reserve, enforceable, decide_modes, compression_pays(pressure),
-                                                 pool.room_for_all)
+                                                 pool.room_for_all, idle)
         waiting_for_room = [b for b in boundaries if b.enforced and b.action is Action.PREEMPT]
-        deficit = max(0, len(waiting_for_room) + pressure.admission_pages - free)
+        # idle, the engine's preemption makes room, as it would without GrowPage
+        deficit = 0 if idle else max(0, len(waiting_for_room) + pressure.admission_pages - free)
         settled = {b.request_id for b in boundaries} | compressed
         reclaims = self.plan_relief(deficit, [v for v in views if v.request_id not in settled])
         free += sum(r.pages_gained for r in reclaims)
@@ -311,7 +313,7 @@ class GrowthController:
 
     def _plan_boundaries(self, views: Sequence[RequestView], free: int, reserve: int, enforceable: frozenset[Action],
                          decide_modes: frozenset[Mode], pays: bool,
-                         room_for_all: bool = False) -> tuple[list[BoundaryPlan], int]:
+                         room_for_all: bool = False, idle: bool = False) -> tuple[list[BoundaryPlan], int]:
         """Every boundary's plan in order, each seeing the pool the ones before it left; and the free
         pages projected once this step's growth is done."""
         boundaries = []
@@ -321,14 +323,15 @@ class GrowthController:
                 free -= view.needs_page  # the engine's own paging grows it
                 continue
             plan = self.plan_boundary(view, free_pages=free, reserve_pages=reserve, enforceable=enforceable,
-                                      compression_pays=pays or free < 1, room_for_all=room_for_all)
+                                      compression_pays=pays or free < 1, room_for_all=room_for_all,
+                                      compression_idle=idle)
             free += _free_pages_change(plan, view)
             boundaries.append(plan)
         return boundaries, free
 
     def plan_boundary(self, view: RequestView, *, free_pages: int, reserve_pages: int = 0,
                       enforceable: frozenset[Action] = ALL_ACTIONS, compression_pays: bool = True,
-                      room_for_all: bool = False, commit: bool = True) -> BoundaryPlan:
+                      room_for_all: bool = False, compression_idle: bool = False, commit: bool = True) -> BoundaryPlan:
         """Run the contract on one boundary and say what the home carries out (see :class:`BoundaryPlan`;
         ``commit`` False: a preview that changes no request state)."""
         request = self.requests[view.request_id]
@@ -338,7 +341,8 @@ class GrowthController:
         evicted_pages = evict_pages_after(view, floor=floor, pages_to_free=to_free)
         call = self.decide(view.request_id, pages_held=view.pages_held, pool=PoolView(free_pages, reserve_pages),
                            can_quantize=view.can_quantize, can_evict=evicted_pages is not None,
-                           compression_pays=compression_pays, room_for_all=room_for_all, commit=commit)
+                           compression_pays=compression_pays, room_for_all=room_for_all,
+                           compression_idle=compression_idle, commit=commit)
         enforced = request.mode is Mode.ENFORCE
         action = call.decision.action
         if enforced:

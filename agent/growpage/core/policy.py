@@ -71,6 +71,10 @@ class Reason(str, enum.Enum):
     # grew although the contract would compress: the pool holds every admitted and waiting request
     # at its full length, so no compression can buy a preemption avoided or a wider batch
     ROOM_FOR_ALL = "room_for_all"
+    # grew (or left the request to the engine's preemption) although the contract would compress:
+    # decode-time compression has bought neither a wider batch nor a dear recompute lately
+    # (growpage.core.compression_gate), so it would cost more than it buys
+    WOULD_NOT_PAY = "would_not_pay"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +98,9 @@ class BoundaryState:
             waiting one besides (:func:`growpage.core.step_control.holds_everyone`): nothing this
             boundary frees can buy anything, so GrowPage's methods grow (a home that cannot tell
             leaves it False).
+        compression_idle: decode-time compression is idle this step (:mod:`growpage.core.compression_gate`):
+            GrowPage's methods grow where the pool has a page and leave the request to the engine's
+            preemption where it has none.
     """
 
     pages_held: int
@@ -107,6 +114,7 @@ class BoundaryState:
     admission_reserve_pages: int = 0
     compression_pays: bool = True
     room_for_all: bool = False
+    compression_idle: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,6 +82,10 @@ class StepPool:
         batch_full: the engine already runs as many requests as it may.
         room_for_all: the free pages hold every running request to its full length and every
             waiting one besides (:func:`holds_everyone`; False where the home cannot tell).
+        compression_idle: decode-time compression is idle this step
+            (:mod:`growpage.core.compression_gate`): boundaries of methods that honour it grow or
+            leave the request to the engine's preemption, and pressure relief makes no room;
+            a fresh prompt is still compressed for admission.
     """
 
     free_pages: int
@@ -89,6 +93,7 @@ class StepPool:
     waiting_prompt_tokens: int | None = None
     batch_full: bool = False
     room_for_all: bool = False
+    compression_idle: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,9 @@ class ObservedWorkTotals(Protocol):
     def steps_with_room(self) -> int: ...
 
     @property
+    def steps_compression_idle(self) -> int: ...
+
+    @property
     def requests(self) -> int: ...
 
     @property
@@ -100,7 +103,8 @@ class ObservationCollector:
     observed); ``growpage_vllm_tracked_requests_total`` (finished requests GrowPage tracked) and
     ``growpage_vllm_observed_requests_total`` (those observed at least once); and
     ``growpage_vllm_room_for_all_steps_total`` (steps enforce left the cache alone because the pool
-    held every request at its full length). The ratios are the
+    held every request at its full length) and ``growpage_vllm_compression_idle_steps_total`` (steps
+    its compression gate left decode-time compression idle). The ratios are the
     shares of steps and of requests observed: below 1 under full CUDA graphs (decode steps replay
     without Python; a request decoded entirely in replayed steps is never observed) or with
     ``observe_every_steps`` > 1. And what the observing costs: ``growpage_vllm_own_seconds_total``
@@ -114,10 +118,10 @@ class ObservationCollector:
         # deferred: prometheus_client (and its exposition server) load with the exporter, not with this module
         from prometheus_client.core import CounterMetricFamily
 
-        steps, observed, roomy, requests, observed_requests = (
+        steps, observed, roomy, idle, requests, observed_requests = (
             CounterMetricFamily(_family(spec), spec.help, labels=(catalog.MODEL_LABEL,))
             for spec in (catalog.VLLM_STEPS, catalog.VLLM_OBSERVED_STEPS, catalog.VLLM_ROOM_STEPS,
-                         catalog.VLLM_TRACKED_REQUESTS, catalog.VLLM_OBSERVED_REQUESTS))
+                         catalog.VLLM_IDLE_STEPS, catalog.VLLM_TRACKED_REQUESTS, catalog.VLLM_OBSERVED_REQUESTS))
         own, step = (CounterMetricFamily(_family(spec), spec.help, labels=(catalog.MODEL_LABEL, *spec.labels))
                      for spec in (catalog.VLLM_OWN_SECONDS, catalog.VLLM_STEP_SECONDS))
         try:
@@ -125,6 +129,7 @@ class ObservationCollector:
             steps.add_metric((self._model,), float(work.steps))
             observed.add_metric((self._model,), float(work.steps_observed))
             roomy.add_metric((self._model,), float(work.steps_with_room))
+            idle.add_metric((self._model,), float(work.steps_compression_idle))
             requests.add_metric((self._model,), float(work.requests))
             observed_requests.add_metric((self._model,), float(work.requests_observed))
             for family, seconds in ((own, work.own_seconds()), (step, work.step_seconds())):
@@ -132,7 +137,7 @@ class ObservationCollector:
                     family.add_metric((self._model, side), value)
         except Exception:  # a scrape never raises
             self._agent.stats.record_error("plugin")
-        yield from (steps, observed, roomy, requests, observed_requests, own, step)
+        yield from (steps, observed, roomy, idle, requests, observed_requests, own, step)
 
 
 class StartupCollector:

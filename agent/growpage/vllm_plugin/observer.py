@@ -458,9 +458,9 @@ class VllmObserver:
         cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
         for request_id in getattr(cached, "resumed_req_ids", None) or ():
             self._resume(request_id)
-        if self.step.observed and _room_for_all(scheduler_output):
-            # the pool holds every request at its full length: nothing will be compressed before
-            # another request arrives, so only a prompt's end (below) is worth its cost
+        if self.step.observed and _prompts_only(scheduler_output):
+            # nothing is compressed at this step's decode boundaries (the pool holds every request,
+            # or the compression gate is idle), so only a prompt's end (below) is worth its cost
             self.step.observed = False
         scored_modes = self._scored_modes
         if not self.step.observed and scored_modes:
@@ -805,8 +805,8 @@ class VllmObserver:
                     self.requests.readings[request_id] = (reading.sts_density, reading.lts_entropy)
 
 
-def _room_for_all(scheduler_output: object) -> bool:
-    """Whether the scheduler says this step's pool holds every request at its full length
-    (:attr:`~growpage.vllm_plugin.wire.StepPayload.room_for_all`; only enforce sends a payload)."""
+def _prompts_only(scheduler_output: object) -> bool:
+    """Whether the scheduler says nothing is compressed at this step's decode boundaries
+    (:attr:`~growpage.vllm_plugin.wire.StepPayload.prompts_only`; only enforce sends a payload)."""
     payload = getattr(scheduler_output, PAYLOAD_ATTRIBUTE, None)
-    return isinstance(payload, StepPayload) and payload.room_for_all
+    return isinstance(payload, StepPayload) and payload.prompts_only

@@ -99,6 +99,7 @@ class ObservedWork:
     steps: int = 0
     steps_observed: int = 0
     steps_with_room: int = 0  # steps whose pool held every request at its full length (scheduler side)
+    steps_compression_idle: int = 0  # steps enforce left decode-time compression idle (the compression gate)
     requests: int = 0
     requests_observed: int = 0
     scheduler_time: OwnTime = dataclasses.field(default_factory=OwnTime)
@@ -157,7 +158,8 @@ class SchedulerAgent:
         self.enforcer: SchedulerEnforcer | None = None
         if enforcing:
             self.enforcer = SchedulerEnforcer(self.controller, requests=self.requests,
-                                              grow_with_room_for_all=settings.grow_with_room_for_all)
+                                              grow_with_room_for_all=settings.grow_with_room_for_all,
+                                              step_costs=self.steps.fit, compression_gate=settings.compression_gate)
             self.stats.set_component_state("enforcer", "waiting_for_worker")
         elif enforcer_blocker is not None and config.mode is Mode.ENFORCE:
             self.stats.set_component_state("enforcer", enforcer_blocker)
@@ -254,6 +256,7 @@ class SchedulerAgent:
         if self.enforcer is not None:
             self.enforcer.after_schedule(scheduler, output)
             self.observed.steps_with_room += int(self.enforcer.room_for_all and bool(scheduler.running))
+            self.observed.steps_compression_idle += int(self.enforcer.compression_idle and bool(scheduler.running))
         self.guarded("reading the headroom", self.refresh_headroom, scheduler)
         if self.telemetry is not None:
             self.telemetry.on_step()
@@ -301,6 +304,8 @@ class SchedulerAgent:
     def on_preempt(self, request: Request) -> None:
         """vLLM preempted ``request`` (its blocks are freed; it is recomputed when it runs again)."""
         self.stats.record_oom()
+        if self.enforcer is not None:
+            self.enforcer.note_preemption(request)
         if self.forecast is not None:
             self.guarded("forecasting enforce", self._forecast_preemption, request)
         self.requests.preempted(request)

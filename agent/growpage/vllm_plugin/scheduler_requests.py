@@ -63,6 +63,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
+from growpage.core.admission import StepCostFit
+from growpage.core.compression_gate import CompressionGate, GateStep
 from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
 from growpage.core.step_control import BoundaryPlan, Reclaim, RequestView, StepPool, protected_tokens
@@ -297,10 +299,17 @@ class SchedulerEnforcer:
             vLLM does, when the enforcer runs alone, as in tests).
         grow_with_room_for_all: tell the controller and the workers when the pool holds every
             request at its full length (``PluginSettings.grow_with_room_for_all``).
+        step_costs: the engine's measured step costs (the scheduler's step meter), which price a
+            preempted request's recompute for the compression gate.
+        compression_gate: leave decode-time compression idle while it buys neither a wider batch
+            nor a dear recompute (:mod:`growpage.core.compression_gate`;
+            ``PluginSettings.compression_gate``, on in the plugin); False compresses as the
+            contract decides at every boundary, as the tests of compaction do.
     """
 
     def __init__(self, controller: GrowthController, requests: SchedulerRequests | None = None,
-                 grow_with_room_for_all: bool = True):
+                 grow_with_room_for_all: bool = True, *, step_costs: StepCostFit | None = None,
+                 compression_gate: bool = False):
         self.controller = controller
         self.config: GrowPageConfig = controller.config
         self.block_size = self.config.block_size
@@ -315,6 +324,13 @@ class SchedulerEnforcer:
         # boundaries grow and the workers observe only prompt ends (wire.StepPayload.room_for_all)
         self.room_for_all = False
         self.grow_with_room_for_all = grow_with_room_for_all
+        self.step_costs = step_costs
+        self.gate = CompressionGate() if compression_gate and controller.method.idles_unpaid else None
+        # this step's decode-time compression is idle (the gate's verdict): boundaries grow or leave
+        # the request to vLLM's preemption, no relief, and the workers observe only prompt ends
+        self.compression_idle = False
+        self._steps = 0
+        self._preempted_tokens = 0  # tokens of the requests vLLM preempted since the last step
 
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Scheduler, *, admission_held: bool = False) -> None:
@@ -331,7 +347,10 @@ class SchedulerEnforcer:
             blocks = req_to_blocks.get(request.request_id)
             if blocks is not None:
                 running[request.request_id] = _Running(request, tracked, blocks, self.block_size)
-        step_pool = self._step_pool(scheduler, req_to_blocks, admission_held)
+        self._steps += 1
+        self.compression_idle = self.gate is not None and not self.gate.step(self._gate_step(running))
+        step_pool = dataclasses.replace(self._step_pool(scheduler, req_to_blocks, admission_held),
+                                        compression_idle=self.compression_idle)
         self.room_for_all = step_pool.room_for_all
         control = self.controller.plan_step(
             step_pool, [self._view(r) for r in running.values()],
@@ -353,6 +372,24 @@ class SchedulerEnforcer:
                 action = Action.ALLOCATE if pool.get_num_free_blocks() >= 1 else Action.PREEMPT
                 held = len(running[plan.request_id].blocks)
                 self._record_boundary(plan, action, held, held + 1 if action is Action.ALLOCATE else held)
+
+    def note_preemption(self, request: Request) -> None:
+        """vLLM preempted ``request``: its tokens are recomputed when it runs again (the gate prices them)."""
+        self._preempted_tokens += int(getattr(request, "num_tokens", 0) or 0)
+
+    def _gate_step(self, running: dict[str, _Running]) -> GateStep:
+        """What the compression gate sees this step: the pages compactions hold free among the running
+        requests against one request's pages, and the recompute of vLLM's preemptions since the last
+        step at the engine's measured prices (the fit is solved only when something was preempted)."""
+        pages_saved = sum(getattr(r.request, DROPPED_ATTRIBUTE, 0) for r in running.values()) // self.block_size
+        per_request = sum(len(r.blocks) for r in running.values()) / len(running) if running else 0.0
+        recompute_s, step_s = 0.0, None
+        tokens, self._preempted_tokens = self._preempted_tokens, 0
+        costs = self.step_costs.costs() if tokens and self.step_costs is not None else None
+        if costs is not None:
+            recompute_s = tokens * costs.per_token_s
+            step_s = costs.fixed_s + costs.per_request_s * len(running)
+        return GateStep(self._steps, pages_saved, per_request, recompute_s, step_s)
 
     def _step_pool(self, scheduler: Scheduler, req_to_blocks: dict[str, list[KVBlock]],
                    admission_held: bool = False) -> StepPool:
@@ -492,7 +529,8 @@ class SchedulerEnforcer:
             value = getattr(request, DROPPED_ATTRIBUTE, 0)
             if value:
                 dropped[request.request_id] = value
-        setattr(output, PAYLOAD_ATTRIBUTE, step_payload(self.requests.take_plans(), dropped, self.room_for_all))
+        setattr(output, PAYLOAD_ATTRIBUTE, step_payload(self.requests.take_plans(), dropped,
+                                                        self.room_for_all or self.compression_idle))
         if self.requests.log_path and self._had_requests and not scheduler.running and not scheduler.waiting:
             self._had_requests = False
             self._log({"idle": True, "free_blocks": scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),

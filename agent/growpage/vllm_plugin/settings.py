@@ -111,6 +111,15 @@ class PluginSettings:
             for all it had cost 8 % of the step and compacted for nothing). Conservative: a request
             is counted at its ``max_tokens`` and shared prefix blocks once per request. False keeps
             the contract compressing at every boundary whatever the pool (the tests of compaction do).
+        compression_gate: under enforce, GrowPage's methods compress at decode boundaries, relieve
+            pressure and observe decode steps only while that work pays: for
+            :data:`~growpage.core.compression_gate.GATE_WINDOW_STEPS` engine steps after the pages
+            compactions hold free reach one more request's, or after vLLM preempts a request whose
+            recompute (at the engine's measured price of a token) outweighs that work twice over.
+            Otherwise boundaries grow, vLLM preempts as it would alone, and the workers observe
+            only prompt ends; a fresh prompt is still compressed for admission. On a CPU host
+            enforce had run 0.94-0.96x vLLM alone on decode-heavy traces where its compactions
+            bought no step (docs/BENCHMARKS.md). False compresses wherever the contract decides.
         readings_every_steps: engine steps between two readings of the observed requests'
             summaries and attention needs (what the scheduler's decisions and floors read), at
             most this many apart whatever the stride (a whole number of observed steps), so a
@@ -182,6 +191,7 @@ class PluginSettings:
     observe_every_steps: int | None = None
     observe_skipped_steps: bool = False
     grow_with_room_for_all: bool = True
+    compression_gate: bool = True
     readings_every_steps: int = READINGS_EVERY_STEPS
     observe_max_requests: int = 64
     observe_chunk_mib: int = 256
@@ -229,6 +239,9 @@ class PluginSettings:
         if not isinstance(self.grow_with_room_for_all, bool):
             raise ConfigError(f"grow_with_room_for_all must be true or false, got {self.grow_with_room_for_all!r}; "
                               "true (the default) leaves the cache alone while the pool holds every request")
+        if not isinstance(self.compression_gate, bool):
+            raise ConfigError(f"compression_gate must be true or false, got {self.compression_gate!r}; "
+                              "true (the default) leaves decode-time compression idle while it buys nothing")
         if not isinstance(self.readings_every_steps, int) or self.readings_every_steps < 1:
             raise ConfigError(f"readings_every_steps must be an int >= 1, got {self.readings_every_steps!r}; "
                               "try 8 (the default)")

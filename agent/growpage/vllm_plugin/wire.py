@@ -63,20 +63,21 @@ class StepPayload:
             (physical = logical - dropped); a request missing here was reset (preempted, recomputed).
         version: :data:`PAYLOAD_VERSION` of the scheduler that built it; a worker of another
             version refuses it (a fault, counted) rather than misread it.
-        room_for_all: the pool holds every request at its full length this step, so nothing is
-            compressed and the workers observe only the steps that end a prompt (whose scores a
-            later compaction ranks by); False from a scheduler that predates it.
+        prompts_only: nothing is compressed at this step's decode boundaries, so the workers
+            observe only the steps that end a prompt (whose scores a later compaction ranks by):
+            the pool holds every request at its full length, or the compression gate is idle
+            (:mod:`growpage.core.compression_gate`); False from a scheduler that predates it.
     """
 
     plans: dict[str, CompactionPlan]
     dropped: dict[str, int]
     version: int = PAYLOAD_VERSION
-    room_for_all: bool = False
+    prompts_only: bool = False
 
 
-def step_payload(plans: dict[str, CompactionPlan], dropped: dict[str, int], room_for_all: bool = False) -> StepPayload:
+def step_payload(plans: dict[str, CompactionPlan], dropped: dict[str, int], prompts_only: bool = False) -> StepPayload:
     """The scheduler's payload for one step (copies: the scheduler keeps editing its own tables)."""
-    return StepPayload(dict(plans), dict(dropped), room_for_all=room_for_all)
+    return StepPayload(dict(plans), dict(dropped), prompts_only=prompts_only)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,6 +89,9 @@ class KVMethod:
         quantizes_under_pressure: relief quantizes a request's oldest full pages before it evicts.
         follows_attention: the method's floor keeps ``attention_coverage`` of the observed attention
             (GrowPage and its ablations); a fixed cap is a cap.
+        idles_unpaid: the method's boundaries honour ``BoundaryState.compression_idle`` (GrowPage's
+            own methods): a home may leave decode-time compression idle while it buys nothing
+            (:mod:`growpage.core.compression_gate`); baselines and ablations always compress as decided.
         in_vllm: the vLLM plugin runs it (``method`` setting); the rest need the reference engine's
             quantized pages or reservations.
     """
@@ -108,6 +111,7 @@ class KVMethod:
     relieves_pressure: bool = False
     quantizes_under_pressure: bool = True
     follows_attention: bool = False
+    idles_unpaid: bool = False
     in_vllm: bool = False
 
     # ---- what it scores ---------------------------------------------------------------------------

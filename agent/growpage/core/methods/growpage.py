@@ -47,9 +47,20 @@ class GrowPage(KVMethod):
     compress_prompt_for_admission: bool = True
     relieves_pressure: bool = True
     follows_attention: bool = True
+    idles_unpaid: bool = True
 
     def decide(self, state: BoundaryState, config: GrowPageConfig) -> Decision:
-        return grow_with_room_for_all(state, decide(state, config))
+        return grow_while_idle(state, grow_with_room_for_all(state, decide(state, config)))
+
+
+def grow_while_idle(state: BoundaryState, decision: Decision) -> Decision:
+    """A compression turned into growth while decode-time compression is idle
+    (``state.compression_idle``, :mod:`growpage.core.compression_gate`): it has bought neither a
+    wider batch nor a dear recompute lately, so the request grows; with no page free the home
+    leaves it to the engine's own preemption, as vLLM alone would."""
+    if not state.compression_idle or decision.action not in (Action.EVICT, Action.QUANTIZE):
+        return decision
+    return Decision(Action.ALLOCATE, Reason.WOULD_NOT_PAY, allocation_refusal(state))
 
 
 def grow_with_room_for_all(state: BoundaryState, decision: Decision) -> Decision:
@@ -70,7 +81,7 @@ class WhenItPays(GrowPage):
     applies (it avoids a preemption or widens the batch)."""
 
     def decide(self, state: BoundaryState, config: GrowPageConfig) -> Decision:
-        decision = grow_with_room_for_all(state, decide(state, config))
+        decision = grow_while_idle(state, grow_with_room_for_all(state, decide(state, config)))
         if (state.compression_pays or decision.action not in (Action.EVICT, Action.QUANTIZE)
                 or allocation_refusal(state) is not None):
             return decision
@@ -82,6 +93,7 @@ class WithoutSTS(GrowPage):
     """Ablation: no short-term histogram; density reads as 0 so LTS alone picks grow vs evict."""
 
     family: str = "ablation"
+    idles_unpaid: bool = False
 
     def decide(self, state: BoundaryState, config: GrowPageConfig) -> Decision:
         return decide(dataclasses.replace(state, sts_density=0.0), config)
@@ -93,6 +105,7 @@ class WithoutLTS(GrowPage):
     capacity boundary is the same for all and past it STS picks quantize vs evict."""
 
     family: str = "ablation"
+    idles_unpaid: bool = False
 
     def decide(self, state: BoundaryState, config: GrowPageConfig) -> Decision:
         return decide(dataclasses.replace(state, lts_entropy=config.lts_grow_threshold), config)
@@ -103,6 +116,7 @@ class WithoutQuantization(GrowPage):
     """Ablation: the contract with quantization unavailable (evict or grow only), relief included."""
 
     family: str = "ablation"
+    idles_unpaid: bool = False
     quantizes_under_pressure: bool = False
 
     def decide(self, state: BoundaryState, config: GrowPageConfig) -> Decision:
@@ -115,6 +129,7 @@ class RandomChoice(GrowPage):
     ranked by H2O's accumulated attention, no prompt compression for admission."""
 
     family: str = "ablation"
+    idles_unpaid: bool = False
     prompt_weight: float = 1.0
     prompt_chunk_weight: float = 1.0
     compress_prompt_for_admission: bool = False
