@@ -174,6 +174,40 @@ def test_with_room_for_every_request_growpage_grows_where_it_would_compress_and_
     assert [b.action for b in capped.boundaries] == [Action.EVICT]  # a fixed budget is the baseline it is
 
 
+def test_while_compression_is_idle_growpage_grows_or_leaves_the_request_to_the_engine_and_makes_no_room():
+    controller = make_controller()
+    admit(controller, "r")
+    at_cap = [view("r", 4, needs_page=True)]
+    idle = controller.plan_step(StepPool(free_pages=5, total_pages=20, waiting_prompt_tokens=7,
+                                         compression_idle=True), at_cap, enforceable=VLLM)
+    assert [(b.action, b.call.decision.reason) for b in idle.boundaries] == [(Action.ALLOCATE, Reason.WOULD_NOT_PAY)]
+    # no page free: vLLM alone would preempt, and so does the idle gate (no relief compresses the others)
+    admit(controller, "narrow", lts=0.5)
+    views = [view("r", 4, needs_page=True), view("narrow", 6)]
+    empty = controller.plan_step(StepPool(free_pages=0, total_pages=20, compression_idle=True), views,
+                                 enforceable=VLLM)
+    assert [(b.action, b.fallback) for b in empty.boundaries] == [(Action.PREEMPT, Action.PREEMPT)]
+    assert empty.reclaims == ()
+    on = controller.plan_step(StepPool(free_pages=0, total_pages=20), views, enforceable=VLLM)
+    assert [b.action for b in on.boundaries] == [Action.EVICT]  # the same step with the gate open compresses
+
+
+def test_an_idle_gate_still_compresses_a_fresh_prompt_for_admission_and_leaves_the_caps_alone():
+    controller = make_controller(attention_coverage=0.95)
+    admit(controller, "fresh")
+    controller.update_attention_need("fresh", 9)
+    prompt = dataclasses.replace(view("fresh", 8), prompt_uncompressed=True)
+    blocked = controller.plan_step(StepPool(free_pages=1, total_pages=20, waiting_prompt_tokens=7,
+                                            compression_idle=True), [prompt])
+    assert [(c.request_id, c.pages_after) for c in blocked.prompt_compressions] == [("fresh", 4)]
+    for method in ("streaming_llm", "growpage_no_sts"):  # a baseline and an ablation compress as decided
+        other = make_controller(method=build_method(method))
+        admit(other, "r")
+        plan = other.plan_step(StepPool(free_pages=0, total_pages=20, compression_idle=True),
+                               [view("r", 4, needs_page=True)], enforceable=VLLM)
+        assert [b.action for b in plan.boundaries] == [Action.EVICT], method
+
+
 def test_room_for_all_never_turns_a_compression_into_growth_the_pool_or_the_rate_refuses():
     controller = make_controller(max_growth_rate=0.001)
     admit(controller, "r")

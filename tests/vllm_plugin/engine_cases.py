@@ -89,6 +89,13 @@ def phases(which: str | None = None) -> list[dict]:
          "growpage": {**EVICTING, "exporter_port": -1, **PER_HEAD_REDUNDANT, "admission": "vllm"},
          "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
          "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
+        # the same pressure with the compression gate on (the plugin's default): 2-block requests
+        # recompute for next to nothing and no compaction has spared a request's pages, so the gate
+        # stays idle and vLLM preempts as it would alone, with no KV moved
+        {"name": "enforce_gated", "growpage": {**EVICTING, "exporter_port": _free_port(), "compression_gate": True},
+         "scrape": True,
+         "batches": [{"name": "main", "prompts": PROMPTS * 2, "max_tokens": PREEMPT_TOKENS}],
+         "engine": {"num_gpu_blocks_override": PREEMPT_BLOCKS, "max_model_len": PREEMPT_BLOCKS * 32 - 32}},
         # the same pressure under growth-aware admission: no preemption
         {"name": "enforce_admission", "growpage": {**EVICTING, "exporter_port": _free_port(), "admission": "projected",
                                                    "observe_every_steps": None},  # the default stride

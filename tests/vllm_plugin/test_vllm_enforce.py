@@ -178,6 +178,27 @@ def test_forced_preemption_recomputes_and_frees_every_block(vllm_runs):
     assert any(r["kept_positions"][0] != r["kept_positions"][1] for r in applied)  # the heads kept different tokens
 
 
+def test_with_the_compression_gate_idle_enforce_leaves_preemption_to_vllm_and_moves_no_kv(vllm_runs):
+    """enforce_preempt's pressure at the plugin's default gate: nothing pays for decode-time compression
+    (short requests, no pages spared), so boundaries grow or vLLM preempts, and no token moves."""
+    run = vllm_runs["enforce_gated"]
+    records = [r for r in run["enforce_log"] if "request_id" in r]
+    assert sum(r["num_preemptions"] for r in records) >= 1, records
+    assert all(r["compactions"] == 0 for r in records), records
+    assert not [r for r in run["enforce_log"] if "compaction" in r or "worker_compaction" in r]
+    outputs = run["batches"]["main"]["token_ids"]
+    assert len(outputs) == 2 * len(PROMPTS) and all(len(ids) == PREEMPT_TOKENS for ids in outputs)
+    for ids in outputs:
+        _assert_coherent(ids)
+    _assert_no_leak(run)
+    metrics = run["metrics"]
+    decisions = samples(metrics, "growpage_decisions_total")
+    assert sum(v for k, v in decisions.items() if 'decision="allocate"' in k) >= 1, decisions
+    assert not [k for k, v in decisions.items() if 'decision="evict"' in k and v], decisions
+    assert sum(samples(metrics, "growpage_vllm_compression_idle_steps_total").values()) > 0
+    assert sum(samples(metrics, "growpage_agent_errors_total").values()) == 0
+
+
 def test_growth_aware_admission_runs_the_same_pressure_without_a_preemption(vllm_runs):
     """The batch vLLM's admission preempts (enforce_preempt) runs to the end with none: admission
     holds the requests whose growth would not fit, and the compression it learns admits more."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 from cache_layouts import probed, row_major_write, transposed_write
 
+from growpage.core.admission import StepCostFit
 from growpage.core.controller import GrowthController
 from growpage.core.methods import build_method
 from growpage.core.policy import Action
@@ -225,11 +226,12 @@ class _Decisions:
         pass
 
 
-def _enforcer(**overrides) -> SchedulerEnforcer:
+def _enforcer(*, gate: bool = False, step_costs: StepCostFit | None = None, **overrides) -> SchedulerEnforcer:
     config, _ = split_settings({"mode": "enforce", "base_pages": 3, "sink_tokens": 1,
                                 "recent_window_tokens": 2, "growth_coefficient": 0,
                                 "lts_grow_threshold": 100, **overrides}, env={}, block_size=BLOCK)
-    enforcer = SchedulerEnforcer(GrowthController(config, num_layers=None))
+    enforcer = SchedulerEnforcer(GrowthController(config, num_layers=None), compression_gate=gate,
+                                 step_costs=step_costs)
     enforcer.decisions = _Decisions()
     enforcer.controller.stats.add_listener(enforcer.decisions)
     enforcer.on_worker_ready(True)
@@ -283,6 +285,58 @@ def test_a_waiting_request_the_pool_could_not_also_hold_keeps_compression_on():
     output = types.SimpleNamespace()
     enforcer.after_schedule(scheduler, output)
     assert not getattr(output, PAYLOAD_ATTRIBUTE).prompts_only
+
+
+def _waiting_scheduler(dropped: int = 0):
+    """r at its cap (3 blocks, 12 tokens) while a 30-token prompt waits that the pool cannot also hold."""
+    waiting = types.SimpleNamespace(request_id="w", num_prompt_tokens=30, max_tokens=8)
+    blocks = [_Block(0), _Block(1), _Block(2)]
+    scheduler, request = _scheduler(blocks, num_computed=12 + dropped, max_tokens=18 + dropped, waiting=[waiting])
+    if dropped:
+        setattr(request, DROPPED_ATTRIBUTE, dropped)
+    return scheduler, request, blocks
+
+
+def test_with_the_compression_gate_idle_the_enforcer_grows_where_it_would_compress_and_observes_prompts_only():
+    scheduler, request, blocks = _waiting_scheduler()
+    enforcer = _enforcer(gate=True)
+    enforcer.before_schedule(scheduler)
+    assert len(blocks) == 3 and not getattr(request, DROPPED_ATTRIBUTE, 0)  # the KV is vLLM's own
+    assert [(d.kind, d.reason) for d in enforcer.decisions.events] == [("allocate", "would_not_pay")]
+    assert enforcer.compression_idle and not enforcer.degraded_total
+    output = types.SimpleNamespace()
+    enforcer.after_schedule(scheduler, output)
+    assert getattr(output, PAYLOAD_ATTRIBUTE).prompts_only
+
+
+def test_the_gate_opens_once_compactions_hold_a_request_of_pages_free():
+    # r's earlier compactions dropped 12 tokens: 3 pages held free, as many as the one request holds
+    scheduler, request, blocks = _waiting_scheduler(dropped=12)
+    enforcer = _enforcer(gate=True)
+    enforcer.before_schedule(scheduler)
+    assert [d.kind for d in enforcer.decisions.events] == ["evict"] and not enforcer.compression_idle
+    output = types.SimpleNamespace()
+    enforcer.after_schedule(scheduler, output)
+    assert not getattr(output, PAYLOAD_ATTRIBUTE).prompts_only
+
+
+def _measured_steps() -> StepCostFit:
+    """An engine whose steps cost 30 ms + 1 ms a request + 1 ms a prefilled token, as its meter fits them."""
+    fit = StepCostFit()
+    for step in range(40):
+        requests, tokens = 1 + step % 4, (1 + step % 4) + (20 if step % 3 == 0 else 0)
+        fit.record(requests=requests, tokens=tokens, seconds=0.03 + 0.001 * requests + 0.001 * (tokens - requests))
+    return fit
+
+
+def test_only_a_preemption_whose_recompute_outweighs_the_work_opens_the_gate():
+    cheap, dear = (types.SimpleNamespace(num_tokens=tokens) for tokens in (50, 5000))
+    for preempted, opens in ((cheap, False), (dear, True)):
+        scheduler, _, _ = _waiting_scheduler()
+        enforcer = _enforcer(gate=True, step_costs=_measured_steps())
+        enforcer.note_preemption(preempted)  # 50 ms or 5 s to recompute, against 2 x 3 % of 64 steps of ~31 ms
+        enforcer.before_schedule(scheduler)
+        assert [d.kind for d in enforcer.decisions.events] == (["evict"] if opens else ["allocate"]), preempted
 
 
 def test_room_for_all_counts_each_request_at_its_full_length_and_never_reads_a_queue_longer_than_the_pool():

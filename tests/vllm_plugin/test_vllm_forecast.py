@@ -166,6 +166,24 @@ def test_a_preemption_is_avoidable_only_while_enforce_would_have_had_a_page():
     assert (totals.preemptions, totals.preemptions_avoidable, forecast.shadows["a"].pages) == (6, 4, 4)
 
 
+def test_with_enforces_compression_gate_idle_the_shadows_grow_and_no_preemption_is_avoidable():
+    """The shadows run enforce's gate: nothing spares a request's pages and no recompute is priced
+    (the engine's steps are not measured here), so the gate stays idle as enforce's would."""
+    controller = _controller()
+    controller.admit("a", prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_reading("a", Reading(sts_density=0.2, lts_entropy=0.5))  # ungated: evicts at each boundary
+    forecast = EnforceForecast(controller, compression_gate=True)
+    forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
+    _decode(forecast, "a", 40, 100, free=10)
+    assert forecast.idle and forecast.shadows["a"].pages == 9  # as vLLM holds it
+    assert forecast.totals().compactions == forecast.totals().pages_freed == 0
+    forecast.on_step([StepRequest("a", 9, 141, 1, 40)], free_pages=0)
+    controller.admit("b", prompt_tokens=40, mode=Mode.MONITOR)
+    forecast.on_preempt("b", tokens=40)
+    totals = forecast.totals()
+    assert (totals.preemptions, totals.preemptions_avoidable) == (1, 0)  # vLLM preempts, as enforce lets it
+
+
 def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again_or_it_would_end():
     controller, forecast = _sparing_request()
 

@@ -19,7 +19,9 @@ from scheduler_sim import Arrival, Scheduler, run
 
 GOLDEN = Path(__file__).with_name("golden") / "scheduler_trace.json"
 BLOCK = 4
-SMALL = {"base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 4}
+# the contract as it decides at every boundary: these runs check admission, compaction and accounting,
+# so the compression gate (on in the plugin's defaults) is off unless a test turns it on
+SMALL = {"base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 4, "compression_gate": False}
 
 
 def _stream(count: int, seed: int) -> list[Arrival]:
@@ -71,6 +73,19 @@ def test_projected_admission_runs_without_a_preemption_where_vllms_admission_pre
         sorted((a.request_id, a.max_tokens) for a in arrivals)
 
 
+def test_the_compression_gate_leaves_the_kv_alone_where_compactions_would_buy_no_width():
+    arrivals = _stream(24, seed=0)
+    # short prompts, no attention need measured in the prompt (the floor alone): nothing spares a request
+    gated, _ = _run({"admission": "vllm", "compression_gate": True}, arrivals, blocks=25)
+    ungated, _ = _run({"admission": "vllm"}, arrivals, blocks=25)
+    assert gated.agent.observed.steps_compression_idle > 0
+    assert ungated.agent.stats.decisions_total.get("evict", 0) > 0
+    assert gated.agent.stats.decisions_total.get("evict", 0) < ungated.agent.stats.decisions_total.get("evict", 0)
+    assert sorted((r.request_id, r.num_output_tokens) for r in gated.finished) == \
+        sorted((a.request_id, a.max_tokens) for a in arrivals)
+    _assert_nothing_left(gated, 25)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_no_page_or_request_state_is_left_behind_under_random_workloads(seed):
     rng = random.Random(seed)
@@ -82,7 +97,7 @@ def test_no_page_or_request_state_is_left_behind_under_random_workloads(seed):
                 for index in range(rng.randint(5, 30))]
     growpage = {"admission": rng.choice(("auto", "vllm", "projected", "after_preemption")),
                 "method": rng.choice(("growpage", "growpage_when_it_pays", "streaming_llm", "h2o")),
-                "client_mode": "honour",
+                "client_mode": "honour", "compression_gate": rng.random() < 0.5,
                 **({"enforce_namespaces": ["chat"]} if rng.random() < 0.5 else {})}
     scheduler, _ = _run(growpage, arrivals, blocks=blocks)
     assert len(scheduler.finished) == len(arrivals), growpage

@@ -59,6 +59,7 @@ def test_settings_enforce_cannot_honour_resolve_to_off_with_the_fix_instead_of_r
     ("monitor", {}, "must be a JSON object"),
     ({"observed_heads": 0}, {"GROWPAGE_MODE": "enforce"}, "observed_heads"),
     ({}, {"GROWPAGE_BASE_PAGES": "many"}, "base_pages='many'"),
+    ({"mode": "enforce", "compression_gate": "sometimes"}, {}, "compression_gate must be true or false"),
 ])
 def test_every_kind_of_bad_setting_is_reported_not_raised(growpage, env, fragment):
     resolved = resolve_settings(growpage, env=env, block_size=32)

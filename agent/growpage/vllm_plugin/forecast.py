@@ -86,6 +86,7 @@ from typing import Any
 from growpage import catalog
 from growpage.config import Mode
 from growpage.core.admission import StepCosts
+from growpage.core.compression_gate import CompressionGate, GateStep
 from growpage.core.controller import GrowthController, ceil_div
 from growpage.core.policy import Action
 from growpage.core.step_control import (
@@ -212,10 +213,14 @@ class EnforceForecast:
         enforce_admits_so: enforce runs that admission (``admission`` other than ``vllm``), so the
             preemptions it would avoid count among those enforce avoids; either way they are counted
             apart (``preemptions_avoidable_by_admission``), so an operator sees what turning it on buys.
+        compression_gate: enforce leaves decode-time compression idle while it buys nothing
+            (:mod:`~growpage.core.compression_gate`), so the shadows run the same gate on their own
+            pages and vLLM's preemptions: while it is idle their boundaries grow, no relief makes
+            room and no preemption is avoidable; a prompt is still compressed for admission.
     """
 
     def __init__(self, controller: GrowthController, admission: AdmissionGate | None = None, *,
-                 enforce_admits_so: bool = False):
+                 enforce_admits_so: bool = False, compression_gate: bool = False):
         self.controller = controller
         self.block_size = controller.config.block_size
         self.admission = admission
@@ -239,6 +244,10 @@ class EnforceForecast:
         # after a step (most steps preempt nothing)
         self._step_room: int | None = 0
         self._step_monitored: Sequence[StepRequest] = ()
+        self.gate = CompressionGate() if compression_gate and controller.method.idles_unpaid else None
+        self.idle = False  # the gate's verdict for the shadows' step (and the preemptions of the next)
+        self._steps = 0
+        self._preempted_tokens = 0
 
     def before_schedule(self, scheduler: Scheduler, limit: int | None) -> None:
         """Before vLLM schedules: which waiting requests growth-aware admission would hold under
@@ -268,6 +277,7 @@ class EnforceForecast:
         for request_id in [rid for rid in self.shadows if rid not in live]:
             del self.shadows[request_id]  # finished or preempted without a callback seen
         self._decode_kept(live, len(requests))
+        self.idle = self.gate is not None and not self.gate.step(self._gate_step(monitored))
         waiting_prompt_tokens = waiting[0].prompt_tokens if waiting else None
         free = max(0, free_pages + self._spare(monitored) - self.kept_pages)
         pressure = self._pressure(monitored, free, waiting_prompt_tokens, total_pages)
@@ -286,7 +296,7 @@ class EnforceForecast:
             if not shadow.prompt_settled:
                 shadow.prompt_settled = True
                 free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
-            free += self._advance(request, shadow, free, pressure, room_for_all)
+            free += self._advance(request, shadow, free, pressure, room_for_all, self.idle)
         self._fit_kept(monitored, free_pages)
         self.spare_pages = self._spare(monitored)  # after relief, which the admissions leave as it is
         self._admit(waiting, free_pages + self.spare_pages - self.kept_pages)
@@ -300,6 +310,7 @@ class EnforceForecast:
         if not self._monitored(request_id):
             return
         self.preemptions_total += 1
+        self._preempted_tokens += tokens
         if self.admission is not None:
             self.admission.on_preempt()
         recompute_s = self._recompute_seconds(tokens)
@@ -311,6 +322,8 @@ class EnforceForecast:
                 del self.shadows[request_id]
                 return
         shadow = self.shadows.pop(request_id, None)
+        if self.idle:
+            return  # enforce's gate is idle: vLLM preempts it as it would alone
         if self._step_room is None:
             self._step_room = self.spare_pages
         room = self._step_room - self.kept_pages
@@ -417,7 +430,8 @@ class EnforceForecast:
         deficit = self.kept_pages - free_pages - self._spare(monitored)
         if deficit <= 0:
             return
-        deficit -= self._relieve(monitored, deficit)
+        if not self.idle:
+            deficit -= self._relieve(monitored, deficit)
         while deficit > 0 and self._kept:
             deficit -= self._kept.pop(next(reversed(self._kept))).pages  # never counted as avoided
 
@@ -463,8 +477,23 @@ class EnforceForecast:
             waiting_prompt_pages=self.controller.grant_pages(waiting) if waiting is not None else None,
             waiting_floor_pages=self.controller.config.base_pages if waiting is not None else 0, batch_full=False)
 
+    def _gate_step(self, monitored: Sequence[StepRequest]) -> GateStep:
+        """What enforce's compression gate would see: the pages the shadows' compactions hold free
+        against a shadow's mean pages, and vLLM's preemptions since the last step at the engine's
+        measured prices (:meth:`~growpage.vllm_plugin.scheduler_requests.SchedulerEnforcer._gate_step`)."""
+        self._steps += 1
+        shadows = [self.shadows[r.request_id] for r in monitored if r.request_id in self.shadows]
+        saved = sum(shadow.dropped for shadow in shadows) // self.block_size
+        per_request = sum(shadow.pages for shadow in shadows) / len(shadows) if shadows else 0.0
+        tokens, self._preempted_tokens = self._preempted_tokens, 0
+        costs = self._step_costs() if tokens else None
+        if costs is None:
+            return GateStep(self._steps, saved, per_request)
+        return GateStep(self._steps, saved, per_request, tokens * costs.per_token_s,
+                        costs.fixed_s + costs.per_request_s * len(monitored))
+
     def _advance(self, request: StepRequest, shadow: ShadowKV, free: int, pressure: PoolPressure,
-                 room_for_all: bool = False) -> int:
+                 room_for_all: bool = False, idle: bool = False) -> int:
         """One decode step of ``shadow`` under the step's ``pressure``; the change in the shadow
         pool's free pages."""
         physical = request.tokens - shadow.dropped
@@ -479,7 +508,7 @@ class EnforceForecast:
         view = self._view(request, shadow, before)
         plan = self.controller.plan_boundary(view, free_pages=free, reserve_pages=growth_reserve(pressure),
                                              compression_pays=compression_pays(pressure) or free < 1,
-                                             room_for_all=room_for_all, commit=False)
+                                             room_for_all=room_for_all, compression_idle=idle, commit=False)
         if plan.call.decision.action is Action.EVICT and plan.pages_after <= shadow.pages:
             keep = (plan.pages_after - 1) * self.block_size
             shadow.dropped += before - keep

@@ -168,7 +168,8 @@ class SchedulerAgent:
         # enforcing deployment's steps carry no forecast work
         self.forecast: EnforceForecast | None = (
             # admission is always forecast (as configured, or as projected where enforce admits as vLLM)
-            EnforceForecast(self.controller, gate(), enforce_admits_so=admission != "vllm")
+            EnforceForecast(self.controller, gate(), enforce_admits_so=admission != "vllm",
+                            compression_gate=settings.compression_gate)
             if may_monitor(config, settings) else None)
         self.scheduler: Scheduler | None = None
         self._allocations: dict[str, tuple[int, float]] = {}  # this step's new blocks and call time

@@ -80,8 +80,9 @@ def compress_ratio(scope: Scope, window: Window, t: Thresholds) -> ScopeFinding:
                             proof)
     if ratio is None:
         why = (f"mode {mode}: GrowPage does not compress" if mode in ("monitor", "off")
-               else "no page boundary needed one, or the pool held every request at its full length: "
-               f"{catalog.VLLM_ROOM_STEPS.name} counts those steps")
+               else "no page boundary needed one, the pool held every request at its full length "
+               f"({catalog.VLLM_ROOM_STEPS.name} counts those steps), or decode-time compression bought "
+               f"nothing and stayed idle ({catalog.VLLM_IDLE_STEPS.name})")
         return ScopeFinding(Status.OK, f"no compressions in the window ({why}): nothing to measure", proof)
     if ratio >= t.compress_ratio_slo:
         return ScopeFinding(Status.OK, f"compress ratio {ratio:.2f}x meets the SLO (>= {t.compress_ratio_slo}x)",

@@ -259,7 +259,9 @@ def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
                         "by recency alone. And the steps whose pool held every request at its full length: "
                         "there enforce grows instead of compressing and observes only prompt ends "
                         "(grow_with_room_for_all), so fewer steps observed and no compactions mean nothing "
-                        "to win, not a fault. " + _runbooks_for(PANEL_OBSERVED_SHARE, "GrowPageAgentInactive"),
+                        "to win, not a fault; likewise the steps its compression gate left decode-time "
+                        "compression idle, because compactions had bought neither a wider batch nor a dear "
+                        "recompute (compression_gate). " + _runbooks_for(PANEL_OBSERVED_SHARE, "GrowPageAgentInactive"),
                         targets((f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_STEPS.name)}[{RATE}]))"
                                  f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
                                  f"steps {_POD_LEGEND}"),
@@ -269,7 +271,10 @@ def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
                                  f"requests {_POD_LEGEND}"),
                                 (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_ROOM_STEPS.name)}[{RATE}]))"
                                  f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
-                                 f"room for all {_POD_LEGEND}")), RATIO_UNIT), 12),
+                                 f"room for all {_POD_LEGEND}"),
+                                (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_IDLE_STEPS.name)}[{RATE}]))"
+                                 f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
+                                 f"compression idle {_POD_LEGEND}")), RATIO_UNIT), 12),
         Cell(timeseries(PANEL_OWN_SHARE,
                         "Inside vLLM: seconds of GrowPage's own code (observation, compaction, decisions, "
                         "forecast) over the seconds of the vLLM calls it hooks, per side and in all: what "
