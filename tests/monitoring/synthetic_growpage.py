@@ -40,7 +40,7 @@ COUNTER_RATES_PER_S = {  # per label value where the metric has one label
     catalog.DECISIONS.name: 2.0, catalog.SAMPLES_DROPPED.name: 0.0,
     # the vLLM home's own series (catalog.VLLM_HOME_METRICS): one step in four observed
     catalog.VLLM_DEGRADED_DECISIONS.name: 0.1, catalog.VLLM_STEPS.name: 20.0, catalog.VLLM_OBSERVED_STEPS.name: 5.0,
-    catalog.VLLM_ROOM_STEPS.name: 2.0,
+    catalog.VLLM_ROOM_STEPS.name: 2.0, catalog.VLLM_IDLE_STEPS.name: 4.0,
     catalog.VLLM_TRACKED_REQUESTS.name: 1.0, catalog.VLLM_OBSERVED_REQUESTS.name: 0.9,
     catalog.FORECAST_PAGES_FREED.name: 3.0, catalog.FORECAST_COMPACTIONS.name: 1.5,
     catalog.FORECAST_PREEMPTIONS.name: 0.02, catalog.FORECAST_PREEMPTIONS_AVOIDABLE.name: 0.015,

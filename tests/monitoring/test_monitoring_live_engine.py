@@ -81,6 +81,7 @@ NO_DATA_ON_THIS_MACHINE = {
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "A"),
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "B"),
     (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "C"),
+    (_TROUBLESHOOTING, "Share of steps and requests observed (vLLM home)", "D"),
     # ... and so is what GrowPage costs vLLM's step (test_vllm_engine scrapes both sides)
     (_TROUBLESHOOTING, "GrowPage's own share of vLLM's step time (vLLM home)", "A"),
     (_TROUBLESHOOTING, "GrowPage's own share of vLLM's step time (vLLM home)", "B"),

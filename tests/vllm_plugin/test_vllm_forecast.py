@@ -175,7 +175,7 @@ def test_with_enforces_compression_gate_idle_the_shadows_grow_and_no_preemption_
     forecast = EnforceForecast(controller, compression_gate=True)
     forecast.on_step([StepRequest("a", 3, 40, 40, 40)], free_pages=10)
     _decode(forecast, "a", 40, 100, free=10)
-    assert forecast.idle and forecast.shadows["a"].pages == 9  # as vLLM holds it
+    assert forecast.gate.idle and forecast.shadows["a"].pages == 9  # as vLLM holds it
     assert forecast.totals().compactions == forecast.totals().pages_freed == 0
     forecast.on_step([StepRequest("a", 9, 141, 1, 40)], free_pages=0)
     controller.admit("b", prompt_tokens=40, mode=Mode.MONITOR)

@@ -201,8 +201,10 @@ def test_a_compacted_request_holds_its_physical_tokens():
 def test_prefix_sharing_reads_no_compression_and_only_growpages_compactions_do():
     """Two requests sharing a 64-token cached prefix, nothing compacted: ratio 1.0 (it read 2.0 when
     sharing counted as compression); then the enforcer compacts a third request: ratio above 1."""
+    # the contract compacting at its cap (the compression gate would leave it idle: nothing pays here)
     scheduler = _scheduler({"mode": "enforce", "base_pages": 3, "sink_tokens": 1, "recent_window_tokens": 2,
-                            "growth_coefficient": 0, "lts_grow_threshold": 100, "attention_coverage": 0})
+                            "growth_coefficient": 0, "lts_grow_threshold": 100, "attention_coverage": 0,
+                            "compression_gate": False})
     agent = build_agent(scheduler, start_telemetry=False)
     pool = scheduler.kv_cache_manager.block_pool
     blocks = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks

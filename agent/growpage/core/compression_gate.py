@@ -31,6 +31,9 @@ alone's steps there (docs/BENCHMARKS.md, "A longer queue").
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+
+from growpage.core.admission import StepCosts
 
 GATE_WINDOW_STEPS = 64  # engine steps compression stays on after it last paid (two blocks of 32 tokens decoded)
 # enforce's decode-time work beyond the gate's idle state, as a share of an engine step (whose
@@ -59,6 +62,19 @@ class GateStep:
     pages_per_request: float
     recompute_s: float = 0.0
     step_s: float | None = None
+
+
+def gate_step(step: int, *, dropped_tokens: int, pages_held: Sequence[int], block_size: int,
+              preempted_tokens: int, costs: StepCosts | None) -> GateStep:
+    """One step's :class:`GateStep` from what a home counts: the tokens its compactions dropped from
+    the running requests, the pages each holds, and the tokens of the requests vLLM preempted since
+    the last step, priced at the engine's measured ``costs`` (None: unmeasured, nothing priced)."""
+    saved = dropped_tokens // block_size
+    per_request = sum(pages_held) / len(pages_held) if pages_held else 0.0
+    if not preempted_tokens or costs is None:
+        return GateStep(step, saved, per_request)
+    return GateStep(step, saved, per_request, preempted_tokens * costs.per_token_s,
+                    costs.fixed_s + costs.per_request_s * len(pages_held))
 
 
 def buys_width(pages_saved: int, pages_per_request: float) -> bool:
@@ -97,3 +113,40 @@ class CompressionGate:
         if seen.step >= self.active_until:
             self.reason = "idle"
         return seen.step < self.active_until
+
+
+@dataclasses.dataclass
+class StepGate:
+    """One home's gate over its engine steps: the gate (None: off), this step's verdict, and the
+    tokens of the requests preempted since the last step. The enforcer and monitor's forecast of it
+    each own one.
+
+    Attributes:
+        gate: the rule (None: compression is never idle).
+        idle: decode-time compression is idle this step.
+        steps: engine steps seen.
+        preempted_tokens: tokens of the requests preempted since the last step, to price.
+    """
+
+    gate: CompressionGate | None = None
+    idle: bool = False
+    steps: int = 0
+    preempted_tokens: int = 0
+
+    def note_preemption(self, tokens: int) -> None:
+        """A request was preempted with ``tokens`` to recompute when it runs again."""
+        self.preempted_tokens += tokens
+
+    def step(self, *, dropped_tokens: int, pages_held: Sequence[int], block_size: int,
+             costs: Callable[[], StepCosts | None]) -> bool:
+        """Advance one engine step (see :func:`gate_step`; ``costs`` is read only when something
+        was preempted, so most steps solve no fit); whether compression is idle in it."""
+        self.steps += 1
+        tokens, self.preempted_tokens = self.preempted_tokens, 0
+        if self.gate is None:
+            self.idle = False
+            return False
+        seen = gate_step(self.steps, dropped_tokens=dropped_tokens, pages_held=pages_held, block_size=block_size,
+                         preempted_tokens=tokens, costs=costs() if tokens else None)
+        self.idle = not self.gate.step(seen)
+        return self.idle

@@ -86,7 +86,7 @@ from typing import Any
 from growpage import catalog
 from growpage.config import Mode
 from growpage.core.admission import StepCosts
-from growpage.core.compression_gate import CompressionGate, GateStep
+from growpage.core.compression_gate import CompressionGate, StepGate
 from growpage.core.controller import GrowthController, ceil_div
 from growpage.core.policy import Action
 from growpage.core.step_control import (
@@ -244,10 +244,8 @@ class EnforceForecast:
         # after a step (most steps preempt nothing)
         self._step_room: int | None = 0
         self._step_monitored: Sequence[StepRequest] = ()
-        self.gate = CompressionGate() if compression_gate and controller.method.idles_unpaid else None
-        self.idle = False  # the gate's verdict for the shadows' step (and the preemptions of the next)
-        self._steps = 0
-        self._preempted_tokens = 0
+        # enforce's gate on the shadows: its verdict for their step (and the preemptions of the next)
+        self.gate = StepGate(CompressionGate() if compression_gate and controller.method.idles_unpaid else None)
 
     def before_schedule(self, scheduler: Scheduler, limit: int | None) -> None:
         """Before vLLM schedules: which waiting requests growth-aware admission would hold under
@@ -277,7 +275,10 @@ class EnforceForecast:
         for request_id in [rid for rid in self.shadows if rid not in live]:
             del self.shadows[request_id]  # finished or preempted without a callback seen
         self._decode_kept(live, len(requests))
-        self.idle = self.gate is not None and not self.gate.step(self._gate_step(monitored))
+        shadows = [self.shadows[r.request_id] for r in monitored if r.request_id in self.shadows]
+        idle = self.gate.step(dropped_tokens=sum(shadow.dropped for shadow in shadows),
+                              pages_held=[shadow.pages for shadow in shadows], block_size=self.block_size,
+                              costs=self._step_costs)
         waiting_prompt_tokens = waiting[0].prompt_tokens if waiting else None
         free = max(0, free_pages + self._spare(monitored) - self.kept_pages)
         pressure = self._pressure(monitored, free, waiting_prompt_tokens, total_pages)
@@ -296,7 +297,7 @@ class EnforceForecast:
             if not shadow.prompt_settled:
                 shadow.prompt_settled = True
                 free += self._compress_for_admission(request, shadow, free, waiting_prompt_tokens)
-            free += self._advance(request, shadow, free, pressure, room_for_all, self.idle)
+            free += self._advance(request, shadow, free, pressure, room_for_all, idle)
         self._fit_kept(monitored, free_pages)
         self.spare_pages = self._spare(monitored)  # after relief, which the admissions leave as it is
         self._admit(waiting, free_pages + self.spare_pages - self.kept_pages)
@@ -310,7 +311,7 @@ class EnforceForecast:
         if not self._monitored(request_id):
             return
         self.preemptions_total += 1
-        self._preempted_tokens += tokens
+        self.gate.note_preemption(tokens)
         if self.admission is not None:
             self.admission.on_preempt()
         recompute_s = self._recompute_seconds(tokens)
@@ -322,7 +323,7 @@ class EnforceForecast:
                 del self.shadows[request_id]
                 return
         shadow = self.shadows.pop(request_id, None)
-        if self.idle:
+        if self.gate.idle:
             return  # enforce's gate is idle: vLLM preempts it as it would alone
         if self._step_room is None:
             self._step_room = self.spare_pages
@@ -430,7 +431,7 @@ class EnforceForecast:
         deficit = self.kept_pages - free_pages - self._spare(monitored)
         if deficit <= 0:
             return
-        if not self.idle:
+        if not self.gate.idle:
             deficit -= self._relieve(monitored, deficit)
         while deficit > 0 and self._kept:
             deficit -= self._kept.pop(next(reversed(self._kept))).pages  # never counted as avoided
@@ -476,21 +477,6 @@ class EnforceForecast:
             growth_pages=growth, running_floor_pages=floors,
             waiting_prompt_pages=self.controller.grant_pages(waiting) if waiting is not None else None,
             waiting_floor_pages=self.controller.config.base_pages if waiting is not None else 0, batch_full=False)
-
-    def _gate_step(self, monitored: Sequence[StepRequest]) -> GateStep:
-        """What enforce's compression gate would see: the pages the shadows' compactions hold free
-        against a shadow's mean pages, and vLLM's preemptions since the last step at the engine's
-        measured prices (:meth:`~growpage.vllm_plugin.scheduler_requests.SchedulerEnforcer._gate_step`)."""
-        self._steps += 1
-        shadows = [self.shadows[r.request_id] for r in monitored if r.request_id in self.shadows]
-        saved = sum(shadow.dropped for shadow in shadows) // self.block_size
-        per_request = sum(shadow.pages for shadow in shadows) / len(shadows) if shadows else 0.0
-        tokens, self._preempted_tokens = self._preempted_tokens, 0
-        costs = self._step_costs() if tokens else None
-        if costs is None:
-            return GateStep(self._steps, saved, per_request)
-        return GateStep(self._steps, saved, per_request, tokens * costs.per_token_s,
-                        costs.fixed_s + costs.per_request_s * len(monitored))
 
     def _advance(self, request: StepRequest, shadow: ShadowKV, free: int, pressure: PoolPressure,
                  room_for_all: bool = False, idle: bool = False) -> int:

@@ -63,8 +63,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.admission import StepCostFit
-from growpage.core.compression_gate import CompressionGate, GateStep
+from growpage.core.admission import StepCostFit, StepCosts
+from growpage.core.compression_gate import CompressionGate, StepGate
 from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
 from growpage.core.step_control import BoundaryPlan, Reclaim, RequestView, StepPool, protected_tokens
@@ -321,16 +321,13 @@ class SchedulerEnforcer:
         self._had_requests = False
         self.worker_ready = False  # no compaction before the worker says it can move tokens
         # this step's pool holds every request at its full length (core.step_control.holds_everyone):
-        # boundaries grow and the workers observe only prompt ends (wire.StepPayload.room_for_all)
+        # boundaries grow and the workers observe only prompt ends (wire.StepPayload.prompts_only)
         self.room_for_all = False
         self.grow_with_room_for_all = grow_with_room_for_all
         self.step_costs = step_costs
-        self.gate = CompressionGate() if compression_gate and controller.method.idles_unpaid else None
-        # this step's decode-time compression is idle (the gate's verdict): boundaries grow or leave
-        # the request to vLLM's preemption, no relief, and the workers observe only prompt ends
-        self.compression_idle = False
-        self._steps = 0
-        self._preempted_tokens = 0  # tokens of the requests vLLM preempted since the last step
+        # its verdict each step: idle, boundaries grow or leave the request to vLLM's preemption, no
+        # relief, and the workers observe only prompt ends
+        self.gate = StepGate(CompressionGate() if compression_gate and controller.method.idles_unpaid else None)
 
     # ---- per step -------------------------------------------------------------------------------
     def before_schedule(self, scheduler: Scheduler, *, admission_held: bool = False) -> None:
@@ -347,10 +344,11 @@ class SchedulerEnforcer:
             blocks = req_to_blocks.get(request.request_id)
             if blocks is not None:
                 running[request.request_id] = _Running(request, tracked, blocks, self.block_size)
-        self._steps += 1
-        self.compression_idle = self.gate is not None and not self.gate.step(self._gate_step(running))
+        idle = self.gate.step(dropped_tokens=sum(getattr(r.request, DROPPED_ATTRIBUTE, 0) for r in running.values()),
+                              pages_held=[len(r.blocks) for r in running.values()], block_size=self.block_size,
+                              costs=self._step_costs)
         step_pool = dataclasses.replace(self._step_pool(scheduler, req_to_blocks, admission_held),
-                                        compression_idle=self.compression_idle)
+                                        compression_idle=idle)
         self.room_for_all = step_pool.room_for_all
         control = self.controller.plan_step(
             step_pool, [self._view(r) for r in running.values()],
@@ -373,23 +371,17 @@ class SchedulerEnforcer:
                 held = len(running[plan.request_id].blocks)
                 self._record_boundary(plan, action, held, held + 1 if action is Action.ALLOCATE else held)
 
+    @property
+    def compression_idle(self) -> bool:
+        """Decode-time compression is idle this step (the compression gate's verdict)."""
+        return self.gate.idle
+
     def note_preemption(self, request: Request) -> None:
         """vLLM preempted ``request``: its tokens are recomputed when it runs again (the gate prices them)."""
-        self._preempted_tokens += int(getattr(request, "num_tokens", 0) or 0)
+        self.gate.note_preemption(int(getattr(request, "num_tokens", 0) or 0))
 
-    def _gate_step(self, running: dict[str, _Running]) -> GateStep:
-        """What the compression gate sees this step: the pages compactions hold free among the running
-        requests against one request's pages, and the recompute of vLLM's preemptions since the last
-        step at the engine's measured prices (the fit is solved only when something was preempted)."""
-        pages_saved = sum(getattr(r.request, DROPPED_ATTRIBUTE, 0) for r in running.values()) // self.block_size
-        per_request = sum(len(r.blocks) for r in running.values()) / len(running) if running else 0.0
-        recompute_s, step_s = 0.0, None
-        tokens, self._preempted_tokens = self._preempted_tokens, 0
-        costs = self.step_costs.costs() if tokens and self.step_costs is not None else None
-        if costs is not None:
-            recompute_s = tokens * costs.per_token_s
-            step_s = costs.fixed_s + costs.per_request_s * len(running)
-        return GateStep(self._steps, pages_saved, per_request, recompute_s, step_s)
+    def _step_costs(self) -> StepCosts | None:
+        return self.step_costs.costs() if self.step_costs is not None else None
 
     def _step_pool(self, scheduler: Scheduler, req_to_blocks: dict[str, list[KVBlock]],
                    admission_held: bool = False) -> StepPool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from grafanalib import core as g
+
 from growpage import catalog
 from growpage.monitoring import alert_rules as alerts
 from growpage.monitoring import recording_rules as rec
@@ -230,6 +232,34 @@ def _vllm_row(t: catalog.MixinThresholds) -> list[Cell]:
     ]
 
 
+def _share_of_steps(counter: str, legend: str) -> tuple[str, str]:
+    """A target: the vLLM home's ``counter`` of engine steps over its steps with a tracked request."""
+    return (f"sum by (namespace, pod) (rate({metric(counter)}[{RATE}]))"
+            f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
+            f"{legend} {_POD_LEGEND}")
+
+
+def _observed_share_panel() -> g.TimeSeries:
+    return timeseries(PANEL_OBSERVED_SHARE,
+                      "Inside vLLM: engine steps whose attention GrowPage observed over steps with a tracked "
+                      "request, and finished requests observed at least once over those tracked. Below 1 "
+                      "by design: 1 / observe_every_steps (monitor observes one step in 4 by default), "
+                      "whatever the CUDA graphs; at 0 while the observer reports active, its decisions rank "
+                      "by recency alone. And the steps whose pool held every request at its full length: "
+                      "there enforce grows instead of compressing and observes only prompt ends "
+                      "(grow_with_room_for_all), so fewer steps observed and no compactions mean nothing "
+                      "to win, not a fault; likewise the steps its compression gate left decode-time "
+                      "compression idle, because compactions had bought neither a wider batch nor a dear "
+                      "recompute (compression_gate). " + _runbooks_for(PANEL_OBSERVED_SHARE, "GrowPageAgentInactive"),
+                      targets(_share_of_steps(catalog.VLLM_OBSERVED_STEPS.name, "steps"),
+                              (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_REQUESTS.name)}"
+                               f"[{RATE}]))\n/\nsum by (namespace, pod) "
+                               f"(rate({metric(catalog.VLLM_TRACKED_REQUESTS.name)}[{RATE}]))",
+                               f"requests {_POD_LEGEND}"),
+                              _share_of_steps(catalog.VLLM_ROOM_STEPS.name, "room for all"),
+                              _share_of_steps(catalog.VLLM_IDLE_STEPS.name, "compression idle")), RATIO_UNIT)
+
+
 def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
     errors = f"sum by (namespace, pod, component) (increase({metric(catalog.AGENT_ERRORS.name)}[{RATE}]))"
     up = f'up{{job="{catalog.SCRAPE_JOB}", {POD_FILTER}}}'
@@ -251,30 +281,7 @@ def _more_checks_row(t: catalog.MixinThresholds) -> list[Cell]:
                         targets((f"max by (namespace, pod, component, reason) ({metric(catalog.AGENT_ACTIVE.name)})",
                                  "{{component}} {{reason}} " + _POD_LEGEND)), "short",
                         steps("red", (1.0, "green"))), 12),
-        Cell(timeseries(PANEL_OBSERVED_SHARE,
-                        "Inside vLLM: engine steps whose attention GrowPage observed over steps with a tracked "
-                        "request, and finished requests observed at least once over those tracked. Below 1 "
-                        "by design: 1 / observe_every_steps (monitor observes one step in 4 by default), "
-                        "whatever the CUDA graphs; at 0 while the observer reports active, its decisions rank "
-                        "by recency alone. And the steps whose pool held every request at its full length: "
-                        "there enforce grows instead of compressing and observes only prompt ends "
-                        "(grow_with_room_for_all), so fewer steps observed and no compactions mean nothing "
-                        "to win, not a fault; likewise the steps its compression gate left decode-time "
-                        "compression idle, because compactions had bought neither a wider batch nor a dear "
-                        "recompute (compression_gate). " + _runbooks_for(PANEL_OBSERVED_SHARE, "GrowPageAgentInactive"),
-                        targets((f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_STEPS.name)}[{RATE}]))"
-                                 f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
-                                 f"steps {_POD_LEGEND}"),
-                                (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_OBSERVED_REQUESTS.name)}"
-                                 f"[{RATE}]))\n/\nsum by (namespace, pod) "
-                                 f"(rate({metric(catalog.VLLM_TRACKED_REQUESTS.name)}[{RATE}]))",
-                                 f"requests {_POD_LEGEND}"),
-                                (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_ROOM_STEPS.name)}[{RATE}]))"
-                                 f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
-                                 f"room for all {_POD_LEGEND}"),
-                                (f"sum by (namespace, pod) (rate({metric(catalog.VLLM_IDLE_STEPS.name)}[{RATE}]))"
-                                 f"\n/\nsum by (namespace, pod) (rate({metric(catalog.VLLM_STEPS.name)}[{RATE}]))",
-                                 f"compression idle {_POD_LEGEND}")), RATIO_UNIT), 12),
+        Cell(_observed_share_panel(), 12),
         Cell(timeseries(PANEL_OWN_SHARE,
                         "Inside vLLM: seconds of GrowPage's own code (observation, compaction, decisions, "
                         "forecast) over the seconds of the vLLM calls it hooks, per side and in all: what "
