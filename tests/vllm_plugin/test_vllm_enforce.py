@@ -158,15 +158,21 @@ def test_enforce_metrics_count_enforced_decisions_and_no_faults(vllm_runs):
     assert all("decided=" in k and "enforced=" in k for k in degraded)
 
 
-def test_forced_preemption_recomputes_and_frees_every_block(vllm_runs):
-    run = vllm_runs["enforce_preempt"]
-    records = _requests(run, namespace=None)
-    assert sum(r["num_preemptions"] for r in records.values()) >= 1, records
+def _assert_pressure_batch_ran_whole(run: dict) -> None:
+    """The preemption-pressure batch (every prompt twice) ran every request to its last token,
+    coherently, and gave every block back."""
     outputs = run["batches"]["main"]["token_ids"]
     assert len(outputs) == 2 * len(PROMPTS) and all(len(ids) == PREEMPT_TOKENS for ids in outputs)
     for ids in outputs:
         _assert_coherent(ids)
     _assert_no_leak(run)
+
+
+def test_forced_preemption_recomputes_and_frees_every_block(vllm_runs):
+    run = vllm_runs["enforce_preempt"]
+    records = _requests(run, namespace=None)
+    assert sum(r["num_preemptions"] for r in records.values()) >= 1, records
+    _assert_pressure_batch_ran_whole(run)
     assert "growpage:" not in "\n".join(line for line in run["stderr"].splitlines() if "failed" in line)
     # This engine keeps a set per KV head, half of it in common by the request's ranking, and re-ranks
     # generated tokens by redundancy (PER_HEAD_REDUNDANT).
@@ -186,11 +192,7 @@ def test_with_the_compression_gate_idle_enforce_leaves_preemption_to_vllm_and_mo
     assert sum(r["num_preemptions"] for r in records) >= 1, records
     assert all(r["compactions"] == 0 for r in records), records
     assert not [r for r in run["enforce_log"] if "compaction" in r or "worker_compaction" in r]
-    outputs = run["batches"]["main"]["token_ids"]
-    assert len(outputs) == 2 * len(PROMPTS) and all(len(ids) == PREEMPT_TOKENS for ids in outputs)
-    for ids in outputs:
-        _assert_coherent(ids)
-    _assert_no_leak(run)
+    _assert_pressure_batch_ran_whole(run)
     metrics = run["metrics"]
     decisions = samples(metrics, "growpage_decisions_total")
     assert sum(v for k, v in decisions.items() if 'decision="allocate"' in k) >= 1, decisions
@@ -206,11 +208,7 @@ def test_growth_aware_admission_runs_the_same_pressure_without_a_preemption(vllm
     records = [r for r in run["enforce_log"] if "request_id" in r]
     assert sum(r["num_tokens"] - r["num_prompt_tokens"] == PREEMPT_TOKENS for r in records) == 2 * len(PROMPTS)
     assert sum(r["num_preemptions"] for r in records) == 0, records
-    outputs = run["batches"]["main"]["token_ids"]
-    assert len(outputs) == 2 * len(PROMPTS) and all(len(ids) == PREEMPT_TOKENS for ids in outputs)
-    for ids in outputs:
-        _assert_coherent(ids)
-    _assert_no_leak(run)
+    _assert_pressure_batch_ran_whole(run)
     metrics = run["metrics"]
     assert sum(samples(metrics, "growpage_admission_holds_total").values()) >= 1, metrics
     assert set(samples(metrics, "growpage_admission_lookahead").values()) == {1.0}  # projected: always
