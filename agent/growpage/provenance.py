@@ -19,6 +19,13 @@ def cpu_kind(cpuinfo: str) -> str:
     return "amx" if "amx_tile" in flags else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else ""
 
 
+def host_cpu_kind() -> str:
+    """This host's :func:`cpu_kind` ("" where ``/proc/cpuinfo`` cannot be read: not Linux)."""
+    with contextlib.suppress(OSError):
+        return cpu_kind(Path("/proc/cpuinfo").read_text())
+    return ""
+
+
 def host_facts() -> dict[str, str]:
     """The machine, its CPU kind and model name, Python, the commit GrowPage runs from ("" when unknown)
     and how many paths its checkout had changed beyond it (0: the commit's code; -1 when unknown)."""

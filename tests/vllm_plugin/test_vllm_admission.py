@@ -9,7 +9,15 @@ import types
 import pytest
 
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.admission import MIN_FINISHED, MIN_FIT_STEPS, Compression, StepCostFit
+from growpage.core.admission import (
+    ADMIT_PRIOR,
+    LOOK_AHEAD_PRIOR,
+    MIN_FINISHED,
+    MIN_FIT_STEPS,
+    Compression,
+    StepCostFit,
+    token_share_prior,
+)
 from growpage.core.controller import GrowthController
 from growpage.errors import ConfigError
 from growpage.vllm_plugin.admission import (
@@ -20,7 +28,7 @@ from growpage.vllm_plugin.admission import (
     compression_of,
     need_share_at_end,
 )
-from growpage.vllm_plugin.settings import split_settings
+from growpage.vllm_plugin.settings import PRIOR_TOKEN_SHARE_BY_CPU, split_settings
 
 BLOCK = 32
 CONFIGURED = 16  # the deployment's max_num_seqs
@@ -113,23 +121,41 @@ def _fitted(*, fixed: float, per_request: float, per_token: float) -> StepCostFi
 
 def test_measured_admission_looks_ahead_only_where_a_recompute_costs_more_than_the_width():
     scheduler = _scheduler(running=4, waiting=8)
-    # unmeasured: the device's prior (a CPU looks ahead, a GPU admits as vLLM does)
-    for prior in (True, False):
-        gate = AdmissionGate(BLOCK, 39, policy="measured", lookahead_unmeasured=prior)
-        assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is prior
-        assert gate.lookahead is prior
+    # unmeasured: the host's prior (a CPU without a priced prior looks ahead, a GPU admits as vLLM does)
+    for prior, holds in ((LOOK_AHEAD_PRIOR, True), (ADMIT_PRIOR, False)):
+        gate = AdmissionGate(BLOCK, 39, policy="measured", prior_costs=prior)
+        assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is holds
+        assert gate.lookahead is holds
         scheduler.max_num_active_reqs = CONFIGURED
     # prefill costs what decode does per token: a preemption's recompute is dear, hold
-    dear = AdmissionGate(BLOCK, 39, policy="measured", lookahead_unmeasured=False,
+    dear = AdmissionGate(BLOCK, 39, policy="measured", prior_costs=ADMIT_PRIOR,
                          step_costs=_fitted(fixed=0.0135, per_request=0.0265, per_token=0.0265))
     assert dear.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is True
     assert scheduler.max_num_active_reqs == 4 and dear.lookahead
     scheduler.max_num_active_reqs = CONFIGURED
     # a step's fixed part dominates and prefill batches cheaply: the wider batch is worth the recompute
-    cheap = AdmissionGate(BLOCK, 39, policy="measured", lookahead_unmeasured=True,
+    cheap = AdmissionGate(BLOCK, 39, policy="measured", prior_costs=LOOK_AHEAD_PRIOR,
                           step_costs=_fitted(fixed=0.012, per_request=0.0029, per_token=0.0002))
     assert cheap.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is False
     assert scheduler.max_num_active_reqs == CONFIGURED and not cheap.lookahead and cheap.holds_total == 0
+
+
+@pytest.mark.parametrize(("cpu", "prompt", "max_tokens", "holds"), [
+    ("amx", 96, 160, False),  # decode-heavy: a recompute of 176 tokens is 1.6 % of the 40 steps a hold gives up
+    ("avx512", 96, 160, False),
+    ("avx512", 1000, 16, True),  # a long prompt with a short answer: its recompute outweighs the width
+    ("avx2", 96, 160, True),  # not priced: looks ahead until the fit answers
+])
+def test_before_its_fit_answers_measured_admission_runs_the_same_rule_on_the_hosts_prior(cpu, prompt, max_tokens,
+                                                                                       holds):
+    """A priced prior admits a decode-heavy batch as vLLM does from the first step, instead of holding
+    starts for the 8-10 steps the fit takes (5 engine steps more than vLLM alone's 299 on the AMX host)."""
+    _, plugin = split_settings({"mode": "enforce"}, env={}, block_size=BLOCK)
+    scheduler = _scheduler(running=4, waiting=8, prompt=prompt, max_tokens=max_tokens)
+    gate = AdmissionGate(BLOCK, 39, policy="measured", prior_costs=plugin.prior_step_costs("cpu", cpu))
+    gate.before_schedule(scheduler, _held(scheduler, pages=9), lambda request: FULL)
+    assert gate.lookahead is holds and not gate.decides_on_evidence
+    assert (scheduler.max_num_active_reqs < CONFIGURED) is holds
 
 
 def test_a_prior_that_holds_starts_one_request_more_until_a_prefill_has_priced_a_token():
@@ -137,7 +163,7 @@ def test_a_prior_that_holds_starts_one_request_more_until_a_prefill_has_priced_a
     that should replace it would never answer (make run prefilled again only at step 92)."""
     scheduler = _scheduler(running=4, waiting=8)
     fit = StepCostFit()
-    gate = AdmissionGate(BLOCK, 39, policy="measured", lookahead_unmeasured=True, step_costs=fit)
+    gate = AdmissionGate(BLOCK, 39, policy="measured", prior_costs=LOOK_AHEAD_PRIOR, step_costs=fit)
     # no warm step timed yet (the engine's cold first one is left out): the prior alone
     assert gate.before_schedule(scheduler, _held(scheduler), lambda request: FULL) is True
     assert scheduler.max_num_active_reqs == 4
@@ -266,8 +292,10 @@ def test_admission_is_a_setting_with_a_fix_in_its_error():
     _, plugin = split_settings({"mode": "enforce"}, env={}, block_size=BLOCK)
     assert plugin.admission == "auto"  # the default
     assert plugin.admission_on("cpu") == plugin.admission_on("cuda") == "measured"
-    # before the costs are measured: growth-aware on the CPU build, vLLM's own on a GPU
-    assert (plugin.lookahead_unmeasured("cpu"), plugin.lookahead_unmeasured("cuda")) == (True, False)
+    # before the costs are measured: the host's priced prior, growth-aware on a CPU not priced, vLLM's own on a GPU
+    assert plugin.prior_step_costs("cpu", "amx") == token_share_prior(PRIOR_TOKEN_SHARE_BY_CPU["amx"])
+    assert plugin.prior_step_costs("cpu", "avx2") == plugin.prior_step_costs("cpu", "") == LOOK_AHEAD_PRIOR
+    assert plugin.prior_step_costs("cuda", "amx") == ADMIT_PRIOR
     for choice in ("vllm", "projected", "after_preemption"):
         _, plugin = split_settings({"mode": "enforce", "admission": choice}, env={}, block_size=BLOCK)
         assert plugin.admission == choice and plugin.admission_on("cpu") == plugin.admission_on("cuda") == choice

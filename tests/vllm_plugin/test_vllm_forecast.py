@@ -9,7 +9,7 @@ import pytest
 
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
-from growpage.core.admission import StepCostFit
+from growpage.core.admission import ADMIT_PRIOR, LOOK_AHEAD_PRIOR, StepCostFit
 from growpage.core.controller import GrowthController, Reading
 from growpage.vllm_plugin.admission import AdmissionGate
 from growpage.vllm_plugin.forecast import EnforceForecast, ForecastCollector, StepRequest, WaitingRequest
@@ -403,7 +403,7 @@ def test_under_measured_admission_a_start_counts_as_held_only_where_the_measured
     controller = _controller()
     for request_id in ("a", "b"):
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
-    gate = AdmissionGate(BLOCK, 40, policy="measured", step_costs=step_costs, lookahead_unmeasured=True)
+    gate = AdmissionGate(BLOCK, 40, policy="measured", step_costs=step_costs, prior_costs=LOOK_AHEAD_PRIOR)
     forecast = EnforceForecast(controller, gate, enforce_admits_so=True)
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
     for request_id in ("c", "d"):
@@ -415,7 +415,7 @@ def test_under_measured_admission_a_start_counts_as_held_only_where_the_measured
     assert totals.preemptions_avoidable == int(counted)
 
 
-@pytest.mark.parametrize(("prior", "would_hold"), [(True, {"d"}), (False, {"c", "d"})])
+@pytest.mark.parametrize(("prior", "would_hold"), [(LOOK_AHEAD_PRIOR, {"d"}), (ADMIT_PRIOR, {"c", "d"})])
 def test_the_forecast_plans_a_measuring_start_only_where_enforce_looks_ahead_on_its_prior(prior, would_hold):
     """Enforce on a prior that looks ahead starts one request more until a prefill prices a token;
     on a prior that admits it plans nothing, and neither does the forecast of it."""
@@ -424,7 +424,7 @@ def test_the_forecast_plans_a_measuring_start_only_where_enforce_looks_ahead_on_
         controller.admit(request_id, prompt_tokens=96, mode=Mode.MONITOR)
     fit = StepCostFit()
     fit.record(requests=2, tokens=2, seconds=0.02)  # one warm decode step: no token priced yet
-    gate = AdmissionGate(BLOCK, 40, policy="measured", step_costs=fit, lookahead_unmeasured=prior)
+    gate = AdmissionGate(BLOCK, 40, policy="measured", step_costs=fit, prior_costs=prior)
     forecast = EnforceForecast(controller, gate, enforce_admits_so=True)
     forecast.before_schedule(_waiting_scheduler(controller, ["a", "b"], ["c", "d"]), limit=16)
     for request_id in ("c", "d"):  # vLLM starts both (monitor changes nothing)

@@ -167,6 +167,20 @@ class StepCosts:
     steps: int
 
 
+def token_share_prior(token_share: float) -> StepCosts:
+    """A device's step costs before any step is timed, in units of a step's fixed part: a prefilled
+    token costs ``token_share`` of it, a request in the batch nothing (holding a start is then
+    priced at its dearest: the whole step it gives up)."""
+    return StepCosts(fixed_s=1.0, per_request_s=0.0, per_token_s=token_share, steps=0)
+
+
+# the two priors that decide without pricing: a step with no fixed part (a wider batch saves nothing,
+# so a recompute always outweighs it: look ahead), and a prefilled token that costs nothing (start
+# as vLLM does)
+LOOK_AHEAD_PRIOR = StepCosts(fixed_s=0.0, per_request_s=0.0, per_token_s=1.0, steps=0)
+ADMIT_PRIOR = token_share_prior(0.0)
+
+
 class StepCostFit:
     """Least squares of step seconds on (1, requests, extra tokens) over the newest
     :data:`STEP_WINDOW` steps; :meth:`costs` is None until the steps can price a token

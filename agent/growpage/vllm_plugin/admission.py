@@ -5,7 +5,7 @@ why and how it projects).
 vLLM 0.32's scheduler admits waiting requests while ``len(running)`` is under
 ``Scheduler.max_num_active_reqs`` (admission into RUNNING, apart from the runner's slots). Before each
 step the gate sets that limit to the running requests plus the waiting ones that fit (``auto``,
-still on its prior, one more: :attr:`AdmissionGate.measuring_start`), never above
+looking ahead on a prior that prices nothing, one more: :attr:`AdmissionGate.measuring_start`), never above
 what the deployment configured; it first puts the configured limit back, so a fault while projecting
 leaves vLLM's own admission. A request already running is never touched: the gate only delays a
 start, and an empty batch always takes its first request.
@@ -29,11 +29,13 @@ from typing import Any
 from growpage import catalog
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.admission import (
+    LOOK_AHEAD_PRIOR,
     CompletionHistory,
     Compression,
     KVDemand,
     Shares,
     StepCostFit,
+    StepCosts,
     admissible,
     full_peak_tokens,
     lookahead_pays,
@@ -121,21 +123,23 @@ class AdmissionGate:
         total_pages: usable blocks in the pool (the null block excluded).
         policy: when it looks ahead (:data:`GATE_POLICIES`).
         step_costs: the engine's measured step costs (``measured``; the scheduler agent fits them).
-        lookahead_unmeasured: ``measured`` before the fit can tell the costs apart: look ahead
-            (the device's prior: a CPU) or not.
+        prior_costs: ``measured`` before the fit can tell the costs apart: the host's step costs as
+            a prior (:meth:`~growpage.vllm_plugin.settings.PluginSettings.prior_step_costs`; the
+            default looks ahead whatever the trace).
     """
 
     def __init__(self, block_size: int, total_pages: int, *, policy: str = "projected",
-                 step_costs: StepCostFit | None = None, lookahead_unmeasured: bool = True):
+                 step_costs: StepCostFit | None = None, prior_costs: StepCosts = LOOK_AHEAD_PRIOR):
         if policy not in GATE_POLICIES:
             raise ValueError(f"policy must be one of {', '.join(GATE_POLICIES)}, got {policy!r}")
         self.block_size = block_size
         self.total_pages = total_pages
         self.policy = policy
         self.step_costs = step_costs if step_costs is not None else StepCostFit()
-        self.lookahead_unmeasured = lookahead_unmeasured
-        # this step's answer (exported): projected always; after_preemption once vLLM preempts; measured by the prior
-        self.lookahead = {"projected": True, "after_preemption": False}.get(policy, lookahead_unmeasured)
+        self.prior_costs = prior_costs
+        # this step's answer (exported): projected always; after_preemption once vLLM preempts; measured
+        # once a request waits (nothing to hold before)
+        self.lookahead = policy == "projected"
         self.lookahead_steps = 0  # steps it looked ahead in
         self.history = CompletionHistory()
         self.configured_limit: int | None = None  # the deployment's own limit, read at the first step
@@ -170,7 +174,7 @@ class AdmissionGate:
     @property
     def measuring_start(self) -> bool:
         """``measured``, looking ahead on its prior this step: one waiting request starts beyond the
-        projection, so that its prefill prices a token. Without it a prior that looks ahead can hold
+        projection, so that its prefill prices a token. Without it a prior that holds can hold
         the batch so long that the fit never answers (make run's held batch prefilled again only at
         step 92). Only once a warm step was timed (the engine's cold first one teaches nothing,
         :class:`StepMeter`), while no timed step prefilled or, enough steps timed, the fit still
@@ -186,13 +190,11 @@ class AdmissionGate:
         """``measured``: whether holding the oldest waiting request, were the pool short at the
         batch's end, costs less than the preemption starting it would bring
         (:func:`~growpage.core.admission.lookahead_pays` on the engine's fitted step costs; before
-        they can be told apart, :attr:`lookahead_unmeasured`)."""
+        they can be told apart, on :attr:`prior_costs`)."""
         waiting = next(iter(scheduler.waiting), None)
         if waiting is None:
             return self.lookahead  # nothing to hold: the answer stands (and costs nothing to keep)
-        costs = self.step_costs.costs()
-        if costs is None:
-            return self.lookahead_unmeasured
+        costs = self.step_costs.costs() or self.prior_costs
         shares = self.history.shares()
         output = (shares.output_tokens if shares.output_tokens is not None
                   else _max_tokens(waiting, scheduler) * shares.output_share)

@@ -78,6 +78,8 @@ class SchedulerView:
         component_states: ``{component: "active" or reason}`` known from the configuration.
         otlp_traces_endpoint: where vLLM exports its traces (``--otlp-traces-endpoint``), or None;
             GrowPage's spans then go there too, as children of vLLM's ``llm_request`` spans.
+        cpu_kind: the host CPU's widest vector unit (:func:`growpage.provenance.cpu_kind`; ""
+            unknown): measured admission's prior where KV lives on the CPU.
     """
 
     model: str
@@ -87,6 +89,7 @@ class SchedulerView:
     token_bytes: int
     component_states: dict[str, str]
     otlp_traces_endpoint: str | None = None
+    cpu_kind: str = ""
 
 
 @dataclasses.dataclass
@@ -149,7 +152,7 @@ class SchedulerAgent:
             return AdmissionGate(config.block_size, view.num_pages,
                                  policy="projected" if admission == "vllm" else admission,
                                  step_costs=self.steps.fit,
-                                 lookahead_unmeasured=settings.lookahead_unmeasured(view.device))
+                                 prior_costs=settings.prior_step_costs(view.device, view.cpu_kind))
 
         # every request this side knows, one entry each, and what happens to each as a whole; growth-aware
         # admission where GrowPage enforces with it

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 from growpage.config import Mode
+from growpage.provenance import host_cpu_kind
 from growpage.vllm_plugin.patching import is_wrapped, wrap_methods
 from growpage.vllm_plugin.rank_faults import RankFaultReader, board_for
 from growpage.vllm_plugin.resolve import settings_from_vllm_config
@@ -102,7 +103,8 @@ def build_agent(scheduler: Scheduler, *, start_telemetry: bool = True) -> Schedu
                                          invalid_config=resolved.problem is not None,
                                          enforce_requested=resolved.requested_mode == Mode.ENFORCE.value),
         otlp_traces_endpoint=getattr(getattr(vllm_config, "observability_config", None), "otlp_traces_endpoint",
-                                     None))
+                                     None),
+        cpu_kind=host_cpu_kind())
     board = board_for(vllm_config) if config.mode is not Mode.OFF else None  # workers observe only when on
     agent = SchedulerAgent(config, settings, view, enforcer_blocker=blocker,
                            rank_faults=RankFaultReader(board) if board is not None else None)

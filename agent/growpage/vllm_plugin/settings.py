@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from growpage.config import DEFAULT_ATTENTION_COVERAGE, GrowPageConfig, Mode, merged_values, min_base_pages
+from growpage.core.admission import ADMIT_PRIOR, LOOK_AHEAD_PRIOR, StepCosts, token_share_prior
 from growpage.core.methods import VLLM_METHOD_NAMES
 from growpage.errors import ConfigError
 
@@ -63,15 +64,18 @@ KEEP_SETS = ("request", "kv_head")  # one kept set per request, or one per KV he
 # admission under enforce: measured on the host, vLLM's own, growth-aware always, or once vLLM preempts
 ADMISSION_CHOICES = ("auto", "vllm", "projected", "after_preemption")
 # auto looks ahead where the engine's own steps say a preemption's recompute costs more than the
-# batch width holding gives up (growpage.core.admission.lookahead_pays). An AVX-512 CPU batches a
-# recompute cheaply and decodes a wider batch faster, so it admits as vLLM does there (0.97-0.98x
-# vLLM alone where looking ahead always ran 0.75-0.85x); an AVX2 CPU's step times put a recompute
-# above the width (predicted, not run with the fit: docs/BENCHMARKS.md). Until the fit can price
-# a token (8 warm steps, one prefilling), the device's
-# prior: look ahead where KV lives in host memory, not on a GPU (which decodes a wide batch for
-# about the cost of a narrow one; not measured here); a prior that looks ahead still starts a request
-# or two beyond it until the fit answers (growpage.vllm_plugin.admission.AdmissionGate.measuring_start).
-LOOKAHEAD_UNMEASURED_BY_DEVICE = {"cpu": True}
+# batch width holding gives up (growpage.core.admission.lookahead_pays). An AVX-512 or AMX CPU
+# batches a recompute cheaply and decodes a wider batch faster, so it admits as vLLM does on
+# decode-heavy work there (0.97-0.98x vLLM alone where looking ahead always ran 0.75-0.85x) and looks
+# ahead on long prompts with short answers; an AVX2 CPU's step times put a recompute above the width
+# (predicted, not run with the fit: docs/BENCHMARKS.md). Until the fit can price a token (8 warm
+# steps, one prefilling), the same rule runs on the host's prior, a prefilled token's cost as a share
+# of a step's fixed part: the median of the fits on this project's hosts, 0.9 % with AMX (0.7-1.5 %
+# over about 150 fits) and 2.8 % with AVX-512 (2.5-3.5 %). A CPU without either (AVX2, or one not
+# measured) looks ahead, and a prior that looks ahead still starts a request or two beyond it until
+# the fit answers (growpage.vllm_plugin.admission.AdmissionGate.measuring_start); a GPU admits as
+# vLLM does (it decodes a wide batch for about the cost of a narrow one; not measured here).
+PRIOR_TOKEN_SHARE_BY_CPU = {"amx": 0.009, "avx512": 0.028}
 VLLM_METHODS = VLLM_METHOD_NAMES
 """Methods enforce can run inside vLLM, as registered (quantizing ones cannot: ``kv_cache_dtype`` is
 deployment-wide)."""
@@ -179,10 +183,11 @@ class PluginSettings:
             outgrow the pool and thrash in preemptions. ``after_preemption``: the same, only within
             a few hundred steps of a vLLM preemption. ``auto`` (the default): the same, in the steps
             where the engine's measured step costs say a recompute costs more than the batch width
-            holding gives up (``measured``: :meth:`admission_on`; :data:`LOOKAHEAD_UNMEASURED_BY_DEVICE`
-            until they are measured). A trade: fewer preemptions (recomputes) for a narrower batch,
-            and a held request is not made room for by compressing the others; which pays depends
-            on the traffic and the hardware (docs/BENCHMARKS.md has the table). Monitor and off never change admission.
+            holding gives up (``measured``: :meth:`admission_on`; the host's prior,
+            :meth:`prior_step_costs`, until they are measured). A trade: fewer preemptions
+            (recomputes) for a narrower batch, and a held request is not made room for by
+            compressing the others; which pays depends on the traffic and the hardware
+            (docs/BENCHMARKS.md has the table). Monitor and off never change admission.
     """
 
     exporter_port: int = DEFAULT_EXPORTER_PORT
@@ -258,13 +263,18 @@ class PluginSettings:
     def admission_on(self, device: str) -> str:
         """The admission enforce runs: ``auto`` resolved (``measured``, whatever the device: on
         ``device``, vLLM's ``device_type``, only the prior before the costs are measured differs,
-        :meth:`lookahead_unmeasured`)."""
+        :meth:`prior_step_costs`)."""
         return "measured" if self.admission == "auto" else self.admission
 
     @staticmethod
-    def lookahead_unmeasured(device: str) -> bool:
-        """Whether ``measured`` admission looks ahead on ``device`` before its step costs are fitted."""
-        return LOOKAHEAD_UNMEASURED_BY_DEVICE.get(device, False)
+    def prior_step_costs(device: str, cpu_kind: str) -> StepCosts:
+        """What ``measured`` admission takes a step to cost before its fit can price a token, on
+        ``device`` (vLLM's ``device_type``) with KV on a CPU of ``cpu_kind``
+        (:func:`growpage.provenance.cpu_kind`): :data:`PRIOR_TOKEN_SHARE_BY_CPU`."""
+        if device != "cpu":
+            return ADMIT_PRIOR
+        share = PRIOR_TOKEN_SHARE_BY_CPU.get(cpu_kind)
+        return token_share_prior(share) if share is not None else LOOK_AHEAD_PRIOR
 
     def observation_stride(self, mode: Mode) -> int:
         """Steps per observed step in a deployment running ``mode`` (see ``observe_every_steps``)."""
