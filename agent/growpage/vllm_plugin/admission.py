@@ -5,7 +5,7 @@ why and how it projects).
 vLLM 0.32's scheduler admits waiting requests while ``len(running)`` is under
 ``Scheduler.max_num_active_reqs`` (admission into RUNNING, apart from the runner's slots). Before each
 step the gate sets that limit to the running requests plus the waiting ones that fit (``auto``,
-looking ahead on a prior that prices nothing, one more: :attr:`AdmissionGate.measuring_start`), never above
+looking ahead on its prior, one more: :attr:`AdmissionGate.measuring_start`), never above
 what the deployment configured; it first puts the configured limit back, so a fault while projecting
 leaves vLLM's own admission. A request already running is never touched: the gate only delays a
 start, and an empty batch always takes its first request.
@@ -168,7 +168,7 @@ class AdmissionGate:
     def decides_on_evidence(self) -> bool:
         """This step's answer follows the policy's own rule: always for ``projected`` and
         ``after_preemption``; for ``measured`` once the fit can tell the costs apart (before, it is
-        the device's prior)."""
+        the host's prior)."""
         return self.policy != "measured" or self.step_costs.costs() is not None
 
     @property

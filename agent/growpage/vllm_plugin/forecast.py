@@ -28,7 +28,7 @@ would have dropped. Each step, with the tokens vLLM scheduled:
 - enforce's own admission under ``auto`` decides on the costs it measured: a start counts as one
   it would have held only in a step where this forecast's fit says so too. Before the fit can tell
   the costs apart (vLLM alone starts a whole batch at once, and its second prefill may come only
-  with the first finish) enforce would look ahead on the device's prior, but only until its own
+  with the first finish) enforce would decide on the host's prior, but only until its own
   fit is ready (a measuring start prefills for it: 8-10 steps on the AVX-512 host; the start enforce
   would make beyond the projection is marked as held by no one here); counting the prior's
   holds forecast 50-100 % more avoided preemptions than enforce avoided, when the prior lasted
