@@ -8,6 +8,7 @@ from growpage.core.compression_gate import (
     RECOMPUTE_COST_FACTOR,
     CompressionGate,
     GateStep,
+    StepGate,
     buys_width,
     recompute_outweighs,
 )
@@ -51,3 +52,13 @@ def test_a_dear_preemption_opens_the_gate_so_the_next_ones_are_avoided():
     assert gate.step(GateStep(2, 0, 5.0, recompute_s=THRESHOLD_S * 4, step_s=STEP_S)) and gate.reason == "recompute"
     assert gate.step(GateStep(1 + GATE_WINDOW_STEPS, 0, 5.0))
     assert not gate.step(GateStep(2 + GATE_WINDOW_STEPS, 0, 5.0))
+
+
+def test_a_homes_step_gate_says_why_compression_runs_each_step():
+    """The enforce log writes it beside each compaction: none may say idle."""
+    off, gated = StepGate(), StepGate(CompressionGate(window_steps=4))
+    assert off.reason == "off" and not off.step(dropped_tokens=0, pages_held=[5], block_size=32, costs=lambda: None)
+    assert gated.step(dropped_tokens=0, pages_held=[5], block_size=32, costs=lambda: None)  # idle
+    assert gated.reason == "idle"
+    assert not gated.step(dropped_tokens=5 * 32, pages_held=[5, 5], block_size=32, costs=lambda: None)
+    assert gated.reason == "width"

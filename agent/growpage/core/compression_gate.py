@@ -133,6 +133,12 @@ class StepGate:
     steps: int = 0
     preempted_tokens: int = 0
 
+    @property
+    def reason(self) -> str:
+        """Why decode-time compression runs this step (``width``, ``recompute``), ``idle``, or ``off``
+        (no gate: it always runs)."""
+        return self.gate.reason if self.gate is not None else "off"
+
     def note_preemption(self, tokens: int) -> None:
         """A request was preempted with ``tokens`` to recompute when it runs again."""
         self.preempted_tokens += tokens

@@ -500,7 +500,8 @@ class SchedulerEnforcer:
             tracked.first_compaction_at = request.num_computed_tokens
         if self.requests.log_path:  # every compaction, as it happens (a finished request's record may come late)
             self._log({"compaction": request.request_id, "namespace": tracked.namespace,
-                       "decode_step": request.num_computed_tokens - request.num_prompt_tokens})
+                       "decode_step": request.num_computed_tokens - request.num_prompt_tokens,
+                       "gate": self.gate.reason})
         tracked.tokens_evicted += physical - target
         self.requests.plan_compaction(request.request_id, CompactionPlan(
             physical_tokens=physical, keep_tokens=target, logical_length=request.num_computed_tokens,
