@@ -309,6 +309,20 @@ def test_with_the_compression_gate_idle_the_enforcer_grows_where_it_would_compre
     assert getattr(output, PAYLOAD_ATTRIBUTE).prompts_only
 
 
+def test_an_idle_step_with_no_boundary_plans_nothing_and_the_next_boundary_is_still_decided():
+    """Most idle steps have no boundary and no prompt just cached: the enforcer skips the controller
+    there, and must not skip the boundary that comes next."""
+    scheduler, request, blocks = _waiting_scheduler()
+    request.num_computed_tokens = 10  # mid-block: 10 of its 12 slots
+    enforcer = _enforcer(gate=True)
+    enforcer.before_schedule(scheduler)  # its first decode step settles its prompt (2 tokens: nothing to compress)
+    enforcer.before_schedule(scheduler)
+    assert enforcer.compression_idle and enforcer.decisions.events == [] and len(blocks) == 3
+    request.num_computed_tokens = 12  # its blocks are full: the next token needs a page
+    enforcer.before_schedule(scheduler)
+    assert [(d.kind, d.reason) for d in enforcer.decisions.events] == [("allocate", "would_not_pay")]
+
+
 def test_the_gate_opens_once_compactions_hold_a_request_of_pages_free():
     # r's earlier compactions dropped 12 tokens: 3 pages held free, as many as the one request holds
     scheduler, request, blocks = _waiting_scheduler(dropped=12)

@@ -350,6 +350,11 @@ class SchedulerEnforcer:
         step_pool = dataclasses.replace(self._step_pool(scheduler, req_to_blocks, admission_held),
                                         compression_idle=idle)
         self.room_for_all = step_pool.room_for_all
+        if idle and not any(r.at_boundary or (r.tracked is not None and not r.tracked.prompt_settled)
+                            for r in running.values()):
+            # idle, with no boundary and no prompt just cached: the controller would plan nothing (no
+            # relief while idle), and most idle steps are such, so their views are not built
+            return
         control = self.controller.plan_step(
             step_pool, [self._view(r) for r in running.values()],
             enforceable=VLLM_ACTIONS,
