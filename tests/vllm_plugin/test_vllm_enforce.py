@@ -189,7 +189,8 @@ def test_with_the_compression_gate_idle_enforce_leaves_preemption_to_vllm_and_mo
     (short requests, no pages spared), so boundaries grow or vLLM preempts, and no token moves while
     the gate is idle. The gate prices a preemption's recompute on the engine's measured step costs;
     with prompts of 1-10 tokens a step slowed by a loaded host can price a token several times dear
-    and open it (once, in a full-suite run). A compaction then says why it ran, and none may say idle."""
+    and open it (once, in a full-suite run). A compaction then says why it ran, and none may say idle
+    (at ``attention_coverage`` 0 no prompt is compressed for admission, the one compaction an idle gate makes)."""
     run = vllm_runs["enforce_gated"]
     records = [r for r in run["enforce_log"] if "request_id" in r]
     assert sum(r["num_preemptions"] for r in records) >= 1, records
