@@ -19,21 +19,24 @@ def cpu_kind(cpuinfo: str) -> str:
     return "amx" if "amx_tile" in flags else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else ""
 
 
-def host_cpu_kind() -> str:
-    """This host's :func:`cpu_kind` ("" where ``/proc/cpuinfo`` cannot be read: not Linux)."""
+def _cpuinfo() -> str:
+    """``/proc/cpuinfo`` ("" where it cannot be read: not Linux)."""
     with contextlib.suppress(OSError):
-        return cpu_kind(Path("/proc/cpuinfo").read_text())
+        return Path("/proc/cpuinfo").read_text()
     return ""
+
+
+def host_cpu_kind() -> str:
+    """This host's :func:`cpu_kind` ("" where unknown)."""
+    return cpu_kind(_cpuinfo())
 
 
 def host_facts() -> dict[str, str]:
     """The machine, its CPU kind and model name, Python, the commit GrowPage runs from ("" when unknown)
     and how many paths its checkout had changed beyond it (0: the commit's code; -1 when unknown)."""
-    kind = model = ""
-    with contextlib.suppress(OSError):
-        text = Path("/proc/cpuinfo").read_text()
-        kind = cpu_kind(text)
-        model = next((row.split(":", 1)[1].strip() for row in text.splitlines() if row.startswith("model name")), "")
+    text = _cpuinfo()
+    kind = cpu_kind(text)
+    model = next((row.split(":", 1)[1].strip() for row in text.splitlines() if row.startswith("model name")), "")
     commit, uncommitted = "", -1
     here = Path(__file__).resolve().parent
     with contextlib.suppress(OSError, subprocess.SubprocessError):

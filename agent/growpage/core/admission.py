@@ -208,8 +208,7 @@ class StepCostFit:
         self._sums = [0.0] * 9  # sum of x_i * x_j (i <= j, packed) and of x_i * y, x = (1, requests, extra)
         self._since_rebuild = 0
         self._solved: StepCosts | None = None
-        self._stale = True
-        self._since_solve = 0  # steps recorded since the fit was last solved
+        self._since_solve = 0  # steps recorded since the fit was last solved (0: the answer is current)
 
     def record(self, *, requests: int, tokens: int, seconds: float) -> None:
         """One step ran ``requests`` requests and ``tokens`` tokens in all for ``seconds``."""
@@ -223,7 +222,6 @@ class StepCostFit:
         self._since_rebuild += 1
         if self._since_rebuild >= (self._steps.maxlen or 1):
             self._rebuild()
-        self._stale = True
         self._since_solve += 1
 
     def __len__(self) -> int:
@@ -242,8 +240,8 @@ class StepCostFit:
     def costs(self) -> StepCosts | None:
         """The fitted costs (None until the steps can price a token): solved again once
         :data:`SOLVE_EVERY_STEPS` steps came in since an answer, at every new step before one."""
-        if self._stale and (self._solved is None or self._since_solve >= SOLVE_EVERY_STEPS):
-            self._solved, self._stale, self._since_solve = self._solve(), False, 0
+        if self._since_solve and (self._solved is None or self._since_solve >= SOLVE_EVERY_STEPS):
+            self._solved, self._since_solve = self._solve(), 0
         return self._solved
 
     def _solve(self) -> StepCosts | None:

@@ -194,7 +194,8 @@ class AdmissionGate:
         waiting = next(iter(scheduler.waiting), None)
         if waiting is None:
             return self.lookahead  # nothing to hold: the answer stands (and costs nothing to keep)
-        costs = self.step_costs.costs() or self.prior_costs
+        fitted = self.step_costs.costs()
+        costs = fitted if fitted is not None else self.prior_costs
         shares = self.history.shares()
         output = (shares.output_tokens if shares.output_tokens is not None
                   else _max_tokens(waiting, scheduler) * shares.output_share)
