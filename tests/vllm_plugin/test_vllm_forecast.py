@@ -118,6 +118,49 @@ def test_a_fresh_prompt_is_forecast_compressed_only_when_a_waiting_request_canno
         assert forecast.totals().pages_freed == freed, (free, waiting)
 
 
+def _resumed_beside_a_decoding_one(controller: GrowthController, forecast: EnforceForecast,
+                                   waiting: list[WaitingRequest]) -> None:
+    """Request "b" decodes; vLLM resumes "a" (a 40-token prompt and 60 tokens of output, 7 pages)
+    and it decodes its first token beside "b", which reaches a boundary in that step. The pool's
+    free pages would hold the oldest waiting request's prompt, but not once "b" grows."""
+    for request_id in ("a", "b"):
+        controller.admit(request_id, prompt_tokens=40, mode=Mode.MONITOR)
+    controller.update_attention_need("a", 30)  # its floor: 4 pages
+    forecast.on_step([StepRequest("b", 3, 40, 40, 40)], free_pages=20)
+    for tokens in range(41, 48):
+        forecast.on_step([StepRequest("b", 3, tokens, 1, 40)], free_pages=20)
+    # vLLM's free pages after it scheduled the step: "b"'s page for its growth is taken already
+    free = controller.grant_pages(40) - 1
+    forecast.on_step([StepRequest("a", 7, 100, 100, 40), StepRequest("b", 3, 48, 1, 40)],
+                     free_pages=free, waiting=waiting)
+    forecast.on_step([StepRequest("a", 7, 101, 1, 40), StepRequest("b", 4, 49, 1, 40)],
+                     free_pages=free, waiting=waiting)
+
+
+@pytest.mark.parametrize(("waiting", "freed"), [
+    (_waiting(40, "c"), 3),  # a request waits that the pool cannot take once "b" grows: enforce compresses "a"
+    (_waiting(None), 0),  # nothing waits: "a" keeps its whole context
+])
+def test_a_resumed_request_is_compressed_at_its_recomputes_end_where_the_steps_growth_leaves_no_room_to_admit(
+        waiting, freed):
+    controller = _controller()
+    forecast = EnforceForecast(controller, compression_gate=True)
+    _resumed_beside_a_decoding_one(controller, forecast, waiting)
+    # 100 cached tokens in 7 pages down to its floor of 4, its generated tokens too (as enforce
+    # compresses a resumed request at its recompute's end), with the gate idle throughout
+    assert forecast.gate.idle
+    assert (forecast.totals().pages_freed, forecast.shadows["a"].pages) == (freed, 7 - freed)
+
+
+def test_a_waiting_request_enforces_admission_holds_makes_no_prompt_compression():
+    controller = _controller()
+    forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, policy="projected"), enforce_admits_so=True)
+    forecast._would_hold, forecast._enforce_looks_ahead = frozenset({"c"}), True  # its admission holds "c"
+    _resumed_beside_a_decoding_one(controller, forecast, _waiting(40, "c"))
+    # enforce's step sees no request waiting while its admission holds the oldest: nothing to widen
+    assert forecast.totals().pages_freed == 0
+
+
 @pytest.mark.parametrize(("waiting", "total_pages", "pages", "freed"), [
     (None, 200, 7, 0),  # nothing waits: it grows into the pool's last pages
     (40, 200, 4, 3),  # a request waits whose admission fits the floors: its pages are reserved for it
