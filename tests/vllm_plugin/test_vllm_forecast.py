@@ -163,7 +163,9 @@ def test_a_waiting_request_enforces_admission_holds_makes_no_prompt_compression(
 
 @pytest.mark.parametrize(("waiting", "total_pages", "pages", "freed"), [
     (None, 200, 7, 0),  # nothing waits: it grows into the pool's last pages
-    (40, 200, 4, 3),  # a request waits whose admission fits the floors: its pages are reserved for it
+    # a request waits whose admission fits the floors: its pages are reserved for it; and once
+    # enforce admits it into the pages spared, a page of it at its boundary past the floor (4)
+    (40, 200, 4, 4),
     (40, 6, 7, 0),  # it waits, but its floor and the running floors overflow the pool: no reserve
 ])
 def test_a_request_that_waits_for_admission_makes_the_shadows_compress_where_enforce_would(
@@ -242,6 +244,7 @@ def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again
     assert forecast.kept_pages == 3
     step(142, ("c",), free=2)
     forecast.on_preempt("c", steps_left=None)  # 4 spare, 3 owed to "b": one page left, so kept too
+    controller.update_attention_need("c", 64)  # its floor: 5 pages, so no boundary of it compresses
     assert forecast.kept_pages == 6
     step(143, ("d",), free=4)
     forecast.on_preempt("d", steps_left=None)  # the same 4 spare pages are owed: not avoidable again
@@ -262,6 +265,25 @@ def test_a_request_enforce_keeps_running_owes_its_pages_until_vllm_runs_it_again
     assert (forecast.kept_pages, forecast.totals().preemptions_avoidable) == (0, 1)
     # no step costs measured (no admission forecast here): nothing is priced
     assert forecast.totals().recompute_seconds_avoidable == forecast.totals().wider_batch_seconds == 0.0
+
+
+@pytest.mark.parametrize(("attention_need", "kept_pages", "freed"), [
+    (0, 4, 1),  # its floor is 4 pages: at its 65th token enforce evicts a page of it instead of growing
+    (64, 0, 0),  # its attention needs its 64 tokens (floor 5): it grows, relief has nothing, so it is preempted
+])
+def test_a_request_enforce_keeps_running_is_compressed_at_its_boundary_where_compression_pays(
+        attention_need, kept_pages, freed):
+    controller, forecast = _sparing_request()
+    controller.admit("c", prompt_tokens=40, mode=Mode.MONITOR)
+    forecast.on_step([StepRequest("a", 9, 141, 1, 40), StepRequest("c", 3, 45, 1, 40)], free_pages=0)
+    forecast.on_preempt("c", steps_left=None)  # 4 spare pages: enforce keeps it running on its 3
+    controller.update_attention_need("c", attention_need)
+    freed_before = forecast.totals().pages_freed
+    for tokens_a in range(142, 162):  # "c" decodes its 46th to 65th tokens beside vLLM's batch; no page free
+        forecast.on_step([StepRequest("a", 9, tokens_a, 1, 40)], free_pages=0)
+    assert forecast.kept_pages == kept_pages
+    # and "a" at its floor frees a page at each of its two boundaries meanwhile (its 144th and 160th)
+    assert forecast.totals().pages_freed - freed_before == freed + 2
 
 
 def _priced_gate() -> AdmissionGate:
