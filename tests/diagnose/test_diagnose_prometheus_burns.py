@@ -11,6 +11,9 @@ create-blocks-from openmetrics``, ending an hour before now. vLLM's time to firs
 - cluster ``us``, namespace ``chat``: healthy.
 
 The day-long windows of the slow burn (1d, 3d) reach before the data: not checked, and said so.
+
+And Prometheus' own ``ALERTS`` series: the fast burn firing for ``eu``/``chat`` from 20 to 10
+minutes before the end (what an on-call sees paged while its short window has fallen back).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ REQUESTS_PER_STEP = 60.0
 PODS = {("eu", "west", "chat", "chat-0"): (0.07, 30), ("eu", "west", "search", "search-0"): (0.20, 70),
         ("us", "east", "chat", "chat-us-0"): (0.0, 0)}
 FAST = "GrowPageVLLMTimeToFirstTokenFastBurn"
+PAGED_MINUTES = (20, 10)  # the fast burn's ALERTS series for eu/chat: from, to (minutes before the end)
 
 
 def _lines(labels: dict[str, str], bad: float, minutes: int, times: list[float]) -> dict[str, list[str]]:
@@ -73,7 +77,12 @@ def openmetrics(end_s: float) -> str:
                   catalog.MODEL_LABEL: scenarios.MODEL, "instance": f"{pod}.{cluster}:8000"}
         for family, lines in _lines(labels, bad, minutes, times).items():
             families.setdefault(family, []).extend(lines)
-    types = {catalog.BUILD_INFO.name: "gauge", catalog.VLLM_TTFT: "histogram"}
+    paged = {"alertname": FAST, "alertstate": "firing", "severity": "critical", "long_window": "1h",
+             "short_window": "5m", "cluster": "eu", "namespace": "chat", catalog.MODEL_LABEL: scenarios.MODEL}
+    rendered = ",".join(f'{k}="{v}"' for k, v in paged.items())
+    families["ALERTS"] = [f"ALERTS{{{rendered}}} 1.0 {at:.3f}" for at in times
+                          if end_s - PAGED_MINUTES[0] * 60 <= at <= end_s - PAGED_MINUTES[1] * 60]
+    types = {catalog.BUILD_INFO.name: "gauge", catalog.VLLM_TTFT: "histogram", "ALERTS": "gauge"}
     out = []
     for family, lines in families.items():
         out.append(f"# TYPE {family} {types[family]}")
@@ -143,6 +152,21 @@ def test_the_report_names_the_alert_and_window_pair_the_rules_raise(runner, burn
     # The breakdown judges each namespace's services: chat does not burn, search does.
     scopes = check["breakdown"]["scopes"]
     assert (scopes["chat"]["status"], scopes["search"]["status"]) == ("ok", "critical")
+
+
+def test_a_page_firing_in_prometheus_is_named_though_its_windows_have_fallen_back(runner, burning):
+    url, end_s = burning
+    at_s = end_s - (PAGED_MINUTES[1] + 2) * 60  # the page fires; chat's 1h window holds 2 % bad, under 14.4 %
+    exit_code, document = diagnose(runner, url, at_s, "--cluster", "eu", "--namespace", "chat")
+    check = latency(document)
+    assert (check["status"], check["alerts"], exit_code) == ("critical", [FAST], 2), check["summary"]
+    service = f"cluster eu, {catalog.MODEL_LABEL} {scenarios.MODEL}, namespace chat"
+    assert all(p["state"] != "firing" for p in check["evidence"]["burn_pairs"])
+    assert check["evidence"]["firing_in_prometheus"] == [{"alert": FAST, "service": service}]
+    assert f"{FAST} (firing in Prometheus, {service}" in check["summary"]
+    # once the page resolves (its series gone past the lookback), the report is quiet again
+    exit_code, document = diagnose(runner, url, end_s, "--cluster", "eu", "--namespace", "chat")
+    assert (latency(document)["status"], exit_code) == ("ok", 0)
 
 
 def test_cluster_scopes_every_query(runner, burning, tmp_path: Path):

@@ -228,6 +228,25 @@ def test_a_burn_names_the_alert_and_window_pair_the_rules_raise():
     assert ttft.alerts == ("GrowPageVLLMTimeToFirstTokenFastBurn",) and ttft.status is Status.CRITICAL
 
 
+def test_a_burn_alert_firing_in_prometheus_is_named_though_its_pairs_are_quiet_now():
+    quiet = dict.fromkeys(WINDOWS, 0.0)
+    paged = frozenset({"GrowPageVLLMTimeToFirstTokenFastBurn"})
+    scope = Scope("s", vllm_ttft=histogram({1.0: 90, 5.0: 10}), build_infos=(BuildInfo(engine="vllm", mode="off"),),
+                  burn_ratios={catalog.SLO_VLLM_TTFT.name: (ServiceErrorRatios({"namespace": "chat"}, quiet, paged),)})
+    ttft = vllm_latency(scope, RANGE, T)
+    # the page that woke the on-call, with its severity, though the windows read quiet a second later
+    assert (ttft.status, ttft.alerts) == (Status.CRITICAL, ("GrowPageVLLMTimeToFirstTokenFastBurn",))
+    assert ttft.evidence["firing_in_prometheus"] == [{"alert": "GrowPageVLLMTimeToFirstTokenFastBurn",
+                                                      "service": "namespace chat"}]
+    assert "firing in Prometheus, namespace chat" in ttft.summary
+    # a check names only its own SLO's alerts: the grant-latency check does not take up vLLM's page
+    grants = ServiceErrorRatios({"namespace": "chat"}, quiet, paged)
+    allocation = allocation_latency_slo(Scope(
+        "s", allocation_latency=histogram({0.01: 900, 0.05: 100}), build_infos=(BuildInfo(mode="enforce"),),
+        burn_ratios={catalog.SLO_ALLOCATION_LATENCY.name: (grants,)}), RANGE, T)
+    assert (allocation.status, allocation.alerts) == (Status.OK, ())
+
+
 def test_no_covered_pair_is_not_checked():
     finding = allocation_latency_slo(burning({"5m": 0.5, "30m": 0.5}), RANGE, T)
     assert finding.status is Status.UNKNOWN and finding.not_checked is not None

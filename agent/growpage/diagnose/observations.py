@@ -184,10 +184,14 @@ class ServiceErrorRatios:
         labels: the service's SLO labels (cluster, namespace, model_name, where present).
         ratios: window (``"5m"``...) -> bad share over it; NaN: no events in it; a window absent: the
             data does not reach back to its start (its pairs are not checked).
+        firing: the burn alerts Prometheus reports firing for the service at the evaluation time
+            (its ``ALERTS`` series): a page that woke the on-call is named even where its short
+            window has fallen back under the limit since its rule last ran.
     """
 
     labels: Mapping[str, str]
     ratios: Mapping[str, float]
+    firing: frozenset[str] = frozenset()
 
     def describe(self) -> str:
         """``namespace chat, model_name m`` (or ``all`` when the series carry no SLO labels)."""

@@ -5,7 +5,10 @@ source at the window's end) go through :func:`growpage.diagnose.burn.judge_burn_
 own decision: a finding names exactly the alert and window pair the rules would raise, with the
 severity of ``catalog.SEVERITY_BY_ALERT``. The share within the SLO over ``--since`` is context in
 the summary and never a verdict: a 30-minute burn at 7x is no fast burn when its 6-hour window is
-quiet. Scrapes and snapshots hold no history: there the burns are not checked, and the report says so.
+quiet. A burn alert Prometheus reports firing whose pairs no longer hold at the window's end (its
+short window fell back since the rule last ran) is still named (:func:`paged_not_holding`): the
+report read right after a page never reads milder than the page. Scrapes and snapshots hold no
+history: there the burns are not checked, and the report says so.
 """
 
 from __future__ import annotations
@@ -56,6 +59,38 @@ def judge(scope: Scope, slos: Sequence[BurnSLO], t: Thresholds) -> list[_Judged]
             for verdict in judge_burn_pairs(slo.stem, t.alerting.burn_rate_alerts, slo.objective, service.ratios)]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Paged:
+    """A burn alert Prometheus has firing for a service whose window pairs the ratios read at the
+    window's end no longer hold: a rule's ``for`` was met at its last evaluation, and its short
+    window has fallen back since (or the recordings moved on before the rule ran again)."""
+
+    alert: str
+    service: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"alert": self.alert, "service": self.service}
+
+    def describe(self) -> str:
+        return (f"{self.alert} (firing in Prometheus, {self.service}; its windows read under the limit now: "
+                "it resolves once its rule sees them so)")
+
+
+def paged_not_holding(scope: Scope, slos: Sequence[BurnSLO], judged: Sequence[_Judged]) -> list[_Paged]:
+    """The burn alerts of ``slos`` firing in Prometheus (``ServiceErrorRatios.firing``) that no
+    judged pair holds now: diagnose names the page that woke the on-call, whatever the ratios
+    read a second later."""
+    assert scope.burn_ratios is not None
+    names: dict[tuple[str, str], set[str]] = {}
+    for item in judged:
+        names.setdefault((item.slo.name, item.service), set()).add(item.verdict.alert)
+    holding = {(item.verdict.alert, item.service) for item in judged if item.verdict.state is PairState.FIRING}
+    return [_Paged(alert, service.describe())
+            for slo in slos for service in scope.burn_ratios.get(slo.name, ())
+            for alert in sorted(service.firing & names.get((slo.name, service.describe()), set()))
+            if (alert, service.describe()) not in holding]
+
+
 def burn_finding(scope: Scope, window: Window, t: Thresholds, slos: Sequence[BurnSLO], reading: str,
                  proof: dict[str, object], remediation: tuple[str, ...]) -> ScopeFinding:
     """The finding of ``slos``' burn alerts; ``reading`` (the window's shares) leads the summary."""
@@ -65,19 +100,21 @@ def burn_finding(scope: Scope, window: Window, t: Thresholds, slos: Sequence[Bur
             "read the overall row of this report")
         return ScopeFinding(Status.UNKNOWN, f"{reading}; {skipped.reason}", proof, not_checked=skipped)
     judged = judge(scope, slos, t)
-    proof = {**proof, "burn_pairs": [item.to_dict() for item in judged]}
+    paged = paged_not_holding(scope, slos, judged)
+    proof = {**proof, "burn_pairs": [item.to_dict() for item in judged],
+             "firing_in_prometheus": [item.to_dict() for item in paged]}
     unchecked = [item for item in judged if item.verdict.state is PairState.NOT_CHECKED]
-    if not judged or len(unchecked) == len(judged):
+    if (not judged or len(unchecked) == len(judged)) and not paged:
         return ScopeFinding(Status.UNKNOWN, f"{reading}; no burn-rate window pair could be evaluated",
                             proof, not_checked=_uncovered(unchecked, window))
     partial = _uncovered(unchecked, window) if unchecked else None
     firing = [item for item in judged if item.verdict.state is PairState.FIRING]
     checked = len(judged) - len(unchecked)
-    if not firing:
+    if not firing and not paged:
         return ScopeFinding(Status.OK, f"{reading}; no burn-rate alert holds ({checked} window pairs quiet at "
                             f"the window's end)", proof, not_checked=partial)
-    alerts = tuple(dict.fromkeys(item.verdict.alert for item in firing))
-    summary = f"{reading}; burning: {'; '.join(item.describe() for item in firing)}"
+    alerts = tuple(dict.fromkeys([item.verdict.alert for item in firing] + [item.alert for item in paged]))
+    summary = f"{reading}; burning: {'; '.join([item.describe() for item in firing] + [p.describe() for p in paged])}"
     return dataclasses.replace(alert_finding(alerts, summary, proof, remediation), not_checked=partial)
 
 

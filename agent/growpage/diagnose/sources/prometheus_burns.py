@@ -58,6 +58,12 @@ class BurnQueries:
 
         return f"1 - ({rate(self._select(slo.good, slo.good_matcher))} / {rate(self._select(slo.total))})"
 
+    def firing(self) -> str:
+        """The burn alerts Prometheus has firing in the selection (its ``ALERTS`` series carry the
+        alert's service labels, never a pod's)."""
+        names = "|".join(sorted(name for name in catalog.SEVERITY_BY_ALERT if name.endswith("Burn")))
+        return self._select("ALERTS", 'alertstate="firing"', f'alertname=~"{names}"')
+
     def covered(self, slo: SLOEvents, window: str) -> str:
         lookback, window = (scale_duration(w, self.time_scale) for w in (_LOOKBACK, window))
         return (f"count by ({self.service}) (last_over_time({self._select(slo.total)}[{lookback}] "
@@ -88,22 +94,30 @@ def burn_queries(query: Query, matchers: Sequence[str], config: MixinConfig, per
 
 def read_burn_ratios(query: Query, queries: BurnQueries, thresholds: catalog.MixinThresholds,
                      service_labels: Sequence[str]) -> dict[str, tuple[ServiceErrorRatios, ...]]:
-    """SLO name -> each service's error ratios over the covered windows (absent: not covered)."""
-    jobs = [(slo.name, window, kind, expr) for slo in slo_events(thresholds) for window in burn_windows(thresholds)
+    """SLO name -> each service's error ratios over the covered windows (absent: not covered), and
+    the burn alerts Prometheus has firing for it (every SLO's entry of a service carries them all;
+    each check names its own)."""
+    slos = slo_events(thresholds)
+    jobs = [(slo.name, window, kind, expr) for slo in slos for window in burn_windows(thresholds)
             for kind, expr in (("ratio", queries.error_ratio(slo, window)), ("covered", queries.covered(slo, window)))]
+    jobs.append(("", "", "firing", queries.firing()))
     with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
         results = list(pool.map(lambda job: query(job[3]), jobs))
     ratios: dict[str, dict[tuple[str, ...], dict[str, float]]] = {}
     covered: set[tuple[str, tuple[str, ...], str]] = set()
-    for (slo, window, kind, _), rows in zip(jobs, results, strict=True):
+    firing: dict[tuple[str, ...], set[str]] = {}
+    for (slo_name, window, kind, _), rows in zip(jobs, results, strict=True):
         for labels, value in rows:
             key = tuple(labels.get(label, "") for label in service_labels)
-            if kind == "covered":
-                covered.add((slo, key, window))
+            if kind == "firing":
+                firing.setdefault(key, set()).add(labels.get("alertname", ""))
+            elif kind == "covered":
+                covered.add((slo_name, key, window))
             else:
-                ratios.setdefault(slo, {}).setdefault(key, {})[window] = value
+                ratios.setdefault(slo_name, {}).setdefault(key, {})[window] = value
     return {slo: tuple(ServiceErrorRatios(dict(zip(service_labels, key, strict=True)),
-                                          {w: r for w, r in by_window.items() if (slo, key, w) in covered})
+                                          {w: r for w, r in by_window.items() if (slo, key, w) in covered},
+                                          frozenset(firing.get(key, ())))
                        for key, by_window in sorted(services.items()))
             for slo, services in ratios.items()}
 
