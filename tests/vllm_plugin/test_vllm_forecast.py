@@ -163,9 +163,9 @@ def test_a_waiting_request_enforces_admission_holds_makes_no_prompt_compression(
 
 @pytest.mark.parametrize(("waiting", "total_pages", "pages", "freed"), [
     (None, 200, 7, 0),  # nothing waits: it grows into the pool's last pages
-    # a request waits whose admission fits the floors: its pages are reserved for it (once enforce
-    # admits it into the pages spared, no attention need is known to plan it by: it keeps every token)
-    (40, 200, 4, 3),
+    # a request waits whose admission fits the floors: its pages are reserved for it; and once
+    # enforce admits it into the pages spared, a page of it at its boundary past the floor (4)
+    (40, 200, 4, 4),
     (40, 6, 7, 0),  # it waits, but its floor and the running floors overflow the pool: no reserve
 ])
 def test_a_request_that_waits_for_admission_makes_the_shadows_compress_where_enforce_would(
