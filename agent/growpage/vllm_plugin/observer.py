@@ -194,25 +194,6 @@ class AttentionHooks(typing.Protocol):
 
 
 @dataclasses.dataclass
-class _AttentionRouting:
-    """The worker's attention impls and whether their calls go through GrowPage's hooks now
-    (changed only when a step's answer differs from the last one's: most steps touch nothing)."""
-
-    impls: list[AttentionHooks] = dataclasses.field(default_factory=list)
-    hooked: bool = True  # the impls' class methods: the hooks
-
-    def register(self, impl: AttentionHooks) -> None:
-        self.impls.append(impl)
-        impl.hook_attention(self.hooked)
-
-    def route(self, *, hooked: bool) -> None:
-        if hooked != self.hooked:
-            self.hooked = hooked
-            for impl in self.impls:
-                impl.hook_attention(hooked)
-
-
-@dataclasses.dataclass
 class _StepState:
     """The step now running: whether it is observed, who its first observed layer planned to
     observe (reused by the others), and the layers observed so far."""
@@ -409,8 +390,10 @@ class VllmObserver:
         self.step = _StepState()
         self._layout: kv_keys.BlockLayout | None = None
         self._layout_failed = False
-        # this worker's attention impls: their hooks run only in the steps that may read a layer
-        self._attention = _AttentionRouting()
+        # this worker's attention impls (backend.ObservedAttentionImpl): their hooks run only in the
+        # steps that may read a layer (_hook_attention)
+        self._attention_impls: list[AttentionHooks] = []
+        self._attention_hooked = True
         # enforce: the worker's physical state (None unless the deployment runs enforce)
         method = build_method(settings.method)
         scores = TokenScores(method)
@@ -503,7 +486,8 @@ class VllmObserver:
     # ---- the attention impls' hooks --------------------------------------------------------------
     def register_attention(self, impl: AttentionHooks) -> None:
         """An attention impl of this worker: its hooks follow the steps from now on."""
-        self._attention.register(impl)
+        self._attention_impls.append(impl)
+        impl.hook_attention(self._attention_hooked)
 
     @property
     def _step_reads_attention(self) -> bool:
@@ -516,7 +500,11 @@ class VllmObserver:
         steps read none (a stride skips them; an idle compression gate leaves only prompt ends), and
         a hook there cost a Python call per layer for nothing: 4-5 us each on the AMX host, 60 a
         step on the packaged model, about 1 % of a decode step that GrowPage's own meter never saw."""
-        self._attention.route(hooked=self._step_reads_attention)
+        hooked = self._step_reads_attention
+        if hooked != self._attention_hooked:
+            self._attention_hooked = hooked
+            for impl in self._attention_impls:
+                impl.hook_attention(hooked)
 
     @property
     def _scored_modes(self) -> frozenset[Mode]:
