@@ -264,43 +264,6 @@ def test_with_room_for_every_request_only_a_prompts_end_is_observed():
     assert observed == [False, True, False, True]
 
 
-def test_the_attention_hooks_run_only_in_the_steps_that_may_read_a_layer():
-    """vLLM's own CPU attention impl under GrowPage's subclass: its calls go through the hooks in a
-    step the observer may read (here a prompt's end, and a decode step once the pool no longer
-    holds everyone), and straight to vLLM's methods in the others (no Python hook per layer)."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
-
-    from growpage.vllm_plugin import backend
-
-    observer = _observer("enforce", observe_every_steps=1)
-    impl = object.__new__(backend.GrowPageCPUAttentionImpl)  # no vLLM config to build one from here
-    impl._growpage, impl._growpage_reads = observer, True
-    observer.register_attention(impl)
-    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r0"]))
-    step = types.SimpleNamespace
-    steps = [(_requests(1, 40), step(req_ids=[], num_computed_tokens=[]), 24, True),  # the prompt's first chunk
-             ([], step(req_ids=["r0"], num_computed_tokens=[24]), 16, True),  # its end
-             ([], step(req_ids=["r0"], num_computed_tokens=[40]), 1, True),  # a decode step
-             ([], step(req_ids=["r0"], num_computed_tokens=[41]), 1, False)]  # another request came: no room
-    routed = []
-    for new, cached, tokens, room in steps:
-        output = step(finished_req_ids=set(), scheduled_new_reqs=new, scheduled_cached_reqs=cached,
-                      num_scheduled_tokens={"r0": tokens})
-        setattr(output, PAYLOAD_ATTRIBUTE, step_payload({}, {}, prompts_only=room))
-        observer.begin_step(runner, output)
-        hooks = impl.forward.__func__ is backend.ObservedAttentionImpl.forward
-        assert hooks or impl.forward.__func__ is CPUAttentionBackendImpl.forward
-        assert hooks == (impl.do_kv_cache_update.__func__ is backend.ObservedAttentionImpl.do_kv_cache_update)
-        routed.append("hooks" if hooks else "vllm")
-        observer.end_step()
-    assert routed == ["vllm", "hooks", "vllm", "hooks"]
-    # an impl GrowPage never reads (an encoder's, or no observer) calls vLLM's own methods for good
-    unread = object.__new__(backend.GrowPageCPUAttentionImpl)
-    unread.hook_attention(False)
-    assert unread.forward.__func__ is CPUAttentionBackendImpl.forward
-    assert unread.do_kv_cache_update.__func__ is CPUAttentionBackendImpl.do_kv_cache_update
-
-
 def _decode_with_skipped_steps(observer: VllmObserver, queries: list[torch.Tensor], keys: torch.Tensor,
                                prompt: int) -> list[torch.Tensor | None]:
     """One request ``r0``: the step that ends its ``prompt`` (its last query, ``queries[0]``), then a

@@ -66,22 +66,6 @@ class ObservedAttentionImpl:
             # never silent: a cache GrowPage cannot read turns observation (and compaction) off, visibly
             self._growpage.disable(QUANTIZED_KV_CACHE, f"the KV cache stores {getattr(self, 'kv_cache_dtype', '?')}; "
                                                        f"{REMEDIES[QUANTIZED_KV_CACHE]}")
-        if self._growpage is not None and self._growpage_reads:
-            self._growpage.register_attention(self)  # hooked only in the steps that may read a layer
-        else:
-            self.hook_attention(False)  # nothing here is ever read: vLLM's own calls only
-
-    def hook_attention(self, hooked: bool) -> None:
-        """Route this impl's calls through the hooks below (``hooked``), or straight to vLLM's own
-        methods, bound on the instance (which Python finds before the class's): a step that reads
-        no layer then pays no hook at all."""
-        if hooked:
-            self.__dict__.pop("forward", None)
-            self.__dict__.pop("do_kv_cache_update", None)
-        else:
-            vllm_own = super()
-            self.__dict__["forward"] = vllm_own.forward  # type: ignore[attr-defined]
-            self.__dict__["do_kv_cache_update"] = vllm_own.do_kv_cache_update  # type: ignore[attr-defined]
 
     def do_kv_cache_update(self, layer: object, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:

@@ -186,13 +186,6 @@ _PendingLayer = scoring.ObservedLayer
 StepBatch = tuple[list[str], list[int], list[int], torch.Tensor]  # ids, query starts, seq_lens, block table
 
 
-class AttentionHooks(typing.Protocol):
-    """An attention impl whose calls GrowPage's hooks can join or leave
-    (:class:`~growpage.vllm_plugin.backend.ObservedAttentionImpl`)."""
-
-    def hook_attention(self, hooked: bool) -> None: ...
-
-
 @dataclasses.dataclass
 class _StepState:
     """The step now running: whether it is observed, who its first observed layer planned to
@@ -390,10 +383,6 @@ class VllmObserver:
         self.step = _StepState()
         self._layout: kv_keys.BlockLayout | None = None
         self._layout_failed = False
-        # this worker's attention impls (backend.ObservedAttentionImpl): their hooks run only in the
-        # steps that may read a layer (_hook_attention)
-        self._attention_impls: list[AttentionHooks] = []
-        self._attention_hooked = True
         # enforce: the worker's physical state (None unless the deployment runs enforce)
         method = build_method(settings.method)
         scores = TokenScores(method)
@@ -481,30 +470,6 @@ class VllmObserver:
             self.step.observed = self._ends_a_scored_prompt(scheduler_output, scored_modes)
         if self.requests and int(getattr(scheduler_output, "total_num_scheduled_tokens", 1) or 0) > 0:
             self.counts.steps_tracked += 1
-        self._hook_attention()
-
-    # ---- the attention impls' hooks --------------------------------------------------------------
-    def register_attention(self, impl: AttentionHooks) -> None:
-        """An attention impl of this worker: its hooks follow the steps from now on."""
-        self._attention_impls.append(impl)
-        impl.hook_attention(self._attention_hooked)
-
-    @property
-    def _step_reads_attention(self) -> bool:
-        """Whether this step may read any layer (:meth:`wants_layer` without the layer)."""
-        return (self.step.running and bool(self.requests) and not self._layout_failed
-                and (self.step.observed or bool(self.skipped.max_steps)))
-
-    def _hook_attention(self) -> None:
-        """Route the impls' calls through GrowPage's hooks only in a step that may read a layer. Most
-        steps read none (a stride skips them; an idle compression gate leaves only prompt ends), and
-        a hook there cost a Python call per layer for nothing: 4-5 us each on the AMX host, 60 a
-        step on the packaged model, about 1 % of a decode step that GrowPage's own meter never saw."""
-        hooked = self._step_reads_attention
-        if hooked != self._attention_hooked:
-            self._attention_hooked = hooked
-            for impl in self._attention_impls:
-                impl.hook_attention(hooked)
 
     @property
     def _scored_modes(self) -> frozenset[Mode]:
@@ -592,7 +557,11 @@ class VllmObserver:
 
     # ---- attention (backend hook) -------------------------------------------------------------------
     def wants_layer(self, layer_name: str) -> bool:
-        return self._step_reads_attention and self.sampling.wants(layer_name)
+        if not self.step.running or not self.requests or self._layout_failed:
+            return False
+        if not self.step.observed and not self.skipped.max_steps:
+            return False
+        return self.sampling.wants(layer_name)
 
     def note_kv_write(self, kv_cache: torch.Tensor, key: torch.Tensor, slot_mapping: torch.Tensor,
                       write: kv_keys.CacheWrite, *, num_kv_heads: int, block_size: int, head_dim: int) -> None:
