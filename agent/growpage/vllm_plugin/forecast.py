@@ -442,17 +442,12 @@ class EnforceForecast:
         about that least (sink and recent window); planning it instead at the need finished
         requests showed over whole answers, as growth-aware admission plans an unobserved request,
         forecast fewer pages than enforce freed on five traces of six, and none within 25 %."""
-        config = self.controller.config
         for request_id, kept in self._kept.items():
             if not kept.at_boundary:
                 continue
-            control = self.controller.requests.get(request_id)
-            cached = kept.physical_tokens - 1  # the tokens cached before this step's
-            floor = floor_pages(control.base_pages if control is not None else config.base_pages,
-                                protected_tokens(cached, 0, config.sink_tokens, config.recent_window_tokens),
-                                self.block_size, control.attention_tokens if control is not None else 0)
             held = kept.pages - 1  # before the page it took
-            if floor > held:
+            # the tokens cached before this step's; the controller's floor (no attention need where unobserved)
+            if self.controller.floor_of(self._view(request_id, held, kept.physical_tokens - 1)) > held:
                 continue
             kept.pages = held
             kept.physical_tokens = (held - 1) * self.block_size + 1  # the page's tokens gone, this step's kept
@@ -509,7 +504,7 @@ class EnforceForecast:
                 continue
             cached = request.tokens - shadow.dropped - request.new_tokens
             growth += ceil_div(cached + request.new_tokens, self.block_size) > shadow.pages
-            floors += self.controller.floor_of(self._view(request, shadow, cached))
+            floors += self.controller.floor_of(self._view(request.request_id, shadow.pages, cached))
         return measure_pressure(
             free_pages=free, total_pages=total_pages if total_pages is not None else 1 << 30,
             growth_pages=growth, running_floor_pages=floors,
@@ -529,7 +524,7 @@ class EnforceForecast:
             grown, shadow.pages = needed - shadow.pages, needed
             return -grown
         before = physical - request.new_tokens  # the tokens cached before this step
-        view = self._view(request, shadow, before)
+        view = self._view(request.request_id, shadow.pages, before)
         plan = self.controller.plan_boundary(view, free_pages=free, reserve_pages=growth_reserve(pressure),
                                              compression_pays=compression_pays(pressure) or free < 1,
                                              room_for_all=room_for_all, compression_idle=idle, commit=False)
@@ -565,7 +560,7 @@ class EnforceForecast:
         if controller.config.attention_coverage <= 0 or not controller.method.compress_prompt_for_admission:
             return 0
         before = request.tokens - shadow.dropped - request.new_tokens
-        floor = controller.floor_of(self._view(request, shadow, before))
+        floor = controller.floor_of(self._view(request.request_id, shadow.pages, before))
         gained = shadow.pages - floor
         if gained <= 0:
             return 0
@@ -575,10 +570,11 @@ class EnforceForecast:
         self.compactions_total += 1
         return gained
 
-    def _view(self, request: StepRequest, shadow: ShadowKV, cached_tokens: int) -> RequestView:
+    def _view(self, request_id: str, pages: int, cached_tokens: int) -> RequestView:
+        """A request enforce would hold in ``pages``, at a boundary, as the controller sees it."""
         config = self.controller.config
         return RequestView(
-            request.request_id, pages_held=shadow.pages, allowance_pages=shadow.pages, needs_page=True,
+            request_id, pages_held=pages, allowance_pages=pages, needs_page=True,
             protected_tokens=protected_tokens(cached_tokens, 0, config.sink_tokens, config.recent_window_tokens),
             compressible=True, can_evict=True)
 

@@ -114,7 +114,8 @@ def burn_finding(scope: Scope, window: Window, t: Thresholds, slos: Sequence[Bur
         return ScopeFinding(Status.OK, f"{reading}; no burn-rate alert holds ({checked} window pairs quiet at "
                             f"the window's end)", proof, not_checked=partial)
     alerts = tuple(dict.fromkeys([item.verdict.alert for item in firing] + [item.alert for item in paged]))
-    summary = f"{reading}; burning: {'; '.join([item.describe() for item in firing] + [p.describe() for p in paged])}"
+    burning = [item.describe() for item in firing] + [item.describe() for item in paged]
+    summary = f"{reading}; burning: {'; '.join(burning)}"
     return dataclasses.replace(alert_finding(alerts, summary, proof, remediation), not_checked=partial)
 
 
