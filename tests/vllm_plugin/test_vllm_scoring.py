@@ -111,14 +111,46 @@ def test_chunks_cover_every_request_once_within_the_cap():
     lengths = [900, 17, 4000, 256, 256, 3100, 1]
     geometry = dict(num_layers=3, num_heads=4, head_dim=128, block_size=16, element_bytes=6)
     for cap in (1, 2 ** 20, 2 ** 24, 2 ** 30):
-        chunks = scoring.plan_chunks(lengths, cap_bytes=cap, **geometry)
-        assert sorted(row for chunk in chunks for row in chunk.rows) == list(range(len(lengths)))
-        for chunk in chunks:
-            assert chunk.length == max(lengths[row] for row in chunk.rows)
-            single = scoring.chunk_bytes(1, chunk.length, 1, **geometry)
-            planned = scoring.chunk_bytes(len(chunk.rows), chunk.length, chunk.blocks_per_gather, **geometry)
-            assert planned <= max(cap, single)  # over the cap only when one request and one block exceed it
-    assert len(scoring.plan_chunks(lengths, cap_bytes=2 ** 30, **geometry)) == 1
+        for cost in (0, 512, 2 ** 30):
+            chunks = scoring.plan_chunks(lengths, cap_bytes=cap, chunk_cost=cost, **geometry)
+            assert sorted(row for chunk in chunks for row in chunk.rows) == list(range(len(lengths)))
+            for chunk in chunks:
+                assert chunk.length == max(lengths[row] for row in chunk.rows)
+                single = scoring.chunk_bytes(1, chunk.length, 1, **geometry)
+                planned = scoring.chunk_bytes(len(chunk.rows), chunk.length, chunk.blocks_per_gather, **geometry)
+                assert planned <= max(cap, single)  # over the cap only when one request and one block exceed it
+    assert len(scoring.plan_chunks(lengths, cap_bytes=2 ** 30, chunk_cost=2 ** 30, **geometry)) == 1
+    assert len(scoring.plan_chunks(lengths, cap_bytes=2 ** 30, chunk_cost=0, **geometry)) == len(set(lengths))
+
+
+def _scored_keys(chunks: list[scoring.Chunk]) -> int:
+    return sum(len(chunk.rows) * chunk.length for chunk in chunks)
+
+
+def test_a_long_prompt_among_short_decodes_is_not_padded_into_their_chunk():
+    """The mixed trace's observed steps: a 1,100-token prompt ends beside a dozen decodes of 100-300
+    keys. One chunk pads every decode to the prompt's length; the plan scores the prompt alone."""
+    lengths = [120, 150, 180, 200, 210, 240, 260, 280, 300, 310, 1100, 1090]
+    geometry = dict(num_layers=3, num_heads=4, head_dim=64, block_size=32, element_bytes=6)
+    cost = scoring.chunk_cost_keys(torch.device("cpu"), 4)
+    chunks = scoring.plan_chunks(lengths, cap_bytes=scoring.DEFAULT_CAP_BYTES, chunk_cost=cost, **geometry)
+    assert {frozenset(lengths[row] for row in chunk.rows) for chunk in chunks if 1100 in
+            {lengths[row] for row in chunk.rows}} == {frozenset({1090, 1100})}
+    one = scoring.plan_chunks(lengths, cap_bytes=scoring.DEFAULT_CAP_BYTES, chunk_cost=2 ** 30, **geometry)
+    assert len(one) == 1
+    # fewer keys scored, by more than the extra chunks cost
+    assert _scored_keys(chunks) + cost * len(chunks) < _scored_keys(one) + cost
+    assert _scored_keys(chunks) < _scored_keys(one) / 2
+    # decodes of one length share a chunk: a cut there saves no padding
+    same = scoring.plan_chunks([200] * 12, cap_bytes=scoring.DEFAULT_CAP_BYTES, chunk_cost=cost, **geometry)
+    assert len(same) == 1
+
+
+def test_a_chunk_costs_fewer_keys_the_more_query_heads_score_each_key():
+    cpu = torch.device("cpu")
+    assert scoring.chunk_cost_keys(cpu, 8) == scoring.chunk_cost_keys(cpu, 4) // 2
+    assert scoring.chunk_cost_keys(torch.device("cuda"), 4) > scoring.chunk_cost_keys(cpu, 4)
+    assert scoring.chunk_cost_keys(cpu, 10 ** 9) == 1
 
 
 @pytest.mark.parametrize("layout_name", list(LAYOUT_ORDERS))

@@ -14,10 +14,13 @@ budget vLLM profiled. Here:
 
 - only the sampled heads' keys are read (:func:`~growpage.vllm_plugin.keys.gather_key_blocks`:
   no V, no other head);
-- requests are scored in chunks, sorted by length so a chunk pads little, and each chunk's keys
-  are gathered a few blocks at a time, so the transient memory stays under ``cap_bytes``
-  (:func:`plan_chunks` sizes both from the host-side lengths). Chunking changes nothing in the
-  result: each request's softmax, histogram and entropy are its own;
+- requests are scored in chunks, sorted by length, and each chunk's keys are gathered a few
+  blocks at a time, so the transient memory stays under ``cap_bytes`` (:func:`plan_chunks` sizes
+  both from the host-side lengths). A chunk pads every request to its longest, so the chunks are
+  also cut where padding would cost more than scoring one more chunk (:func:`chunk_cost_keys`): a
+  step that ends a 1,000-token prompt beside a dozen 200-token decodes scores two chunks, not
+  twelve requests padded to 1,000 keys. Chunking changes nothing in the result: each request's
+  softmax, histogram and entropy are its own;
 - nothing waits on the device: the per-step indices travel in one non-blocking copy and the loops
   run on host integers (no ``.item()``, ``.tolist()`` or ``.cpu()`` per chunk or per layer).
 
@@ -39,6 +42,15 @@ DEFAULT_CAP_BYTES = 256 * 2 ** 20
 FLOAT_BYTES = 4
 OFFSET_BYTES = 8  # a long offset per key element when the layout is packed (no strided view)
 PROB_COPIES = 3  # probabilities alive at once: the softmax, then the summary's log and product
+# What one more chunk costs, in keys scored by one query head: its per-layer gathers, softmax and
+# summaries are a few dozen tensor operations in each layer, where a key costs each layer one dot
+# product per sampled head and window query. On the CPU build (2 cores, the packaged model's
+# geometry, 4 sampled heads, one query each, a mixed trace of 600-1,100-token prompts among
+# decodes) 256-1,024 keys a chunk scored fastest, 512 best: 173 ms of scoring over the trace's 25
+# observed steps against 420 ms for one padded chunk (docs/BENCHMARKS.md). A GPU's launches cost far
+# more than its keys, so there a chunk is cut only where it would pad a lot (not measured on a GPU).
+CHUNK_COST_HEAD_KEYS = {"cpu": 512 * 4}
+GPU_CHUNK_COST_HEAD_KEYS = 16384 * 4
 
 # summarize(probs [N, H, K], key_positions [N, K] (-1 past a request), lengths [N]) ->
 # (bin_mass [N, bins], entropy [N]); growpage.core.summaries.summarize_attention with the bins bound
@@ -101,6 +113,12 @@ class StepScores:
     chunks: int
 
 
+def chunk_cost_keys(device: torch.device, query_heads: int) -> int:
+    """What one more chunk costs on ``device``, in keys scored by ``query_heads`` query heads
+    (sampled heads times window queries; :data:`CHUNK_COST_HEAD_KEYS`)."""
+    return max(1, CHUNK_COST_HEAD_KEYS.get(device.type, GPU_CHUNK_COST_HEAD_KEYS) // max(1, query_heads))
+
+
 def key_element_bytes(cache_dtype: torch.dtype, layout: kv_keys.BlockLayout) -> int:
     """Transient bytes per gathered key element: the gathered copy, its float32 upcast, and a long
     offset where the layout has no strided view (or a second copy where it splits an axis, as
@@ -126,42 +144,58 @@ def chunk_bytes(rows: int, length: int, blocks_per_gather: int, *, num_layers: i
 
 
 def plan_chunks(lengths: Sequence[int], *, num_layers: int, num_heads: int, head_dim: int, block_size: int,
-                element_bytes: int, cap_bytes: int) -> list[Chunk]:
-    """Split a step's requests into chunks whose :func:`chunk_bytes` stay under ``cap_bytes``.
+                element_bytes: int, cap_bytes: int, chunk_cost: int) -> list[Chunk]:
+    """Split a step's requests into chunks whose :func:`chunk_bytes` stay under ``cap_bytes``, at
+    the least cost: the keys scored (each request padded to its chunk's longest) plus
+    ``chunk_cost`` per chunk.
 
-    Requests are taken shortest first, so each chunk's padding to its longest request is small.
-    A chunk takes requests while ``3 S`` fits in the cap; its gathers take as many blocks as fit
-    in what ``S`` leaves. One request and one block are the floor: a single request whose own
-    scores exceed the cap is scored alone, over the cap (its keys still a block at a time).
+    Requests are taken shortest first and cut into runs of neighbours (a shortest path over the
+    cut points, at most ``R^2 / 2`` host steps for ``R`` requests: 0.27 ms at 64). A chunk holds
+    requests while ``3 S`` fits in the cap; its gathers take as many blocks as fit in what ``S``
+    leaves. One request and one block are the floor: a single request whose own scores exceed the
+    cap is scored alone, over the cap (its keys still a block at a time).
 
     Args:
         lengths: ``[R]`` keys per request (host ints, >= 1).
         num_layers, num_heads, head_dim, block_size: the step's geometry (``num_heads`` sampled).
         element_bytes: from :func:`key_element_bytes`.
         cap_bytes: the transient budget of one chunk.
+        chunk_cost: what one more chunk costs, in keys scored (:func:`chunk_cost_keys`); 0 gives
+            each length a chunk of its own, a cost above any padding one chunk as large as the cap
+            allows.
 
     Returns:
         Chunks covering every row once, in scoring order.
     """
     order = sorted(range(len(lengths)), key=lambda row: lengths[row])
     per_key = num_layers * num_heads * FLOAT_BYTES
+    # cheapest[end]: the least cost of scoring the shortest ``end`` requests; start[end]: where the
+    # last chunk of that plan starts
+    cheapest, start = [0] + [-1] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        length = lengths[order[end - 1]]
+        for first in range(end - 1, -1, -1):
+            if end - first > 1 and PROB_COPIES * per_key * (end - first) * length > cap_bytes:
+                break  # a longer run only grows: nothing earlier fits either
+            cost = cheapest[first] + chunk_cost + (end - first) * length
+            if cheapest[end] < 0 or cost <= cheapest[end]:  # a tie: the longer last chunk
+                cheapest[end], start[end] = cost, first
+    bounds, end = [], len(order)
+    while end > 0:
+        bounds.append((start[end], end))
+        end = start[end]
     chunks: list[Chunk] = []
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and PROB_COPIES * per_key * (end + 1 - start) * lengths[order[end]] <= cap_bytes:
-            end += 1
-        rows, length = tuple(order[start:end]), lengths[order[end - 1]]
+    for first, end in reversed(bounds):
+        rows, length = tuple(order[first:end]), lengths[order[end - 1]]
         left = cap_bytes - per_key * len(rows) * length
         per_block = len(rows) * num_heads * block_size * (head_dim * element_bytes + FLOAT_BYTES)
         blocks = max(1, min(-(-length // block_size), left // per_block))
         chunks.append(Chunk(rows, length, blocks))
-        start = end
     return chunks
 
 
 def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, lengths: Sequence[int],
-               layout: kv_keys.BlockLayout, *, cap_bytes: int = DEFAULT_CAP_BYTES,
+               layout: kv_keys.BlockLayout, *, cap_bytes: int = DEFAULT_CAP_BYTES, chunk_cost: int | None = None,
                summarize: Summarize | None = None, token_mass: bool = False, mass_by_kv_head: bool = False,
                query_offsets: Sequence[Sequence[int]] | None = None, summarize_newest: bool = False) -> StepScores:
     """Attention of each layer's newest queries (or observation windows) over its requests' keys,
@@ -174,6 +208,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
         lengths: ``[R]`` keys per request in the cache, this step's included (host ints).
         layout: from :func:`~growpage.vllm_plugin.keys.probe_layout`, on the cache's device.
         cap_bytes: transient budget per chunk (:func:`plan_chunks`).
+        chunk_cost: what one more chunk costs, in keys scored; None: the cache device's for this
+            step's heads and window (:func:`chunk_cost_keys`).
         summarize: turns probabilities into histograms and entropies (see :data:`Summarize`).
         token_mass: also return per-key attention summed over layers (compaction scores).
         mass_by_kv_head: that attention per KV head of the cache (per-head keep sets); a KV head
@@ -194,7 +230,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
     # the window's rows count as heads for the scores' memory (keys are gathered once per head)
     geometry = dict(num_layers=num_layers, num_heads=num_heads * window, head_dim=head_dim,
                     block_size=layout.block_size, element_bytes=key_element_bytes(first.cache.dtype, layout))
-    chunks = plan_chunks(lengths, cap_bytes=cap_bytes, **geometry)
+    cost = chunk_cost_keys(device, num_heads * window) if chunk_cost is None else chunk_cost
+    chunks = plan_chunks(lengths, cap_bytes=cap_bytes, chunk_cost=cost, **geometry)
     order = [row for chunk in chunks for row in chunk.rows]
     order_t, lengths_t, heads_t, offsets_t = _step_indices(layers, order, lengths, query_offsets, window, device)
     queries = torch.stack([layer.query.view(num_rows, num_heads, window, head_dim) for layer in layers])
