@@ -19,7 +19,8 @@ from growpage.vllm_plugin import keys as kv_keys
 BLOCK, HEADS, HEAD_DIM = 32, 3, 64  # the packaged model's geometry (block 32 as the tests run vLLM)
 
 WRITERS = [("vec-layout", transposed_write, torch.float32), ("row-major", row_major_write, torch.float32),
-           ("amx-layout", amx_like_write, torch.bfloat16)]
+           ("amx-layout", amx_like_write, torch.bfloat16),
+           ("fp32-amx-layout", amx_like_write, torch.float32)]  # its pairs read as 8-byte words
 WRITERS += [(f"vllm-cpu-{isa}", vllm_cpu_writer(isa), torch.bfloat16)
             for isa in available_vllm_isas(torch.bfloat16, BLOCK, HEAD_DIM)]
 
@@ -90,7 +91,8 @@ def test_a_compaction_writes_whole_rows_where_a_tokens_dims_are_contiguous(name,
     cache = torch.zeros(6, HEADS, BLOCK, 2 * HEAD_DIM, dtype=dtype)
     group = kv_keys._cache_groups([cache], layout)[0]
     writes_rows = [kv_keys._token_rows_to_write(group, tiles) is not None for tiles in group.tiles]  # K, V
-    expected = {"row-major": [True, True], "amx-layout": [False, False], "vllm-cpu-amx": [False, False]}
+    expected = {"row-major": [True, True], "amx-layout": [False, False], "fp32-amx-layout": [False, False],
+                "vllm-cpu-amx": [False, False]}
     assert writes_rows == expected.get(name, [False, True]), name  # vec, vec16: K transposed, V rows
 
 
