@@ -198,8 +198,7 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
                layout: kv_keys.BlockLayout, *, cap_bytes: int = DEFAULT_CAP_BYTES, chunk_cost: int | None = None,
                summarize: Summarize | None = None, token_mass: bool = False, mass_by_kv_head: bool = False,
                query_offsets: Sequence[Sequence[int]] | None = None, summarize_newest: bool = False) -> StepScores:
-    """Attention of each layer's newest queries (or observation windows) over its requests' keys,
-    chunk by chunk (a window's queries: see the module docstring).
+    """Attention of each layer's newest queries (or windows: the module docstring) over its requests' keys.
 
     Args:
         layers: the step's observed layers (same requests and sampled head count in each).
@@ -207,9 +206,8 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
             longest length (entries past a request's own blocks are never scored).
         lengths: ``[R]`` keys per request in the cache, this step's included (host ints).
         layout: from :func:`~growpage.vllm_plugin.keys.probe_layout`, on the cache's device.
-        cap_bytes: transient budget per chunk (:func:`plan_chunks`).
-        chunk_cost: what one more chunk costs, in keys scored; None: the cache device's for this
-            step's heads and window (:func:`chunk_cost_keys`).
+        cap_bytes, chunk_cost: transient budget per chunk, and the keys one more chunk costs
+            (:func:`plan_chunks`; None: :func:`chunk_cost_keys` for the step).
         summarize: turns probabilities into histograms and entropies (see :data:`Summarize`).
         token_mass: also return per-key attention summed over layers (compaction scores).
         mass_by_kv_head: that attention per KV head of the cache (per-head keep sets); a KV head
@@ -222,16 +220,15 @@ def score_step(layers: Sequence[ObservedLayer], block_rows: torch.Tensor, length
     Returns:
         :class:`StepScores`, everything on the cache's device.
     """
-    first = layers[0]
-    device = first.cache.device
+    first, device = layers[0], layers[0].cache.device
     num_layers, num_rows = len(layers), len(lengths)
     window = int(first.query.shape[2]) if first.query.dim() == 4 else 1
     num_heads, head_dim = int(first.query.shape[1]), int(first.query.shape[-1])
     # the window's rows count as heads for the scores' memory (keys are gathered once per head)
     geometry = dict(num_layers=num_layers, num_heads=num_heads * window, head_dim=head_dim,
                     block_size=layout.block_size, element_bytes=key_element_bytes(first.cache.dtype, layout))
-    cost = chunk_cost_keys(device, num_heads * window) if chunk_cost is None else chunk_cost
-    chunks = plan_chunks(lengths, cap_bytes=cap_bytes, chunk_cost=cost, **geometry)
+    chunks = plan_chunks(lengths, cap_bytes=cap_bytes, **geometry, chunk_cost=chunk_cost_keys(
+        device, num_heads * window) if chunk_cost is None else chunk_cost)
     order = [row for chunk in chunks for row in chunk.rows]
     order_t, lengths_t, heads_t, offsets_t = _step_indices(layers, order, lengths, query_offsets, window, device)
     queries = torch.stack([layer.query.view(num_rows, num_heads, window, head_dim) for layer in layers])
