@@ -24,6 +24,10 @@ The verdicts:
   much of vLLM's thrash it removes; with ``admission: after_preemption`` among the settings when
   growth-aware admission would have avoided more than compression (vLLM started requests into a
   batch that then outgrew the pool), with its cost: a narrower batch;
+* **stay in monitor** when only growth-aware admission would avoid preemptions: its saving is not
+  priced, and holding starts narrows the batch, which ran 0.81-0.89x vLLM alone on every
+  decode-heavy trace measured (a recompute there is cheap); the reason names the setting to try
+  in one namespace where preemptions recompute long requests;
 * **stay in monitor** when it would avoid preemptions but save no more than it spends: enforce
   would run slower than vLLM alone there (a few short requests recomputed against a few per cent
   of every step);
@@ -121,8 +125,13 @@ def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
                                 + (admission[0] if admission else "") + cost, forecast,
                        admission[1] if admission else {})
     if admission:
-        return Rollout(ENFORCE, f"enforce's compression would have avoided none of vLLM's {forecast.preemptions:g} "
-                                "preemptions" + admission[0] + cost, forecast, admission[1])
+        return Rollout(STAY_IN_MONITOR, f"enforce's compression would have avoided none of vLLM's "
+                                        f"{forecast.preemptions:g} preemptions; growth-aware admission would have "
+                                        f"avoided {forecast.preemptions_avoidable_by_admission:g} (requests vLLM "
+                                        "started into a batch that then outgrew the pool), but holding those starts "
+                                        "narrows the batch, which runs slower than vLLM alone where a recompute is "
+                                        "cheap: try admission: after_preemption in one namespace only where "
+                                        "preemptions recompute long requests, and compare" + cost, forecast)
     if forecast.pages_freed > 0:
         return Rollout(STAY_IN_MONITOR, f"enforce would have freed {forecast.pages_freed:g} KV pages "
                                         f"({forecast.compactions:g} compactions) but avoided no preemption "
