@@ -25,7 +25,7 @@ The verdicts:
   growth-aware admission would have avoided more than compression (vLLM started requests into a
   batch that then outgrew the pool), with its cost: a narrower batch;
 * **stay in monitor** when only growth-aware admission would avoid preemptions: its saving is not
-  priced, and holding starts narrows the batch, which ran 0.81-0.89x vLLM alone on every
+  priced, and holding starts narrows the batch; enforce with it ran 0.81-0.89x vLLM alone on every
   decode-heavy trace measured (a recompute there is cheap); the reason names the setting to try
   in one namespace where preemptions recompute long requests;
 * **stay in monitor** when it would avoid preemptions but save no more than it spends: enforce

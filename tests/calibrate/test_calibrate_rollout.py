@@ -101,7 +101,7 @@ def test_growth_aware_admission_is_recommended_where_it_would_avoid_more_than_co
     assert advised.verdict == ENFORCE and advised.settings == {"admission": "after_preemption"}
     assert "growth-aware admission would have avoided 9" in advised.reason and "narrower batch" in advised.reason
     # compression alone avoids nothing, admission would: its saving is not priced and holding starts
-    # narrows the batch (0.81-0.89x vLLM alone wherever measured), so monitor stays, the setting named
+    # narrows the batch (enforce with it 0.81-0.89x vLLM alone wherever measured): monitor stays, setting named
     only_admission = recommend(ForecastEvidence(40, 30, 12, 0, preemptions_avoidable_by_admission=5), "monitor")
     assert only_admission.verdict == STAY_IN_MONITOR and only_admission.settings == {}
     assert "growth-aware admission would have avoided 5" in only_admission.reason
