@@ -242,11 +242,13 @@ def test_the_step_that_ends_a_prompt_is_observed_whatever_the_stride(mode, metho
     assert observed == [False, forced, False]  # steps 1-3 of 4: only the prompt's end, and only when scored
 
 
-def test_with_room_for_every_request_only_a_prompts_end_is_observed():
+@pytest.mark.parametrize("mode", ["enforce", "monitor"])
+def test_with_room_for_every_request_only_a_prompts_end_is_observed(mode):
     """The scheduler says the pool holds every request at its full length: nothing will be
     compressed before another request arrives, so a due step goes unobserved, but a prompt's end,
-    which later keep sets rank by, still is."""
-    observer = _observer("enforce", observe_every_steps=1)
+    which later keep sets rank by, still is. Monitor's workers take the forecast's word as
+    enforce's take the enforcer's."""
+    observer = _observer(mode, observe_every_steps=1)
     runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["r0"]))
     step = types.SimpleNamespace
     steps = [(_requests(1, 40), step(req_ids=[], num_computed_tokens=[]), 24, True),  # the prompt's first chunk

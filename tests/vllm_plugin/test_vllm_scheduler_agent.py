@@ -13,10 +13,11 @@ import pytest
 from scheduler_sim import Block, BlockPool
 
 from growpage import catalog
+from growpage.core.compression_gate import StepGate
 from growpage.vllm_plugin import scheduler_hooks
 from growpage.vllm_plugin.scheduler_agent import SchedulerAgent, live_and_logical_tokens
 from growpage.vllm_plugin.scheduler_hooks import build_agent
-from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, REPORT_ATTRIBUTE, WorkerReport
+from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE, PAYLOAD_ATTRIBUTE, REPORT_ATTRIBUTE, WorkerReport
 from support.promstack import wait_until
 
 BLOCK = 4
@@ -172,6 +173,32 @@ def test_monitor_admits_times_grants_and_decides_past_the_grant():
     agent.on_free(other)
     assert (agent.observed.requests, agent.observed.requests_observed) == (2, 1)  # the share of requests observed
     agent.on_free(_request("never-ran", prompt=3, computed=0))  # an abort before it ran: nothing to release
+
+
+def test_monitor_tells_its_workers_to_observe_only_prompt_ends_while_enforces_gate_would_idle():
+    """The forecast runs enforce's compression gate on its shadows; while it is idle (nothing
+    measured pays yet) enforce's workers would observe only prompt ends, and monitor's are told
+    the same in the step's payload, with no plans."""
+    scheduler = _scheduler({"mode": "monitor", "base_pages": 2, "recent_window_tokens": 2, "sink_tokens": 1})
+    agent = build_agent(scheduler, start_telemetry=False)
+    assert agent.forecast is not None and agent.enforcer is None
+    request = _request("r", prompt=7, computed=0)
+    agent.before_schedule(scheduler)
+    scheduler.running.append(request)
+    blocks = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    blocks["r"] = scheduler.kv_cache_manager.block_pool.take(2)
+    output = types.SimpleNamespace()
+    agent.after_schedule(scheduler, output)
+    payload = getattr(output, PAYLOAD_ATTRIBUTE)
+    assert payload.prompts_only and payload.plans == {} and payload.dropped == {}
+    # no gate (compression never idle) and no room rule: every due step is observed, as enforce's would be
+    agent.forecast.gate = StepGate(None)
+    agent.settings = dataclasses.replace(agent.settings, grow_with_room_for_all=False)
+    agent.after_schedule(scheduler, output := types.SimpleNamespace())
+    assert not getattr(output, PAYLOAD_ATTRIBUTE).prompts_only
+    off = _scheduler({"mode": "off"})
+    build_agent(off, start_telemetry=False).after_schedule(off, output := types.SimpleNamespace())
+    assert not hasattr(output, PAYLOAD_ATTRIBUTE)  # nothing monitored: no payload
 
 
 def test_mode_off_counts_vllms_grants_but_admits_nobody():

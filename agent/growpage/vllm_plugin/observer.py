@@ -807,6 +807,7 @@ class VllmObserver:
 
 def _prompts_only(scheduler_output: object) -> bool:
     """Whether the scheduler says nothing is compressed at this step's decode boundaries
-    (:attr:`~growpage.vllm_plugin.wire.StepPayload.prompts_only`; only enforce sends a payload)."""
+    (:attr:`~growpage.vllm_plugin.wire.StepPayload.prompts_only`: enforce's, or in monitor the
+    forecast's, which runs enforce's gate on its shadows)."""
     payload = getattr(scheduler_output, PAYLOAD_ATTRIBUTE, None)
     return isinstance(payload, StepPayload) and payload.prompts_only

@@ -53,7 +53,14 @@ from growpage.vllm_plugin.settings import PluginSettings, honours
 from growpage.vllm_plugin.startup import take_over
 from growpage.vllm_plugin.trace_join import parent_context_for, vllm_tracer_provider
 from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
-from growpage.vllm_plugin.wire import PLUGIN_COMPONENT, REPORT_ATTRIBUTE, WorkerReport, enforce_log_path
+from growpage.vllm_plugin.wire import (
+    PAYLOAD_ATTRIBUTE,
+    PLUGIN_COMPONENT,
+    REPORT_ATTRIBUTE,
+    WorkerReport,
+    enforce_log_path,
+    step_payload,
+)
 
 _Params = ParamSpec("_Params")
 _Result = TypeVar("_Result")
@@ -257,6 +264,8 @@ class SchedulerAgent:
             self._decide_monitored(scheduler, request, held)
         if self.forecast is not None:
             self.guarded("forecasting enforce", self._forecast_step, scheduler, output, req_to_blocks)
+            if self.enforcer is None:  # monitor's workers observe as enforce's would (the enforcer's payload says so)
+                setattr(output, PAYLOAD_ATTRIBUTE, step_payload({}, {}, prompts_only=self.forecast.prompts_only))
         if self.enforcer is not None:
             self.enforcer.after_schedule(scheduler, output)
             self.observed.steps_with_room += int(self.enforcer.room_for_all and bool(scheduler.running))

@@ -67,6 +67,8 @@ class StepPayload:
             observe only the steps that end a prompt (whose scores a later compaction ranks by):
             the pool holds every request at its full length, or the compression gate is idle
             (:mod:`growpage.core.compression_gate`); False from a scheduler that predates it.
+            In monitor the forecast sends it (no plans), from the gate its shadows run, so
+            monitor's workers observe as enforce's would.
     """
 
     plans: dict[str, CompactionPlan]
