@@ -126,12 +126,11 @@ def recommend(forecast: ForecastEvidence | None, mode: str | None) -> Rollout:
                        admission[1] if admission else {})
     if admission:
         return Rollout(STAY_IN_MONITOR, f"enforce's compression would have avoided none of vLLM's "
-                                        f"{forecast.preemptions:g} preemptions; growth-aware admission would have "
-                                        f"avoided {forecast.preemptions_avoidable_by_admission:g} (requests vLLM "
-                                        "started into a batch that then outgrew the pool), but holding those starts "
-                                        "narrows the batch, which runs slower than vLLM alone where a recompute is "
-                                        "cheap: try admission: after_preemption in one namespace only where "
-                                        "preemptions recompute long requests, and compare" + cost, forecast)
+                                        f"{forecast.preemptions:g} preemptions; {_admission_count(forecast)}, but "
+                                        "holding those starts narrows the batch, which runs slower than vLLM alone "
+                                        "where a recompute is cheap: try admission: after_preemption in one "
+                                        "namespace only where preemptions recompute long requests, and compare"
+                                        + cost, forecast)
     if forecast.pages_freed > 0:
         return Rollout(STAY_IN_MONITOR, f"enforce would have freed {forecast.pages_freed:g} KV pages "
                                         f"({forecast.compactions:g} compactions) but avoided no preemption "
@@ -181,10 +180,15 @@ def _admission_advice(forecast: ForecastEvidence) -> tuple[str, dict[str, str]] 
     by_admission = forecast.preemptions_avoidable_by_admission
     if by_admission < 1 or by_admission <= forecast.preemptions_avoidable:
         return None
-    return (f"; growth-aware admission would have avoided {by_admission:g} (requests vLLM started into a batch "
-            "that then outgrew the pool): roll out with admission: after_preemption, which holds such starts "
+    return (f"; {_admission_count(forecast)}: roll out with admission: after_preemption, which holds such starts "
             "once vLLM preempts, at the cost of a narrower batch and a longer queue (watch time to first token)",
             {"admission": "after_preemption"})
+
+
+def _admission_count(forecast: ForecastEvidence) -> str:
+    """What growth-aware admission would have avoided, as a clause of a reason."""
+    return (f"growth-aware admission would have avoided {forecast.preemptions_avoidable_by_admission:g} "
+            "(requests vLLM started into a batch that then outgrew the pool)")
 
 
 # The forecast's counters calibrate and diagnose read, in ForecastEvidence's field order,

@@ -250,10 +250,6 @@ class EnforceForecast:
         self._step_monitored: Sequence[StepRequest] = ()
         # enforce's gate on the shadows: its verdict for their step (and the preemptions of the next)
         self.gate = StepGate(CompressionGate() if compression_gate and controller.method.idles_unpaid else None)
-        # this step enforce's workers would observe only prompt ends (its gate idle, or room for all):
-        # monitor's do the same (wire.StepPayload.prompts_only), so the forecast reads what enforce
-        # would read, and monitor costs while idle what enforce costs
-        self.prompts_only = False
 
     def before_schedule(self, scheduler: Scheduler, limit: int | None) -> None:
         """Before vLLM schedules: which waiting requests growth-aware admission would hold under
@@ -287,7 +283,6 @@ class EnforceForecast:
         idle = self.gate.step(dropped_tokens=sum(shadow.dropped for shadow in shadows),
                               pages_held=[shadow.pages for shadow in shadows], block_size=self.block_size,
                               costs=self._step_costs)
-        self.prompts_only = idle or room_for_all
         free = max(0, free_pages + self._spare(monitored) - self.kept_pages)
         pressure = self._pressure(monitored, free, self._oldest_waiting_prompt(waiting), total_pages)
         blocked = admission_blocked(pressure)  # once for the step, as enforce's plan_step decides it

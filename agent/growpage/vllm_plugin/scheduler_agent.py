@@ -264,8 +264,6 @@ class SchedulerAgent:
             self._decide_monitored(scheduler, request, held)
         if self.forecast is not None:
             self.guarded("forecasting enforce", self._forecast_step, scheduler, output, req_to_blocks)
-            if self.enforcer is None:  # monitor's workers observe as enforce's would (the enforcer's payload says so)
-                setattr(output, PAYLOAD_ATTRIBUTE, step_payload({}, {}, prompts_only=self.forecast.prompts_only))
         if self.enforcer is not None:
             self.enforcer.after_schedule(scheduler, output)
             self.observed.steps_with_room += int(self.enforcer.room_for_all and bool(scheduler.running))
@@ -294,6 +292,10 @@ class SchedulerAgent:
         self.forecast.on_step(step_requests(scheduler, output, req_to_blocks), free_pages=free,
                               waiting=waiting, total_pages=pool.num_gpu_blocks - 1,  # block 0 is vLLM's null block
                               room_for_all=room)
+        if self.enforcer is None:
+            # monitor's workers observe as enforce's would: only prompt ends while enforce's gate (run on
+            # the shadows) idles or the pool holds everyone, so the forecast reads what enforce would read
+            setattr(output, PAYLOAD_ATTRIBUTE, step_payload({}, {}, prompts_only=room or self.forecast.gate.idle))
 
     def _forecast_preemption(self, request: Request) -> None:
         assert self.forecast is not None
