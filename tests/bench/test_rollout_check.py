@@ -7,7 +7,7 @@ import pytest
 
 from growpage.bench.goodput import answers_comparison
 from growpage.bench.headline import verdict
-from growpage.bench.rollout import rollout_check, rollout_lines, run_evidence
+from growpage.bench.rollout import rollout_check, rollout_lines, run_evidence, schedule_changed
 from growpage.rollout import ENFORCE, STAY_IN_MONITOR
 
 
@@ -58,6 +58,33 @@ def test_the_rounds_most_common_verdict_decides():
         rollout_check([], 1.0)
 
 
+def _schedule(steps: int, preemptions: int) -> list[dict]:
+    return [{"steps": steps, "preemptions": preemptions, "elapsed_s": 10.0}] * 3
+
+
+def test_enforce_changed_the_schedule_only_with_fewer_steps_or_fewer_preemptions():
+    alone = _schedule(299, 9)
+    assert schedule_changed(alone, _schedule(299, 9)) is False
+    assert schedule_changed(alone, _schedule(305, 9)) is False  # more steps buy nothing
+    assert schedule_changed(alone, _schedule(297, 9)) is True
+    assert schedule_changed(alone, _schedule(301, 6)) is True
+    # runs from before the counts were recorded: unknown, and the speed alone decides as before
+    assert schedule_changed([{"elapsed_s": 10.0}], _schedule(299, 9)) is None and schedule_changed([], alone) is None
+
+
+@pytest.mark.parametrize(("verdict_wanted", "saved_s", "right"), [
+    (STAY_IN_MONITOR, 0.1, True), (ENFORCE, 3.0, False)])
+def test_a_faster_enforce_in_vllm_alones_schedule_is_the_hosts_noise_and_did_not_pay(verdict_wanted, saved_s, right):
+    runs = [_monitor_run(avoidable=2, recompute_s=saved_s / 2, wider_s=saved_s / 2, own_s=0.5)] * 3
+    result = rollout_check(runs, 1.026, changed_schedule=False)
+    assert result["verdict"] == verdict_wanted
+    assert result["enforce_paid"] is False and result["schedule_changed"] is False and result["right"] is right
+    line = rollout_lines({"headlines": [{"seed": 41, "verdict": {"rollout": result}}]})[0]
+    assert "enforce ran 1.026x vLLM alone in vLLM alone's engine steps and preemptions" in line
+    # the same speed in a schedule enforce changed did pay
+    assert rollout_check(runs, 1.026, changed_schedule=True)["enforce_paid"] is True
+
+
 def _speed_point(speed: float, runs: list[dict] | None = None) -> dict:
     return {"tokens_per_s": {"median": speed, "range": [speed, speed], "values": [speed]}, "nll_increase": 0.0,
             "preemptions": [0], "mean_blocks_per_running": {"median": 5.0}, "goodput": {"answerable": 0},
@@ -72,6 +99,12 @@ def test_the_headline_judges_the_recommendation_against_enforce_over_untuned_vll
     assert rollout["verdict"] == STAY_IN_MONITOR and rollout["enforce_vs_vllm"] == 0.94 and rollout["right"]
     assert rollout["measured_net_s"] == pytest.approx(10.0 - 1000.0 / 94.0, abs=1e-3)
     assert verdict({name: point for name, point in variants.items() if name != "monitor"})["rollout"] is None
+    # enforce faster than vLLM alone in its very steps and preemptions: noise, judged as not paid
+    same = {**variants, "vllm": _speed_point(100.0, _schedule(299, 9)),
+            "growpage": _speed_point(102.0, _schedule(299, 9))}
+    assert verdict(same)["rollout"]["enforce_paid"] is False and verdict(same)["rollout"]["right"]
+    fewer = {**same, "growpage": _speed_point(102.0, _schedule(290, 9))}
+    assert verdict(fewer)["rollout"]["enforce_paid"] is True and not verdict(fewer)["rollout"]["right"]
 
 
 def _answers_point(correct_per_s: float, runs: list[dict] | None = None) -> dict:

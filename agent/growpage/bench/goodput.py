@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from growpage.bench.fidelity import forced_spec, nll_increase
-from growpage.bench.rollout import rollout_check
+from growpage.bench.rollout import rollout_check, schedule_changed
 from growpage.bench.tasks import RETRIEVAL_MAX_TOKENS, Task, accuracy_by_family, headline_families, is_correct
 from growpage.bench.tasks import retrieval_tasks as generate
 from growpage.chat import chat_token_ids, user_turn
@@ -252,7 +252,8 @@ def answers_comparison(variants: dict[str, dict]) -> dict:
             # enforce then did (correct answers/s against vLLM alone's at the same engine arguments)
             "rollout": (rollout_check(variants["monitor"]["runs"], grow["correct_per_s"]["median"]
                                       / max(base["correct_per_s"]["median"], 1e-9),
-                                      base["elapsed_s"]["median"] - grow["elapsed_s"]["median"])
+                                      base["elapsed_s"]["median"] - grow["elapsed_s"]["median"],
+                                      schedule_changed(base["runs"], grow["runs"]))
                         if "monitor" in variants else None),
             "targets": {"accuracy_share_of_vllm": 0.95, "wall_vs_vllm": 1.05,
                         "correct_per_s_vs_tuned_vllm": NEVER_WORSE_SHARE}}

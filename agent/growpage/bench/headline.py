@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from growpage.bench import goodput
 from growpage.bench.forecast import compare
-from growpage.bench.rollout import rollout_check
+from growpage.bench.rollout import rollout_check, schedule_changed
 from growpage.bench.tasks import with_truth
 from growpage.bench.workloads import reasoning_tasks
 from growpage.core.methods import VLLM_CAP_NAMES
@@ -213,7 +213,8 @@ def verdict(variants: dict[str, dict]) -> dict:
         # the forecast before enforce: calibrate's recommendation from monitor's runs against what
         # enforce then did against vLLM alone at the same engine arguments
         "rollout": (rollout_check(monitor["runs"], grow / _speed(variants["vllm"]),
-                                  _median_elapsed(variants["vllm"]) - _median_elapsed(variants["growpage"]))
+                                  _median_elapsed(variants["vllm"]) - _median_elapsed(variants["growpage"]),
+                                  schedule_changed(variants["vllm"]["runs"], variants["growpage"]["runs"]))
                     if monitor is not None and monitor.get("runs") else None),
         # growth-aware admission: each variant's speed against tuned vLLM alone, and whether it meets
         # the never-worse target where the shipped default does not
