@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from growpage.core.admission import StepCosts
 from growpage.core.compression_gate import (
     DECODE_WORK_SHARE,
     GATE_WINDOW_STEPS,
@@ -11,6 +12,7 @@ from growpage.core.compression_gate import (
     StepGate,
     buys_width,
     recompute_outweighs,
+    wider_batch_pays,
 )
 
 STEP_S = 0.03  # a 30 ms engine step
@@ -22,6 +24,23 @@ def test_pages_held_free_buy_width_only_once_they_add_up_to_one_more_request():
     assert not buys_width(4, 5.0)  # 4 pages spared among requests of 5: the batch is no wider
     assert buys_width(5, 5.0)
     assert not buys_width(0, 0.0)  # nothing runs
+
+
+def test_a_wider_batch_pays_where_the_steps_fixed_part_dominates_never_where_each_request_costs_its_own_time():
+    # the AMX host's fit on mixed work (seed 2): 19 ms fixed, 2 ms a request
+    amx = StepCosts(fixed_s=0.0192, per_request_s=0.0020, per_token_s=0.0003, steps=200)
+    assert wider_batch_pays(amx, 5)  # one more of 6: 13 % more tokens per second, over twice the 3 % work
+    assert not wider_batch_pays(amx, 10)  # 4.7 %: under the factor
+    # a GPU-like step, fixed part only: 1/width
+    gpu = StepCosts(fixed_s=0.02, per_request_s=0.0, per_token_s=0.0, steps=200)
+    threshold = RECOMPUTE_COST_FACTOR * DECODE_WORK_SHARE
+    assert wider_batch_pays(gpu, int(1 / threshold)) and not wider_batch_pays(gpu, int(1 / threshold) + 1)
+    # a step that grows with every request (AVX2: half the batch ran as fast in twice the steps)
+    avx2 = StepCosts(fixed_s=0.001, per_request_s=0.02, per_token_s=0.004, steps=200)
+    assert not wider_batch_pays(avx2, 1)
+    # unmeasured (or nothing running, or a fit with no cost at all): as before pricing, it pays
+    assert wider_batch_pays(None, 12) and wider_batch_pays(amx, 0)
+    assert wider_batch_pays(StepCosts(0.0, 0.0, 0.0, steps=8), 3)
 
 
 def test_a_recompute_outweighs_the_windows_work_only_past_the_factor_and_only_once_a_step_is_priced():

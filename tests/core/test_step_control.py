@@ -200,6 +200,13 @@ def test_an_idle_gate_still_compresses_a_fresh_prompt_for_admission_and_leaves_t
     blocked = controller.plan_step(StepPool(free_pages=1, total_pages=20, waiting_prompt_tokens=7,
                                             compression_idle=True), [prompt])
     assert [(c.request_id, c.pages_after) for c in blocked.prompt_compressions] == [("fresh", 4)]
+    # where the engine's steps say one more request buys less than the work its width switches on,
+    # the idle gate leaves the prompt whole; an open gate compresses it whatever the width buys
+    unpaid = StepPool(free_pages=1, total_pages=20, waiting_prompt_tokens=7, compression_idle=True,
+                      wider_batch_pays=False)
+    assert controller.plan_step(unpaid, [prompt]).prompt_compressions == ()
+    opened = controller.plan_step(dataclasses.replace(unpaid, compression_idle=False), [prompt])
+    assert [(c.request_id, c.pages_after) for c in opened.prompt_compressions] == [("fresh", 4)]
     for method in ("streaming_llm", "growpage_no_sts"):  # a baseline and an ablation compress as decided
         other = make_controller(method=build_method(method))
         admit(other, "r")

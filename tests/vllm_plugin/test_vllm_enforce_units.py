@@ -12,7 +12,7 @@ from growpage.core.admission import StepCostFit
 from growpage.core.controller import GrowthController
 from growpage.core.methods import build_method
 from growpage.core.policy import Action
-from growpage.core.step_control import enforceable_action, protected_tokens
+from growpage.core.step_control import StepPool, enforceable_action, protected_tokens
 from growpage.vllm_plugin import keys as kv_keys
 from growpage.vllm_plugin.blocks import pages_to_finish, room_for_all
 from growpage.vllm_plugin.compaction import (
@@ -341,6 +341,36 @@ def _measured_steps() -> StepCostFit:
         requests, tokens = 1 + step % 4, (1 + step % 4) + (20 if step % 3 == 0 else 0)
         fit.record(requests=requests, tokens=tokens, seconds=0.03 + 0.001 * requests + 0.001 * (tokens - requests))
     return fit
+
+
+def _fitted(fixed_s: float, per_request_s: float) -> StepCostFit:
+    """An engine whose steps cost ``fixed_s`` + ``per_request_s`` a request + 1 ms a prefilled token."""
+    fit = StepCostFit()
+    for step in range(40):
+        requests, tokens = 1 + step % 4, (1 + step % 4) + (20 if step % 3 == 0 else 0)
+        fit.record(requests=requests, tokens=tokens,
+                   seconds=fixed_s + per_request_s * requests + 0.001 * (tokens - requests))
+    return fit
+
+
+def test_the_enforcer_prices_the_wider_batch_a_compressed_prompt_buys_from_its_engines_own_steps():
+    # one request running and one waiting: one more in the batch nearly doubles the tokens per second
+    # of a step with a dominant fixed part, and adds nothing where every request costs its own time
+    for fit, pays in ((None, True), (_fitted(0.03, 0.001), True), (_fitted(0.0005, 0.02), False)):
+        scheduler, _, _ = _waiting_scheduler()
+        enforcer = _enforcer(gate=True, step_costs=fit)
+        pools: list[StepPool] = []
+        enforcer.controller.plan_step = _recording(enforcer.controller.plan_step, pools)
+        enforcer.before_schedule(scheduler)
+        assert pools[-1].compression_idle and pools[-1].wider_batch_pays is pays, fit
+
+
+def _recording(plan_step, pools: list):
+    """``plan_step`` that first records the pool each call sees."""
+    def recorded(pool, views, **kwargs):
+        pools.append(pool)
+        return plan_step(pool, views, **kwargs)
+    return recorded
 
 
 def test_only_a_preemption_whose_recompute_outweighs_the_work_opens_the_gate():

@@ -152,6 +152,29 @@ def test_a_resumed_request_is_compressed_at_its_recomputes_end_where_the_steps_g
     assert (forecast.totals().pages_freed, forecast.shadows["a"].pages) == (freed, 7 - freed)
 
 
+def _fitted_steps(fixed_s: float, per_request_s: float) -> StepCostFit:
+    """An engine whose steps cost ``fixed_s`` + ``per_request_s`` a request + 1 ms a prefilled token."""
+    fit = StepCostFit()
+    for step in range(40):
+        requests, extra = 1 + step % 4, 20 if step % 3 == 0 else 0
+        fit.record(requests=requests, tokens=requests + extra,
+                   seconds=fixed_s + per_request_s * requests + 0.001 * extra)
+    return fit
+
+
+@pytest.mark.parametrize(("fixed_s", "per_request_s", "freed"), [
+    (0.03, 0.001, 3),  # the step's fixed part dominates: one more request nearly doubles the batch's speed
+    (0.0005, 0.02, 0),  # every request costs its own time (an AVX2 CPU): the width buys nothing
+])
+def test_with_the_gate_idle_the_shadows_compress_for_admission_only_where_the_engines_steps_say_the_width_pays(
+        fixed_s, per_request_s, freed):
+    controller = _controller()
+    gate = AdmissionGate(BLOCK, 40, policy="projected", step_costs=_fitted_steps(fixed_s, per_request_s))
+    forecast = EnforceForecast(controller, gate, compression_gate=True)
+    _resumed_beside_a_decoding_one(controller, forecast, _waiting(40, "c"))
+    assert forecast.gate.idle and forecast.totals().pages_freed == freed
+
+
 def test_a_waiting_request_enforces_admission_holds_makes_no_prompt_compression():
     controller = _controller()
     forecast = EnforceForecast(controller, AdmissionGate(BLOCK, 40, policy="projected"), enforce_admits_so=True)

@@ -19,7 +19,10 @@ steps after either is seen, and idle otherwise. While idle, boundaries grow wher
 page and leave the rest to vLLM's own preemption, pressure relief makes no room, and the workers
 observe only the steps that end a prompt. A fresh prompt is still compressed for admission while a
 request waits that the pool cannot take (that is a wider batch, bought at the prompt's end, where
-the observation is paid anyway).
+the observation is paid anyway), where the engine's measured step costs say one more request
+speeds decoding by more than the decode-time work its width then switches on (:func:`wider_batch_pays`).
+On a CPU whose step grows with every request (AVX2: vLLM alone with half the batch ran as fast, in
+twice the steps) it seldom does, and the prompt is left whole.
 
 The gate judges realized pages, not a forecast: idle, only prompt compressions save pages, so a
 queue whose width only decode-time compaction would buy (floors that let one more request run
@@ -87,6 +90,24 @@ def recompute_outweighs(recompute_s: float, step_s: float | None, *, window_step
     """A preemption's recompute is worth more than ``factor`` windows of decode-time work (never
     before the engine's step time is measured)."""
     return step_s is not None and recompute_s > factor * work_share * step_s * window_steps
+
+
+def wider_batch_pays(costs: StepCosts | None, width: int, *, work_share: float = DECODE_WORK_SHARE,
+                     factor: float = RECOMPUTE_COST_FACTOR) -> bool:
+    """Whether one more request beside ``width`` running ones speeds decoding by more than ``factor``
+    times the share of a step decode-time compression costs while on (True while the engine's step
+    costs are unmeasured, as before they were priced).
+
+    A step takes ``fixed_s + per_request_s * width``, so one more request raises the tokens decoded
+    per second by ``fixed_s / (width * (fixed_s + per_request_s * (width + 1)))``: much where the
+    step's fixed part dominates (a GPU; the AMX host at a narrow batch, 13 % at 5 running), little
+    where every request costs its own time (the AMX host at 10 running, 4.7 %; an AVX2 CPU)."""
+    if costs is None or width < 1:
+        return True
+    step_s = costs.fixed_s + costs.per_request_s * (width + 1)
+    if step_s <= 0:
+        return True  # an unpriced fit: nothing to weigh
+    return costs.fixed_s / (width * step_s) >= factor * work_share
 
 
 @dataclasses.dataclass

@@ -259,11 +259,11 @@ class GrowthController:
             waiting_prompt_pages=self.grant_pages(waiting) if waiting is not None else None,
             waiting_floor_pages=base if waiting is not None else 0, batch_full=pool.batch_full)
         reserve = growth_reserve(pressure)
-        blocked = admission_blocked(pressure)
+        idle = pool.compression_idle and self.method.idles_unpaid
+        blocked = admission_blocked(pressure, compression_idle=idle, wider_batch_pays=pool.wider_batch_pays)
         prompts = [c for c in (self.prompt_compression(v, admission_blocked=blocked) for v in views) if c is not None]
         compressed = {c.request_id for c in prompts}
         free = pool.free_pages + sum(c.pages_gained for c in prompts)
-        idle = pool.compression_idle and self.method.idles_unpaid
         boundaries, free = self._plan_boundaries([v for v in views if v.request_id not in compressed], free,
                                                  reserve, enforceable, decide_modes, compression_pays(pressure),
                                                  pool.room_for_all, idle)

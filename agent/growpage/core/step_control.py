@@ -85,7 +85,10 @@ class StepPool:
         compression_idle: decode-time compression is idle this step
             (:mod:`growpage.core.compression_gate`): boundaries of methods that honour it grow or
             leave the request to the engine's preemption, and pressure relief makes no room;
-            a fresh prompt is still compressed for admission.
+            a fresh prompt is still compressed for admission where ``wider_batch_pays``.
+        wider_batch_pays: one more running request speeds decoding by more than decode-time
+            compression costs (:func:`~growpage.core.compression_gate.wider_batch_pays`, from the
+            engine's measured step costs; True where unmeasured).
     """
 
     free_pages: int
@@ -94,6 +97,7 @@ class StepPool:
     batch_full: bool = False
     room_for_all: bool = False
     compression_idle: bool = False
+    wider_batch_pays: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,9 +320,13 @@ def compression_pays(pressure: PoolPressure) -> bool:
     return pressure.under_pressure or pressure.admission_pages > 0
 
 
-def admission_blocked(pressure: PoolPressure) -> bool:
+def admission_blocked(pressure: PoolPressure, *, compression_idle: bool = False, wider_batch_pays: bool = True) -> bool:
     """A request waits whose admission fits the floors, and the pool cannot take it this step:
-    compressing a just-cached prompt to its floor widens the batch (GrowPage's prompt rule)."""
+    compressing a just-cached prompt to its floor widens the batch (GrowPage's prompt rule). While
+    decode-time compression is idle, only where the wider batch pays for switching it on
+    (:func:`~growpage.core.compression_gate.wider_batch_pays`): the prompts' savings reopen it."""
+    if compression_idle and not wider_batch_pays:
+        return False
     return pressure.admission_pages > 0 and pressure.under_pressure
 
 

@@ -87,7 +87,7 @@ from typing import Any
 from growpage import catalog
 from growpage.config import Mode
 from growpage.core.admission import StepCosts
-from growpage.core.compression_gate import CompressionGate, StepGate
+from growpage.core.compression_gate import CompressionGate, StepGate, wider_batch_pays
 from growpage.core.controller import GrowthController, ceil_div
 from growpage.core.policy import Action
 from growpage.core.step_control import (
@@ -285,7 +285,9 @@ class EnforceForecast:
                               costs=self._step_costs)
         free = max(0, free_pages + self._spare(monitored) - self.kept_pages)
         pressure = self._pressure(monitored, free, self._oldest_waiting_prompt(waiting), total_pages)
-        blocked = admission_blocked(pressure)  # once for the step, as enforce's plan_step decides it
+        # once for the step, as enforce's plan_step decides it
+        blocked = admission_blocked(pressure, compression_idle=idle,
+                                    wider_batch_pays=not idle or wider_batch_pays(self._step_costs(), len(requests)))
         for request in monitored:
             shadow = self.shadows.get(request.request_id)
             if shadow is None or not request.decoding:
@@ -552,10 +554,10 @@ class EnforceForecast:
         this step's growth is paid, :func:`~growpage.core.step_control.admission_blocked`), enforce
         compresses a just-cached prompt to its floor where the floor follows attention; the pages
         that frees. A request vLLM resumed counts: its recompute's end caches its prompt and its
-        output so far, and enforce compresses that whole context (idle gate or not). Judging by
-        the waiting prompt against the free pages alone, without this step's growth, left those
-        compressions out: on two held-out traces the shadows compressed 1-2 prompts where enforce
-        compressed 5 resumed requests, whose pages then opened its gate on width."""
+        output so far, and enforce compresses that whole context (with its gate idle, only where the
+        wider batch pays). Judging by the waiting prompt against the free pages alone, without this
+        step's growth, left those compressions out: on two held-out traces the shadows compressed 1-2
+        prompts where enforce compressed 5 resumed requests, whose pages then opened its gate on width."""
         controller = self.controller
         if controller.config.attention_coverage <= 0 or not controller.method.compress_prompt_for_admission:
             return 0

@@ -64,7 +64,7 @@ from typing import Any
 
 from growpage.config import GrowPageConfig, Mode
 from growpage.core.admission import StepCostFit, StepCosts
-from growpage.core.compression_gate import CompressionGate, StepGate
+from growpage.core.compression_gate import CompressionGate, StepGate, wider_batch_pays
 from growpage.core.controller import GrowthController
 from growpage.core.policy import Action, Reason
 from growpage.core.step_control import BoundaryPlan, Reclaim, RequestView, StepPool, protected_tokens
@@ -399,7 +399,10 @@ class SchedulerEnforcer:
                         waiting_prompt_tokens=waiting.num_prompt_tokens if waiting is not None else None,
                         batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs,
                         room_for_all=self.grow_with_room_for_all and room_for_all(
-                            free, scheduler.running, scheduler.waiting, req_to_blocks, self.block_size))
+                            free, scheduler.running, scheduler.waiting, req_to_blocks, self.block_size),
+                        # priced only while a request waits: nothing else reads it
+                        wider_batch_pays=(waiting is None
+                                          or wider_batch_pays(self._step_costs(), len(scheduler.running))))
 
     def _view(self, running: _Running) -> RequestView:
         """A running request as the controller sees it: a decoding one needs a block when its blocks
