@@ -119,30 +119,6 @@ def _fitted(*, fixed: float, per_request: float, per_token: float) -> StepCostFi
     return fit
 
 
-AVX2_LIKE = {"fixed": 0.0005, "per_request": 0.02, "per_token": 0.013}  # each request costs its own time
-
-
-@pytest.mark.parametrize(("idle", "costs", "counted"), [
-    (False, AVX2_LIKE, True),  # decode-time compression runs: it holds the batch to its floors
-    (True, None, True),  # idle, the engine's steps not measured yet: as before they were priced
-    (True, {"fixed": 0.03, "per_request": 0.001, "per_token": 0.0003}, True),  # one more request pays
-    (True, AVX2_LIKE, False),  # nothing will compress the batch: it is projected as vLLM holds it
-])
-def test_while_the_compression_gate_idles_admission_counts_on_floors_only_where_a_wider_batch_pays(
-        idle, costs, counted):
-    gate = AdmissionGate(BLOCK, 39, policy="projected", step_costs=_fitted(**costs) if costs else None)
-    assert gate.counts_on_compression(_scheduler(running=4, waiting=8), idle) is counted
-
-
-def test_a_request_projected_at_full_kv_counts_the_tokens_it_holds_not_those_its_compactions_dropped():
-    gate = _gate()
-    scheduler = _scheduler(running=4, waiting=8)
-    assert gate.plan(scheduler, _held(scheduler), lambda request: FULL, CONFIGURED).projected_pages == 32
-    for request in scheduler.running:  # 64 of each one's 96 prompt tokens evicted: 2 pages fewer at the end
-        request.growpage_dropped = 64
-    assert gate.plan(scheduler, _held(scheduler), lambda request: FULL, CONFIGURED).projected_pages == 24
-
-
 def test_measured_admission_looks_ahead_only_where_a_recompute_costs_more_than_the_width():
     scheduler = _scheduler(running=4, waiting=8)
     # unmeasured: the host's prior (a CPU without a priced prior looks ahead, a GPU admits as vLLM does)

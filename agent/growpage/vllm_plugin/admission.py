@@ -42,11 +42,9 @@ from growpage.core.admission import (
     projected_demand,
     standing_need_share,
 )
-from growpage.core.compression_gate import wider_batch_pays
 from growpage.core.controller import GrowthController
 from growpage.vllm_plugin.settings import MODE_ARG, request_namespace
 from growpage.vllm_plugin.vllm_types import KVBlock, Request, Scheduler
-from growpage.vllm_plugin.wire import DROPPED_ATTRIBUTE
 
 LIMIT_ATTRIBUTE = "max_num_active_reqs"  # vLLM 0.32's admission limit (Scheduler.__init__)
 # after_preemption: how long admission keeps looking ahead after vLLM preempted (engine steps; at
@@ -204,16 +202,6 @@ class AdmissionGate:
         return lookahead_pays(costs, width=len(scheduler.running), output_tokens=output,
                               recompute_tokens=int(waiting.num_prompt_tokens) + output / 2)
 
-    def counts_on_compression(self, scheduler: Scheduler, compression_idle: bool) -> bool:
-        """Whether this step's projection may count on GrowPage compressing a request to its floor.
-        While decode-time compression runs, it may. While the compression gate idles it
-        (``compression_idle``), only where one more request in the batch pays for switching it on
-        (:func:`~growpage.core.compression_gate.wider_batch_pays`, on the engine's fitted step costs),
-        as the enforcer compresses a prompt for admission only then. Otherwise nothing will compress
-        the batch, and a start its floors admitted is preempted by vLLM at the batch's end: on the AVX2
-        host 6 preemptions a run, each recomputing about 3 s, where counting full KV avoided them."""
-        return not compression_idle or wider_batch_pays(self.step_costs.costs(), len(scheduler.running))
-
     def on_preempt(self) -> None:
         """vLLM preempted a request: the batch outgrew the pool, so admission looks ahead again."""
         self._last_preemption_step = self.steps
@@ -280,8 +268,6 @@ class AdmissionGate:
                 compression: Compression | None) -> KVDemand:
         # logical tokens: a preempted (waiting) request comes back with its output so far, recomputed
         tokens = int(request.num_computed_tokens) if held else int(request.num_tokens)
-        if compression is None:  # held as it is: what its compactions dropped does not come back
-            tokens -= int(getattr(request, DROPPED_ATTRIBUTE, 0) or 0)
         peak = full_peak_tokens(tokens, int(request.num_output_tokens), _max_tokens(request, scheduler),
                                 shares.output_share)
         return projected_demand(request.request_id, pages_now=held, peak_tokens=peak, block_size=self.block_size,

@@ -262,10 +262,8 @@ class EnforceForecast:
         self._enforce_looks_ahead = self.enforce_admits_so and looks_ahead and self.admission.decides_on_evidence
         if not (looks_ahead or self.admission.policy == "measured") or not scheduler.waiting:
             return
-        counted = self.admission.counts_on_compression(scheduler, self.gate.idle)  # as enforce's admission
         plan = self.admission.plan(scheduler, blocks_by_request(scheduler.kv_cache_manager),
-                                   lambda request: compression_of(self.controller, request, Mode.MONITOR)
-                                   if counted else None, limit)
+                                   lambda request: compression_of(self.controller, request, Mode.MONITOR), limit)
         self._would_hold = frozenset(plan.held)
 
     def on_step(self, requests: Sequence[StepRequest], *, free_pages: int,

@@ -222,9 +222,7 @@ class SchedulerAgent:
         self.scheduler = scheduler
         if self.enforcer is not None:
             # guarded apart: a fault in admission leaves vLLM's own admission and the step's boundaries
-            # the gate's verdict of the last step: this step's is taken after admission, from the batch it leaves
-            held = self.guarded("growth-aware admission", self.requests.gate_admission, scheduler,
-                                self.enforcer.compression_idle)
+            held = self.guarded("growth-aware admission", self.requests.gate_admission, scheduler)
             self.enforcer.before_schedule(scheduler, admission_held=bool(held))
         if self.forecast is not None:  # after the gate: it reads vLLM's configured limit, not this step's
             limit = (self.admission.configured_limit if self.admission is not None

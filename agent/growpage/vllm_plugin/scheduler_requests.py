@@ -183,18 +183,14 @@ class SchedulerRequests:
         return entry.enforced if entry is not None else None
 
     # ---- admission -----------------------------------------------------------------------------------
-    def gate_admission(self, scheduler: Scheduler, compression_idle: bool = False) -> bool:
+    def gate_admission(self, scheduler: Scheduler) -> bool:
         """Set this step's admission limit (growth-aware admission, where it runs); True when the
-        oldest waiting request is held back this step (pressure relief then makes no room for it).
-        ``compression_idle``: the compression gate idled decode-time compression in the last step,
-        so the projection counts on floors only where a wider batch pays
-        (:meth:`~growpage.vllm_plugin.admission.AdmissionGate.counts_on_compression`)."""
+        oldest waiting request is held back this step (pressure relief then makes no room for it)."""
         if self.admission is None:
             return False
-        counted = self.admission.counts_on_compression(scheduler, compression_idle)
         return self.admission.before_schedule(
             scheduler, blocks_by_request(scheduler.kv_cache_manager),
-            lambda request: compression_of(self.controller, request, Mode.ENFORCE) if counted else None)
+            lambda request: compression_of(self.controller, request, Mode.ENFORCE))
 
     # ---- this step's compactions -------------------------------------------------------------------
     def plan_compaction(self, request_id: str, plan: CompactionPlan) -> None:
