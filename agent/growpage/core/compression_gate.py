@@ -21,8 +21,9 @@ observe only the steps that end a prompt. A fresh prompt is still compressed for
 request waits that the pool cannot take (that is a wider batch, bought at the prompt's end, where
 the observation is paid anyway), where the engine's measured step costs say one more request
 speeds decoding by more than the decode-time work its width then switches on (:func:`wider_batch_pays`).
-On a CPU whose step grows with every request (AVX2: vLLM alone with half the batch ran as fast, in
-twice the steps) it seldom does, and the prompt is left whole.
+On a CPU whose step grows with every request (the AVX2 host: on mixed work vLLM alone answered as
+fast with half the batch, in twice the steps) it pays only at a narrow batch, and the prompt is left
+whole beyond it.
 
 The gate judges realized pages, not a forecast: idle, only prompt compressions save pages, so a
 queue whose width only decode-time compaction would buy (floors that let one more request run
@@ -100,7 +101,7 @@ def wider_batch_pays(costs: StepCosts | None, width: int, *, work_share: float =
 
     A step takes ``fixed_s + per_request_s * width``, so one more request raises the tokens decoded
     per second by ``fixed_s / (width * (fixed_s + per_request_s * (width + 1)))``: much where the
-    step's fixed part dominates (a GPU; the AMX host at a narrow batch, 13 % at 5 running), little
+    step's fixed part dominates (a GPU; the AMX host at a narrow batch, 12 % at 5 running), little
     where every request costs its own time (the AMX host at 10 running, 4.7 %; an AVX2 CPU)."""
     if costs is None or width < 1:
         return True
