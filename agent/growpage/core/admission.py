@@ -56,11 +56,6 @@ MIN_FIT_STEPS = 8
 # the engine's cold first step is left out (the vLLM home's StepMeter); a prior that holds starts must
 # not wait long for it (make run's second prefill came at step 92 of a held batch)
 MIN_PREFILL_STEPS = 1
-# batch widths its steps must span before admission trusts the fit's split of a step into a fixed and
-# a per-request part: from two widths, one of them a single step, the split swings either way (on the
-# AVX2 host the first answer, from widths 4 and 5, once priced holding so dear that vLLM started all
-# 7 waiting requests at once, where the pool held 5 at full length)
-MIN_FIT_WIDTHS = 3
 # once a fit has answered it is solved again after this many more steps, not every step: its answer
 # moves little from one step to the next, and solving every step took about 30 us of the scheduler
 # side's 0.4 ms a step (AMX host, 24-request queue)
@@ -236,12 +231,6 @@ class StepCostFit:
     def short_of_steps(self) -> bool:
         """Whether fewer than :data:`MIN_FIT_STEPS` steps are in (more steps alone may let it answer)."""
         return len(self._steps) < MIN_FIT_STEPS
-
-    @property
-    def parts_costs(self) -> bool:
-        """Whether its steps span :data:`MIN_FIT_WIDTHS` batch widths: enough to part a step's fixed
-        cost from each request's, which is what holding a start is priced by."""
-        return len(self._widths) >= MIN_FIT_WIDTHS
 
     @property
     def prices_a_token(self) -> bool:

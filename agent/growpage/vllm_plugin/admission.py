@@ -159,7 +159,7 @@ class AdmissionGate:
                               and self.steps - self._last_preemption_step <= PREEMPTION_MEMORY_STEPS)
         elif self.policy == "measured":
             self.lookahead = self.holding_pays(scheduler)
-            if self.fit_decides:
+            if self.step_costs.costs() is not None:
                 self._measuring_starts = 0
         self.lookahead_steps += int(self.lookahead)
         return self.lookahead
@@ -169,14 +169,7 @@ class AdmissionGate:
         """This step's answer follows the policy's own rule: always for ``projected`` and
         ``after_preemption``; for ``measured`` once the fit can tell the costs apart (before, it is
         the host's prior)."""
-        return self.policy != "measured" or self.fit_decides
-
-    @property
-    def fit_decides(self) -> bool:
-        """The fit prices a token and parts a step's fixed cost from each request's
-        (:attr:`~growpage.core.admission.StepCostFit.parts_costs`); until then the host's prior
-        decides, and a prior that holds makes measuring starts, which bring the widths."""
-        return self.step_costs.parts_costs and self.step_costs.costs() is not None
+        return self.policy != "measured" or self.step_costs.costs() is not None
 
     @property
     def measuring_start(self) -> bool:
@@ -188,7 +181,7 @@ class AdmissionGate:
         cannot part its costs, and at most :data:`MEASURING_STARTS_MAX` times until it answers: the
         cost of a preemption or two where holding was right."""
         fit = self.step_costs
-        if self.policy != "measured" or not self.lookahead or len(fit) == 0 or self.fit_decides:
+        if self.policy != "measured" or not self.lookahead or len(fit) == 0 or fit.costs() is not None:
             return False
         unpriced = not fit.prices_a_token or not fit.short_of_steps
         return unpriced and self._measuring_starts < MEASURING_STARTS_MAX
@@ -201,7 +194,7 @@ class AdmissionGate:
         waiting = next(iter(scheduler.waiting), None)
         if waiting is None:
             return self.lookahead  # nothing to hold: the answer stands (and costs nothing to keep)
-        fitted = self.step_costs.costs() if self.fit_decides else None
+        fitted = self.step_costs.costs()
         costs = fitted if fitted is not None else self.prior_costs
         shares = self.history.shares()
         output = (shares.output_tokens if shares.output_tokens is not None
