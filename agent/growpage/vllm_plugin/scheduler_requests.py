@@ -347,8 +347,7 @@ class SchedulerEnforcer:
         idle = self.gate.step(dropped_tokens=sum(getattr(r.request, DROPPED_ATTRIBUTE, 0) for r in running.values()),
                               pages_held=[len(r.blocks) for r in running.values()], block_size=self.block_size,
                               costs=self._step_costs)
-        step_pool = dataclasses.replace(self._step_pool(scheduler, req_to_blocks, admission_held),
-                                        compression_idle=idle)
+        step_pool = self._step_pool(scheduler, req_to_blocks, admission_held, compression_idle=idle)
         self.room_for_all = step_pool.room_for_all
         if idle and not any(r.at_boundary or (r.tracked is not None and not r.tracked.prompt_settled)
                             for r in running.values()):
@@ -389,7 +388,7 @@ class SchedulerEnforcer:
         return self.step_costs.costs() if self.step_costs is not None else None
 
     def _step_pool(self, scheduler: Scheduler, req_to_blocks: dict[str, list[KVBlock]],
-                   admission_held: bool = False) -> StepPool:
+                   admission_held: bool = False, compression_idle: bool = False) -> StepPool:
         pool = scheduler.kv_cache_manager.block_pool
         waiting = None if admission_held else next(iter(scheduler.waiting), None)
         max_seqs = getattr(getattr(scheduler, "scheduler_config", None), "max_num_seqs", None)
@@ -400,8 +399,9 @@ class SchedulerEnforcer:
                         batch_full=max_seqs is not None and len(scheduler.running) >= max_seqs,
                         room_for_all=self.grow_with_room_for_all and room_for_all(
                             free, scheduler.running, scheduler.waiting, req_to_blocks, self.block_size),
-                        # priced only while a request waits: nothing else reads it
-                        wider_batch_pays=(waiting is None
+                        compression_idle=compression_idle,
+                        # priced only where it is read: a request waits while compression idles
+                        wider_batch_pays=(not compression_idle or waiting is None
                                           or wider_batch_pays(self._step_costs(), len(scheduler.running))))
 
     def _view(self, running: _Running) -> RequestView:
